@@ -1,0 +1,1 @@
+"""Curation: operator pages, review forms and the live dashboard."""

@@ -1,0 +1,291 @@
+"""REST API v1 for white-box agents, services and readers.
+
+Views are adapters: parse and validate input, call one pool service or selector, render.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import connection
+from django.http import JsonResponse
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import generics, serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from pool import selectors
+from pool.models import Event, Feedback, PolicyVersion, PromptGroup, Step, Trajectory
+from pool.services import (
+    RewardIn,
+    event_record,
+    feedback_create,
+    policy_version_set,
+    rewards_apply,
+    steps_ingest,
+    trajectory_complete,
+    trajectory_create,
+)
+from pool.services.events import EventIn
+from pool.services.groups import group_upsert
+
+from . import serializers as s
+from .auth import IngestScope, ReadScope, source_id_of
+from .filters import EventFilter, FeedbackFilter, GroupFilter, StepFilter, TrajectoryFilter
+from .validation import parse_step_batch
+
+
+def _methods_scope(request, write=IngestScope, read=ReadScope):
+    return [write()] if request.method not in ("GET", "HEAD", "OPTIONS") else [read()]
+
+
+def _one_or_many(data, key: str):
+    """Accept ``{key: [...]}`` or a single object; returns (items, field prefix format)."""
+    if isinstance(data, dict) and key in data:
+        return data, True
+    return {key: [data]}, False
+
+
+# --- steps ----------------------------------------------------------------------------------
+class StepListCreateApi(generics.GenericAPIView):
+    filterset_class = StepFilter
+    queryset = Step.objects.with_context().defer("seq_delta", "content_hash")
+
+    def get_permissions(self):
+        return _methods_scope(self.request)
+
+    @extend_schema(
+        request=s.StepBatchSerializer,
+        responses={201: s.StepIngestResultSerializer, 200: s.StepIngestResultSerializer},
+        summary="Submit a batch of steps (atomic, idempotent by uid)",
+    )
+    def post(self, request):
+        batch = parse_step_batch(request.data)
+        result = steps_ingest(steps=batch, source_id=source_id_of(request))
+        created = set(result.created_uids)
+        body = {
+            "created": len(result.created),
+            "duplicates": len(result.duplicates),
+            "steps": [{"uid": st.uid, "status": "created" if st.uid in created else "duplicate"} for st in batch],
+        }
+        return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @extend_schema(responses=s.StepReadSerializer(many=True), summary="List steps (cursor-paginated)")
+    def get(self, request):
+        qs = self.filter_queryset(self.get_queryset())
+        page = self.paginate_queryset(qs)
+        return self.get_paginated_response(selectors.steps_render(page))
+
+
+class StepDetailApi(APIView):
+    permission_classes = [ReadScope]
+
+    @extend_schema(responses=s.StepReadSerializer, summary="One step, exactly as written")
+    def get(self, request, uid: str):
+        step = get_object_or_404(Step.objects.with_context(), uid=uid)
+        return Response(selectors.steps_render([step])[0])
+
+
+# --- trajectories ---------------------------------------------------------------------------
+class TrajectoryListCreateApi(generics.GenericAPIView):
+    filterset_class = TrajectoryFilter
+    queryset = Trajectory.objects.select_related("group", "source")
+
+    def get_permissions(self):
+        return _methods_scope(self.request)
+
+    @extend_schema(request=s.TrajectoryCreateSerializer, responses={201: s.TrajectorySerializer, 200: s.TrajectorySerializer})
+    def post(self, request):
+        ser = s.TrajectoryCreateSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        d = ser.validated_data
+        traj, created = trajectory_create(
+            uid=d.get("uid") or uuid.uuid4().hex,
+            prompt_group_uid=d.get("prompt_group_uid"),
+            channel=d["channel"],
+            metadata=d.get("metadata"),
+            policy_version=d.get("policy_version"),
+            source_id=source_id_of(request),
+        )
+        traj = Trajectory.objects.select_related("group", "source").get(id=traj.id)
+        return Response(selectors.trajectory_render(traj), status=201 if created else 200)
+
+    @extend_schema(responses=s.TrajectorySerializer(many=True))
+    def get(self, request):
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        return self.get_paginated_response([selectors.trajectory_render(t) for t in page])
+
+
+class TrajectoryDetailApi(APIView):
+    permission_classes = [ReadScope]
+
+    @extend_schema(responses=s.TrajectorySerializer)
+    def get(self, request, uid: str):
+        traj = get_object_or_404(Trajectory.objects.select_related("group", "source"), uid=uid)
+        return Response(selectors.trajectory_render(traj))
+
+
+class TrajectoryCompleteApi(APIView):
+    permission_classes = [IngestScope]
+
+    @extend_schema(request=s.TrajectoryCompleteSerializer, responses=s.TrajectorySerializer)
+    def post(self, request, uid: str):
+        ser = s.TrajectoryCompleteSerializer(data=request.data if request.body else {})
+        ser.is_valid(raise_exception=True)
+        d = ser.validated_data
+        trajectory_complete(
+            uid=uid, reward=d.get("reward"), status=d["status"], reward_source=d["reward_source"],
+            source_id=source_id_of(request),
+        )
+        traj = Trajectory.objects.select_related("group", "source").get(uid=uid)
+        return Response(selectors.trajectory_render(traj))
+
+
+# --- groups ---------------------------------------------------------------------------------
+class GroupListCreateApi(generics.GenericAPIView):
+    filterset_class = GroupFilter
+    queryset = PromptGroup.objects.all()
+
+    def get_permissions(self):
+        return _methods_scope(self.request)
+
+    @extend_schema(request=s.GroupUpsertSerializer, responses=s.GroupSerializer)
+    def post(self, request):
+        ser = s.GroupUpsertSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        group = group_upsert(**ser.validated_data)
+        return Response(selectors.group_render(group))
+
+    @extend_schema(responses=s.GroupSerializer(many=True))
+    def get(self, request):
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        return self.get_paginated_response([selectors.group_render(g) for g in page])
+
+
+class GroupDetailApi(APIView):
+    permission_classes = [ReadScope]
+
+    @extend_schema(responses=s.GroupSerializer)
+    def get(self, request, uid: str):
+        return Response(selectors.group_render(get_object_or_404(PromptGroup, uid=uid)))
+
+
+# --- rewards, events, feedback, policy versions ------------------------------------------------
+class RewardApi(APIView):
+    permission_classes = [IngestScope]
+
+    @extend_schema(request=s.RewardBatchSerializer, responses={200: inline_serializer("RewardResult", {"applied": serializers.IntegerField()})},
+                   summary="Late rewards for steps or trajectories (a single object or {'rewards': [...]})")
+    def post(self, request):
+        data, _ = _one_or_many(request.data, "rewards")
+        ser = s.RewardBatchSerializer(data=data)
+        ser.is_valid(raise_exception=True)
+        items = [
+            RewardIn(
+                reward=r["reward"], step_uid=r.get("step_uid"), trajectory_uid=r.get("trajectory_uid"),
+                source=r["source"], final=r["final"], metadata=r.get("metadata") or {}, field_prefix=f"rewards[{i}].",
+            )
+            for i, r in enumerate(ser.validated_data["rewards"])
+        ]
+        events = rewards_apply(rewards=items, source_id=source_id_of(request))
+        return Response({"applied": len(events), "received": len(items)})
+
+
+class EventApi(generics.GenericAPIView):
+    filterset_class = EventFilter
+    queryset = Event.objects.select_related("trajectory", "step")
+
+    def get_permissions(self):
+        return _methods_scope(self.request)
+
+    @extend_schema(request=s.EventBatchSerializer, responses={201: inline_serializer("EventResult", {"recorded": serializers.IntegerField()})},
+                   summary="Service events (a single object or {'events': [...]})")
+    def post(self, request):
+        data, _ = _one_or_many(request.data, "events")
+        ser = s.EventBatchSerializer(data=data)
+        ser.is_valid(raise_exception=True)
+        items = [EventIn(field_prefix=f"events[{i}].", **e) for i, e in enumerate(ser.validated_data["events"])]
+        rows = event_record(events=items, source_id=source_id_of(request))
+        return Response({"recorded": len(rows), "ids": [r.id for r in rows]}, status=201)
+
+    def get(self, request):
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        return self.get_paginated_response(
+            [
+                {
+                    "id": e.id, "type": e.type, "payload": e.payload, "occurred_at": e.occurred_at,
+                    "trajectory_uid": e.trajectory.uid if e.trajectory_id else None,
+                    "step_uid": e.step.uid if e.step_id else None, "created_at": e.created_at,
+                }
+                for e in page
+            ]
+        )
+
+
+class FeedbackApi(generics.GenericAPIView):
+    filterset_class = FeedbackFilter
+    queryset = Feedback.objects.select_related("trajectory", "step")
+
+    def get_permissions(self):
+        return _methods_scope(self.request)
+
+    @extend_schema(request=s.FeedbackSerializer, responses={201: inline_serializer("FeedbackResult", {"id": serializers.IntegerField()})})
+    def post(self, request):
+        ser = s.FeedbackSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        fb = feedback_create(**ser.validated_data, source_id=source_id_of(request))
+        return Response({"id": fb.id}, status=201)
+
+    def get(self, request):
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        return self.get_paginated_response(
+            [
+                {
+                    "id": f.id, "step_uid": f.step.uid if f.step_id else None,
+                    "trajectory_uid": f.trajectory.uid if f.trajectory_id else None, "rating": f.rating,
+                    "label": f.label, "correction": f.correction, "comment": f.comment, "author": f.author,
+                    "created_at": f.created_at,
+                }
+                for f in page
+            ]
+        )
+
+
+class PolicyVersionApi(generics.GenericAPIView):
+    queryset = PolicyVersion.objects.all()
+    pagination_class = None
+
+    def get_permissions(self):
+        return _methods_scope(self.request)
+
+    @extend_schema(request=s.PolicyVersionSerializer, responses=inline_serializer(
+        "PolicyVersionOut", {"version": serializers.IntegerField(), "is_current": serializers.BooleanField()}))
+    def post(self, request):
+        ser = s.PolicyVersionSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        d = ser.validated_data
+        pv = policy_version_set(version=d["version"], current=d["current"], metadata=d.get("metadata"))
+        return Response({"version": pv.version, "is_current": pv.is_current, "metadata": pv.metadata})
+
+    def get(self, request):
+        rows = PolicyVersion.objects.order_by("-version")[:1000]
+        return Response([{"version": p.version, "is_current": p.is_current, "metadata": p.metadata} for p in rows])
+
+
+class StatsApi(APIView):
+    permission_classes = [ReadScope]
+
+    @extend_schema(responses=OpenApiResponse(description="Pool counts and token economics"))
+    def get(self, request):
+        return Response(selectors.pool_stats())
+
+
+def healthz(request):
+    """Liveness + database reachability. Unauthenticated by design: it reveals nothing."""
+    try:
+        with connection.cursor() as cur:
+            cur.execute("SELECT 1")
+        return JsonResponse({"status": "ok"})
+    except Exception:  # noqa: BLE001 - any DB failure means unhealthy
+        return JsonResponse({"status": "error", "db": "unreachable"}, status=503)

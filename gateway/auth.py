@@ -1,0 +1,110 @@
+"""Bearer API keys and scope permissions.
+
+``Authorization: Bearer claw_<prefix>_<secret>``. A key authenticates as its Source; staff
+users signed in to the admin (session) get every scope. Missing/wrong key -> 401, a key
+without the needed scope -> 403.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rest_framework import authentication, exceptions, permissions
+
+from pool.models import Scope
+from pool.services.api_keys import VerifiedKey, api_key_verify
+
+
+@dataclass(frozen=True)
+class KeyPrincipal:
+    """request.user for API-key requests."""
+
+    key: VerifiedKey
+    is_authenticated: bool = True
+    is_staff: bool = False
+    is_active: bool = True
+
+    @property
+    def source_id(self) -> int:
+        return self.key.source_id
+
+    def __str__(self) -> str:
+        return f"key:{self.key.source_name}"
+
+
+def bearer_token(header: str | None) -> str | None:
+    if not header:
+        return None
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+class ApiKeyAuthentication(authentication.BaseAuthentication):
+    def authenticate(self, request):
+        header = request.META.get("HTTP_AUTHORIZATION")
+        if not header:
+            return None
+        token = bearer_token(header)
+        if token is None:
+            raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <api key>'")
+        key = api_key_verify(token)
+        if key is None:
+            raise exceptions.AuthenticationFailed("invalid or revoked API key")
+        return (KeyPrincipal(key=key), key)
+
+    def authenticate_header(self, request):
+        return 'Bearer realm="claw"'
+
+
+def principal_has_scope(user, scope: str) -> bool:
+    if isinstance(user, KeyPrincipal):
+        return user.key.has_scope(scope)
+    return bool(user is not None and getattr(user, "is_authenticated", False) and user.is_staff)
+
+
+def source_id_of(request) -> int | None:
+    user = getattr(request, "user", None)
+    return user.source_id if isinstance(user, KeyPrincipal) else None
+
+
+class _ScopePermission(permissions.BasePermission):
+    scope: str = Scope.READ
+    message = "this API key lacks the required scope"
+
+    def has_permission(self, request, view):
+        user = request.user
+        if user is None or not getattr(user, "is_authenticated", False):
+            raise exceptions.NotAuthenticated("missing API key: send 'Authorization: Bearer <api key>'")
+        if not principal_has_scope(user, self.scope):
+            self.message = f"this API key lacks the '{self.scope}' scope"
+            return False
+        return True
+
+
+class IngestScope(_ScopePermission):
+    scope = Scope.INGEST
+
+
+class ReadScope(_ScopePermission):
+    """Reads are open to read, ingest and consume keys (a writer may read back its data)."""
+
+    scope = Scope.READ
+
+    def has_permission(self, request, view):
+        user = request.user
+        if user is None or not getattr(user, "is_authenticated", False):
+            raise exceptions.NotAuthenticated("missing API key: send 'Authorization: Bearer <api key>'")
+        if any(principal_has_scope(user, s) for s in (Scope.READ, Scope.INGEST, Scope.CONSUME)):
+            return True
+        self.message = "this API key lacks the 'read' scope"
+        return False
+
+
+class ConsumeScope(_ScopePermission):
+    scope = Scope.CONSUME
+
+
+class AdminScope(_ScopePermission):
+    scope = Scope.ADMIN

@@ -1,0 +1,62 @@
+"""django-filter FilterSets for the list endpoints. Each filter maps onto an indexed column."""
+
+import django_filters as df
+
+from pool.models import Event, Feedback, PromptGroup, Step, Trajectory
+
+
+class StepFilter(df.FilterSet):
+    trajectory_uid = df.CharFilter(field_name="trajectory__uid")
+    prompt_group_uid = df.CharFilter(field_name="trajectory__group__uid")
+    policy_version = df.NumberFilter(field_name="policy_version_id")
+    policy_version_min = df.NumberFilter(field_name="policy_version_id", lookup_expr="gte")
+    reward_status = df.ChoiceFilter(choices=Step.RewardStatus.choices)
+    reward_source = df.ChoiceFilter(choices=Step.RewardSource.choices)
+    token_source = df.ChoiceFilter(choices=Step.TokenSource.choices)
+    drift = df.BooleanFilter()
+    is_last = df.BooleanFilter()
+    created_after = df.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = df.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+
+    class Meta:
+        model = Step
+        fields: list[str] = []
+
+
+class TrajectoryFilter(df.FilterSet):
+    prompt_group_uid = df.CharFilter(field_name="group__uid")
+    status = df.ChoiceFilter(choices=Trajectory.Status.choices)
+    channel = df.CharFilter()
+    policy_version = df.NumberFilter(field_name="policy_version_id")
+
+    class Meta:
+        model = Trajectory
+        fields: list[str] = []
+
+
+class GroupFilter(df.FilterSet):
+    status = df.ChoiceFilter(choices=PromptGroup.Status.choices)
+    dataset = df.CharFilter()
+
+    class Meta:
+        model = PromptGroup
+        fields: list[str] = []
+
+
+class EventFilter(df.FilterSet):
+    type = df.CharFilter()
+    trajectory_uid = df.CharFilter(field_name="trajectory__uid")
+
+    class Meta:
+        model = Event
+        fields: list[str] = []
+
+
+class FeedbackFilter(df.FilterSet):
+    label = df.CharFilter()
+    step_uid = df.CharFilter(field_name="step__uid")
+    trajectory_uid = df.CharFilter(field_name="trajectory__uid")
+
+    class Meta:
+        model = Feedback
+        fields: list[str] = []

@@ -1,0 +1,175 @@
+"""Request/response serializers.
+
+Steps are validated by gateway/validation.py (bulk, numpy) for speed; StepWriteSerializer
+documents the same contract in the OpenAPI schema, and a test keeps the two in sync. The
+low-volume endpoints validate with these serializers directly.
+"""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from pool.models import Channel, Step, Trajectory
+
+
+class StrictSerializer(serializers.Serializer):
+    """Rejects unknown fields, naming them."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            unknown = set(data) - set(self.fields)
+            if unknown:
+                name = sorted(unknown)[0]
+                raise serializers.ValidationError({name: [f"unknown field {name!r}"]})
+        return super().to_internal_value(data)
+
+
+class FiniteFloatField(serializers.FloatField):
+    def to_internal_value(self, data):
+        if isinstance(data, bool):
+            self.fail("invalid")
+        value = super().to_internal_value(data)
+        if value != value or value in (float("inf"), float("-inf")):
+            raise serializers.ValidationError("must be a finite number")
+        return value
+
+
+# --- steps (schema only; validated in bulk by gateway.validation) ---------------------------
+class StepWriteSerializer(StrictSerializer):
+    uid = serializers.CharField(required=False, max_length=128, help_text="Idempotency key. Default: '<trajectory_uid>:<step_index>'.")
+    trajectory_uid = serializers.CharField(max_length=128)
+    prompt_group_uid = serializers.CharField(required=False, allow_null=True, max_length=128)
+    step_index = serializers.IntegerField(min_value=0)
+    prompt_ids = serializers.ListField(child=serializers.IntegerField(min_value=0, max_value=2**31 - 1))
+    response_ids = serializers.ListField(child=serializers.IntegerField(min_value=0, max_value=2**31 - 1))
+    rollout_logprobs = serializers.ListField(child=serializers.FloatField(), required=False, allow_null=True)
+    reward = FiniteFloatField(required=False, allow_null=True)
+    reward_source = serializers.ChoiceField(choices=Step.RewardSource.choices, required=False, allow_null=True)
+    policy_version = serializers.IntegerField(min_value=0, required=False, allow_null=True)
+    is_last = serializers.BooleanField(required=False, default=False)
+    finish_reason = serializers.CharField(required=False, allow_null=True, max_length=32)
+    messages = serializers.ListField(child=serializers.DictField(), required=False, allow_null=True)
+    response_text = serializers.CharField(required=False, allow_null=True, allow_blank=True)
+    metadata = serializers.DictField(required=False)
+
+
+class StepBatchSerializer(serializers.Serializer):
+    steps = StepWriteSerializer(many=True)
+
+
+class StepReadSerializer(StepWriteSerializer):
+    reward_status = serializers.ChoiceField(choices=Step.RewardStatus.choices)
+    token_source = serializers.ChoiceField(choices=Step.TokenSource.choices)
+    drift = serializers.BooleanField()
+    drift_offset = serializers.IntegerField(allow_null=True)
+    created_at = serializers.DateTimeField()
+
+
+class StepIngestResultSerializer(serializers.Serializer):
+    created = serializers.IntegerField()
+    duplicates = serializers.IntegerField()
+    steps = serializers.ListField(child=serializers.DictField())
+
+
+# --- trajectories, groups -------------------------------------------------------------------
+class TrajectoryCreateSerializer(StrictSerializer):
+    uid = serializers.CharField(max_length=128, required=False)
+    prompt_group_uid = serializers.CharField(max_length=128, required=False, allow_null=True)
+    channel = serializers.ChoiceField(choices=Channel.choices, default=Channel.TRAIN)
+    policy_version = serializers.IntegerField(min_value=0, required=False, allow_null=True)
+    metadata = serializers.DictField(required=False)
+
+
+class TrajectorySerializer(serializers.Serializer):
+    uid = serializers.CharField()
+    prompt_group_uid = serializers.CharField(allow_null=True)
+    channel = serializers.CharField()
+    status = serializers.ChoiceField(choices=Trajectory.Status.choices)
+    reward = serializers.FloatField(allow_null=True)
+    step_count = serializers.IntegerField()
+    policy_version = serializers.IntegerField(allow_null=True)
+    metadata = serializers.DictField()
+    source = serializers.CharField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+    completed_at = serializers.DateTimeField(allow_null=True)
+
+
+class TrajectoryCompleteSerializer(StrictSerializer):
+    reward = FiniteFloatField(required=False, allow_null=True)
+    status = serializers.ChoiceField(
+        choices=[Trajectory.Status.COMPLETED, Trajectory.Status.FAILED, Trajectory.Status.ABANDONED],
+        default=Trajectory.Status.COMPLETED,
+    )
+    reward_source = serializers.ChoiceField(choices=Step.RewardSource.choices, default=Step.RewardSource.ENV)
+
+
+class GroupUpsertSerializer(StrictSerializer):
+    uid = serializers.CharField(max_length=128)
+    expected_rollouts = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    dataset = serializers.CharField(max_length=128, required=False, allow_blank=True)
+    ground_truth = serializers.JSONField(required=False, allow_null=True)
+    metadata = serializers.DictField(required=False)
+
+
+class GroupSerializer(serializers.Serializer):
+    uid = serializers.CharField()
+    status = serializers.CharField()
+    expected_rollouts = serializers.IntegerField(allow_null=True)
+    dataset = serializers.CharField()
+    ground_truth = serializers.JSONField(allow_null=True)
+    metadata = serializers.DictField()
+    created_at = serializers.DateTimeField()
+    completed_at = serializers.DateTimeField(allow_null=True)
+
+
+# --- rewards, events, feedback, policy --------------------------------------------------------
+class RewardSerializer(StrictSerializer):
+    step_uid = serializers.CharField(required=False, max_length=160)
+    trajectory_uid = serializers.CharField(required=False, max_length=128)
+    reward = FiniteFloatField()
+    source = serializers.ChoiceField(choices=Step.RewardSource.choices, default=Step.RewardSource.ENV)
+    final = serializers.BooleanField(default=True)
+    metadata = serializers.DictField(required=False)
+
+    def validate(self, attrs):
+        if ("step_uid" in attrs) == ("trajectory_uid" in attrs):
+            raise serializers.ValidationError({"step_uid": ["give exactly one of step_uid or trajectory_uid"]})
+        return attrs
+
+
+class RewardBatchSerializer(StrictSerializer):
+    rewards = RewardSerializer(many=True, allow_empty=False, max_length=10_000)
+
+
+class EventSerializer(StrictSerializer):
+    type = serializers.CharField(max_length=64)
+    payload = serializers.DictField(required=False)
+    trajectory_uid = serializers.CharField(required=False, max_length=128)
+    step_uid = serializers.CharField(required=False, max_length=160)
+    occurred_at = serializers.DateTimeField(required=False)
+
+
+class EventBatchSerializer(StrictSerializer):
+    events = EventSerializer(many=True, allow_empty=False, max_length=10_000)
+
+
+class FeedbackSerializer(StrictSerializer):
+    step_uid = serializers.CharField(required=False, max_length=160)
+    trajectory_uid = serializers.CharField(required=False, max_length=128)
+    rating = FiniteFloatField(required=False, allow_null=True)
+    label = serializers.CharField(required=False, allow_blank=True, max_length=64)
+    correction = serializers.CharField(required=False, allow_blank=True)
+    comment = serializers.CharField(required=False, allow_blank=True)
+    author = serializers.CharField(required=False, allow_blank=True, max_length=128)
+
+    def validate(self, attrs):
+        if ("step_uid" in attrs) == ("trajectory_uid" in attrs):
+            raise serializers.ValidationError({"step_uid": ["give exactly one of step_uid or trajectory_uid"]})
+        return attrs
+
+
+class PolicyVersionSerializer(StrictSerializer):
+    version = serializers.IntegerField(min_value=0)
+    current = serializers.BooleanField(default=True)
+    metadata = serializers.DictField(required=False)

@@ -1,0 +1,23 @@
+from django.urls import path, re_path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from . import apis
+
+app_name = "api"
+
+urlpatterns = [
+    path("steps", apis.StepListCreateApi.as_view(), name="steps"),
+    re_path(r"^steps/(?P<uid>.+)$", apis.StepDetailApi.as_view(), name="step-detail"),
+    path("trajectories", apis.TrajectoryListCreateApi.as_view(), name="trajectories"),
+    re_path(r"^trajectories/(?P<uid>.+)/complete$", apis.TrajectoryCompleteApi.as_view(), name="trajectory-complete"),
+    re_path(r"^trajectories/(?P<uid>.+)$", apis.TrajectoryDetailApi.as_view(), name="trajectory-detail"),
+    path("groups", apis.GroupListCreateApi.as_view(), name="groups"),
+    re_path(r"^groups/(?P<uid>[^/]+)$", apis.GroupDetailApi.as_view(), name="group-detail"),
+    path("rewards", apis.RewardApi.as_view(), name="rewards"),
+    path("events", apis.EventApi.as_view(), name="events"),
+    path("feedback", apis.FeedbackApi.as_view(), name="feedback"),
+    path("policy-versions", apis.PolicyVersionApi.as_view(), name="policy-versions"),
+    path("stats", apis.StatsApi.as_view(), name="stats"),
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
+]

@@ -1,0 +1,1 @@
+"""The data pool: durable step-level MDP records, token storage and the prefix tree."""

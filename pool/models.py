@@ -1,0 +1,372 @@
+"""Pool models: the step-level MDP (state = prompt ids, action = response ids, reward) and
+everything that gives it context: sources, policy versions, prompt groups, trajectories,
+rewards, feedback, events and prefix-tree merge results.
+
+Token storage (see pool/tokens.py and the README): a step's full sequence
+(prompt_ids + response_ids) is stored as a *delta against a parent step*:
+
+    full(step) = full(step.seq_parent)[:step.seq_shared] + step.seq_delta
+
+The parent is the previous step of the same trajectory or the group's anchor step, chosen at
+ingest by longest common prefix. Shared prefixes (earlier turns, the group prompt) are thus
+stored once and reconstruction is exact.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from .querysets import StepQuerySet, TrajectoryQuerySet
+
+
+class Scope(models.TextChoices):
+    INGEST = "ingest", "ingest"
+    CONSUME = "consume", "consume"
+    READ = "read", "read"
+    ADMIN = "admin", "admin"
+
+
+class Source(models.Model):
+    """Who produced data: an agent runtime, a service, a trainer. API keys belong to a source."""
+
+    class Kind(models.TextChoices):
+        AGENT = "agent", "agent"
+        SERVICE = "service", "service"
+        TRAINER = "trainer", "trainer"
+        OPERATOR = "operator", "operator"
+
+    name = models.CharField(max_length=128, unique=True)
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.AGENT)
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ApiKey(models.Model):
+    """A hashed bearer key. The clear key is shown once, at creation.
+
+    Keys look like ``claw_<prefix>_<secret>``; the prefix is stored in clear to find the row,
+    the whole key only as SHA-256 (keys are 256-bit random, so a slow hash adds nothing).
+    """
+
+    source = models.ForeignKey(Source, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=128)
+    prefix = models.CharField(max_length=16, unique=True)  # unique => indexed: the auth lookup
+    key_hash = models.CharField(max_length=64)
+    scopes = models.JSONField(default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}, {','.join(self.scopes)})"
+
+    def has_scope(self, scope: str) -> bool:
+        return Scope.ADMIN in self.scopes or scope in self.scopes
+
+
+class PolicyVersion(models.Model):
+    """A version of the policy being trained. The version number is the primary key, so a
+    step's ``policy_version_id`` *is* the number and freshness filters need no join."""
+
+    version = models.PositiveBigIntegerField(primary_key=True)
+    is_current = models.BooleanField(default=False)
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            # At most one current version; set_current flips it inside one transaction.
+            models.UniqueConstraint(fields=["is_current"], condition=Q(is_current=True), name="policy_one_current"),
+        ]
+
+    def __str__(self) -> str:
+        return f"v{self.version}{' (current)' if self.is_current else ''}"
+
+
+class PromptGroup(models.Model):
+    """The rollouts of one prompt (a GRPO group), with the dataset fields of that prompt."""
+
+    class Status(models.TextChoices):
+        OPEN = "open", "open"
+        COMPLETE = "complete", "complete"
+
+    uid = models.CharField(max_length=128, unique=True)
+    expected_rollouts = models.PositiveIntegerField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.OPEN)
+    dataset = models.CharField(max_length=128, blank=True, default="")
+    ground_truth = models.JSONField(null=True, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    # First step-0 stored in this group: the parent candidate for the other rollouts' first
+    # steps, which share the group prompt. Denormalised so ingest needs no search.
+    anchor_step = models.ForeignKey(
+        "Step", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            # Curation and merge queue: "open groups, oldest first" and "complete groups".
+            models.Index(fields=["status", "created_at"], name="group_status_created"),
+        ]
+
+    def __str__(self) -> str:
+        return self.uid
+
+
+class Channel(models.TextChoices):
+    TRAIN = "train", "train"
+    VAL = "val", "val"
+
+
+class Trajectory(models.Model):
+    """One episode of an agent: an ordered list of steps."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running", "running"
+        COMPLETED = "completed", "completed"
+        FAILED = "failed", "failed"
+        ABANDONED = "abandoned", "abandoned"
+
+    uid = models.CharField(max_length=128, unique=True)
+    group = models.ForeignKey(PromptGroup, null=True, blank=True, on_delete=models.PROTECT, related_name="trajectories")
+    source = models.ForeignKey(Source, null=True, blank=True, on_delete=models.SET_NULL, related_name="trajectories")
+    channel = models.CharField(max_length=8, choices=Channel.choices, default=Channel.TRAIN)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
+    reward = models.FloatField(null=True, blank=True)
+    # Next free step_index. Bumped with F()/Greatest so concurrent writers never lose a step.
+    step_count = models.PositiveIntegerField(default=0)
+    policy_version = models.ForeignKey(
+        PolicyVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False
+    )
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TrajectoryQuerySet.as_manager()
+
+    class Meta:
+        indexes = [
+            # "Rollouts of a group" (group detail, group-complete check, merge input).
+            models.Index(fields=["group", "status"], name="traj_group_status"),
+            # Readiness: "completed trajectories, oldest first" / "running ones gone stale".
+            models.Index(fields=["status", "updated_at"], name="traj_status_updated"),
+            # Time-ordered listings and retention.
+            models.Index(fields=["created_at"], name="traj_created"),
+        ]
+    def __str__(self) -> str:
+        return self.uid
+
+
+class Step(models.Model):
+    """One agent step: state (prompt ids), action (response ids), reward."""
+
+    class RewardStatus(models.TextChoices):
+        PENDING = "pending", "pending"
+        FINAL = "final", "final"
+
+    class RewardSource(models.TextChoices):
+        ENV = "env", "env"
+        RULE = "rule", "rule"
+        MODEL = "model", "model"
+        HUMAN = "human", "human"
+
+    class TokenSource(models.TextChoices):
+        CLIENT = "client", "client"  # white-box agent submitted the ids
+        UPSTREAM = "upstream", "upstream"  # inference server returned them (exact)
+        RETOKENIZED = "retokenized", "retokenized"  # local tokenizer re-encoded text (may drift)
+        NONE = "none", "none"
+
+    uid = models.CharField(max_length=160, unique=True)  # client idempotency key
+    trajectory = models.ForeignKey(Trajectory, on_delete=models.CASCADE, related_name="steps")
+    step_index = models.PositiveIntegerField()
+
+    # --- token storage (see module docstring and pool/tokens.py) ---
+    seq_parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False
+    )
+    seq_shared = models.PositiveIntegerField(default=0)  # tokens taken from the parent
+    seq_delta = models.BinaryField()  # little-endian int32 token ids after the shared prefix
+    seq_len = models.PositiveIntegerField()  # len(prompt_ids) + len(response_ids)
+    prompt_len = models.PositiveIntegerField()
+    seq_depth = models.PositiveIntegerField(default=0)  # parent-chain length, bounded at ingest
+    seq_hash = models.BinaryField(max_length=16)  # blake2b-128 of the full sequence bytes
+    rollout_logprobs = models.BinaryField(null=True, blank=True)  # little-endian float64, one per response id
+    content_hash = models.BinaryField(max_length=16)  # fingerprint of the submission, for idempotency
+
+    # --- reward ---
+    reward = models.FloatField(null=True, blank=True)
+    reward_status = models.CharField(max_length=8, choices=RewardStatus.choices, default=RewardStatus.PENDING)
+    reward_source = models.CharField(max_length=8, choices=RewardSource.choices, null=True, blank=True)
+
+    policy_version = models.ForeignKey(
+        PolicyVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False
+    )
+    is_last = models.BooleanField(default=False)
+    finish_reason = models.CharField(max_length=32, null=True, blank=True)
+    token_source = models.CharField(max_length=12, choices=TokenSource.choices, default=TokenSource.CLIENT)
+    # Retokenisation drift: the prompt did not extend the previous step's prompt + response.
+    drift = models.BooleanField(default=False)
+    drift_offset = models.PositiveIntegerField(null=True, blank=True)  # first mismatching prompt position
+
+    # --- text form, where known ---
+    messages = models.JSONField(null=True, blank=True)
+    response_text = models.TextField(null=True, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    source = models.ForeignKey(Source, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = StepQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            # Trajectory + step_index: the step order. Also serves "steps of a trajectory in order".
+            models.UniqueConstraint(fields=["trajectory", "step_index"], name="step_traj_index_uniq"),
+            models.CheckConstraint(condition=Q(prompt_len__lte=models.F("seq_len")), name="step_prompt_within_seq"),
+            models.CheckConstraint(condition=Q(seq_shared__lte=models.F("seq_len")), name="step_shared_within_seq"),
+            models.CheckConstraint(
+                condition=Q(seq_parent__isnull=False) | Q(seq_shared=0), name="step_shared_needs_parent"
+            ),
+            models.CheckConstraint(
+                condition=Q(reward_status="pending") | Q(reward__isnull=False), name="step_final_reward_set"
+            ),
+        ]
+        indexes = [
+            # Token-sequence hash: "steps with exactly this sequence" (dedup, merge cache keys).
+            models.Index(fields=["seq_hash"], name="step_seq_hash"),
+            # Reward queue: "steps still waiting for a reward", oldest first (partial index).
+            models.Index(
+                fields=["created_at"], condition=Q(reward_status="pending"), name="step_reward_pending"
+            ),
+            # Policy freshness: "steps generated by version >= v" and per-version counts.
+            models.Index(fields=["policy_version", "created_at"], name="step_policy_created"),
+            # Time-ordered listings, retention and stats windows.
+            models.Index(fields=["created_at"], name="step_created"),
+            # Drift review: "steps whose tokens did not extend the previous step" (partial).
+            models.Index(fields=["trajectory"], condition=Q(drift=True), name="step_drift"),
+        ]
+
+    def __str__(self) -> str:
+        return self.uid
+
+    @property
+    def response_len(self) -> int:
+        return self.seq_len - self.prompt_len
+
+
+class RewardEvent(models.Model):
+    """Audit trail: every reward set or changed, on a step or a trajectory."""
+
+    step = models.ForeignKey(Step, null=True, blank=True, on_delete=models.CASCADE, related_name="reward_events")
+    trajectory = models.ForeignKey(
+        Trajectory, null=True, blank=True, on_delete=models.CASCADE, related_name="reward_events"
+    )
+    old_reward = models.FloatField(null=True, blank=True)
+    new_reward = models.FloatField()
+    reward_source = models.CharField(max_length=8, choices=Step.RewardSource.choices)
+    final = models.BooleanField(default=True)
+    source = models.ForeignKey(Source, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(step__isnull=False) | Q(trajectory__isnull=False), name="reward_event_has_target"
+            )
+        ]
+        indexes = [
+            # Audit listing: "reward history, newest first".
+            models.Index(fields=["created_at"], name="reward_event_created"),
+        ]
+
+
+class Event(models.Model):
+    """A raw event from a black-box service (or the gateway itself: upstream faults)."""
+
+    type = models.CharField(max_length=64)
+    source = models.ForeignKey(Source, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    trajectory = models.ForeignKey(Trajectory, null=True, blank=True, on_delete=models.SET_NULL, related_name="events")
+    step = models.ForeignKey(Step, null=True, blank=True, on_delete=models.SET_NULL, related_name="events")
+    payload = models.JSONField(default=dict, blank=True)
+    occurred_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [
+            # Event feed: "events of type T, newest first".
+            models.Index(fields=["type", "created_at"], name="event_type_created"),
+            # Live feed and retention.
+            models.Index(fields=["created_at"], name="event_created"),
+        ]
+
+
+class Feedback(models.Model):
+    """Human or service feedback on a step or a trajectory."""
+
+    step = models.ForeignKey(Step, null=True, blank=True, on_delete=models.CASCADE, related_name="feedback")
+    trajectory = models.ForeignKey(Trajectory, null=True, blank=True, on_delete=models.CASCADE, related_name="feedback")
+    rating = models.FloatField(null=True, blank=True)
+    label = models.CharField(max_length=64, blank=True, default="")
+    correction = models.TextField(blank=True, default="")
+    comment = models.TextField(blank=True, default="")
+    author = models.CharField(max_length=128, blank=True, default="")
+    source = models.ForeignKey(Source, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(step__isnull=False) | Q(trajectory__isnull=False), name="feedback_has_target"
+            )
+        ]
+        indexes = [
+            # Review queue: "feedback with label L, newest first".
+            models.Index(fields=["label", "created_at"], name="feedback_label_created"),
+        ]
+
+
+class MergeResult(models.Model):
+    """A prefix-tree merge of a set of steps (a prompt group, or a batch/snapshot).
+
+    ``input_hash`` fingerprints the ordered (step id, seq_hash) inputs, so recomputation of an
+    unchanged input is skipped (the merge task is idempotent). ``layout`` holds the packed
+    layout (compressed numpy arrays) or is empty when it is cheaper to rebuild.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "pending"
+        RUNNING = "running", "running"
+        DONE = "done", "done"
+        FAILED = "failed", "failed"
+
+    key = models.CharField(max_length=200, unique=True)  # "group:<uid>" or "batch:<id>"
+    group = models.ForeignKey(PromptGroup, null=True, blank=True, on_delete=models.CASCADE, related_name="merges")
+    status = models.CharField(max_length=8, choices=Status.choices, default=Status.PENDING)
+    input_hash = models.BinaryField(max_length=16, null=True, blank=True)
+    n_sequences = models.PositiveIntegerField(default=0)
+    total_tokens = models.PositiveBigIntegerField(default=0)
+    unique_tokens = models.PositiveBigIntegerField(default=0)
+    layout = models.BinaryField(null=True, blank=True)
+    stats = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [
+            # Dashboard: "latest merges" and the savings total.
+            models.Index(fields=["status", "updated_at"], name="merge_status_updated"),
+        ]
+
+    @property
+    def ratio(self) -> float:
+        return self.unique_tokens / self.total_tokens if self.total_tokens else 1.0

@@ -1,0 +1,130 @@
+"""Reads of the pool: representations and aggregates. Views call these, never the ORM."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from django.db.models import Count, Q, Sum
+from django.db.models.functions import Length
+
+from . import tokens
+from .models import Event, Feedback, MergeResult, PolicyVersion, PromptGroup, Step, Trajectory
+
+
+def steps_render(steps: Sequence[Step]) -> list[dict[str, Any]]:
+    """The API representation of steps, token ids rebuilt exactly (one query for all chains).
+
+    Field names are those of the write API, so a read returns what was written. Arrays are
+    numpy (the JSON renderer serialises them natively, without a Python list per token).
+    """
+    full = tokens.load_sequences(s.id for s in steps)
+    out = []
+    for s in steps:
+        ids = tokens.bytes_to_ids(full[s.id])
+        traj = s.trajectory
+        out.append(
+            {
+                "uid": s.uid,
+                "trajectory_uid": traj.uid,
+                "prompt_group_uid": traj.group.uid if traj.group_id else None,
+                "step_index": s.step_index,
+                "prompt_ids": ids[: s.prompt_len],
+                "response_ids": ids[s.prompt_len :],
+                "rollout_logprobs": (
+                    np.frombuffer(bytes(s.rollout_logprobs), dtype=tokens.LOGPROB_DTYPE)
+                    if s.rollout_logprobs is not None
+                    else None
+                ),
+                "reward": s.reward,
+                "reward_status": s.reward_status,
+                "reward_source": s.reward_source,
+                "policy_version": s.policy_version_id,
+                "is_last": s.is_last,
+                "finish_reason": s.finish_reason,
+                "messages": s.messages,
+                "response_text": s.response_text,
+                "metadata": s.metadata,
+                "token_source": s.token_source,
+                "drift": s.drift,
+                "drift_offset": s.drift_offset,
+                "created_at": s.created_at,
+            }
+        )
+    return out
+
+
+def trajectory_render(t: Trajectory) -> dict[str, Any]:
+    return {
+        "uid": t.uid,
+        "prompt_group_uid": t.group.uid if t.group_id else None,
+        "channel": t.channel,
+        "status": t.status,
+        "reward": t.reward,
+        "step_count": t.step_count,
+        "policy_version": t.policy_version_id,
+        "metadata": t.metadata,
+        "source": t.source.name if t.source_id else None,
+        "created_at": t.created_at,
+        "updated_at": t.updated_at,
+        "completed_at": t.completed_at,
+    }
+
+
+def group_render(g: PromptGroup) -> dict[str, Any]:
+    return {
+        "uid": g.uid,
+        "status": g.status,
+        "expected_rollouts": g.expected_rollouts,
+        "dataset": g.dataset,
+        "ground_truth": g.ground_truth,
+        "metadata": g.metadata,
+        "created_at": g.created_at,
+        "completed_at": g.completed_at,
+    }
+
+
+def pool_stats() -> dict[str, Any]:
+    """Counts and token economics of the whole pool (a handful of aggregate queries)."""
+    steps = Step.objects.aggregate(
+        steps=Count("id"),
+        reward_pending=Count("id", filter=Q(reward_status=Step.RewardStatus.PENDING)),
+        drift=Count("id", filter=Q(drift=True)),
+        tokens=Sum("seq_len"),
+    )
+    traj = dict(Trajectory.objects.values_list("status").annotate(n=Count("id")).values_list("status", "n"))
+    groups = dict(PromptGroup.objects.values_list("status").annotate(n=Count("id")).values_list("status", "n"))
+    stored = _stored_token_bytes()
+    current = PolicyVersion.objects.filter(is_current=True).values_list("version", flat=True).first()
+    merges = MergeResult.objects.filter(status=MergeResult.Status.DONE).aggregate(
+        total=Sum("total_tokens"), unique=Sum("unique_tokens")
+    )
+    naive = (steps["tokens"] or 0) * tokens.TOKEN_BYTES
+    return {
+        "steps": steps["steps"],
+        "steps_reward_pending": steps["reward_pending"],
+        "steps_drift": steps["drift"],
+        "trajectories": sum(traj.values()),
+        "trajectories_by_status": traj,
+        "groups": sum(groups.values()),
+        "groups_by_status": groups,
+        "events": Event.objects.count(),
+        "feedback": Feedback.objects.count(),
+        "current_policy_version": current,
+        "tokens": {
+            "step_tokens": steps["tokens"] or 0,
+            "naive_bytes": naive,
+            "stored_bytes": stored,
+            "dedup_ratio": (stored / naive) if naive else 1.0,
+        },
+        "merge": {
+            "total_tokens": merges["total"] or 0,
+            "unique_tokens": merges["unique"] or 0,
+        },
+    }
+
+
+def _stored_token_bytes() -> int:
+    # LENGTH() of a blob/bytea is its size in bytes on both SQLite and PostgreSQL.
+    return Step.objects.aggregate(n=Sum(Length("seq_delta")))["n"] or 0

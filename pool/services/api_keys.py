@@ -1,0 +1,84 @@
+"""API keys: creation (clear key returned once) and verification (hash compare)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+
+from ..errors import InvalidInput
+from ..models import ApiKey, Scope, Source
+
+KEY_PREFIX = "claw"
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedKey:
+    key_id: int
+    source_id: int
+    source_name: str
+    scopes: frozenset[str]
+
+    def has_scope(self, scope: str) -> bool:
+        return Scope.ADMIN in self.scopes or scope in self.scopes
+
+
+def _hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@transaction.atomic
+def api_key_create(
+    *, name: str, scopes: list[str], source_name: str | None = None, source_kind: str = Source.Kind.AGENT
+) -> tuple[ApiKey, str]:
+    """Create a key (and its Source on first sight). Returns (row, clear key). Not idempotent:
+    each call mints a new key."""
+    bad = [s for s in scopes if s not in Scope.values]
+    if not scopes or bad:
+        raise InvalidInput(f"scopes must be a non-empty subset of {sorted(Scope.values)}; got {bad or scopes}", field="scopes")
+    source, _ = Source.objects.get_or_create(name=source_name or name, defaults={"kind": source_kind})
+    prefix = secrets.token_hex(6)
+    clear = f"{KEY_PREFIX}_{prefix}_{secrets.token_urlsafe(32)}"
+    key = ApiKey.objects.create(source=source, name=name, prefix=prefix, key_hash=_hash(clear), scopes=sorted(set(scopes)))
+    return key, clear
+
+
+# Verified keys are cached briefly per process: one DB read per key per window instead of one
+# per request (the gateway's hot path). Revocation takes effect within the window.
+_cache: dict[str, tuple[float, VerifiedKey | None]] = {}
+
+
+def api_key_verify(clear: str) -> VerifiedKey | None:
+    """Return the key's identity if ``clear`` is a live key, else None. Read-only."""
+    ttl = settings.CLAW_API_KEY_CACHE_SECONDS
+    now = time.monotonic()
+    if ttl > 0:
+        hit = _cache.get(clear)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+    result = _verify_uncached(clear)
+    if ttl > 0:
+        if len(_cache) > 10_000:
+            _cache.clear()
+        _cache[clear] = (now + ttl, result)
+    return result
+
+
+def _verify_uncached(clear: str) -> VerifiedKey | None:
+    parts = clear.split("_")
+    if len(parts) < 3 or parts[0] != KEY_PREFIX:
+        return None
+    row = (
+        ApiKey.objects.filter(prefix=parts[1], revoked_at__isnull=True)
+        .select_related("source")
+        .only("id", "key_hash", "scopes", "source__id", "source__name")
+        .first()
+    )
+    if row is None or not hmac.compare_digest(row.key_hash, _hash(clear)):
+        return None
+    return VerifiedKey(key_id=row.id, source_id=row.source.id, source_name=row.source.name, scopes=frozenset(row.scopes))

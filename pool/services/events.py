@@ -1,0 +1,71 @@
+"""Service events and human/service feedback."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+from django.db import transaction
+
+from ..errors import InvalidInput, NotFound
+from ..models import Event, Feedback, Step, Trajectory
+
+
+@dataclass(slots=True)
+class EventIn:
+    type: str
+    payload: dict = field(default_factory=dict)
+    trajectory_uid: str | None = None
+    step_uid: str | None = None
+    occurred_at: dt.datetime | None = None
+    field_prefix: str = ""
+
+
+@transaction.atomic
+def event_record(*, events: list[EventIn], source_id: int | None = None) -> list[Event]:
+    """Store raw events atomically. Not idempotent (events have no client key); referenced
+    trajectories and steps must exist."""
+    traj_ids = dict(Trajectory.objects.filter(uid__in={e.trajectory_uid for e in events if e.trajectory_uid}).values_list("uid", "id"))
+    step_ids = dict(Step.objects.filter(uid__in={e.step_uid for e in events if e.step_uid}).values_list("uid", "id"))
+    rows = []
+    for e in events:
+        if e.trajectory_uid and e.trajectory_uid not in traj_ids:
+            raise NotFound(f"trajectory {e.trajectory_uid!r} does not exist", field=f"{e.field_prefix}trajectory_uid")
+        if e.step_uid and e.step_uid not in step_ids:
+            raise NotFound(f"step {e.step_uid!r} does not exist", field=f"{e.field_prefix}step_uid")
+        rows.append(
+            Event(type=e.type, payload=e.payload, source_id=source_id, occurred_at=e.occurred_at,
+                  trajectory_id=traj_ids.get(e.trajectory_uid or ""), step_id=step_ids.get(e.step_uid or ""))
+        )
+    return Event.objects.bulk_create(rows)
+
+
+@transaction.atomic
+def feedback_create(
+    *,
+    step_uid: str | None = None,
+    trajectory_uid: str | None = None,
+    rating: float | None = None,
+    label: str = "",
+    correction: str = "",
+    comment: str = "",
+    author: str = "",
+    source_id: int | None = None,
+    user_id: int | None = None,
+) -> Feedback:
+    """Record feedback on a step or a trajectory. Not idempotent (each call is one opinion)."""
+    if (step_uid is None) == (trajectory_uid is None):
+        raise InvalidInput("give exactly one of step_uid or trajectory_uid", field="step_uid")
+    step = traj = None
+    if step_uid is not None:
+        step = Step.objects.filter(uid=step_uid).only("id", "trajectory_id").first()
+        if step is None:
+            raise NotFound(f"step {step_uid!r} does not exist", field="step_uid")
+    else:
+        traj = Trajectory.objects.filter(uid=trajectory_uid).only("id").first()
+        if traj is None:
+            raise NotFound(f"trajectory {trajectory_uid!r} does not exist", field="trajectory_uid")
+    return Feedback.objects.create(
+        step=step, trajectory=traj, rating=rating, label=label, correction=correction, comment=comment,
+        author=author, source_id=source_id, user_id=user_id,
+    )

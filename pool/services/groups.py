@@ -1,0 +1,70 @@
+"""Prompt groups: upsert with dataset fields, and completion detection."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Count, F, Q
+from django.utils import timezone
+
+from ..models import PromptGroup, Trajectory
+
+TERMINAL = (Trajectory.Status.COMPLETED, Trajectory.Status.FAILED, Trajectory.Status.ABANDONED)
+
+
+@transaction.atomic
+def group_upsert(
+    *,
+    uid: str,
+    expected_rollouts: int | None = None,
+    dataset: str | None = None,
+    ground_truth: Any = None,
+    metadata: dict | None = None,
+) -> PromptGroup:
+    """Create the group or update the given fields. Idempotent."""
+    group, _ = PromptGroup.objects.select_for_update().get_or_create(uid=uid)
+    changed = []
+    for name, value in (
+        ("expected_rollouts", expected_rollouts),
+        ("dataset", dataset),
+        ("ground_truth", ground_truth),
+        ("metadata", metadata),
+    ):
+        if value is not None and getattr(group, name) != value:
+            setattr(group, name, value)
+            changed.append(name)
+    if changed:
+        group.save(update_fields=changed)
+    groups_check_complete(group_ids=[group.id])
+    group.refresh_from_db()
+    return group
+
+
+def groups_check_complete(*, group_ids: Iterable[int]) -> list[int]:
+    """Mark open groups complete once ``expected_rollouts`` trajectories have ended, and
+    enqueue their prefix-tree merge on commit. Idempotent; call inside the writer's
+    transaction. Returns the ids that became complete."""
+    ids = list(group_ids)
+    if not ids:
+        return []
+    ready = list(
+        PromptGroup.objects.filter(id__in=ids, status=PromptGroup.Status.OPEN, expected_rollouts__isnull=False)
+        .annotate(ended=Count("trajectories", filter=Q(trajectories__status__in=TERMINAL)))
+        .filter(ended__gte=F("expected_rollouts"))
+        .values_list("id", flat=True)
+    )
+    if ready:
+        PromptGroup.objects.filter(id__in=ready, status=PromptGroup.Status.OPEN).update(
+            status=PromptGroup.Status.COMPLETE, completed_at=timezone.now()
+        )
+        for gid in ready:
+            transaction.on_commit(lambda gid=gid: _enqueue_group_merge(gid))
+    return ready
+
+
+def _enqueue_group_merge(group_id: int) -> None:
+    from .. import tasks
+
+    tasks.group_merge.delay(group_id)

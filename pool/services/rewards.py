@@ -1,0 +1,71 @@
+"""Late rewards, for a step or a trajectory, audited as RewardEvents."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from django.db import transaction
+
+from ..errors import InvalidInput, NotFound
+from ..models import RewardEvent, Step, Trajectory
+
+
+@dataclass(slots=True)
+class RewardIn:
+    reward: float
+    step_uid: str | None = None
+    trajectory_uid: str | None = None
+    source: str = Step.RewardSource.ENV
+    final: bool = True
+    metadata: dict = field(default_factory=dict)
+    field_prefix: str = ""
+
+
+@transaction.atomic
+def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> list[RewardEvent]:
+    """Apply rewards atomically (all or none). Each change is recorded as a RewardEvent.
+    Re-applying the same reward with the same status writes nothing (idempotent)."""
+    for r in rewards:
+        p = r.field_prefix
+        if not math.isfinite(r.reward):
+            raise InvalidInput("reward must be a finite number", field=f"{p}reward")
+        if (r.step_uid is None) == (r.trajectory_uid is None):
+            raise InvalidInput("give exactly one of step_uid or trajectory_uid", field=f"{p}step_uid")
+        if r.source not in Step.RewardSource.values:
+            raise InvalidInput(f"source must be one of {Step.RewardSource.values}", field=f"{p}source")
+    step_uids = [r.step_uid for r in rewards if r.step_uid]
+    traj_uids = [r.trajectory_uid for r in rewards if r.trajectory_uid]
+    # Lock in primary-key order so concurrent reward writers cannot deadlock.
+    steps = {s.uid: s for s in Step.objects.select_for_update().filter(uid__in=step_uids).order_by("id")}
+    trajs = {t.uid: t for t in Trajectory.objects.select_for_update().filter(uid__in=traj_uids).order_by("id")}
+    events: list[RewardEvent] = []
+    for r in rewards:
+        p = r.field_prefix
+        status = Step.RewardStatus.FINAL if r.final else Step.RewardStatus.PENDING
+        if r.step_uid:
+            step = steps.get(r.step_uid)
+            if step is None:
+                raise NotFound(f"step {r.step_uid!r} does not exist", field=f"{p}step_uid")
+            if step.reward == r.reward and step.reward_status == status and step.reward_source == r.source:
+                continue
+            events.append(
+                RewardEvent(step=step, old_reward=step.reward, new_reward=r.reward, reward_source=r.source,
+                            final=r.final, source_id=source_id, metadata=r.metadata)
+            )
+            step.reward, step.reward_status, step.reward_source = r.reward, status, r.source
+            step.save(update_fields=["reward", "reward_status", "reward_source", "updated_at"])
+        else:
+            traj = trajs.get(r.trajectory_uid or "")
+            if traj is None:
+                raise NotFound(f"trajectory {r.trajectory_uid!r} does not exist", field=f"{p}trajectory_uid")
+            if traj.reward == r.reward:
+                continue
+            events.append(
+                RewardEvent(trajectory=traj, old_reward=traj.reward, new_reward=r.reward, reward_source=r.source,
+                            final=r.final, source_id=source_id, metadata=r.metadata)
+            )
+            traj.reward = r.reward
+            traj.save(update_fields=["reward", "updated_at"])
+    RewardEvent.objects.bulk_create(events)
+    return events

@@ -1,0 +1,136 @@
+"""Token storage: exact, prefix-deduplicated token sequences.
+
+Layout
+------
+A step's full sequence is ``prompt_ids + response_ids`` as little-endian int32 bytes. It is
+stored as a delta against a parent step (see pool.models.Step)::
+
+    full(step) = full(parent)[:seq_shared] + seq_delta
+
+The parent is picked at ingest as the candidate with the longest common prefix (LCP): the
+previous step of the trajectory (its prompt extends the previous prompt + response) or the
+group anchor (the rollouts of a group share the prompt). Each shared prefix is therefore
+stored once, every write is a single row (no block table to maintain) and a read is one
+recursive query that returns exactly the bytes the step's ancestry holds.
+
+Why not hash-chained fixed blocks (vLLM's prefix cache)? Blocks only share whole blocks,
+duplicate every partial tail, and each step must list all of its blocks (O(L/B) references
+per step, which grows quadratically with turns again). The delta chain stores each unique
+token once and one reference per step; MAX_CHAIN_DEPTH bounds the read cost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+from django.db import connection
+
+TOKEN_DTYPE = np.dtype("<i4")
+LOGPROB_DTYPE = np.dtype("<f8")
+TOKEN_BYTES = TOKEN_DTYPE.itemsize
+
+# Below this many shared tokens a parent link costs more (one more row on every read) than
+# it saves (64 bytes).
+MIN_SHARED_TOKENS = 16
+# Bounds reconstruction: a step is rebuilt from at most this many rows. A step whose parent
+# is this deep is stored whole and starts a new chain.
+MAX_CHAIN_DEPTH = 64
+# SQLite's and PostgreSQL's parameter limits are far above this; keeps statements small.
+_LOAD_CHUNK = 2_000
+
+EMPTY_IDS = np.zeros(0, dtype=TOKEN_DTYPE)
+
+
+def ids_to_bytes(ids: np.ndarray) -> bytes:
+    return np.ascontiguousarray(ids, dtype=TOKEN_DTYPE).tobytes()
+
+
+def bytes_to_ids(raw: bytes | memoryview) -> np.ndarray:
+    return np.frombuffer(raw, dtype=TOKEN_DTYPE)
+
+
+def seq_hash(full: bytes) -> bytes:
+    return hashlib.blake2b(full, digest_size=16).digest()
+
+
+def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the longest common prefix of two id arrays (vectorised)."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n
+
+
+@dataclass(slots=True)
+class Encoded:
+    """How one sequence is stored: against ``parent`` (or nothing) with ``shared`` tokens."""
+
+    shared: int
+    delta: bytes
+    depth: int
+
+
+def encode_against(full: np.ndarray, parent: np.ndarray | None, parent_depth: int) -> Encoded:
+    """Encode ``full`` as a delta against ``parent`` if it shares enough, else whole."""
+    if parent is not None and parent_depth + 1 <= MAX_CHAIN_DEPTH:
+        shared = common_prefix_len(full, parent)
+        if shared >= MIN_SHARED_TOKENS:
+            return Encoded(shared=shared, delta=ids_to_bytes(full[shared:]), depth=parent_depth + 1)
+    return Encoded(shared=0, delta=ids_to_bytes(full), depth=0)
+
+
+def load_sequences(step_ids: Iterable[int]) -> dict[int, bytes]:
+    """Full sequence bytes of each step, rebuilt exactly from the delta chains.
+
+    One recursive query per chunk of ids fetches every ancestor once; shared ancestors are
+    materialised once (memoised), so loading a whole prompt group costs O(stored bytes +
+    output bytes).
+    """
+    wanted = list(dict.fromkeys(step_ids))
+    nodes: dict[int, tuple[int | None, int, bytes]] = {}
+    for start in range(0, len(wanted), _LOAD_CHUNK):
+        chunk = [i for i in wanted[start : start + _LOAD_CHUNK] if i not in nodes]
+        if chunk:
+            nodes.update(_fetch_chains(chunk))
+    memo: dict[int, bytes] = {}
+    for target in wanted:
+        _materialise(target, nodes, memo)
+    return {t: memo[t] for t in wanted}
+
+
+def _fetch_chains(ids: list[int]) -> dict[int, tuple[int | None, int, bytes]]:
+    from .models import Step
+
+    table = connection.ops.quote_name(Step._meta.db_table)
+    placeholders = ",".join(["%s"] * len(ids))
+    sql = f"""
+        WITH RECURSIVE chain(id) AS (
+            SELECT id FROM {table} WHERE id IN ({placeholders})
+            UNION
+            SELECT s.seq_parent_id FROM {table} s JOIN chain c ON s.id = c.id
+            WHERE s.seq_parent_id IS NOT NULL
+        )
+        SELECT s.id, s.seq_parent_id, s.seq_shared, s.seq_delta FROM {table} s
+        WHERE s.id IN (SELECT id FROM chain)
+    """
+    with connection.cursor() as cur:
+        cur.execute(sql, ids)
+        return {row[0]: (row[1], row[2], bytes(row[3])) for row in cur.fetchall()}
+
+
+def _materialise(target: int, nodes: dict[int, tuple[int | None, int, bytes]], memo: dict[int, bytes]) -> bytes:
+    chain: list[int] = []
+    cur: int | None = target
+    while cur is not None and cur not in memo:
+        chain.append(cur)
+        cur = nodes[cur][0]
+    full = memo[cur] if cur is not None else b""
+    for node_id in reversed(chain):
+        _parent, shared, delta = nodes[node_id]
+        full = full[: shared * TOKEN_BYTES] + delta
+        memo[node_id] = full
+    return full

@@ -1,0 +1,89 @@
+"""Shared fixtures: personas (API keys per scope, an operator) and step payload builders."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from rest_framework.test import APIClient
+
+from pool.models import Scope
+from pool.services import api_key_create
+
+
+@pytest.fixture
+def make_key(db):
+    def _make(*scopes: str, name: str | None = None) -> str:
+        _, clear = api_key_create(name=name or f"key-{'-'.join(scopes)}-{random.random()}", scopes=list(scopes))
+        return clear
+
+    return _make
+
+
+@pytest.fixture
+def agent_key(make_key) -> str:
+    return make_key(Scope.INGEST, name="agent")
+
+
+@pytest.fixture
+def trainer_key(make_key) -> str:
+    return make_key(Scope.CONSUME, name="trainer")
+
+
+@pytest.fixture
+def reader_key(make_key) -> str:
+    return make_key(Scope.READ, name="reader")
+
+
+@pytest.fixture
+def admin_key(make_key) -> str:
+    return make_key(Scope.ADMIN, name="admin")
+
+
+@pytest.fixture
+def operator(django_user_model):
+    return django_user_model.objects.create_superuser("operator", "op@example.com", "pw-operator")
+
+
+def client_for(key: str | None) -> APIClient:
+    c = APIClient()
+    if key:
+        c.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    return c
+
+
+@pytest.fixture
+def agent(agent_key) -> APIClient:
+    return client_for(agent_key)
+
+
+@pytest.fixture
+def reader(reader_key) -> APIClient:
+    return client_for(reader_key)
+
+
+def make_step(
+    traj: str = "t1",
+    index: int = 0,
+    *,
+    group: str | None = "g1",
+    prompt: list[int] | None = None,
+    response: list[int] | None = None,
+    rng: random.Random | None = None,
+    **extra,
+) -> dict:
+    rng = rng or random.Random(hash((traj, index)) & 0xFFFF)
+    step = {
+        "uid": f"{traj}-s{index}",
+        "trajectory_uid": traj,
+        "prompt_group_uid": group,
+        "step_index": index,
+        "prompt_ids": prompt if prompt is not None else [rng.randrange(150_000) for _ in range(32)],
+        "response_ids": response if response is not None else [rng.randrange(150_000) for _ in range(8)],
+    }
+    step.update(extra)
+    return step
+
+
+def post_steps(client: APIClient, steps: list[dict]):
+    return client.post("/api/v1/steps", {"steps": steps}, format="json")
