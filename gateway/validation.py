@@ -78,7 +78,7 @@ def parse_step(raw: Any, where: str) -> StepIn:
     group = raw.get("prompt_group_uid")
     group = _uid(group, f"{where}.prompt_group_uid") if group is not None else None
     uid = raw.get("uid")
-    uid = _uid(uid, f"{where}.uid") if uid is not None else f"{trajectory_uid}/{step_index}"
+    uid = _uid(uid, f"{where}.uid") if uid is not None else f"{trajectory_uid}:{step_index}"
 
     prompt = token_ids(raw["prompt_ids"], f"{where}.prompt_ids")
     response = token_ids(raw["response_ids"], f"{where}.response_ids")

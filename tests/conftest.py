@@ -87,3 +87,12 @@ def make_step(
 
 def post_steps(client: APIClient, steps: list[dict]):
     return client.post("/api/v1/steps", {"steps": steps}, format="json")
+
+
+@pytest.fixture
+def live(tmp_path):
+    """A running server process with its own database (see tests/live.py)."""
+    from tests.live import live_server
+
+    with live_server(tmp_path) as server:
+        yield server

@@ -1,0 +1,138 @@
+"""A real server process for end-to-end tests (real HTTP, real database, restartable).
+
+The process runs `uvicorn claw_site.asgi:application` with the local settings against its
+own database: a fresh PostgreSQL database when DATABASE_URL is set (CI's second run), else a
+SQLite file in a temporary folder. Keys are minted through the real management command.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlparse, urlunparse
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    def __init__(self, var_dir: Path, extra_env: dict[str, str] | None = None):
+        self.var_dir = var_dir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self._db_name: str | None = None
+        self.env = self._make_env(extra_env or {})
+        self.log_path = var_dir / f"server-{self.port}.log"
+
+    # --- database ---------------------------------------------------------------------------
+    def _make_env(self, extra: dict[str, str]) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+        env.update(
+            DJANGO_SETTINGS_MODULE="claw_site.settings.local",
+            DJANGO_DEBUG="0",
+            CLAW_VAR_DIR=str(self.var_dir),
+            CLAW_DEMO="0",
+            CLAW_API_KEY_CACHE_SECONDS="0",
+            PYTHONUNBUFFERED="1",
+        )
+        base = os.environ.get("DATABASE_URL")
+        if base:
+            self._db_name = f"claw_live_{uuid.uuid4().hex[:12]}"
+            _pg_admin(base, f'CREATE DATABASE "{self._db_name}"')
+            env["DATABASE_URL"] = _with_db(base, self._db_name)
+        env.update(extra)
+        return env
+
+    def manage(self, *args: str) -> str:
+        out = subprocess.run(
+            [sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=300
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
+        return out.stdout
+
+    def make_key(self, *scopes: str, name: str | None = None) -> str:
+        args = ["create_api_key", "--name", name or f"live-{uuid.uuid4().hex[:8]}"]
+        for s in scopes:
+            args += ["--scope", s]
+        return self.manage(*args).strip().splitlines()[-1]
+
+    # --- process ----------------------------------------------------------------------------
+    def start(self) -> LiveServer:
+        self.manage("migrate", "--noinput", "-v", "0")
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "claw_site.asgi:application", "--host", "127.0.0.1",
+             "--port", str(self.port), "--log-level", "warning", "--lifespan", "off"],
+            cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.log_path.read_text()}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"server did not become healthy:\n{self.log_path.read_text()}")
+
+    def stop(self, *, kill: bool = False) -> None:
+        if self.proc is None:
+            return
+        if kill:
+            self.proc.kill()
+        else:
+            self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def restart(self, *, kill: bool = False) -> LiveServer:
+        self.stop(kill=kill)
+        return self.start()
+
+    def close(self) -> None:
+        self.stop()
+        if self._db_name:
+            _pg_admin(os.environ["DATABASE_URL"], f'DROP DATABASE IF EXISTS "{self._db_name}" WITH (FORCE)')
+
+
+@contextmanager
+def live_server(var_dir: Path, extra_env: dict[str, str] | None = None) -> Iterator[LiveServer]:
+    server = LiveServer(var_dir, extra_env)
+    try:
+        yield server.start()
+    finally:
+        server.close()
+
+
+def _with_db(url: str, name: str) -> str:
+    parts = urlparse(url)
+    return urlunparse(parts._replace(path=f"/{name}"))
+
+
+def _pg_admin(url: str, sql: str) -> None:
+    import psycopg
+
+    with psycopg.connect(_with_db(url, "postgres"), autocommit=True) as conn:
+        conn.execute(sql)
