@@ -1,0 +1,149 @@
+"""A deterministic byte-level tokenizer with an append-only chat template.
+
+Ids: 0 <pad>, 1 <bos>, 2 <eos>; byte b is id b + 3 (ids 3..258); 259..264 are role and
+section markers. No files, no merges: ``decode(encode(text)) == text`` for every string, and
+``encode`` is the only way a text becomes ids, so there is no retokenization ambiguity.
+
+Append-only template. For messages M and an assistant reply whose ids are exactly what the
+model generated, G = encode(content) [+ encode(tool_calls json)] + [<|end|>]::
+
+    apply_chat_template(M) + G  is a prefix of  apply_chat_template(M + [reply] + more)
+
+because the template renders every message independently as ``marker + body + <|end|>`` and the
+generation prompt is just the assistant marker. Tool calls are rendered through
+:func:`canonical_tool_calls`, so an agent that echoes the reply's ``tool_calls`` back (with
+extra keys or a different key order) still renders byte-identical ids. A multi-turn agent that
+goes through the gateway therefore sees no drift between upstream ids and re-rendered prompts.
+A reply cut off by max_tokens (finish_reason "length") lacks the final <|end|>; the next
+prompt still starts with prompt + response, since the template adds the <|end|>.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import orjson
+
+PAD, BOS, EOS = 0, 1, 2
+BYTE_OFFSET = 3
+SYSTEM, USER, ASSISTANT, TOOL, END, TOOLS = 259, 260, 261, 262, 263, 264
+
+SPECIAL_TOKENS: dict[int, str] = {
+    PAD: "<pad>",
+    BOS: "<bos>",
+    EOS: "<eos>",
+    SYSTEM: "<|system|>",
+    USER: "<|user|>",
+    ASSISTANT: "<|assistant|>",
+    TOOL: "<|tool|>",
+    END: "<|end|>",
+    TOOLS: "<|tools|>",
+}
+ROLE_MARKERS: dict[str, int] = {
+    "system": SYSTEM,
+    "developer": SYSTEM,  # OpenAI's newer name for the system role
+    "user": USER,
+    "assistant": ASSISTANT,
+    "tool": TOOL,
+    "function": TOOL,
+}
+
+
+class ToyTokenizer:
+    """Byte-level tokenizer; see the module docstring for the id layout and template contract."""
+
+    vocab_size: int = 265
+    pad_token_id: int = PAD
+    bos_token_id: int = BOS
+    eos_token_id: int = EOS
+    end_token_id: int = END
+
+    def encode(self, text: str) -> list[int]:
+        """UTF-8 bytes of ``text`` shifted by 3. Never adds special tokens."""
+        return [b + BYTE_OFFSET for b in text.encode("utf-8")]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Inverse of :meth:`encode`; special ids are skipped, invalid UTF-8 is replaced."""
+        return bytes(i - BYTE_OFFSET for i in ids if BYTE_OFFSET <= i < SYSTEM).decode("utf-8", errors="replace")
+
+    def token_text(self, token_id: int) -> str:
+        """The text of one id: its special name, or its byte (U+FFFD when not valid alone)."""
+        special = SPECIAL_TOKENS.get(token_id)
+        if special is not None:
+            return special
+        return bytes([token_id - BYTE_OFFSET]).decode("utf-8", errors="replace")
+
+    def token_bytes(self, token_id: int) -> list[int]:
+        """The raw bytes of one id, as OpenAI's logprobs ``bytes`` field lists them."""
+        special = SPECIAL_TOKENS.get(token_id)
+        if special is not None:
+            return list(special.encode())
+        return [token_id - BYTE_OFFSET]
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: list | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[int]:
+        """Render chat messages to ids (append-only; see the module docstring).
+
+        Layout: <bos> [<|tools|> json(tools) <|end|>] (marker content [json(tool_calls)] <|end|>)*
+        [<|assistant|>]. Raises ValueError on an unknown role or a non-dict message.
+        """
+        ids = [BOS]
+        if tools:
+            ids.append(TOOLS)
+            ids += self.encode(compact_json(tools))
+            ids.append(END)
+        for m in messages:
+            if not isinstance(m, dict):
+                raise ValueError("each message must be an object")
+            role = m.get("role")
+            marker = ROLE_MARKERS.get(role)  # type: ignore[arg-type]
+            if marker is None:
+                raise ValueError(f"unknown role {role!r}")
+            ids.append(marker)
+            ids += self.encode(message_text(m.get("content")))
+            tool_calls = m.get("tool_calls")
+            if tool_calls:
+                ids += self.encode(compact_json(canonical_tool_calls(tool_calls)))
+            ids.append(END)
+        if add_generation_prompt:
+            ids.append(ASSISTANT)
+        return ids
+
+
+def compact_json(value: Any) -> str:
+    """JSON with sorted keys and no whitespace: one text per value, whatever the key order."""
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def canonical_tool_calls(tool_calls: Sequence[Any]) -> list[dict[str, Any]]:
+    """Keep only id, type and function{name, arguments} of each call (drops index and nulls
+    that clients add when they echo a reply back)."""
+    out = []
+    for call in tool_calls:
+        if not isinstance(call, dict):
+            raise ValueError("each tool call must be an object")
+        fn = call.get("function") or {}
+        out.append(
+            {
+                "id": call.get("id"),
+                "type": call.get("type") or "function",
+                "function": {"name": fn.get("name"), "arguments": fn.get("arguments")},
+            }
+        )
+    return out
+
+
+def message_text(content: Any) -> str:
+    """A message's content as text: a string, or the concatenated text of content parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+    raise ValueError("message content must be a string, an array of parts, or null")

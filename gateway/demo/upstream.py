@@ -1,0 +1,570 @@
+"""The demo upstream: an OpenAI-compatible server that answers like vLLM, with no model.
+
+It is a raw ASGI app (no framework, orjson) because it is the zero-latency baseline of the
+gateway benchmark: whatever time a request spends here is time the gateway did not cause.
+
+Contract:
+- ``GET /v1/models`` lists one model, ``claw-demo``; ``GET /health`` answers 200.
+- ``POST /v1/chat/completions`` and ``POST /v1/completions`` (OpenAI formats, ``stream``, ``n``,
+  ``logprobs``, ``stream_options.include_usage``). Prompt ids come from
+  :class:`~gateway.demo.toy_tokenizer.ToyTokenizer`; the reply is a pure function of
+  (prompt ids, seed, choice index, max_tokens): a short sentence of 12-40 byte tokens ending in
+  <|end|> (finish_reason "stop"), or cut at max_tokens (default 32; "length"). With ``tools`` and a
+  last message from the user, choice 0 calls the first tool (or the one tool_choice names):
+  content null, finish_reason "tool_calls", ids = encode(compact json of the calls) + <|end|>.
+- ``return_token_ids: true`` adds vLLM's (>= 0.10.2) fields: chat top-level ``prompt_token_ids``
+  and ``choices[i].token_ids``; completions ``choices[i].prompt_token_ids`` and ``token_ids``.
+  Streamed, ``prompt_token_ids`` rides on each choice's first chunk and ``token_ids`` are deltas.
+  ``return_tokens_as_token_ids: true`` renders logprob tokens as ``token_id:N``. With token ids
+  disabled (``--no-token-ids``) all of these are ignored, as a plain OpenAI server would.
+- ``POST /tokenize`` ({messages, tools, add_generation_prompt} or {prompt}) -> {tokens, count}
+  and ``POST /detokenize`` ({tokens}) -> {prompt}.
+- Fault injection: header ``x-demo-fail: <status>`` answers that status with an OpenAI error
+  body; ``x-demo-delay-ms: <ms>`` adds latency; ``x-demo-drop: 1`` starts the response (a
+  partial JSON body, or a stream's first chunk) and then closes the connection. ``failure_rate``
+  turns that share of completion requests into 500s. Any Authorization header is accepted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import itertools
+import os
+import random
+import time
+from array import array
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from .toy_tokenizer import BOS, END, ToyTokenizer, canonical_tool_calls, compact_json
+
+MODEL_ID = "claw-demo"
+DEFAULT_MAX_TOKENS = 32
+MIN_NATURAL, MAX_NATURAL = 12, 40
+STREAM_CHUNK_TOKENS = 4
+MAX_N = 64
+MAX_MODEL_LEN = 131_072
+TOOL_ARGUMENTS = '{"x": 1}'
+WORDS = (
+    "the", "agent", "reads", "a", "file", "and", "writes", "tests", "for", "it", "then", "runs",
+    "tool", "step", "reward", "claw", "tree", "token", "batch", "policy", "pool", "gateway",
+)
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_tok = ToyTokenizer()
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+_SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+_MODELS_BODY = orjson.dumps(
+    {"object": "list", "data": [{"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "claw", "max_model_len": MAX_MODEL_LEN}]}
+)
+
+
+class HttpError(Exception):
+    """Raised inside a handler to answer ``status`` with an OpenAI-shaped error body."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+def create_app(
+    *, latency_ms: float = 0, failure_rate: float = 0.0, token_ids: bool = True, seed: int = 0
+) -> ASGIApp:
+    """Build the ASGI app. Replies are deterministic given ``seed``; ``failure_rate`` draws from
+    a generator seeded with ``seed`` too, so a run's failure pattern is reproducible."""
+    fail_rng = random.Random(seed)
+    ids_prefix = os.urandom(4).hex()
+    counter = itertools.count()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        headers = _headers(scope)
+        method, path = scope["method"], scope["path"]
+        try:
+            delay = latency_ms + _float_header(headers, b"x-demo-delay-ms")
+            if delay > 0:
+                await asyncio.sleep(delay / 1000)
+            forced = headers.get(b"x-demo-fail")
+            if forced:
+                status = int(forced) if forced.isdigit() else 500
+                raise HttpError(status, f"forced failure {status} (x-demo-fail)")
+            handler = _ROUTES.get((method, path))
+            if handler is None:
+                if any(p == path for _, p in _ROUTES):
+                    raise HttpError(405, f"method {method} not allowed on {path}")
+                raise HttpError(404, f"no route {path}")
+            if path in _COMPLETION_PATHS and failure_rate > 0 and fail_rng.random() < failure_rate:
+                raise HttpError(500, "random failure (failure_rate)")
+            body = await _read_json(receive) if method == "POST" else {}
+            ctx = _Ctx(
+                token_ids=token_ids,
+                seed=seed,
+                request_id=f"{ids_prefix}{next(counter):08x}",
+                drop=headers.get(b"x-demo-drop", b"") not in (b"", b"0"),
+            )
+            await handler(ctx, body, send)
+        except HttpError as e:
+            await _send_json(send, e.status, _error_body(e.status, e.message, e.param))
+
+    return app
+
+
+# --- request context and routing ------------------------------------------------------------
+class _Ctx:
+    __slots__ = ("token_ids", "seed", "request_id", "drop", "created")
+
+    def __init__(self, *, token_ids: bool, seed: int, request_id: str, drop: bool):
+        self.token_ids = token_ids
+        self.seed = seed
+        self.request_id = request_id
+        self.drop = drop
+        self.created = int(time.time())
+
+
+async def _models(ctx: _Ctx, body: dict, send: Send) -> None:
+    await _send_raw(send, 200, _MODELS_BODY)
+
+
+async def _health(ctx: _Ctx, body: dict, send: Send) -> None:
+    await _send_raw(send, 200, b"{}")
+
+
+async def _tokenize(ctx: _Ctx, body: dict, send: Send) -> None:
+    if "messages" in body:
+        ids = _chat_prompt(body, add_generation_prompt=bool(body.get("add_generation_prompt", True)))
+    elif "prompt" in body:
+        ids = _text_prompt(body["prompt"], add_special_tokens=bool(body.get("add_special_tokens", True)))
+    else:
+        raise HttpError(400, "tokenize needs 'messages' or 'prompt'")
+    await _send_json(send, 200, {"count": len(ids), "max_model_len": MAX_MODEL_LEN, "tokens": ids})
+
+
+async def _detokenize(ctx: _Ctx, body: dict, send: Send) -> None:
+    ids = body.get("tokens")
+    if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+        raise HttpError(400, "tokens must be an array of integers", param="tokens")
+    await _send_json(send, 200, {"prompt": _tok.decode(ids)})
+
+
+# --- chat completions -------------------------------------------------------------------------
+async def _chat(ctx: _Ctx, body: dict, send: Send) -> None:
+    prompt = _chat_prompt(body, add_generation_prompt=True)
+    opts = _Options(body, ctx)
+    messages = body["messages"]
+    tool = _tool_to_call(body.get("tools"), body.get("tool_choice"), messages)
+    choices = [
+        _generate(prompt, ctx.seed, i, opts.max_tokens, tool=tool if i == 0 else None) for i in range(opts.n)
+    ]
+    if opts.stream:
+        await _stream_chat(ctx, send, body, opts, prompt, choices)
+        return
+    out_choices = []
+    for i, c in enumerate(choices):
+        message: dict[str, Any] = {"role": "assistant", "content": c.content}
+        if c.tool_calls:
+            message["tool_calls"] = c.tool_calls
+        choice: dict[str, Any] = {
+            "index": i,
+            "message": message,
+            "logprobs": {"content": opts.chat_logprobs(c.ids, c.logprobs)} if opts.logprobs else None,
+            "finish_reason": c.finish_reason,
+        }
+        if opts.return_ids:
+            choice["token_ids"] = c.ids
+        out_choices.append(choice)
+    resp: dict[str, Any] = {
+        "id": f"chatcmpl-{ctx.request_id}",
+        "object": "chat.completion",
+        "created": ctx.created,
+        "model": body.get("model") or MODEL_ID,
+        "choices": out_choices,
+        "usage": _usage(prompt, choices),
+    }
+    if opts.return_ids:
+        resp["prompt_token_ids"] = prompt
+    await _send_json(send, 200, resp, drop=ctx.drop)
+
+
+async def _stream_chat(
+    ctx: _Ctx, send: Send, body: dict, opts: _Options, prompt: list[int], choices: list[_Choice]
+) -> None:
+    base = {
+        "id": f"chatcmpl-{ctx.request_id}",
+        "object": "chat.completion.chunk",
+        "created": ctx.created,
+        "model": body.get("model") or MODEL_ID,
+    }
+    await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+    # Like vLLM: one role chunk per choice, each carrying prompt_token_ids when asked.
+    for i in range(len(choices)):
+        first: dict[str, Any] = {
+            **base,
+            "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}],
+        }
+        if opts.return_ids:
+            first["prompt_token_ids"] = prompt
+        await _send_event(send, first)
+        if ctx.drop:
+            return  # the connection closes mid-stream (uvicorn closes an unfinished response)
+    plans = [_chat_stream_plan(c) for c in choices]
+    for round_ in range(max(len(p) for p in plans)):
+        for i, plan in enumerate(plans):
+            if round_ >= len(plan):
+                continue
+            delta, ids, lps, finish = plan[round_]
+            choice: dict[str, Any] = {
+                "index": i,
+                "delta": delta,
+                "logprobs": {"content": opts.chat_logprobs(ids, lps)} if opts.logprobs else None,
+                "finish_reason": finish,
+            }
+            if opts.return_ids:
+                choice["token_ids"] = ids
+            await _send_event(send, {**base, "choices": [choice]})
+    if opts.include_usage:
+        await _send_event(send, {**base, "choices": [], "usage": _usage(prompt, choices)})
+    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+
+def _chat_stream_plan(c: _Choice) -> list[tuple[dict, list[int], list[float], str | None]]:
+    """Split one choice into stream deltas: (delta, token id delta, logprob delta, finish)."""
+    if c.tool_calls:
+        call = c.tool_calls[0]
+        args = call["function"]["arguments"]
+        deltas: list[dict] = [
+            {"tool_calls": [{"index": 0, "id": call["id"], "type": "function",
+                             "function": {"name": call["function"]["name"], "arguments": ""}}]}
+        ]
+        deltas += [{"tool_calls": [{"index": 0, "function": {"arguments": args[k:k + 3]}}]} for k in range(0, len(args), 3)]
+        deltas.append({})
+        bounds = _split_bounds(len(c.ids), len(deltas))
+        return [
+            (d, c.ids[a:b], c.logprobs[a:b], "tool_calls" if j == len(deltas) - 1 else None)
+            for j, (d, (a, b)) in enumerate(zip(deltas, bounds, strict=True))
+        ]
+    plan = []
+    n = len(c.ids)
+    for a in range(0, n, STREAM_CHUNK_TOKENS):
+        b = min(a + STREAM_CHUNK_TOKENS, n)
+        plan.append(({"content": _tok.decode(c.ids[a:b])}, c.ids[a:b], c.logprobs[a:b], c.finish_reason if b == n else None))
+    return plan
+
+
+def _split_bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` contiguous ranges covering [0, n) as evenly as possible."""
+    step, extra = divmod(n, parts)
+    out, a = [], 0
+    for j in range(parts):
+        b = a + step + (1 if j < extra else 0)
+        out.append((a, b))
+        a = b
+    return out
+
+
+# --- text completions -------------------------------------------------------------------------
+async def _completions(ctx: _Ctx, body: dict, send: Send) -> None:
+    if "prompt" not in body:
+        raise HttpError(400, "prompt is required", param="prompt")
+    prompt = _text_prompt(body["prompt"], add_special_tokens=True)
+    opts = _Options(body, ctx)
+    choices = [_generate(prompt, ctx.seed, i, opts.max_tokens, tool=None) for i in range(opts.n)]
+    base = {"id": f"cmpl-{ctx.request_id}", "object": "text_completion", "created": ctx.created,
+            "model": body.get("model") or MODEL_ID}
+    if opts.stream:
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        plans = [_split_bounds(len(c.ids), max(1, -(-len(c.ids) // STREAM_CHUNK_TOKENS))) for c in choices]
+        for round_ in range(max(len(p) for p in plans)):
+            for i, (c, plan) in enumerate(zip(choices, plans, strict=True)):
+                if round_ >= len(plan):
+                    continue
+                a, b = plan[round_]
+                ids = c.ids[a:b]
+                choice: dict[str, Any] = {
+                    "index": i,
+                    "text": _tok.decode(ids),
+                    "logprobs": opts.completion_logprobs(ids, c.logprobs[a:b]) if opts.logprobs else None,
+                    "finish_reason": c.finish_reason if b == len(c.ids) else None,
+                }
+                if opts.return_ids:
+                    if round_ == 0:
+                        choice["prompt_token_ids"] = prompt
+                    choice["token_ids"] = ids
+                await _send_event(send, {**base, "choices": [choice]})
+                if ctx.drop:
+                    return
+        if opts.include_usage:
+            await _send_event(send, {**base, "choices": [], "usage": _usage(prompt, choices)})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+        return
+    out = []
+    for i, c in enumerate(choices):
+        choice = {
+            "index": i,
+            "text": c.content or "",
+            "logprobs": opts.completion_logprobs(c.ids, c.logprobs) if opts.logprobs else None,
+            "finish_reason": c.finish_reason,
+        }
+        if opts.return_ids:
+            choice["prompt_token_ids"] = prompt
+            choice["token_ids"] = c.ids
+        out.append(choice)
+    await _send_json(send, 200, {**base, "choices": out, "usage": _usage(prompt, choices)}, drop=ctx.drop)
+
+
+# --- generation ---------------------------------------------------------------------------------
+class _Choice:
+    __slots__ = ("ids", "logprobs", "content", "tool_calls", "finish_reason")
+
+    def __init__(self, ids: list[int], logprobs: list[float], content: str | None,
+                 tool_calls: list[dict] | None, finish_reason: str):
+        self.ids = ids
+        self.logprobs = logprobs
+        self.content = content
+        self.tool_calls = tool_calls
+        self.finish_reason = finish_reason
+
+
+def _generate(prompt: list[int], seed: int, index: int, max_tokens: int | None, *, tool: str | None) -> _Choice:
+    """The deterministic reply for (prompt, seed, index, max_tokens); see the module docstring."""
+    h = hashlib.blake2b(array("i", prompt).tobytes(), digest_size=16)
+    h.update(seed.to_bytes(8, "little", signed=True))
+    h.update(index.to_bytes(4, "little"))
+    digest = h.digest()
+    rng = random.Random(digest)
+    if tool is not None:
+        calls = [{"id": f"call_{digest.hex()[:24]}", "type": "function",
+                  "function": {"name": tool, "arguments": TOOL_ARGUMENTS}}]
+        ids = _tok.encode(compact_json(canonical_tool_calls(calls))) + [END]
+        return _Choice(ids, _logprobs(rng, len(ids)), None, calls, "tool_calls")
+    natural = rng.randint(MIN_NATURAL, MAX_NATURAL)
+    words: list[str] = []
+    length = -1
+    while length < natural:
+        w = WORDS[rng.randrange(len(WORDS))]
+        words.append(w)
+        length += len(w) + 1
+    text = " ".join(words)
+    text = text[0].upper() + text[1 : natural - 1] + "."
+    budget = max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS
+    ids = _tok.encode(text)
+    if natural + 1 <= budget:
+        ids.append(END)
+        finish = "stop"
+    else:
+        ids = ids[:budget]
+        finish = "length"
+    return _Choice(ids, _logprobs(rng, len(ids)), _tok.decode(ids), None, finish)
+
+
+def _logprobs(rng: random.Random, n: int) -> list[float]:
+    # -5 * (1 - u) for u in [0, 1) lies in [-5, 0).
+    return [round(-5.0 * (1.0 - rng.random()), 6) for _ in range(n)]
+
+
+def _tool_to_call(tools: Any, tool_choice: Any, messages: list) -> str | None:
+    if not tools or tool_choice == "none":
+        return None
+    if not messages or not isinstance(messages[-1], dict) or messages[-1].get("role") != "user":
+        return None
+    if isinstance(tool_choice, dict):
+        name = (tool_choice.get("function") or {}).get("name")
+        if name:
+            return name
+    first = tools[0] if isinstance(tools, list) else None
+    name = ((first or {}).get("function") or {}).get("name") if isinstance(first, dict) else None
+    if not isinstance(name, str):
+        raise HttpError(400, "tools[0].function.name is required", param="tools")
+    return name
+
+
+class _Options:
+    """The sampling-independent options of a completion request, validated."""
+
+    __slots__ = ("n", "max_tokens", "stream", "include_usage", "logprobs", "return_ids", "as_ids")
+
+    def __init__(self, body: dict, ctx: _Ctx):
+        n = body.get("n", 1)
+        if n is None:
+            n = 1
+        if type(n) is not int or not 1 <= n <= MAX_N:
+            raise HttpError(400, f"n must be an integer in [1, {MAX_N}]", param="n")
+        self.n = n
+        mt = body.get("max_completion_tokens", body.get("max_tokens"))
+        if mt is not None and (type(mt) is not int or mt < 1):
+            raise HttpError(400, "max_tokens must be a positive integer", param="max_tokens")
+        self.max_tokens = mt
+        self.stream = bool(body.get("stream"))
+        self.include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        lp = body.get("logprobs")
+        self.logprobs = lp is not None and lp is not False
+        self.return_ids = ctx.token_ids and bool(body.get("return_token_ids"))
+        self.as_ids = ctx.token_ids and bool(body.get("return_tokens_as_token_ids"))
+
+    def token_label(self, token_id: int) -> str:
+        return f"token_id:{token_id}" if self.as_ids else _tok.token_text(token_id)
+
+    def chat_logprobs(self, ids: list[int], lps: list[float]) -> list[dict]:
+        return [
+            {"token": self.token_label(t), "logprob": lp, "bytes": _tok.token_bytes(t), "top_logprobs": []}
+            for t, lp in zip(ids, lps, strict=True)
+        ]
+
+    def completion_logprobs(self, ids: list[int], lps: list[float]) -> dict:
+        labels = [self.token_label(t) for t in ids]
+        offsets, pos = [], 0
+        for t in ids:
+            offsets.append(pos)
+            pos += len(_tok.decode([t]))
+        return {"tokens": labels, "token_logprobs": lps, "top_logprobs": [{lab: lp} for lab, lp in zip(labels, lps, strict=True)],
+                "text_offset": offsets}
+
+
+def _usage(prompt: list[int], choices: list[_Choice]) -> dict[str, int]:
+    completion = sum(len(c.ids) for c in choices)
+    return {"prompt_tokens": len(prompt), "completion_tokens": completion, "total_tokens": len(prompt) + completion}
+
+
+def _chat_prompt(body: dict, *, add_generation_prompt: bool) -> list[int]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise HttpError(400, "messages must be a non-empty array", param="messages")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise HttpError(400, "tools must be an array", param="tools")
+    try:
+        return _tok.apply_chat_template(messages, tools, add_generation_prompt=add_generation_prompt)
+    except ValueError as e:
+        raise HttpError(400, str(e), param="messages") from None
+
+
+def _text_prompt(prompt: Any, *, add_special_tokens: bool) -> list[int]:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        ids = _tok.encode(prompt)
+        return [BOS, *ids] if add_special_tokens else ids
+    if isinstance(prompt, list) and prompt and all(type(i) is int and 0 <= i < _tok.vocab_size for i in prompt):
+        return list(prompt)
+    raise HttpError(400, "prompt must be a string or a non-empty array of token ids (batches are not supported)",
+                    param="prompt")
+
+
+# --- ASGI plumbing ------------------------------------------------------------------------------
+_ROUTES: dict[tuple[str, str], Callable[[_Ctx, dict, Send], Awaitable[None]]] = {
+    ("GET", "/v1/models"): _models,
+    ("GET", "/health"): _health,
+    ("POST", "/v1/chat/completions"): _chat,
+    ("POST", "/v1/completions"): _completions,
+    ("POST", "/tokenize"): _tokenize,
+    ("POST", "/detokenize"): _detokenize,
+}
+_COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+
+
+def _headers(scope: Scope) -> dict[bytes, bytes]:
+    return {k.lower(): v for k, v in scope["headers"]}
+
+
+def _float_header(headers: dict[bytes, bytes], name: bytes) -> float:
+    raw = headers.get(name)
+    if not raw:
+        return 0.0
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        raise HttpError(400, f"{name.decode()} must be a number") from None
+
+
+async def _read_json(receive: Receive) -> dict:
+    chunks = []
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise HttpError(499, "client disconnected")
+        chunks.append(msg.get("body", b""))
+        if not msg.get("more_body"):
+            break
+    raw = b"".join(chunks)
+    try:
+        body = orjson.loads(raw) if raw else {}
+    except orjson.JSONDecodeError:
+        raise HttpError(400, "body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise HttpError(400, "body must be a JSON object")
+    return body
+
+
+def _error_body(status: int, message: str, param: str | None) -> dict:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    if status in (401, 403):
+        kind = "authentication_error" if status == 401 else "permission_error"
+    elif status == 404:
+        kind = "not_found_error"
+    elif status == 429:
+        kind = "rate_limit_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": str(status)}}
+
+
+async def _send_json(send: Send, status: int, payload: Any, *, drop: bool = False) -> None:
+    await _send_raw(send, status, orjson.dumps(payload), drop=drop)
+
+
+async def _send_raw(send: Send, status: int, body: bytes, *, drop: bool = False) -> None:
+    headers = [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    if drop:
+        # Half the body, then return: the server closes the connection on an unfinished response.
+        await send({"type": "http.response.body", "body": body[: len(body) // 2], "more_body": True})
+        return
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _send_event(send: Send, payload: dict) -> None:
+    await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(payload) + b"\n\n", "more_body": True})
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        msg = await receive()
+        if msg["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif msg["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+# --- CLI ----------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> None:
+    """``python -m gateway.demo.upstream --port N``: serve the demo upstream with uvicorn."""
+    import uvicorn
+
+    p = argparse.ArgumentParser(description="Claw-R1 demo upstream (answers like vLLM, no model).")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8001)
+    p.add_argument("--latency-ms", type=float, default=0.0, help="added to every request")
+    p.add_argument("--failure-rate", type=float, default=0.0, help="share of completion requests answered 500")
+    p.add_argument("--no-token-ids", action="store_true", help="ignore return_token_ids (a plain OpenAI server)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    app = create_app(latency_ms=args.latency_ms, failure_rate=args.failure_rate,
+                     token_ids=not args.no_token_ids, seed=args.seed)
+    uvicorn.run(app, host=args.host, port=args.port, loop="uvloop", http="httptools", log_level="warning",
+                lifespan="off", access_log=False)
+
+
+if __name__ == "__main__":
+    main()

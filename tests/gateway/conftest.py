@@ -1,0 +1,80 @@
+"""Gateway fixtures: demo upstream processes (real HTTP servers answering like vLLM)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.live import ROOT, free_port
+
+
+def start_upstream(*args: str) -> tuple[str, subprocess.Popen]:
+    """Start ``python -m gateway.demo.upstream`` on a free port with ``args``; return
+    ("http://127.0.0.1:PORT/v1", process) once GET /v1/models answers. The caller terminates it."""
+    port = free_port()
+    # A file, not a pipe: a pipe nobody reads would block the server once its buffer fills.
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.demo.upstream", "--port", str(port), *args],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+    )
+    proc.stderr = log  # type: ignore[assignment] - kept so failures can show the output
+    base = f"http://127.0.0.1:{port}/v1"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"demo upstream exited early: {log.read().decode(errors='replace')}")
+        try:
+            if httpx.get(f"{base}/models", timeout=1).status_code == 200:
+                return base, proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    stop_process(proc)
+    raise RuntimeError("demo upstream did not answer GET /v1/models within 30 s")
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """Terminate ``proc`` (SIGTERM, then SIGKILL after 10 s) and reap it."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if proc.stderr:
+        proc.stderr.close()
+
+
+def _upstream(*args: str) -> Iterator[str]:
+    base, proc = start_upstream(*args)
+    try:
+        yield base
+    finally:
+        stop_process(proc)
+
+
+@pytest.fixture(scope="session")
+def demo_upstream() -> Iterator[str]:
+    """The demo upstream with vLLM token-id fields; yields its base URL ending in /v1."""
+    yield from _upstream()
+
+
+@pytest.fixture(scope="session")
+def idless_upstream() -> Iterator[str]:
+    """The demo upstream with --no-token-ids: a plain OpenAI server without token ids."""
+    yield from _upstream("--no-token-ids")
+
+
+@pytest.fixture(scope="session")
+def slow_upstream() -> Iterator[str]:
+    """The demo upstream adding 300 ms to every request."""
+    yield from _upstream("--latency-ms", "300")
