@@ -167,7 +167,7 @@ async def _chat(ctx: _Ctx, body: dict, send: Send) -> None:
     messages = body["messages"]
     tool = _tool_to_call(body.get("tools"), body.get("tool_choice"), messages)
     choices = [
-        _generate(prompt, ctx.seed, i, opts.max_tokens, tool=tool if i == 0 else None) for i in range(opts.n)
+        generate_reply(prompt, ctx.seed, i, opts.max_tokens, tool=tool if i == 0 else None) for i in range(opts.n)
     ]
     if opts.stream:
         await _stream_chat(ctx, send, body, opts, prompt, choices)
@@ -200,7 +200,7 @@ async def _chat(ctx: _Ctx, body: dict, send: Send) -> None:
 
 
 async def _stream_chat(
-    ctx: _Ctx, send: Send, body: dict, opts: _Options, prompt: list[int], choices: list[_Choice]
+    ctx: _Ctx, send: Send, body: dict, opts: _Options, prompt: list[int], choices: list[DemoReply]
 ) -> None:
     base = {
         "id": f"chatcmpl-{ctx.request_id}",
@@ -240,7 +240,7 @@ async def _stream_chat(
     await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
 
 
-def _chat_stream_plan(c: _Choice) -> list[tuple[dict, list[int], list[float], str | None]]:
+def _chat_stream_plan(c: DemoReply) -> list[tuple[dict, list[int], list[float], str | None]]:
     """Split one choice into stream deltas: (delta, token id delta, logprob delta, finish)."""
     if c.tool_calls:
         call = c.tool_calls[0]
@@ -281,7 +281,7 @@ async def _completions(ctx: _Ctx, body: dict, send: Send) -> None:
         raise HttpError(400, "prompt is required", param="prompt")
     prompt = _text_prompt(body["prompt"], add_special_tokens=True)
     opts = _Options(body, ctx)
-    choices = [_generate(prompt, ctx.seed, i, opts.max_tokens, tool=None) for i in range(opts.n)]
+    choices = [generate_reply(prompt, ctx.seed, i, opts.max_tokens, tool=None) for i in range(opts.n)]
     base = {"id": f"cmpl-{ctx.request_id}", "object": "text_completion", "created": ctx.created,
             "model": body.get("model") or MODEL_ID}
     if opts.stream:
@@ -326,7 +326,10 @@ async def _completions(ctx: _Ctx, body: dict, send: Send) -> None:
 
 
 # --- generation ---------------------------------------------------------------------------------
-class _Choice:
+class DemoReply:
+    """One generated choice: response ids (ending in <|end|> unless cut), one logprob per id,
+    the text (None for a tool call), the tool calls, and the finish reason."""
+
     __slots__ = ("ids", "logprobs", "content", "tool_calls", "finish_reason")
 
     def __init__(self, ids: list[int], logprobs: list[float], content: str | None,
@@ -338,8 +341,9 @@ class _Choice:
         self.finish_reason = finish_reason
 
 
-def _generate(prompt: list[int], seed: int, index: int, max_tokens: int | None, *, tool: str | None) -> _Choice:
-    """The deterministic reply for (prompt, seed, index, max_tokens); see the module docstring."""
+def generate_reply(prompt: list[int], seed: int, index: int, max_tokens: int | None, *, tool: str | None) -> DemoReply:
+    """The deterministic reply for (prompt, seed, index, max_tokens); see the module docstring.
+    ``tool`` names a function to call instead of answering text. Pure: no I/O, no state."""
     h = hashlib.blake2b(array("i", prompt).tobytes(), digest_size=16)
     h.update(seed.to_bytes(8, "little", signed=True))
     h.update(index.to_bytes(4, "little"))
@@ -349,7 +353,7 @@ def _generate(prompt: list[int], seed: int, index: int, max_tokens: int | None, 
         calls = [{"id": f"call_{digest.hex()[:24]}", "type": "function",
                   "function": {"name": tool, "arguments": TOOL_ARGUMENTS}}]
         ids = _tok.encode(compact_json(canonical_tool_calls(calls))) + [END]
-        return _Choice(ids, _logprobs(rng, len(ids)), None, calls, "tool_calls")
+        return DemoReply(ids, _logprobs(rng, len(ids)), None, calls, "tool_calls")
     natural = rng.randint(MIN_NATURAL, MAX_NATURAL)
     words: list[str] = []
     length = -1
@@ -367,7 +371,7 @@ def _generate(prompt: list[int], seed: int, index: int, max_tokens: int | None, 
     else:
         ids = ids[:budget]
         finish = "length"
-    return _Choice(ids, _logprobs(rng, len(ids)), _tok.decode(ids), None, finish)
+    return DemoReply(ids, _logprobs(rng, len(ids)), _tok.decode(ids), None, finish)
 
 
 def _logprobs(rng: random.Random, n: int) -> list[float]:
@@ -433,7 +437,7 @@ class _Options:
                 "text_offset": offsets}
 
 
-def _usage(prompt: list[int], choices: list[_Choice]) -> dict[str, int]:
+def _usage(prompt: list[int], choices: list[DemoReply]) -> dict[str, int]:
     completion = sum(len(c.ids) for c in choices)
     return {"prompt_tokens": len(prompt), "completion_tokens": completion, "total_tokens": len(prompt) + completion}
 

@@ -1,29 +1,169 @@
 """Serve the whole app: the ASGI server (HTTP API, gateway, pages, websockets) and, in demo
 mode, the built-in demo upstream and demo traffic. `make run` calls this after migrate and
 bootstrap.
+
+Demo mode (CLAW_DEMO on, the default, and no CLAW_UPSTREAM_URL): the demo upstream
+(gateway.demo.upstream, answers like vLLM) runs as a child process on CLAW_DEMO_UPSTREAM_PORT
+(default PORT+1) and becomes the gateway's upstream; once the app answers /healthz, demo agents
+(gateway.demo.traffic) run in a daemon thread with the API key "demo-agent", whose clear key is
+kept in var/demo-agent.key (mode 0600) so restarts reuse it. CLAW_DEMO=0 turns both off.
+The child is terminated when serve exits (SIGINT or SIGTERM), and by the kernel if serve dies.
 """
 
-import os
+from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
 import uvicorn
-from django.core.management.base import BaseCommand
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+from django.db import close_old_connections, connections
+
+DEMO_KEY_NAME = "demo-agent"
+DEMO_KEY_FILE = "demo-agent.key"
+STARTUP_TIMEOUT_S = 60.0
 
 
 class Command(BaseCommand):
-    help = "Serve Claw-R1 on 127.0.0.1:$PORT (default 8000)."
+    help = "Serve Claw-R1 on 127.0.0.1:$PORT (default 8000); in demo mode also the demo upstream and agents."
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
         parser.add_argument("--workers", type=int, default=int(os.environ.get("CLAW_WORKERS", "1")))
 
-    def handle(self, *args, host, port, workers, **options):
-        self.stdout.write(f"Claw-R1 listening on http://{host}:{port}/  (API docs: /api/v1/docs/, admin: /admin/)")
-        uvicorn.run(
-            "claw_site.asgi:application",
-            host=host,
-            port=port,
-            workers=workers,
-            log_level=os.environ.get("CLAW_UVICORN_LOG_LEVEL", "warning"),
-            lifespan="off",
+    def handle(self, *args: Any, host: str, port: int, workers: int, **options: Any) -> None:
+        demo = bool(settings.CLAW_DEMO) and not settings.CLAW_UPSTREAM_URL
+        children: list[subprocess.Popen] = []
+        stop = threading.Event()
+        # uvicorn re-raises a captured SIGTERM after its graceful shutdown; with the default
+        # handler that would kill this process before the `finally` below reaps the children.
+        signal.signal(signal.SIGTERM, _raise_system_exit)
+        try:
+            if demo:
+                upstream_port = int(os.environ.get("CLAW_DEMO_UPSTREAM_PORT") or port + 1)
+                children.append(self._start_demo_upstream(upstream_port))
+                key = _demo_key()
+                connections.close_all()  # the server and the traffic thread open their own
+                local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+                pace = float(os.environ.get("CLAW_DEMO_PACE_S") or 1.0)
+                threading.Thread(
+                    target=self._demo_traffic, args=(f"http://{local}:{port}", key, stop, pace),
+                    name="claw-demo-traffic", daemon=True,
+                ).start()
+            self.stdout.write(f"Claw-R1 listening on http://{host}:{port}/  (API docs: /api/v1/docs/, admin: /admin/)")
+            uvicorn.run(
+                "claw_site.asgi:application",
+                host=host,
+                port=port,
+                workers=workers,
+                log_level=os.environ.get("CLAW_UVICORN_LOG_LEVEL", "warning"),
+                lifespan="off",
+            )
+        finally:
+            stop.set()
+            for child in children:
+                _terminate(child)
+
+    def _start_demo_upstream(self, port: int) -> subprocess.Popen:
+        """Start the demo upstream on ``port``, wait until it answers, and make it the
+        gateway's upstream (environment and settings, so uvicorn workers inherit it)."""
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.demo.upstream", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=settings.BASE_DIR, preexec_fn=_die_with_parent,  # safe: no threads are running yet
         )
+        url = f"http://127.0.0.1:{port}/v1"
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                raise CommandError(
+                    f"the demo upstream could not start on port {port} (in use?); "
+                    "set CLAW_DEMO_UPSTREAM_PORT, or CLAW_UPSTREAM_URL for a real server, or CLAW_DEMO=0"
+                )
+            try:
+                if httpx.get(f"{url}/models", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                _terminate(proc)
+                raise CommandError(f"the demo upstream did not answer on {url} within {STARTUP_TIMEOUT_S:.0f} s")
+            time.sleep(0.05)
+        os.environ["CLAW_UPSTREAM_URL"] = url
+        settings.CLAW_UPSTREAM_URL = url
+        self.stdout.write(f"Demo upstream (answers like vLLM, toy model) on {url}  [pid {proc.pid}]")
+        return proc
+
+    def _demo_traffic(self, base_url: str, key: str, stop: threading.Event, pace_s: float) -> None:
+        from gateway.demo.traffic import run_demo_traffic
+
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not stop.is_set():
+            try:
+                if httpx.get(f"{base_url}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.stderr.write(f"Demo traffic not started: {base_url}/healthz did not answer")
+                return
+            stop.wait(0.1)
+        self.stdout.write(
+            f"Demo traffic: black-box agents via {base_url}/t/<trajectory>/<group>/v1 and white-box agents "
+            f"via /api/v1/steps, as API key '{DEMO_KEY_NAME}'"
+        )
+        close_old_connections()
+        run_demo_traffic(base_url, key, stop=stop, pace_s=pace_s)
+
+
+def _demo_key() -> str:
+    """The clear "demo-agent" key (scopes ingest + read): the one in var/demo-agent.key while it
+    is still valid, else a newly created one written there with mode 0600."""
+    from pool.models import Scope
+    from pool.services import api_key_create
+    from pool.services.api_keys import api_key_verify
+
+    path = Path(settings.VAR_DIR) / DEMO_KEY_FILE
+    if path.exists():
+        clear = path.read_text().strip()
+        if clear and api_key_verify(clear) is not None:
+            return clear
+    _, clear = api_key_create(name=DEMO_KEY_NAME, scopes=[Scope.INGEST, Scope.READ], source_name=DEMO_KEY_NAME)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(clear + "\n")
+    os.chmod(path, 0o600)  # an existing file keeps its old mode through O_CREAT
+    return clear
+
+
+def _terminate(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _raise_system_exit(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGTERM it when serve dies (even by SIGKILL)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the `finally` in handle() still terminates the child on a clean exit

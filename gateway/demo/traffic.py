@@ -1,0 +1,240 @@
+"""Demo traffic: agents that keep a fresh install showing live data.
+
+Two kinds of agents take turns, one HTTP call at a time, ``pace_s`` apart:
+
+- **black-box**: an unmodified agent using the official ``openai`` client, pointed at the
+  gateway's scoped base URL ``{base}/t/{trajectory_uid}/{group_uid}/v1``. A group of 4 rollouts
+  shares one task; each rollout runs 3-5 turns with a tool (the reply, and its tool call, is
+  appended to the messages, then a ``tool`` observation or a user nudge), then completes its
+  trajectory with a reward. Every third group's first rollout streams.
+- **white-box**: an agent that runs its own (toy) inference and posts exact steps to
+  ``POST /api/v1/steps`` with ``prompt_group_uid``, ``rollout_logprobs`` and a reward on the
+  last step, after declaring ``expected_rollouts`` through ``POST /api/v1/groups``.
+
+Errors are logged and never end the loop: the gateway may be restarting. A rollout that fails
+midway is marked ``failed`` (best effort) so its group can still complete.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import openai
+
+from .toy_tokenizer import ToyTokenizer
+from .upstream import MODEL_ID, generate_reply
+
+logger = logging.getLogger(__name__)
+
+ROLLOUTS_PER_GROUP = 4
+MIN_TURNS, MAX_TURNS = 3, 5
+MAX_TOKENS = 64
+MAX_BACKOFF_S = 30.0
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "run_shell",
+        "description": "Run a shell command in the sandbox and return its output.",
+        "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]},
+    },
+}
+TASKS = (
+    "Fix the failing test in tests/test_parser.py.",
+    "Find why the nightly build is slow and speed it up.",
+    "Add a --dry-run flag to the deploy script.",
+    "Rename the config key `timeout` to `timeout_s` everywhere.",
+    "Write a script that counts TODO comments per file.",
+)
+SYSTEM = "You are a coding agent. Use run_shell to inspect and change the repository."
+OBSERVATIONS = ("exit 0", "2 passed, 1 failed", "No such file or directory", "OK", "real 0m1.204s")
+
+_tok = ToyTokenizer()
+# An agent is a generator making one HTTP call per step; it yields True after a call that
+# worked and False after one that failed (and was handled), which drives the back-off.
+Agent = Iterator[bool]
+
+
+def run_demo_traffic(base_url: str, api_key: str, *, stop: threading.Event, pace_s: float = 1.0) -> None:
+    """Drive black-box and white-box demo agents against the gateway at ``base_url`` (its
+    root, e.g. ``http://127.0.0.1:8000``) with the ingest key ``api_key`` until ``stop`` is
+    set. Never raises: every failure is logged, and an agent whose calls keep failing (the
+    gateway is restarting, or has no upstream) backs off exponentially, up to MAX_BACKOFF_S."""
+    with httpx.Client(timeout=30, headers={"Authorization": f"Bearer {api_key}"}) as http:
+        rounds = itertools.count()
+        makers: list[Callable[[], Agent]] = [
+            lambda: _white_box_group(base_url, http),
+            lambda: _black_box_group(base_url, api_key, http, stream_first=next(rounds) % 3 == 1),
+        ]
+        names = ("white-box", "black-box")
+        agents: list[Agent | None] = [None, None]
+        failures = [0, 0]
+        due = [0.0, 0.0]
+        while not stop.is_set():
+            i = min(range(len(makers)), key=due.__getitem__)
+            if stop.wait(max(0.0, due[i] - time.monotonic())):
+                break
+            ok = False
+            try:
+                agent = agents[i] or makers[i]()
+                agents[i] = agent
+                ok = next(agent)
+            except StopIteration:
+                agents[i], ok = None, True
+            except Exception as e:  # noqa: BLE001 - demo traffic must survive anything
+                logger.warning("demo traffic: %s agent error: %s", names[i], _describe(e))
+                agents[i] = None
+            failures[i] = 0 if ok else failures[i] + 1
+            backoff = min(MAX_BACKOFF_S, pace_s * 2 ** min(failures[i], 16)) if failures[i] else pace_s
+            due[i] = time.monotonic() + backoff
+
+
+# --- black-box agents ---------------------------------------------------------------------------
+def _black_box_group(base_url: str, api_key: str, http: httpx.Client, *, stream_first: bool) -> Agent:
+    """One prompt group of black-box rollouts; yields after each HTTP call."""
+    rng = random.Random()
+    group = f"demo-bb-g-{uuid.uuid4().hex[:12]}"
+    task = rng.choice(TASKS)
+    _post(http, f"{base_url}/api/v1/groups", {"uid": group, "expected_rollouts": ROLLOUTS_PER_GROUP})
+    yield True
+    for k in range(ROLLOUTS_PER_GROUP):
+        traj = f"demo-bb-{uuid.uuid4().hex[:12]}"
+        client = openai.OpenAI(
+            base_url=f"{base_url}/t/{traj}/{group}/v1", api_key=api_key, max_retries=0, timeout=30, http_client=http
+        )
+        turns_done = 0
+        try:
+            for _ in _black_box_rollout(client, task, rng, stream=stream_first and k == 0):
+                turns_done += 1
+                yield True
+            _post(http, f"{base_url}/api/v1/trajectories/{traj}/complete", {"reward": round(rng.random(), 3)})
+            yield True
+        except Exception as e:  # noqa: BLE001 - one failed rollout must not stall its group
+            logger.warning("demo traffic: black-box rollout %s failed: %s", traj, _describe(e))
+            if turns_done:  # the gateway recorded the trajectory: end it so the group can complete
+                _abandon(http, base_url, traj)
+            yield False
+
+
+def _black_box_rollout(client: openai.OpenAI, task: str, rng: random.Random, *, stream: bool) -> Iterator[None]:
+    """The turns of one rollout; yields after each chat call."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
+    for _ in range(rng.randint(MIN_TURNS, MAX_TURNS)):
+        if stream:
+            reply = _streamed_reply(client, messages)
+        else:
+            r = client.chat.completions.create(model=MODEL_ID, messages=messages, tools=[TOOL], max_tokens=MAX_TOKENS)
+            reply = r.choices[0].message.model_dump(exclude_none=True)
+        yield
+        messages.append(reply)
+        if reply.get("tool_calls"):
+            for call in reply["tool_calls"]:
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": rng.choice(OBSERVATIONS)})
+        else:
+            messages.append({"role": "user", "content": "Go on."})
+
+
+def _streamed_reply(client: openai.OpenAI, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """Stream one turn and reassemble the assistant message as an OpenAI client app would."""
+    content: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    stream = client.chat.completions.create(
+        model=MODEL_ID, messages=messages, tools=[TOOL], max_tokens=MAX_TOKENS, stream=True,
+        stream_options={"include_usage": True},
+    )
+    for chunk in stream:
+        for choice in chunk.choices:
+            content.append(choice.delta.content or "")
+            for tc in choice.delta.tool_calls or []:
+                call = calls.setdefault(tc.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+                call["id"] = tc.id or call["id"]
+                if tc.function:
+                    call["function"]["name"] += tc.function.name or ""
+                    call["function"]["arguments"] += tc.function.arguments or ""
+    reply: dict[str, Any] = {"role": "assistant"}
+    if calls:
+        reply["tool_calls"] = [calls[i] for i in sorted(calls)]
+    else:
+        reply["content"] = "".join(content)
+    return reply
+
+
+# --- white-box agents ---------------------------------------------------------------------------
+def _white_box_group(base_url: str, http: httpx.Client) -> Agent:
+    """One prompt group of white-box rollouts posting exact steps; yields after each call."""
+    rng = random.Random()
+    group = f"demo-wb-g-{uuid.uuid4().hex[:12]}"
+    task = rng.choice(TASKS)
+    _post(http, f"{base_url}/api/v1/groups", {"uid": group, "expected_rollouts": ROLLOUTS_PER_GROUP})
+    yield True
+    for k in range(ROLLOUTS_PER_GROUP):
+        traj = f"demo-wb-{uuid.uuid4().hex[:12]}"
+        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
+        turns = rng.randint(MIN_TURNS, MAX_TURNS)
+        posted = False
+        try:
+            for t in range(turns):
+                prompt = _tok.apply_chat_template(messages, [TOOL])
+                tool = TOOL["function"]["name"] if messages[-1]["role"] == "user" else None
+                # Rollouts of a group differ through the choice index, as n>1 sampling would.
+                reply = generate_reply(prompt, 0, k, MAX_TOKENS, tool=tool)
+                last = t == turns - 1
+                step: dict[str, Any] = {
+                    "trajectory_uid": traj,
+                    "prompt_group_uid": group,
+                    "step_index": t,
+                    "prompt_ids": prompt,
+                    "response_ids": reply.ids,
+                    "rollout_logprobs": reply.logprobs,
+                    "finish_reason": reply.finish_reason,
+                    "is_last": last,
+                    "metadata": {"demo": "white-box", "task": task},
+                }
+                if reply.content is not None:
+                    step["response_text"] = reply.content
+                if last:
+                    step["reward"] = round(rng.random(), 3)
+                _post(http, f"{base_url}/api/v1/steps", {"steps": [step]})
+                posted = True
+                yield True
+                message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+                if reply.tool_calls:
+                    message["tool_calls"] = reply.tool_calls
+                    messages.append(message)
+                    messages.append({"role": "tool", "tool_call_id": reply.tool_calls[0]["id"],
+                                     "content": rng.choice(OBSERVATIONS)})
+                else:
+                    messages.append(message)
+                    messages.append({"role": "user", "content": "Go on."})
+        except Exception as e:  # noqa: BLE001 - one failed rollout must not stall its group
+            logger.warning("demo traffic: white-box rollout %s failed: %s", traj, _describe(e))
+            if posted:
+                _abandon(http, base_url, traj)
+            yield False
+
+
+# --- helpers ------------------------------------------------------------------------------------
+def _post(http: httpx.Client, url: str, body: dict[str, Any]) -> httpx.Response:
+    r = http.post(url, json=body)
+    if r.status_code >= 400:
+        raise RuntimeError(f"POST {url} -> {r.status_code}: {r.text[:300]}")
+    return r
+
+
+def _abandon(http: httpx.Client, base_url: str, traj: str) -> None:
+    """Best effort: end a broken rollout as failed so its group can still complete."""
+    try:
+        http.post(f"{base_url}/api/v1/trajectories/{traj}/complete", json={"status": "failed"})
+    except httpx.HTTPError:
+        pass
+
+
+def _describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e)[:300]}"
