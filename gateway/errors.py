@@ -68,7 +68,10 @@ def _first_detail(detail: Any, path: str = "") -> tuple[str | None, str]:
         for key, value in detail.items():
             if key == "non_field_errors":
                 return _first_detail(value, path)
-            sub = f"{path}.{key}" if path else str(key)
+            if path and (isinstance(key, int) or str(key).isdigit()):
+                sub = f"{path}[{key}]"  # DRF keys list items by index: "rewards[0].reward"
+            else:
+                sub = f"{path}.{key}" if path else str(key)
             return _first_detail(value, sub)
     if isinstance(detail, list):
         if not detail:

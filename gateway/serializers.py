@@ -7,6 +7,9 @@ low-volume endpoints validate with these serializers directly.
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from rest_framework import serializers
 
 from pool.models import Channel, Step, Trajectory
@@ -24,10 +27,89 @@ class StrictSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
-class FiniteFloatField(serializers.FloatField):
+INT64_MAX = 2**63 - 1
+UINT64_MAX = 2**64 - 1  # the largest integer orjson renders
+# PostgreSQL ``integer`` (PositiveIntegerField) holds at most this.
+INT32_MAX = 2**31 - 1
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """A JSON integer only: no strings, floats or booleans (DRF coerces "3" and 3.0)."""
+
     def to_internal_value(self, data):
-        if isinstance(data, bool):
-            self.fail("invalid")
+        if isinstance(data, bool) or not isinstance(data, int):
+            raise serializers.ValidationError("must be an integer")
+        return super().to_internal_value(data)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """A JSON boolean only (DRF accepts "yes", 1, "on", ...)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            raise serializers.ValidationError("must be a boolean")
+        return data
+
+
+def json_problem(value: Any, path: str = "") -> tuple[str, str] | None:
+    """The first value a JSON column cannot store or the renderer cannot write back, as
+    (path inside ``value``, reason), or None. The parser accepts NaN/Infinity (so validators
+    can name the field), PostgreSQL's jsonb rejects them and NUL characters, and orjson
+    renders integers only within 64 bits."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, "must be a finite number")
+    if isinstance(value, int):
+        return None if -INT64_MAX - 1 <= value <= UINT64_MAX else (path, "integers must fit in 64 bits")
+    if isinstance(value, str):
+        return (path, "must not contain NUL characters") if "\x00" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            sub = f"{path}.{key}" if path else str(key)
+            if "\x00" in str(key):
+                return (sub, "keys must not contain NUL characters")
+            found = json_problem(item, sub)
+            if found:
+                return found
+        return None
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            found = json_problem(item, f"{path}[{i}]")
+            if found:
+                return found
+    return None
+
+
+def _raise_json_problem(value: Any) -> None:
+    found = json_problem(value)
+    if found:
+        path, reason = found
+        raise serializers.ValidationError({path: [reason]} if path else [reason])
+
+
+class SafeDictField(serializers.DictField):
+    """A JSON object that every database backend stores and the renderer writes back."""
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        _raise_json_problem(value)
+        return value
+
+
+class SafeJSONField(serializers.JSONField):
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        _raise_json_problem(value)
+        return value
+
+
+class FiniteFloatField(serializers.FloatField):
+    """A finite JSON number (no strings, booleans, NaN or infinities)."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            raise serializers.ValidationError("must be a number")
         value = super().to_internal_value(data)
         if value != value or value in (float("inf"), float("-inf")):
             raise serializers.ValidationError("must be a finite number")
@@ -76,8 +158,8 @@ class TrajectoryCreateSerializer(StrictSerializer):
     uid = serializers.CharField(max_length=128, required=False)
     prompt_group_uid = serializers.CharField(max_length=128, required=False, allow_null=True)
     channel = serializers.ChoiceField(choices=Channel.choices, default=Channel.TRAIN)
-    policy_version = serializers.IntegerField(min_value=0, required=False, allow_null=True)
-    metadata = serializers.DictField(required=False)
+    policy_version = StrictIntegerField(min_value=0, max_value=INT64_MAX, required=False, allow_null=True)
+    metadata = SafeDictField(required=False)
 
 
 class TrajectorySerializer(serializers.Serializer):
@@ -106,10 +188,10 @@ class TrajectoryCompleteSerializer(StrictSerializer):
 
 class GroupUpsertSerializer(StrictSerializer):
     uid = serializers.CharField(max_length=128)
-    expected_rollouts = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    expected_rollouts = StrictIntegerField(min_value=1, max_value=INT32_MAX, required=False, allow_null=True)
     dataset = serializers.CharField(max_length=128, required=False, allow_blank=True)
-    ground_truth = serializers.JSONField(required=False, allow_null=True)
-    metadata = serializers.DictField(required=False)
+    ground_truth = SafeJSONField(required=False, allow_null=True)
+    metadata = SafeDictField(required=False)
 
 
 class GroupSerializer(serializers.Serializer):
@@ -129,8 +211,8 @@ class RewardSerializer(StrictSerializer):
     trajectory_uid = serializers.CharField(required=False, max_length=128)
     reward = FiniteFloatField()
     source = serializers.ChoiceField(choices=Step.RewardSource.choices, default=Step.RewardSource.ENV)
-    final = serializers.BooleanField(default=True)
-    metadata = serializers.DictField(required=False)
+    final = StrictBooleanField(default=True)
+    metadata = SafeDictField(required=False)
 
     def validate(self, attrs):
         if ("step_uid" in attrs) == ("trajectory_uid" in attrs):
@@ -144,7 +226,7 @@ class RewardBatchSerializer(StrictSerializer):
 
 class EventSerializer(StrictSerializer):
     type = serializers.CharField(max_length=64)
-    payload = serializers.DictField(required=False)
+    payload = SafeDictField(required=False)
     trajectory_uid = serializers.CharField(required=False, max_length=128)
     step_uid = serializers.CharField(required=False, max_length=160)
     occurred_at = serializers.DateTimeField(required=False)
@@ -170,6 +252,6 @@ class FeedbackSerializer(StrictSerializer):
 
 
 class PolicyVersionSerializer(StrictSerializer):
-    version = serializers.IntegerField(min_value=0)
-    current = serializers.BooleanField(default=True)
-    metadata = serializers.DictField(required=False)
+    version = StrictIntegerField(min_value=0, max_value=INT64_MAX)
+    current = StrictBooleanField(default=True)
+    metadata = SafeDictField(required=False)
