@@ -38,6 +38,7 @@ class LiveServer:
         self._db_name: str | None = None
         self.env = self._make_env(extra_env or {})
         self.log_path = var_dir / f"server-{self.port}.log"
+        self.extra_args: list[str] = []
 
     # --- database ---------------------------------------------------------------------------
     def _make_env(self, extra: dict[str, str]) -> dict[str, str]:
@@ -78,7 +79,7 @@ class LiveServer:
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "claw_site.asgi:application", "--host", "127.0.0.1",
-             "--port", str(self.port), "--log-level", "warning", "--lifespan", "off"],
+             "--port", str(self.port), "--log-level", "warning", "--lifespan", "off", *self.extra_args],
             cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 60

@@ -23,12 +23,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import orjson
-from django.db import IntegrityError, transaction
-from django.db.models import Case, F, IntegerField, Value, When
-from django.db.models.functions import Greatest
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from .. import tokens
+from ..bulk import insert_rows, new_instance
 from ..errors import Conflict, InvalidInput
 from ..models import Channel, PolicyVersion, PromptGroup, Step, Trajectory
 from .groups import groups_check_complete
@@ -36,7 +35,6 @@ from .groups import groups_check_complete
 # Concurrent batches racing on the same new uid: the loser's transaction fails on the unique
 # constraint and is replayed, and then sees the winner's row as a duplicate or a conflict.
 _MAX_ATTEMPTS = 3
-_BULK_BATCH = 500
 
 
 @dataclass(slots=True)
@@ -256,10 +254,13 @@ def _ensure_trajectories(
                     f"trajectory {s.trajectory_uid!r} belongs to another prompt group",
                     field=f"{s.field_prefix}.prompt_group_uid",
                 )
-        if traj.status != Trajectory.Status.RUNNING:
+        # An ended trajectory still accepts late steps *inside* its known length (concurrent
+        # uploads may deliver the is_last step first), but nothing past its end.
+        if traj.status != Trajectory.Status.RUNNING and s.step_index >= traj.step_count:
             raise Conflict(
-                f"trajectory {s.trajectory_uid!r} is {traj.status}; it takes no new steps",
-                field=f"{s.field_prefix}.trajectory_uid",
+                f"trajectory {s.trajectory_uid!r} is {traj.status} with {traj.step_count} steps; "
+                f"step_index {s.step_index} is past its end",
+                field=f"{s.field_prefix}.step_index",
             )
     for tid, gid in adopt.items():
         Trajectory.objects.filter(id=tid, group__isnull=True).update(group_id=gid)
@@ -354,40 +355,43 @@ def _insert_in_waves(
                     parent_id, parent_full, parent_depth = p[1], stored_full[p[1]], depth_of.get(p[1], 0)
             enc = tokens.encode_against(full_of[i], parent_full, parent_depth)
             full_bytes = tokens.ids_to_bytes(full_of[i])
-            obj = Step(
-                uid=s.uid,
-                trajectory_id=trajectories[s.trajectory_uid].id,
-                step_index=s.step_index,
-                seq_parent_id=parent_id if enc.shared else None,
-                seq_shared=enc.shared,
-                seq_delta=enc.delta,
-                seq_len=len(full_of[i]),
-                prompt_len=len(s.prompt_ids),
-                seq_depth=enc.depth,
-                seq_hash=tokens.seq_hash(full_bytes),
-                rollout_logprobs=(
-                    np.ascontiguousarray(s.rollout_logprobs, dtype=tokens.LOGPROB_DTYPE).tobytes()
-                    if s.rollout_logprobs is not None
-                    else None
+            obj = new_instance(
+                Step,
+                dict(
+                    uid=s.uid,
+                    trajectory_id=trajectories[s.trajectory_uid].id,
+                    step_index=s.step_index,
+                    seq_parent_id=parent_id if enc.shared else None,
+                    seq_shared=enc.shared,
+                    seq_delta=enc.delta,
+                    seq_len=len(full_of[i]),
+                    prompt_len=len(s.prompt_ids),
+                    seq_depth=enc.depth,
+                    seq_hash=tokens.seq_hash(full_bytes),
+                    rollout_logprobs=(
+                        np.ascontiguousarray(s.rollout_logprobs, dtype=tokens.LOGPROB_DTYPE).tobytes()
+                        if s.rollout_logprobs is not None
+                        else None
+                    ),
+                    content_hash=h,
+                    reward=s.reward,
+                    reward_status=Step.RewardStatus.FINAL if s.reward is not None else Step.RewardStatus.PENDING,
+                    reward_source=(s.reward_source or Step.RewardSource.ENV) if s.reward is not None else None,
+                    policy_version_id=s.policy_version,
+                    is_last=s.is_last,
+                    finish_reason=s.finish_reason,
+                    token_source=s.token_source,
+                    drift=s.drift,
+                    drift_offset=s.drift_offset,
+                    messages=s.messages,
+                    response_text=s.response_text,
+                    metadata=s.metadata,
+                    source_id=source_id,
                 ),
-                content_hash=h,
-                reward=s.reward,
-                reward_status=Step.RewardStatus.FINAL if s.reward is not None else Step.RewardStatus.PENDING,
-                reward_source=(s.reward_source or Step.RewardSource.ENV) if s.reward is not None else None,
-                policy_version_id=s.policy_version,
-                is_last=s.is_last,
-                finish_reason=s.finish_reason,
-                token_source=s.token_source,
-                drift=s.drift,
-                drift_offset=s.drift_offset,
-                messages=s.messages,
-                response_text=s.response_text,
-                metadata=s.metadata,
-                source_id=source_id,
             )
             built[i] = obj
             objs.append(obj)
-        Step.objects.bulk_create(objs, batch_size=_BULK_BATCH)
+        insert_rows(Step, objs)
         created.extend(objs)
     return created
 
@@ -401,18 +405,24 @@ def _update_trajectories(steps: list[StepIn], trajectories: dict[str, Trajectory
         if s.is_last:
             finished.add(tid)
     now = timezone.now()
-    # One UPDATE for all touched trajectories; Greatest() keeps concurrent writers monotone.
-    Trajectory.objects.filter(id__in=list(next_index)).update(
-        step_count=Greatest(
-            F("step_count"),
-            Case(*[When(id=tid, then=Value(n)) for tid, n in next_index.items()], output_field=IntegerField()),
-        ),
-        updated_at=now,
-    )
-    if finished:
-        Trajectory.objects.filter(id__in=finished, status=Trajectory.Status.RUNNING).update(
-            status=Trajectory.Status.COMPLETED, completed_at=now, updated_at=now
-        )
+    # One statement for all touched trajectories. The max keeps concurrent writers monotone
+    # (a row lock orders them); an is_last step completes a running trajectory.
+    table = connection.ops.quote_name(Trajectory._meta.db_table)
+    values = ", ".join(["(%s, %s, %s)"] * len(next_index))
+    params: list[object] = []
+    for tid, n in next_index.items():
+        params += [tid, n, tid in finished]
+    sql = f"""
+        WITH v(id, n, last) AS (VALUES {values})
+        UPDATE {table} SET
+            step_count = CASE WHEN {table}.step_count > v.n THEN {table}.step_count ELSE v.n END,
+            status = CASE WHEN v.last AND {table}.status = 'running' THEN 'completed' ELSE {table}.status END,
+            completed_at = CASE WHEN v.last AND {table}.status = 'running' THEN %s ELSE {table}.completed_at END,
+            updated_at = %s
+        FROM v WHERE {table}.id = v.id
+    """
+    with connection.cursor() as cur:
+        cur.execute(sql, [*params, now, now])
 
 
 def _set_group_anchors(created: list[Step], trajectories: dict[str, Trajectory]) -> None:

@@ -1,0 +1,237 @@
+"""bench.ingest: W-ingest through the HTTP API vs raw psycopg COPY of the same rows.
+
+    python -m bench.ingest [--steps 20000] [--clients 4] [--workers 2]
+
+W-ingest (shared/WORKLOADS.md): independent steps of 1,000 prompt + 200 response tokens,
+200 float logprobs and a reward, 8 steps per trajectory, submitted in batches of 100 steps.
+The API run goes through a real server process (uvicorn) over real HTTP (httpx) into the
+database named by DATABASE_URL (a fresh database is created for the run), or SQLite when it
+is unset. The baseline copies the same rows with raw psycopg COPY (binary) into a plain
+table in the same database, committing per 100 rows like the API does, and once as a single
+COPY. Prints progress, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sqlite3
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+
+from tests.live import LiveServer, _with_db
+
+BATCH = 100
+PROMPT, RESPONSE, PER_TRAJ = 1_000, 200, 8
+
+
+def w_ingest(n_steps: int, seed: int = 0, prefix: str = "wi") -> list[dict]:
+    rng = random.Random(seed)
+    steps = []
+    for i in range(n_steps):
+        traj, idx = divmod(i, PER_TRAJ)
+        steps.append(
+            {
+                "uid": f"{prefix}-{i}",
+                "trajectory_uid": f"{prefix}-t{traj}",
+                "step_index": idx,
+                "prompt_ids": [rng.randrange(150_000) for _ in range(PROMPT)],
+                "response_ids": [rng.randrange(150_000) for _ in range(RESPONSE)],
+                "rollout_logprobs": [-rng.random() * 10 for _ in range(RESPONSE)],
+                "reward": rng.random(),
+                "is_last": idx == PER_TRAJ - 1,
+            }
+        )
+    return steps
+
+
+class ApiRunner:
+    """A server process (own database) and a pool of HTTP client threads."""
+
+    def __init__(self, tmp: Path, *, workers: int):
+        # Production-like key cache (the test harness disables it to test revocation).
+        self.server = LiveServer(tmp, {"CLAW_API_KEY_CACHE_SECONDS": "10"})
+        self.server.extra_args = ["--workers", str(workers)] if workers > 1 else []
+        self.server.start()
+        self.db = "postgresql" if "DATABASE_URL" in self.server.env else "sqlite"
+        key = self.server.make_key("ingest", name="bench")
+        self.headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        # Warm-up outside the timing: connections, imports, caches, the key.
+        warm = orjson.dumps({"steps": w_ingest(16, seed=99, prefix="warm")})
+        for _ in range(4):
+            httpx.post(f"{self.server.url}/api/v1/steps", content=warm, headers=self.headers, timeout=60).raise_for_status()
+
+    def close(self) -> None:
+        self.server.close()
+
+    def run(self, steps: list[dict], *, clients: int) -> float:
+        bodies = [orjson.dumps({"steps": steps[i : i + BATCH]}) for i in range(0, len(steps), BATCH)]
+        queue = list(reversed(bodies))
+        lock = threading.Lock()
+        errors: list[str] = []
+
+        def worker() -> None:
+            with httpx.Client(base_url=self.server.url, headers=self.headers, timeout=120) as c:
+                while True:
+                    with lock:
+                        if not queue:
+                            return
+                        body = queue.pop()
+                    r = c.post("/api/v1/steps", content=body)
+                    if r.status_code not in (200, 201):
+                        errors.append(f"{r.status_code} {r.text[:200]}")
+                        return
+
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=worker) for _ in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - t0
+        if errors:
+            raise SystemExit(f"API errors: {errors[:3]}")
+        return len(steps) / elapsed
+
+
+def rows_of(steps: list[dict]) -> list[tuple]:
+    return [
+        (
+            s["uid"],
+            s["trajectory_uid"],
+            s["step_index"],
+            np.asarray(s["prompt_ids"], dtype="<i4").tobytes(),
+            np.asarray(s["response_ids"], dtype="<i4").tobytes(),
+            np.asarray(s["rollout_logprobs"], dtype="<f8").tobytes(),
+            s["reward"],
+        )
+        for s in steps
+    ]
+
+
+DDL = """CREATE TABLE bench_copy (uid text PRIMARY KEY, trajectory_uid text NOT NULL, step_index integer NOT NULL,
+         prompt_ids bytea NOT NULL, response_ids bytea NOT NULL, logprobs bytea, reward double precision)"""
+
+
+class PgCopy:
+    """Raw psycopg COPY into a plain table of the same rows, in its own database."""
+
+    def __init__(self, url: str):
+        import psycopg
+
+        self.url = url
+        self.name = f"claw_bench_copy_{os.getpid()}"
+        self.admin = _with_db(url, "postgres")
+        with psycopg.connect(self.admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{self.name}"')
+            conn.execute(f'CREATE DATABASE "{self.name}"')
+        self.conn = psycopg.connect(_with_db(url, self.name))
+
+    def run(self, rows: list[tuple], *, batched: bool) -> float:
+        conn = self.conn
+        conn.execute("DROP TABLE IF EXISTS bench_copy")
+        conn.execute(DDL)
+        conn.commit()
+        t0 = time.perf_counter()
+        chunks = [rows[i : i + BATCH] for i in range(0, len(rows), BATCH)] if batched else [rows]
+        for chunk in chunks:
+            with conn.cursor() as cur, cur.copy(
+                "COPY bench_copy (uid, trajectory_uid, step_index, prompt_ids, response_ids, logprobs, reward) FROM STDIN"
+            ) as cp:
+                for row in chunk:
+                    cp.write_row(row)
+            conn.commit()
+        return len(rows) / (time.perf_counter() - t0)
+
+    def close(self) -> None:
+        import psycopg
+
+        self.conn.close()
+        with psycopg.connect(self.admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+
+class SqliteCopy:
+    """SQLite has no COPY: the raw baseline is executemany into a plain table (WAL mode)."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.n = 0
+
+    def run(self, rows: list[tuple], *, batched: bool) -> float:
+        self.n += 1
+        conn = sqlite3.connect(self.tmp / f"copy{self.n}.sqlite3")
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute(DDL.replace("bytea", "blob").replace("double precision", "real"))
+        t0 = time.perf_counter()
+        chunks = [rows[i : i + BATCH] for i in range(0, len(rows), BATCH)] if batched else [rows]
+        for chunk in chunks:
+            conn.executemany("INSERT INTO bench_copy VALUES (?,?,?,?,?,?,?)", chunk)
+            conn.commit()
+        conn.close()
+        return len(rows) / (time.perf_counter() - t0)
+
+    def close(self) -> None:
+        pass
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=10_000, help="steps per round")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--workers", type=int, default=2, help="server processes (uvicorn --workers)")
+    args = p.parse_args()
+    print(f"W-ingest: {args.steps} steps x {PROMPT + RESPONSE} tokens per round, batches of {BATCH}, "
+          f"{args.rounds} rounds alternating API and COPY", file=sys.stderr)
+    url = os.environ.get("DATABASE_URL")
+    api_rates, copy_rates, batched_rates = [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        api = ApiRunner(Path(tmp), workers=args.workers)
+        copy = PgCopy(url) if url else SqliteCopy(Path(tmp))
+        try:
+            for r in range(args.rounds):
+                steps = w_ingest(args.steps, seed=r, prefix=f"r{r}")
+                rows = rows_of(steps)
+                api_rates.append(api.run(steps, clients=args.clients))
+                copy_rates.append(copy.run(rows, batched=False))
+                batched_rates.append(copy.run(rows, batched=True))
+                print(f"  round {r}: api {api_rates[-1]:,.0f} steps/s, copy {copy_rates[-1]:,.0f} steps/s "
+                      f"(per-100 commits {batched_rates[-1]:,.0f})", file=sys.stderr)
+        finally:
+            api.close()
+            copy.close()
+    ratios = [a / c for a, c in zip(api_rates, copy_rates, strict=True)]
+    api_sps, copy_sps = statistics.median(api_rates), statistics.median(copy_rates)
+    print(
+        json.dumps(
+            {
+                "workload": "W-ingest",
+                "db": api.db,
+                "steps": args.steps * args.rounds,
+                "rounds": args.rounds,
+                "clients": args.clients,
+                "server_workers": args.workers,
+                "api_steps_per_s": round(api_sps, 1),
+                "copy_steps_per_s": round(copy_sps, 1),
+                "copy_batched_steps_per_s": round(statistics.median(batched_rates), 1),
+                "ratio": round(statistics.median(ratios), 3),
+                "ratio_per_round": [round(x, 3) for x in ratios],
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
