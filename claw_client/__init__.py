@@ -1,0 +1,31 @@
+"""Claw-R1 client utilities for trainers. No Django dependency; torch is optional.
+
+Prefix-tree merge (numpy only)::
+
+    tree = build_prefix_tree(sequences, prompt_lens)    # int32 bytes or int arrays
+    tree.input_ids, tree.position_ids, tree.parent, tree.subtree_end, tree.stats
+
+Tree attention and logprobs (torch, imported when first used)::
+
+    mask = tree_attention_mask(tree)          # (1, 1, U, U) bool for SDPA, small trees
+    block_mask = tree_block_mask(tree)        # FlexAttention BlockMask, O(U) + O((U/B)^2)
+    logits = model(input_ids=..., position_ids=..., attention_mask=mask).logits[0]
+    per_step = response_logprobs(logits, tree) # list of (response_len,) tensors
+"""
+
+from .attention import tree_attention_mask, tree_block_mask, tree_block_tables, tree_mask_mod
+from .logprobs import response_logprobs, token_logprobs
+from .prefix_tree import TOKEN_DTYPE, PrefixTree, PrefixTreeStats, build_prefix_tree
+
+__all__ = [
+    "TOKEN_DTYPE",
+    "PrefixTree",
+    "PrefixTreeStats",
+    "build_prefix_tree",
+    "response_logprobs",
+    "token_logprobs",
+    "tree_attention_mask",
+    "tree_block_mask",
+    "tree_block_tables",
+    "tree_mask_mod",
+]
