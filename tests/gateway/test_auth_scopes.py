@@ -1,0 +1,156 @@
+"""The scopes matrix: every /api/v1 endpoint against every kind of caller.
+
+Writes need the ingest scope; reads are open to ingest, consume, read and admin keys; admin
+keys and staff signed in to the admin (session) may do everything; anonymous callers get 401
+with a Bearer challenge; a signed-in non-staff user gets 403.
+"""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+from pool.models import Scope, Step
+from pool.services import api_key_create, steps_ingest
+from tests.conftest import client_for, make_step
+from tests.pool.factories import pool_counts, step_in
+
+pytestmark = pytest.mark.django_db
+
+S, T, G = "seed-t:0", "seed-t", "seed-g"
+
+WRITES = [
+    ("steps", {"steps": [make_step("new-t", 0, prompt=[1, 2, 3], response=[4])]}),
+    ("trajectories", {"uid": "new-t2"}),
+    (f"trajectories/{T}/complete", {"reward": 1.0}),
+    ("groups", {"uid": "new-g", "expected_rollouts": 4}),
+    ("rewards", {"step_uid": S, "reward": 0.5}),
+    ("events", {"type": "tool_call", "step_uid": S}),
+    ("feedback", {"step_uid": S, "rating": 1.0, "label": "good"}),
+    ("policy-versions", {"version": 5}),
+]
+READS = [
+    "steps", f"steps/{S}", "trajectories", f"trajectories/{T}", "groups", f"groups/{G}", "events", "feedback",
+    "policy-versions", "stats",
+]
+
+# caller -> (may write, may read)
+CALLERS = {
+    "ingest": (True, True),
+    "consume": (False, True),
+    "read": (False, True),
+    "admin": (True, True),
+    "operator": (True, True),
+    "non-staff-user": (False, False),
+    "anonymous": (False, False),
+}
+
+
+@pytest.fixture
+def seeded(db) -> None:
+    steps_ingest(steps=[step_in(T, 0, prompt=[1, 2, 3], response=[4, 5], group=G)])
+
+
+def caller_client(kind: str, django_user_model) -> APIClient:
+    if kind in (Scope.INGEST, Scope.CONSUME, Scope.READ, Scope.ADMIN):
+        return client_for(api_key_create(name=f"caller-{kind}", scopes=[kind])[1])
+    client = APIClient()
+    if kind == "operator":
+        client.force_login(django_user_model.objects.create_superuser("op", "op@example.com", "pw"))
+    elif kind == "non-staff-user":
+        client.force_login(django_user_model.objects.create_user("viewer", "v@example.com", "pw"))
+    return client
+
+
+@pytest.mark.parametrize("caller", list(CALLERS))
+@pytest.mark.parametrize(("endpoint", "body"), WRITES, ids=[w[0] for w in WRITES])
+def test_write_matrix(seeded, django_user_model, caller, endpoint, body):
+    # given a caller of this kind
+    client = caller_client(caller, django_user_model)
+    may_write, _ = CALLERS[caller]
+    before = pool_counts()
+    # when it posts to a write endpoint
+    resp = client.post(f"/api/v1/{endpoint}", body, format="json")
+    # then it succeeds only with the ingest scope (or admin/operator); otherwise nothing is written
+    if may_write:
+        assert resp.status_code in (200, 201), resp.content
+    else:
+        expected = 401 if caller == "anonymous" else 403
+        assert resp.status_code == expected, resp.content
+        assert resp.json()["error"]["type"] == ("authentication_error" if expected == 401 else "permission_error")
+        if expected == 401:
+            assert resp["WWW-Authenticate"].startswith("Bearer")
+        assert pool_counts() == before
+
+
+@pytest.mark.parametrize("caller", list(CALLERS))
+@pytest.mark.parametrize("endpoint", READS)
+def test_read_matrix(seeded, django_user_model, caller, endpoint):
+    # given a caller of this kind
+    client = caller_client(caller, django_user_model)
+    _, may_read = CALLERS[caller]
+    # when it reads
+    resp = client.get(f"/api/v1/{endpoint}")
+    # then any key and the operator may read; others are refused
+    if may_read:
+        assert resp.status_code == 200, resp.content
+    else:
+        assert resp.status_code == (401 if caller == "anonymous" else 403), resp.content
+
+
+@pytest.mark.parametrize("path", ["/api/v1/schema/", "/api/v1/docs/", "/healthz"])
+def test_schema_docs_and_health_are_public(path):
+    # given no credentials
+    # when the schema, docs page or health check is fetched
+    resp = APIClient().get(path)
+    # then it is served
+    assert resp.status_code == 200
+
+
+def test_operator_session_writes_need_the_csrf_token(django_user_model):
+    # given an operator signed in through the admin login page with a CSRF-enforcing client
+    django_user_model.objects.create_superuser("op", "op@example.com", "pw-op")
+    client = APIClient(enforce_csrf_checks=True)
+    client.get("/admin/login/")
+    token = client.cookies["csrftoken"].value
+    resp = client.post("/admin/login/", {"username": "op", "password": "pw-op", "csrfmiddlewaretoken": token,
+                                         "next": "/"})
+    assert resp.status_code == 302
+    body = {"steps": [make_step("op-t", 0, prompt=[1, 2], response=[3])]}
+    # when it posts steps without, then with, the CSRF token
+    without = client.post("/api/v1/steps", body, format="json")
+    with_token = client.post("/api/v1/steps", body, format="json", HTTP_X_CSRFTOKEN=client.cookies["csrftoken"].value)
+    # then the first is refused (a cross-site form could not write) and the second stored
+    assert without.status_code == 403
+    assert with_token.status_code == 201, with_token.content
+    assert Step.objects.filter(uid="op-t-s0").exists()
+
+
+def test_api_keys_are_not_subject_to_csrf(agent_key):
+    # given a CSRF-enforcing client holding only a Bearer key (no cookies)
+    client = APIClient(enforce_csrf_checks=True)
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {agent_key}")
+    # when it posts steps
+    resp = client.post("/api/v1/steps", {"steps": [make_step("k-t", 0, prompt=[1, 2], response=[3])]}, format="json")
+    # then they are stored
+    assert resp.status_code == 201, resp.content
+
+
+def test_multi_scope_key_without_ingest_cannot_write(seeded):
+    # given a key with every scope but ingest and admin
+    client = client_for(api_key_create(name="cr", scopes=[Scope.CONSUME, Scope.READ])[1])
+    # when it writes a reward
+    resp = client.post("/api/v1/rewards", {"step_uid": S, "reward": 1.0}, format="json")
+    # then 403 and the step still awaits its reward
+    assert resp.status_code == 403
+    assert Step.objects.get(uid=S).reward_status == Step.RewardStatus.PENDING
+
+
+def test_writes_are_attributed_to_the_keys_source(seeded, agent_key, agent):
+    # given an ingest key named "agent"
+    # when it writes a step
+    assert agent.post("/api/v1/steps", {"steps": [make_step("src-t", 0, prompt=[1], response=[2])]},
+                      format="json").status_code == 201
+    # then the step and its new trajectory belong to that key's source
+    step = Step.objects.select_related("source", "trajectory__source").get(uid="src-t-s0")
+    assert step.source.name == "agent" and step.trajectory.source.name == "agent"
