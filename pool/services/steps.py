@@ -217,30 +217,35 @@ def _ensure_groups(uids: set[str]) -> dict[str, PromptGroup]:
     return found
 
 
+@dataclass(slots=True)
+class _Traj:
+    """The trajectory columns ingest needs (no model instance on the hot path)."""
+
+    id: int
+    uid: str
+    group_id: int | None
+    status: str
+    step_count: int
+
+
+_TRAJ_COLS = ("id", "uid", "group_id", "status", "step_count")
+
+
 def _ensure_trajectories(
     steps: list[StepIn], groups: dict[str, PromptGroup], *, source_id: int | None, channel: str | None
-) -> dict[str, Trajectory]:
+) -> dict[str, _Traj]:
     first: dict[str, StepIn] = {}
     for s in steps:
         first.setdefault(s.trajectory_uid, s)
-    fields = ("id", "uid", "group_id", "status", "step_count")
-    found = {t.uid: t for t in Trajectory.objects.filter(uid__in=first.keys()).only(*fields)}
-    missing = first.keys() - found.keys()
+    found = {row[1]: _Traj(*row) for row in Trajectory.objects.filter(uid__in=first.keys()).values_list(*_TRAJ_COLS)}
+    missing = sorted(first.keys() - found.keys())
     if missing:
-        Trajectory.objects.bulk_create(
-            [
-                Trajectory(
-                    uid=u,
-                    group=groups.get(first[u].prompt_group_uid) if first[u].prompt_group_uid else None,
-                    source_id=source_id,
-                    channel=channel or Channel.TRAIN,
-                    policy_version_id=first[u].policy_version,
-                )
-                for u in sorted(missing)
-            ],
-            ignore_conflicts=True,
-        )
-        found.update({t.uid: t for t in Trajectory.objects.filter(uid__in=missing).only(*fields)})
+        found.update(_insert_trajectories(missing, first, groups, source_id=source_id, channel=channel))
+        late = [u for u in missing if u not in found]  # inserted concurrently by another batch
+        if late:
+            found.update(
+                {row[1]: _Traj(*row) for row in Trajectory.objects.filter(uid__in=late).values_list(*_TRAJ_COLS)}
+            )
     adopt: dict[int, int] = {}
     for s in steps:
         traj = found[s.trajectory_uid]
@@ -267,6 +272,30 @@ def _ensure_trajectories(
     return found
 
 
+def _insert_trajectories(
+    uids: list[str], first: dict[str, StepIn], groups: dict[str, PromptGroup], *, source_id: int | None,
+    channel: str | None,
+) -> dict[str, _Traj]:
+    """INSERT ... ON CONFLICT DO NOTHING RETURNING: one statement, race-safe; rows another
+    writer inserted first are simply not returned."""
+    table = connection.ops.quote_name(Trajectory._meta.db_table)
+    now = timezone.now()
+    params: list[object] = []
+    for u in uids:
+        s = first[u]
+        group = groups.get(s.prompt_group_uid) if s.prompt_group_uid else None
+        params += [u, group.id if group else None, source_id, channel or Channel.TRAIN, now, now, s.policy_version]
+    row = "(%s, %s, %s, %s, 'running', 0, '{}', %s, %s, %s)"
+    sql = (
+        f"INSERT INTO {table} (uid, group_id, source_id, channel, status, step_count, metadata, created_at, "
+        f"updated_at, policy_version_id) VALUES {', '.join([row] * len(uids))} "
+        f"ON CONFLICT (uid) DO NOTHING RETURNING {', '.join(_TRAJ_COLS)}"
+    )
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return {r[1]: _Traj(*r) for r in cur.fetchall()}
+
+
 def _ensure_policy_versions(versions: set[int]) -> None:
     if not versions:
         return
@@ -277,7 +306,7 @@ def _ensure_policy_versions(versions: set[int]) -> None:
 
 def _insert_in_waves(
     new: list[tuple[StepIn, bytes]],
-    trajectories: dict[str, Trajectory],
+    trajectories: dict[str, _Traj],
     groups: dict[str, PromptGroup],
     stored_steps: dict[tuple[int, int], tuple[int, str, int]],
     stored_full: dict[int, np.ndarray],
@@ -396,7 +425,7 @@ def _insert_in_waves(
     return created
 
 
-def _update_trajectories(steps: list[StepIn], trajectories: dict[str, Trajectory]) -> None:
+def _update_trajectories(steps: list[StepIn], trajectories: dict[str, _Traj]) -> None:
     next_index: dict[int, int] = defaultdict(int)
     finished: set[int] = set()
     for s in steps:
@@ -425,7 +454,7 @@ def _update_trajectories(steps: list[StepIn], trajectories: dict[str, Trajectory
         cur.execute(sql, [*params, now, now])
 
 
-def _set_group_anchors(created: list[Step], trajectories: dict[str, Trajectory]) -> None:
+def _set_group_anchors(created: list[Step], trajectories: dict[str, _Traj]) -> None:
     group_of = {t.id: t.group_id for t in trajectories.values() if t.group_id}
     first: dict[int, int] = {}
     for st in created:
