@@ -209,6 +209,7 @@ class EventApi(generics.GenericAPIView):
         rows = event_record(events=items, source_id=source_id_of(request))
         return Response({"recorded": len(rows), "ids": [r.id for r in rows]}, status=201)
 
+    @extend_schema(responses=s.EventReadSerializer(many=True), summary="List events (cursor-paginated)")
     def get(self, request):
         page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
         return self.get_paginated_response(
@@ -237,6 +238,7 @@ class FeedbackApi(generics.GenericAPIView):
         fb = feedback_create(**ser.validated_data, source_id=source_id_of(request))
         return Response({"id": fb.id}, status=201)
 
+    @extend_schema(responses=s.FeedbackReadSerializer(many=True), summary="List feedback (cursor-paginated)")
     def get(self, request):
         page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
         return self.get_paginated_response(
@@ -268,6 +270,7 @@ class PolicyVersionApi(generics.GenericAPIView):
         pv = policy_version_set(version=d["version"], current=d["current"], metadata=d.get("metadata"))
         return Response({"version": pv.version, "is_current": pv.is_current, "metadata": pv.metadata})
 
+    @extend_schema(responses=s.PolicyVersionReadSerializer(many=True), summary="Policy versions, newest first")
     def get(self, request):
         rows = PolicyVersion.objects.order_by("-version")[:1000]
         return Response([{"version": p.version, "is_current": p.is_current, "metadata": p.metadata} for p in rows])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
 
 from pool.models import Scope
@@ -56,6 +57,21 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request):
         return 'Bearer realm="claw"'
+
+
+class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
+    """Documents ApiKeyAuthentication in the OpenAPI schema (registered on import)."""
+
+    target_class = ApiKeyAuthentication
+    name = "bearerAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "An API key: `Authorization: Bearer claw_<prefix>_<secret>` "
+            "(scopes: ingest, consume, read, admin).",
+        }
 
 
 def principal_has_scope(user, scope: str) -> bool:

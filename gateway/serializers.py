@@ -251,6 +251,34 @@ class FeedbackSerializer(StrictSerializer):
         return attrs
 
 
+class EventReadSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    type = serializers.CharField()
+    payload = serializers.DictField()
+    occurred_at = serializers.DateTimeField(allow_null=True)
+    trajectory_uid = serializers.CharField(allow_null=True)
+    step_uid = serializers.CharField(allow_null=True)
+    created_at = serializers.DateTimeField()
+
+
+class FeedbackReadSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    step_uid = serializers.CharField(allow_null=True)
+    trajectory_uid = serializers.CharField(allow_null=True)
+    rating = serializers.FloatField(allow_null=True)
+    label = serializers.CharField()
+    correction = serializers.CharField()
+    comment = serializers.CharField()
+    author = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+
+class PolicyVersionReadSerializer(serializers.Serializer):
+    version = serializers.IntegerField()
+    is_current = serializers.BooleanField()
+    metadata = serializers.DictField()
+
+
 class PolicyVersionSerializer(StrictSerializer):
     version = StrictIntegerField(min_value=0, max_value=INT64_MAX)
     current = StrictBooleanField(default=True)
