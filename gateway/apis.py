@@ -29,6 +29,7 @@ from pool.services import (
 )
 from pool.services.events import EventIn
 from pool.services.groups import group_upsert
+from pool.services.merge import group_merge_ensure, merge_tree_render
 
 from . import serializers as s
 from .auth import IngestScope, ReadScope, source_id_of
@@ -169,6 +170,29 @@ class GroupDetailApi(APIView):
     @extend_schema(responses=s.GroupSerializer)
     def get(self, request, uid: str):
         return Response(selectors.group_render(get_object_or_404(PromptGroup, uid=uid)))
+
+
+class GroupPrefixTreeApi(APIView):
+    """The prefix-tree merge of a group: stats and radix nodes for visualisation.
+
+    A current stored result is served as is. Without one, a group of up to
+    MERGE_SYNC_MAX_TOKENS step tokens is merged during the request (milliseconds); a larger
+    one answers 202 with status "pending" and its merge is enqueued.
+    """
+
+    permission_classes = [ReadScope]
+
+    @extend_schema(
+        responses={
+            200: OpenApiResponse(description="status, total_tokens, unique_tokens, ratio, savings, nodes"),
+            202: OpenApiResponse(description="merge enqueued: status 'pending', no nodes yet"),
+        },
+        summary="Prefix tree of a prompt group (token savings and radix nodes)",
+    )
+    def get(self, request, uid: str):
+        result = group_merge_ensure(uid=uid)
+        body = merge_tree_render(result)
+        return Response(body, status=status.HTTP_202_ACCEPTED if result.status == "pending" else status.HTTP_200_OK)
 
 
 # --- rewards, events, feedback, policy versions ------------------------------------------------

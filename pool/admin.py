@@ -73,6 +73,25 @@ class FeedbackAdmin(admin.ModelAdmin):
 
 @admin.register(MergeResult)
 class MergeResultAdmin(admin.ModelAdmin):
-    list_display = ("key", "status", "n_sequences", "total_tokens", "unique_tokens", "updated_at")
+    list_display = ("key", "status", "n_sequences", "total_tokens", "unique_tokens", "savings_display", "updated_at")
     list_filter = ("status",)
+    search_fields = ("key",)
+    raw_id_fields = ("group",)
     exclude = ("layout", "input_hash")
+    # Results are computed by the merge tasks; editing them by hand would only desynchronise them.
+    readonly_fields = (
+        "key", "group", "status", "n_sequences", "total_tokens", "unique_tokens", "savings_display",
+        "ratio_display", "layout_size", "stats", "error", "created_at", "updated_at",
+    )
+
+    @admin.display(description="savings")
+    def savings_display(self, obj: MergeResult) -> str:
+        return f"{obj.savings:.1%}"
+
+    @admin.display(description="unique / total")
+    def ratio_display(self, obj: MergeResult) -> str:
+        return f"{obj.ratio:.4f}"
+
+    @admin.display(description="stored layout")
+    def layout_size(self, obj: MergeResult) -> str:
+        return f"{len(obj.layout):,} bytes" if obj.layout else "-"

@@ -367,6 +367,14 @@ class MergeResult(models.Model):
             models.Index(fields=["status", "updated_at"], name="merge_status_updated"),
         ]
 
+    def __str__(self) -> str:
+        return self.key
+
     @property
     def ratio(self) -> float:
         return self.unique_tokens / self.total_tokens if self.total_tokens else 1.0
+
+    @property
+    def savings(self) -> float:
+        """Share of step tokens a tree-packed forward does not recompute: 1 - ratio."""
+        return 1.0 - self.ratio

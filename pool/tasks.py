@@ -1,6 +1,8 @@
 """Celery tasks of the pool. Thin and idempotent: ids in, one service call.
 
-Enqueued with transaction.on_commit by the services that make them necessary.
+Enqueued with transaction.on_commit by the services that make them necessary. Database
+hiccups (a lost connection, a failover) are retried with exponential backoff; any other
+error is the service's to record.
 """
 
 from __future__ import annotations
@@ -8,14 +10,35 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
+from django.db import InterfaceError, OperationalError
 
 log = logging.getLogger(__name__)
 
+_TRANSIENT = (OperationalError, InterfaceError)
 
-@shared_task(name="pool.group_merge")
+
+@shared_task(
+    name="pool.group_merge", autoretry_for=_TRANSIENT, retry_backoff=True, retry_backoff_max=300, max_retries=5
+)
 def group_merge(group_id: int) -> None:
     """Compute (or refresh) the prefix-tree merge of a complete prompt group. Idempotent: an
     unchanged input is skipped; a vanished group is ignored."""
     from .services.merge import group_merge_compute
 
-    group_merge_compute(group_id=group_id)
+    if group_merge_compute(group_id=group_id) is None:
+        log.info("group_merge: group %s no longer exists", group_id)
+
+
+@shared_task(
+    name="pool.steps_merge", autoretry_for=_TRANSIENT, retry_backoff=True, retry_backoff_max=300, max_retries=5
+)
+def steps_merge(key: str, step_ids: list[int]) -> None:
+    """Merge the content of a batch or snapshot on demand, stored under ``key``. Idempotent:
+    an unchanged input is skipped; if some of the steps are gone, nothing is stored."""
+    from .errors import NotFound
+    from .services.merge import steps_merge_compute
+
+    try:
+        steps_merge_compute(key=key, step_ids=step_ids)
+    except NotFound as exc:
+        log.warning("steps_merge %s skipped: %s", key, exc.message)
