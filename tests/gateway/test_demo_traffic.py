@@ -81,15 +81,15 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def step_trajectories(url: str, key: str) -> set[str]:
-    """Trajectory uids of every step in the pool, following the cursor."""
-    uids: set[str] = set()
+def demo_steps(url: str, key: str) -> list[dict]:
+    """Every step in the pool, following the cursor."""
+    steps: list[dict] = []
     nxt: str | None = f"{url}/api/v1/steps?page_size=1000"
     while nxt:
         page = httpx.get(nxt, headers={"Authorization": f"Bearer {key}"}, timeout=10).json()
-        uids |= {s["trajectory_uid"] for s in page["results"]}
+        steps += page["results"]
         nxt = page.get("next")
-    return uids
+    return steps
 
 
 def _healthy(url: str) -> bool:
@@ -113,21 +113,27 @@ def test_serve_runs_demo_upstream_and_agents_then_reaps_them(demo_server: LiveSe
     log = tmp_path / "serve.log"
     proc = start_serve(demo_server, log)
     upstream = f"http://127.0.0.1:{demo_server.env['CLAW_DEMO_UPSTREAM_PORT']}/v1"
-    black_box = httpx.get(f"{demo_server.url}/v1/models", headers={"Authorization": f"Bearer {reader}"}).status_code != 404
     try:
         # then the demo upstream child answers like vLLM
         kids = children_of(proc.pid)
         assert len(kids) == 1, kids
         assert httpx.get(f"{upstream}/models").json()["data"][0]["id"] == "claw-demo"
 
-        # and steps of white-box (and, with the proxy routed, black-box) demo agents appear
+        # and steps of both white-box and black-box demo agents appear
         def both_kinds() -> bool:
-            uids = step_trajectories(demo_server.url, reader)
-            return any(u.startswith("demo-wb-") for u in uids) and (
-                not black_box or any(u.startswith("demo-bb-") for u in uids)
-            )
+            uids = {s["trajectory_uid"] for s in demo_steps(demo_server.url, reader)}
+            bb = {u for u in uids if u.startswith("demo-bb-")}
+            return any(u.startswith("demo-wb-") for u in uids) and len(bb) >= 2
 
         wait_for(both_kinds, proc, log, "steps from the demo agents")
+        # and the black-box steps carry the upstream's own ids, with no drift across turns
+        steps = demo_steps(demo_server.url, reader)
+        black = [s for s in steps if s["trajectory_uid"].startswith("demo-bb-")]
+        white = [s for s in steps if s["trajectory_uid"].startswith("demo-wb-")]
+        assert {s["token_source"] for s in black} == {"upstream"}
+        assert not any(s["drift"] for s in steps)
+        assert any(s["step_index"] > 0 for s in black)
+        assert all(s["prompt_group_uid"].startswith("demo-wb-g-") and s["rollout_logprobs"] for s in white)
         # and the agents' key is kept private for restarts
         key_file = tmp_path / "demo-agent.key"
         assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
