@@ -38,7 +38,7 @@ ROLLOUTS_PER_GROUP = 4
 MIN_TURNS, MAX_TURNS = 3, 5
 MAX_TOKENS = 64
 MAX_BACKOFF_S = 30.0
-TOOL = {
+TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "run_shell",
@@ -46,6 +46,7 @@ TOOL = {
         "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]},
     },
 }
+_TOOLS: list[Any] = [TOOL]  # Any: a plain dict, as apps write it, not the SDK's TypedDict
 TASKS = (
     "Fix the failing test in tests/test_parser.py.",
     "Find why the nightly build is slow and speed it up.",
@@ -67,11 +68,14 @@ def run_demo_traffic(base_url: str, api_key: str, *, stop: threading.Event, pace
     root, e.g. ``http://127.0.0.1:8000``) with the ingest key ``api_key`` until ``stop`` is
     set. Never raises: every failure is logged, and an agent whose calls keep failing (the
     gateway is restarting, or has no upstream) backs off exponentially, up to MAX_BACKOFF_S."""
-    with httpx.Client(timeout=30, headers={"Authorization": f"Bearer {api_key}"}) as http:
+    with (
+        httpx.Client(timeout=30, headers={"Authorization": f"Bearer {api_key}"}) as http,
+        openai.OpenAI(base_url=f"{base_url}/v1", api_key=api_key, max_retries=0, timeout=30) as llm,
+    ):
         rounds = itertools.count()
         makers: list[Callable[[], Agent]] = [
             lambda: _white_box_group(base_url, http),
-            lambda: _black_box_group(base_url, api_key, http, stream_first=next(rounds) % 3 == 1),
+            lambda: _black_box_group(base_url, llm, http, stream_first=next(rounds) % 3 == 1),
         ]
         names = ("white-box", "black-box")
         agents: list[Agent | None] = [None, None]
@@ -97,7 +101,7 @@ def run_demo_traffic(base_url: str, api_key: str, *, stop: threading.Event, pace
 
 
 # --- black-box agents ---------------------------------------------------------------------------
-def _black_box_group(base_url: str, api_key: str, http: httpx.Client, *, stream_first: bool) -> Agent:
+def _black_box_group(base_url: str, llm: openai.OpenAI, http: httpx.Client, *, stream_first: bool) -> Agent:
     """One prompt group of black-box rollouts; yields after each HTTP call."""
     rng = random.Random()
     group = f"demo-bb-g-{uuid.uuid4().hex[:12]}"
@@ -106,9 +110,8 @@ def _black_box_group(base_url: str, api_key: str, http: httpx.Client, *, stream_
     yield True
     for k in range(ROLLOUTS_PER_GROUP):
         traj = f"demo-bb-{uuid.uuid4().hex[:12]}"
-        client = openai.OpenAI(
-            base_url=f"{base_url}/t/{traj}/{group}/v1", api_key=api_key, max_retries=0, timeout=30, http_client=http
-        )
+        # The scoped base URL is all a black-box agent is told; the copy shares the connection pool.
+        client = llm.with_options(base_url=f"{base_url}/t/{traj}/{group}/v1")
         turns_done = 0
         try:
             for _ in _black_box_rollout(client, task, rng, stream=stream_first and k == 0):
@@ -125,12 +128,13 @@ def _black_box_group(base_url: str, api_key: str, http: httpx.Client, *, stream_
 
 def _black_box_rollout(client: openai.OpenAI, task: str, rng: random.Random, *, stream: bool) -> Iterator[None]:
     """The turns of one rollout; yields after each chat call."""
-    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
+    # Any: plain dicts, as apps build them, rather than the SDK's TypedDict unions.
+    messages: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
     for _ in range(rng.randint(MIN_TURNS, MAX_TURNS)):
         if stream:
             reply = _streamed_reply(client, messages)
         else:
-            r = client.chat.completions.create(model=MODEL_ID, messages=messages, tools=[TOOL], max_tokens=MAX_TOKENS)
+            r = client.chat.completions.create(model=MODEL_ID, messages=messages, tools=_TOOLS, max_tokens=MAX_TOKENS)
             reply = r.choices[0].message.model_dump(exclude_none=True)
         yield
         messages.append(reply)
@@ -141,12 +145,12 @@ def _black_box_rollout(client: openai.OpenAI, task: str, rng: random.Random, *, 
             messages.append({"role": "user", "content": "Go on."})
 
 
-def _streamed_reply(client: openai.OpenAI, messages: list[dict[str, Any]]) -> dict[str, Any]:
+def _streamed_reply(client: openai.OpenAI, messages: list[Any]) -> dict[str, Any]:
     """Stream one turn and reassemble the assistant message as an OpenAI client app would."""
     content: list[str] = []
     calls: dict[int, dict[str, Any]] = {}
     stream = client.chat.completions.create(
-        model=MODEL_ID, messages=messages, tools=[TOOL], max_tokens=MAX_TOKENS, stream=True,
+        model=MODEL_ID, messages=messages, tools=_TOOLS, max_tokens=MAX_TOKENS, stream=True,
         stream_options={"include_usage": True},
     )
     for chunk in stream:
