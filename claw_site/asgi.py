@@ -15,10 +15,11 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from curation.routing import websocket_urlpatterns  # noqa: E402
+from gateway.body_limit import BodyLimitMiddleware  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": ASGIStaticFilesHandler(django_asgi_app),
+        "http": BodyLimitMiddleware(ASGIStaticFilesHandler(django_asgi_app)),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from pool import selectors
+from pool.errors import InvalidInput
 from pool.models import Event, Feedback, PolicyVersion, PromptGroup, Step, Trajectory
 from pool.services import (
     RewardIn,
@@ -34,7 +35,7 @@ from pool.services.merge import group_merge_ensure, merge_tree_render
 from . import serializers as s
 from .auth import IngestScope, ReadScope, source_id_of
 from .filters import EventFilter, FeedbackFilter, GroupFilter, StepFilter, TrajectoryFilter
-from .validation import parse_step_batch
+from .parsers import StepBatchParser
 
 
 def _methods_scope(request, write=IngestScope, read=ReadScope):
@@ -51,6 +52,7 @@ def _one_or_many(data, key: str):
 # --- steps ----------------------------------------------------------------------------------
 class StepListCreateApi(generics.GenericAPIView):
     filterset_class = StepFilter
+    parser_classes = [StepBatchParser]
     queryset = Step.objects.with_context().defer("seq_delta", "content_hash")
 
     def get_permissions(self):
@@ -62,7 +64,9 @@ class StepListCreateApi(generics.GenericAPIView):
         summary="Submit a batch of steps (atomic, idempotent by uid)",
     )
     def post(self, request):
-        batch = parse_step_batch(request.data)
+        batch = request.data  # list[StepIn], validated by StepBatchParser
+        if not isinstance(batch, list):  # no body at all: DRF hands over an empty QueryDict
+            raise InvalidInput("empty body; expected {\"steps\": [...]}", field="steps")
         result = steps_ingest(steps=batch, source_id=source_id_of(request))
         created = set(result.created_uids)
         body = {

@@ -54,3 +54,20 @@ class FastJSONParser(BaseParser):
         if not data:
             raise ParseError("empty body; expected JSON")
         return loads(data)
+
+
+class StepBatchParser(FastJSONParser):
+    """application/json -> list[StepIn], decoded and validated in one pass
+    (gateway.validation.parse_step_batch_json)."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        from .validation import parse_step_batch_json
+
+        request = (parser_context or {}).get("request")
+        length = None
+        if request is not None:
+            try:
+                length = int(request.META.get("CONTENT_LENGTH") or 0) or None
+            except ValueError:
+                length = None
+        return parse_step_batch_json(read_limited(stream, length))

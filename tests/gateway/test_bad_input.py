@@ -128,25 +128,14 @@ STEP_CASES = [
     ("position-repeated-in-batch", {"trajectory_uid": "good-t", "uid": "other"}, None, "steps[1].step_index"),
 ]
 
-# Bugs in gateway/validation.py (owned elsewhere): kept as strict xfails so they flip to
-# failures the moment they are fixed and the mark can go.
-STEP_XFAIL_CASES = [
-    pytest.param({"prompt_ids": [True, 12]}, None, "steps[1].prompt_ids[0]", id="token-bool",
-                 marks=pytest.mark.xfail(strict=True, reason="validation.token_ids accepts JSON true/false as ids 1/0")),
-    pytest.param({"step_index": 2**31}, None, "steps[1].step_index", id="step_index-2^31",
-                 marks=pytest.mark.xfail(strict=True, reason="validation caps step_index at 2**63, the column is int32: "
-                                                              "stored on SQLite, 500 on PostgreSQL")),
-    pytest.param({"metadata": {"x": RAW}}, "NaN", "steps[1].metadata.x", id="metadata-NaN",
-                 marks=pytest.mark.xfail(strict=True, reason="validation does not check NaN inside metadata: 500 "
-                                                              "(JSON CHECK constraint / jsonb)")),
-    pytest.param({"metadata": {"x": 2**70}}, None, "steps[1].metadata.x", id="metadata-int-beyond-64-bit",
-                 marks=pytest.mark.xfail(strict=True, reason="orjson parses integers beyond 64 bits as floats (lossy) and "
-                                                              "the step is stored; PostgreSQL's jsonb then returns an int "
-                                                              "the renderer cannot write (500 on read)")),
-    pytest.param({"trajectory_uid": "bad\u0000t"}, None, "steps[1].trajectory_uid", id="trajectory_uid-NUL",
-                 marks=pytest.mark.xfail(strict=True, reason="NUL characters are accepted: 500 on PostgreSQL")),
-    pytest.param({"response_text": "a\u0000b"}, None, "steps[1].response_text", id="response_text-NUL",
-                 marks=pytest.mark.xfail(strict=True, reason="NUL characters are accepted: 500 on PostgreSQL")),
+# Cases found by this suite and fixed in gateway/validation.py (typed decoding + storable JSON).
+STEP_EDGE_CASES = [
+    pytest.param({"prompt_ids": [True, 12]}, None, "steps[1].prompt_ids[0]", id="token-bool"),
+    pytest.param({"step_index": 2**31}, None, "steps[1].step_index", id="step_index-2^31"),
+    pytest.param({"metadata": {"x": RAW}}, "NaN", "steps[1].metadata.x", id="metadata-NaN"),
+    pytest.param({"metadata": {"x": 2**70}}, None, "steps[1].metadata.x", id="metadata-int-beyond-64-bit"),
+    pytest.param({"trajectory_uid": "bad\u0000t"}, None, "steps[1].trajectory_uid", id="trajectory_uid-NUL"),
+    pytest.param({"response_text": "a\u0000b"}, None, "steps[1].response_text", id="response_text-NUL"),
 ]
 
 
@@ -162,7 +151,7 @@ def test_bad_step_is_rejected_naming_the_field_and_nothing_is_written(agent, cha
     assert pool_counts() == before
 
 
-@pytest.mark.parametrize(("changes", "raw", "param"), STEP_XFAIL_CASES)
+@pytest.mark.parametrize(("changes", "raw", "param"), STEP_EDGE_CASES)
 def test_bad_step_known_gaps(agent, changes, raw, param):
     # given a valid step followed by a bad one
     body = encode({"steps": [good_step(), bad_step(**changes)]}, raw)
@@ -337,8 +326,6 @@ def test_body_over_the_size_limit_is_413_on_a_live_server(small_body_server):
 
 
 @pytest.mark.live
-@pytest.mark.xfail(strict=True, reason="DRF treats a body without Content-Length (chunked) as empty, so the parser "
-                                        "and its limit never run: a chunked body gets 400 'steps must be an array'")
 def test_chunked_body_is_parsed_and_limited_on_a_live_server(small_body_server):
     server, h = small_body_server
     # when the bodies are sent chunked (Transfer-Encoding: chunked, no Content-Length)
