@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
-from django.db import connection, models
+import psycopg
+from django.db import IntegrityError, connection, models
 from django.db.models.base import ModelState
 from django.utils import timezone
 
@@ -36,6 +37,17 @@ def insert_rows(model: type[models.Model], objs: Sequence[models.Model]) -> None
     now = timezone.now()
     columns = ", ".join(connection.ops.quote_name(f.column) for f in model._meta.concrete_fields)
     raw = connection.connection  # the psycopg connection of Django's (atomic) transaction
+    try:
+        _copy_rows(raw, table, columns, pg_types, getters, objs, ids, now)
+    except psycopg.errors.IntegrityError as exc:
+        # Raw psycopg errors bypass Django's wrapper; callers (and their retries) expect this.
+        raise IntegrityError(str(exc)) from exc
+    for obj in objs:
+        obj._state.adding = False
+        obj._state.db = connection.alias
+
+
+def _copy_rows(raw, table, columns, pg_types, getters, objs, ids, now) -> None:
     with raw.cursor() as cur, cur.copy(f"COPY {table} ({columns}) FROM STDIN (FORMAT BINARY)") as copy:
         copy.set_types(pg_types)
         for obj, pk in zip(objs, ids, strict=True):
@@ -49,9 +61,6 @@ def insert_rows(model: type[models.Model], objs: Sequence[models.Model]) -> None
                 value = getattr(obj, attname)
                 row.append(conv(value) if conv is not None and value is not None else value)
             copy.write_row(row)
-    for obj in objs:
-        obj._state.adding = False
-        obj._state.db = connection.alias
 
 
 def new_instance(model: type[models.Model], values: dict[str, Any]) -> models.Model:

@@ -111,10 +111,14 @@ def steps_ingest(
         try:
             with transaction.atomic():
                 return _ingest(steps, hashes, source_id=source_id, channel=channel)
-        except IntegrityError:
+        except (IntegrityError, _Raced):
             if attempt == _MAX_ATTEMPTS - 1:
                 raise
     raise AssertionError("unreachable")
+
+
+class _Raced(Exception):
+    """A concurrent batch committed some of our uids while we were checking: replay."""
 
 
 def _check_batch(steps: Sequence[StepIn]) -> None:
@@ -169,6 +173,10 @@ def _ingest(
     }
     for s in new_steps:
         taken = stored_steps.get((trajectories[s.trajectory_uid].id, s.step_index))
+        if taken is not None and taken[1] == s.uid:
+            # Our own uid, committed by a concurrent writer after our uid check: replay, and
+            # the replay classifies it (duplicate or conflict) like any existing uid.
+            raise _Raced()
         if taken is not None:
             raise Conflict(
                 f"trajectory {s.trajectory_uid!r} already has step_index {s.step_index} (uid {taken[1]!r})",

@@ -185,10 +185,6 @@ def test_loading_many_chains_in_small_chunks(monkeypatch):
 
 # --- concurrency (PostgreSQL only) --------------------------------------------------------------
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.xfail(strict=True, reason="steps.py race: the loser's uid check runs before the winner commits and "
-                                       "its position check after, so it gets Conflict ('already has step_index') "
-                                       "instead of duplicates; the COPY path also raises psycopg's UniqueViolation, "
-                                       "which the IntegrityError retry does not catch")
 def test_two_threads_submitting_the_same_batch():
     # given PostgreSQL (SQLite serialises writers on one lock: there is no race to test)
     if connection.vendor != "postgresql":
