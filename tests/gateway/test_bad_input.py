@@ -152,7 +152,7 @@ def test_bad_step_is_rejected_naming_the_field_and_nothing_is_written(agent, cha
 
 
 @pytest.mark.parametrize(("changes", "raw", "param"), STEP_EDGE_CASES)
-def test_bad_step_known_gaps(agent, changes, raw, param):
+def test_bad_step_edge_cases(agent, changes, raw, param):
     # given a valid step followed by a bad one
     body = encode({"steps": [good_step(), bad_step(**changes)]}, raw)
     before = pool_counts()
