@@ -28,6 +28,8 @@ import statistics
 import sys
 import time
 import tracemalloc
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -93,6 +95,7 @@ def bench_workload(name: str, groups: int, *, repeat: int, baseline: bool) -> tu
 
 def bench_attention(tree) -> dict:
     """Time and peak memory of the FlexAttention structure for ``tree``."""
+    build: Callable[..., Any]
     try:
         import torch  # noqa: F401
 

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     log(f"{len(seqs)} steps, {total} step tokens, {unique} unique (token ratio {unique / total:.3f})")
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
+    config = transformers.LlamaConfig(  # type: ignore[call-arg]  # (stubs lack attn_implementation)
         vocab_size=VOCAB, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
         num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=4,
         max_position_embeddings=2048, attn_implementation="sdpa",

@@ -82,7 +82,8 @@ def build_prefix_tree(
     from there on are its loss tokens. Without ``prompt_lens`` no token is a response token.
 
     Deterministic: equal inputs give identical layouts. Raises ValueError on a byte string
-    whose length is not a multiple of 4, or a prompt length outside ``[0, len]``.
+    whose length is not a multiple of 4, ids that are not int32 integers, or a prompt length
+    outside ``[0, len]``.
     """
     raw = [_as_bytes(s, i) for i, s in enumerate(sequences)]
     n = len(raw)
@@ -261,7 +262,7 @@ class PrefixTree:
         """A compact serialised form: the unique tokens plus O(N) integers (the rest is
         rebuilt in O(U + N) by :meth:`from_bytes`, no sort). ``extra`` arrays ride along
         (e.g. the pool's step ids) under their own names."""
-        arrays = {
+        arrays: dict[str, Any] = {
             "format": np.array([_LAYOUT_FORMAT]),
             "input_ids": self.input_ids,
             "order": self.order,
@@ -303,6 +304,8 @@ def _as_bytes(seq: SequenceLike, i: int) -> bytes:
         raise ValueError(f"sequence {i}: expected a 1-D array of token ids")
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
         raise ValueError(f"sequence {i}: token ids must be integers")
+    if arr.size and arr.dtype != TOKEN_DTYPE and (arr.min() < -(2**31) or arr.max() > 2**31 - 1):
+        raise ValueError(f"sequence {i}: token ids must fit in int32")
     return np.ascontiguousarray(arr, dtype=TOKEN_DTYPE).tobytes()
 
 

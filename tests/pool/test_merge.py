@@ -207,6 +207,27 @@ def test_prefix_tree_api_merges_small_groups_on_demand_and_defers_large_ones(
     assert reader.get("/api/v1/groups/ga3/prefix-tree").status_code == 200
 
 
+def test_a_group_without_steps_merges_to_an_empty_tree(agent, reader):
+    assert agent.post("/api/v1/groups", {"uid": "ge1", "expected_rollouts": 2}, format="json").status_code == 200
+    body = reader.get("/api/v1/groups/ge1/prefix-tree").json()
+    assert (body["status"], body["total_tokens"], body["unique_tokens"], body["nodes"]) == ("done", 0, 0, [])
+
+
+def test_corrupt_stored_tokens_fail_the_merge_once(agent, reader):
+    # given a group one of whose stored deltas has been truncated to a partial token
+    submit_group(agent, "gc1", agentic_group("gc1", rollouts=1), expected=1)
+    Step.objects.filter(uid="gc1-r0-s0").update(seq_delta=b"\x01\x02\x03")
+    group = PromptGroup.objects.get(uid="gc1")
+    # when it is merged
+    failed = merge.group_merge_compute(group_id=group.id)
+    # then the failure is stored with its reason, and the API reports it
+    assert failed.status == MergeResult.Status.FAILED and "whole number" in failed.error
+    body = reader.get("/api/v1/groups/gc1/prefix-tree").json()
+    assert body["status"] == "failed" and body["nodes"] == [] and body["error"]
+    # and the same input is not retried (it would fail the same way)
+    assert merge.group_merge_compute(group_id=group.id).updated_at == failed.updated_at
+
+
 def test_node_tokens_are_truncated_for_display(agent):
     submit_group(agent, "ga4", agentic_group("ga4"), expected=2)
     result = merge.group_merge_ensure(uid="ga4")

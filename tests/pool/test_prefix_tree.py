@@ -233,6 +233,10 @@ def test_radix_nodes_compress_chains_and_list_sequences():
 def test_rejects_malformed_input():
     with pytest.raises(ValueError, match="whole number"):
         build_prefix_tree([b"\x00\x01\x02"])
+    with pytest.raises(ValueError, match="int32"):
+        build_prefix_tree([[1, 2**40]])
+    with pytest.raises(ValueError, match="integers"):
+        build_prefix_tree([np.array([1.5])])
     with pytest.raises(ValueError, match="prompt length"):
         build_prefix_tree([[1, 2, 3]], [4])
     with pytest.raises(ValueError, match="prompt lengths"):
