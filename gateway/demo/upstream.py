@@ -11,7 +11,8 @@ Contract:
   (prompt ids, seed, choice index, max_tokens): a short sentence of 12-40 byte tokens ending in
   <|end|> (finish_reason "stop"), or cut at max_tokens (default 32; "length"). With ``tools`` and a
   last message from the user, choice 0 calls the first tool (or the one tool_choice names):
-  content null, finish_reason "tool_calls", ids = encode(compact json of the calls) + <|end|>.
+  content null, finish_reason "tool_calls", ids = encode(compact json of the calls) + <|end|>
+  (a tool call is never cut by max_tokens).
 - ``return_token_ids: true`` adds vLLM's (>= 0.10.2) fields: chat top-level ``prompt_token_ids``
   and ``choices[i].token_ids``; completions ``choices[i].prompt_token_ids`` and ``token_ids``.
   Streamed, ``prompt_token_ids`` rides on each choice's first chunk and ``token_ids`` are deltas.
