@@ -2,7 +2,18 @@
 
 from django.contrib import admin
 
-from .models import ApiKey, Event, Feedback, MergeResult, PolicyVersion, PromptGroup, RewardEvent, Source, Step, Trajectory
+from .models import (
+    ApiKey,
+    Event,
+    Feedback,
+    MergeResult,
+    PolicyVersion,
+    PromptGroup,
+    RewardEvent,
+    Source,
+    Step,
+    Trajectory,
+)
 
 
 @admin.register(Source)

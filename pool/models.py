@@ -202,13 +202,14 @@ class Step(models.Model):
     # --- reward ---
     reward = models.FloatField(null=True, blank=True)
     reward_status = models.CharField(max_length=8, choices=RewardStatus.choices, default=RewardStatus.PENDING)
-    reward_source = models.CharField(max_length=8, choices=RewardSource.choices, null=True, blank=True)
+    # NULL (not "") = no reward source yet; the API distinguishes null from a value.
+    reward_source = models.CharField(max_length=8, choices=RewardSource.choices, null=True, blank=True)  # noqa: DJ001
 
     policy_version = models.ForeignKey(
         PolicyVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False
     )
     is_last = models.BooleanField(default=False)
-    finish_reason = models.CharField(max_length=32, null=True, blank=True)
+    finish_reason = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001 - null = unknown
     token_source = models.CharField(max_length=12, choices=TokenSource.choices, default=TokenSource.CLIENT)
     # Retokenisation drift: the prompt did not extend the previous step's prompt + response.
     drift = models.BooleanField(default=False)
@@ -216,7 +217,7 @@ class Step(models.Model):
 
     # --- text form, where known ---
     messages = models.JSONField(null=True, blank=True)
-    response_text = models.TextField(null=True, blank=True)
+    response_text = models.TextField(null=True, blank=True)  # noqa: DJ001 - null = text form unknown
     metadata = models.JSONField(default=dict, blank=True)
     source = models.ForeignKey(Source, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False)
 
@@ -287,6 +288,9 @@ class RewardEvent(models.Model):
             models.Index(fields=["created_at"], name="reward_event_created"),
         ]
 
+    def __str__(self) -> str:
+        return f"{self.old_reward} -> {self.new_reward} ({self.reward_source})"
+
 
 class Event(models.Model):
     """A raw event from a black-box service (or the gateway itself: upstream faults)."""
@@ -306,6 +310,9 @@ class Event(models.Model):
             # Live feed and retention.
             models.Index(fields=["created_at"], name="event_created"),
         ]
+
+    def __str__(self) -> str:
+        return f"{self.type} #{self.pk}"
 
 
 class Feedback(models.Model):
@@ -332,6 +339,9 @@ class Feedback(models.Model):
             # Review queue: "feedback with label L, newest first".
             models.Index(fields=["label", "created_at"], name="feedback_label_created"),
         ]
+
+    def __str__(self) -> str:
+        return f"feedback #{self.pk} {self.label}".strip()
 
 
 class MergeResult(models.Model):

@@ -83,7 +83,7 @@ def test_creates_trajectories_and_groups_on_first_sight(agent):
 def test_shared_prefixes_are_stored_once_and_read_back_exactly(agent):
     rng = random.Random(1)
     system = [rng.randrange(150_000) for _ in range(400)]
-    steps, fulls = [], {}
+    steps = []
     for r in range(3):
         ctx = list(system)
         for t in range(4):
