@@ -38,7 +38,9 @@ print(api_key_create(name="browser-agent", scopes=["ingest"])[1])
 @pytest.fixture
 def server(tmp_path) -> Iterator[LiveServer]:
     """A live server with an operator account and three steps (one with a final reward)."""
-    with live_server(tmp_path / "srv") as srv:
+    var_dir = tmp_path / "srv"
+    var_dir.mkdir()
+    with live_server(var_dir) as srv:
         # One Django start for both (each manage.py call costs a second or two).
         out = srv.manage("shell", "-c", SETUP)
         key = out.strip().splitlines()[-1]
