@@ -31,7 +31,7 @@ WRITES = [
 ]
 READS = [
     "steps", f"steps/{S}", "trajectories", f"trajectories/{T}", "groups", f"groups/{G}", "events", "feedback",
-    "policy-versions", "stats",
+    "policy-versions", "stats", f"groups/{G}/prefix-tree",
 ]
 
 # caller -> (may write, may read)
@@ -96,6 +96,24 @@ def test_read_matrix(seeded, django_user_model, caller, endpoint):
         assert resp.status_code == 200, resp.content
     else:
         assert resp.status_code == (401 if caller == "anonymous" else 403), resp.content
+
+
+def test_the_matrix_covers_every_api_route():
+    # given every /api/v1 route and method of the URL map
+    from tests.gateway.test_schema import api_routes
+
+    def template(endpoint: str) -> str:
+        for value in (S, T, G):
+            endpoint = endpoint.replace(value, "{uid}")
+        return f"/api/v1/{endpoint}"
+
+    covered: dict[str, set[str]] = {}
+    for endpoint, _ in WRITES:
+        covered.setdefault(template(endpoint), set()).add("post")
+    for endpoint in READS:
+        covered.setdefault(template(endpoint), set()).add("get")
+    # then each one is exercised above (a new endpoint must join the matrix)
+    assert covered == api_routes()
 
 
 @pytest.mark.parametrize("path", ["/api/v1/schema/", "/api/v1/docs/", "/healthz"])
