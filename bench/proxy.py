@@ -1,0 +1,288 @@
+"""bench.proxy: the OpenAI gateway against the same upstream called directly, in one run.
+
+    python -m bench.proxy [--c1-requests 300] [--c32-seconds 10] [--prompt-chars 2400]
+
+Workload: OpenAI-style chat completions (a system and a user message, ~2.4k prompt tokens
+with the demo's byte-level toy tokenizer, 12-40 answer tokens), each request with a distinct
+prompt and no trajectory header, so every call through the gateway opens a trajectory and
+records one step with the upstream's exact ids. The demo upstream (gateway/demo/upstream.py)
+runs with zero latency; the gateway is one uvicorn process on the database named by
+DATABASE_URL (a fresh PostgreSQL database is created and migrated for the run), or SQLite
+when it is unset.
+
+Measured in one run, alternating direct and gateway blocks so drift in the machine's load
+hits both alike:
+* concurrency 1: latency p50/p99 of each, after a warm-up; added = gateway - direct;
+* concurrency 32: throughput (requests/s) over a fixed duration.
+
+The load client is a minimal keep-alive HTTP/1.1 client on asyncio (uvloop) that sends
+prebuilt requests and reads Content-Length bodies, so that on a 2-core machine shared by
+the upstream, the gateway, PostgreSQL and the client, the client costs as little as
+possible. Prints progress lines, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+
+from tests.gateway.proxy_support import start_gateway
+from tests.live import ROOT, LiveServer, free_port
+
+WARMUP = 100
+
+
+# --- load client ----------------------------------------------------------------------------------
+class RawClient:
+    """One keep-alive HTTP/1.1 connection; requests are sent one at a time."""
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: bytes, headers: bytes) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None
+        self.writer.write(
+            b"POST " + path.encode() + b" HTTP/1.1\r\nhost: " + self.host.encode() + b"\r\n" + headers
+            + b"content-type: application/json\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        length = None
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        if length is None:
+            raise RuntimeError(f"response without content-length: {head[:200]!r}")
+        return status, await self.reader.readexactly(length)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+class Target:
+    def __init__(self, name: str, url: str, path: str, headers: dict[str, str]):
+        self.name = name
+        u = httpx.URL(url)
+        self.host, self.port, self.path = u.host, u.port, path
+        self.headers = b"".join(f"{k}: {v}\r\n".encode() for k, v in headers.items())
+
+
+def make_bodies(n: int, prompt_chars: int, seed: int) -> list[bytes]:
+    """Distinct chat requests with a ``prompt_chars``-character prompt (system + user)."""
+    rng = random.Random(seed)
+    words = ["agent", "tool", "reads", "file", "writes", "tests", "policy", "reward", "token", "step", "the", "a"]
+    system_len = prompt_chars * 3 // 4
+    out = []
+    for i in range(n):
+        def text(k: int) -> str:
+            parts, size = [], 0
+            while size < k:
+                w = words[rng.randrange(len(words))]
+                parts.append(w)
+                size += len(w) + 1
+            return " ".join(parts)[:k]
+
+        system = text(system_len)
+        user = f"task {i}: " + text(prompt_chars - system_len - 12)
+        out.append(orjson.dumps({
+            "model": "claw-demo",
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+            "max_tokens": 64,
+            "temperature": 1.0,
+        }))
+    return out
+
+
+async def run_c1(target: Target, bodies: list[bytes]) -> list[float]:
+    client = RawClient(target.host, target.port)
+    lat = []
+    try:
+        for body in bodies:
+            t0 = time.perf_counter()
+            status, data = await client.post(target.path, body, target.headers)
+            lat.append((time.perf_counter() - t0) * 1000)
+            if status != 200:
+                raise RuntimeError(f"{target.name}: HTTP {status}: {data[:300]!r}")
+    finally:
+        client.close()
+    return lat
+
+
+async def run_concurrent(target: Target, bodies: list[bytes], concurrency: int, seconds: float) -> tuple[int, float]:
+    deadline = time.perf_counter() + seconds
+    count = 0
+    it = iter(range(10**12))
+
+    async def worker() -> None:
+        nonlocal count
+        client = RawClient(target.host, target.port)
+        try:
+            while time.perf_counter() < deadline:
+                body = bodies[next(it) % len(bodies)]
+                status, data = await client.post(target.path, body, target.headers)
+                if status != 200:
+                    raise RuntimeError(f"{target.name}: HTTP {status}: {data[:300]!r}")
+                count += 1
+        finally:
+            client.close()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return count, time.perf_counter() - t0
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+# --- processes --------------------------------------------------------------------------------------
+def start_upstream() -> tuple[str, subprocess.Popen]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.demo.upstream", "--port", str(port)], cwd=ROOT,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=1).status_code == 200:
+                return url, proc
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("the demo upstream did not start")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--c1-requests", type=int, default=300)
+    p.add_argument("--c32-seconds", type=float, default=10.0)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--prompt-chars", type=int, default=2400)
+    p.add_argument("--rounds", type=int, default=2, help="alternating direct/gateway blocks per phase")
+    p.add_argument(
+        "--app", default="gateway.proxy.asgi:application",
+        help="ASGI app the gateway process serves (default: the project's app with the lean gateway handler)",
+    )
+    args = p.parse_args(argv)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover - uvicorn[standard] brings it
+        pass
+
+    upstream_url, upstream = start_upstream()
+    print(f"demo upstream at {upstream_url} (zero latency)", flush=True)
+    tmp = tempfile.TemporaryDirectory()
+    server = LiveServer(
+        Path(tmp.name), {"CLAW_UPSTREAM_URL": f"{upstream_url}/v1", "CLAW_API_KEY_CACHE_SECONDS": "60"}
+    )
+    try:
+        start_gateway(server, args.app)
+        db = "postgresql" if server.env.get("DATABASE_URL") else "sqlite"
+        key = server.make_key("ingest", "read", name="bench-proxy")
+        print(f"gateway at {server.url} (1 uvicorn process serving {args.app}, {db})", flush=True)
+        direct = Target("direct", upstream_url, "/v1/chat/completions", {})
+        gateway = Target("gateway", server.url, "/v1/chat/completions", {"authorization": f"Bearer {key}"})
+        n_c1 = args.c1_requests
+        bodies = make_bodies(WARMUP * 2 + n_c1 * 2 + 4096, args.prompt_chars, seed=0)
+        result = asyncio.run(_measure(args, direct, gateway, bodies, n_c1))
+        stats = httpx.get(f"{server.url}/api/v1/stats", headers={"Authorization": f"Bearer {key}"}, timeout=60).json()
+        result.update(
+            app=args.app,
+            steps_recorded=stats["steps"],
+            gateway_requests=result.pop("_gateway_requests"),
+            db=db,
+            workload=(
+                f"chat completions, {args.prompt_chars}-char (~{args.prompt_chars}-token toy) prompts, "
+                "distinct prompts, new trajectory per call, demo upstream zero latency"
+            ),
+        )
+        if result["steps_recorded"] != result["gateway_requests"]:
+            print(f"WARNING: {result['gateway_requests']} gateway calls but {result['steps_recorded']} steps", flush=True)
+        print(json.dumps(result), flush=True)
+    finally:
+        server.close()
+        upstream.terminate()
+        upstream.wait(10)
+        tmp.cleanup()
+
+
+async def _measure(args: argparse.Namespace, direct: Target, gateway: Target, bodies: list[bytes], n_c1: int) -> dict:
+    pos = 0
+
+    def take(k: int) -> list[bytes]:
+        nonlocal pos
+        out = bodies[pos : pos + k]
+        pos += k
+        return out
+
+    gateway_requests = 0
+    # Warm-up: connections, imports, caches, the database's first plans.
+    await run_c1(direct, take(WARMUP))
+    await run_c1(gateway, take(WARMUP))
+    gateway_requests += WARMUP
+    print(f"warm-up done ({WARMUP} requests each)", flush=True)
+
+    lat: dict[str, list[float]] = {"direct": [], "gateway": []}
+    per_round = max(1, n_c1 // args.rounds)
+    for r in range(args.rounds):
+        for t in (direct, gateway):
+            lat[t.name] += await run_c1(t, take(per_round))
+            print(f"c=1 round {r + 1}/{args.rounds} {t.name}: p50 {statistics.median(lat[t.name]):.2f} ms", flush=True)
+        gateway_requests += per_round
+
+    rest = bodies[pos:]
+    counts = {"direct": [0, 0.0], "gateway": [0, 0.0]}
+    for r in range(args.rounds):
+        for t in (direct, gateway):
+            n, secs = await run_concurrent(t, rest, args.concurrency, args.c32_seconds / args.rounds)
+            counts[t.name][0] += n
+            counts[t.name][1] += secs
+            if t is gateway:
+                gateway_requests += n
+            print(f"c={args.concurrency} round {r + 1}/{args.rounds} {t.name}: {n / secs:.0f} req/s", flush=True)
+
+    d50, g50 = pct(lat["direct"], 0.5), pct(lat["gateway"], 0.5)
+    d99, g99 = pct(lat["direct"], 0.99), pct(lat["gateway"], 0.99)
+    d_rps = counts["direct"][0] / counts["direct"][1]
+    g_rps = counts["gateway"][0] / counts["gateway"][1]
+    return {
+        "c1_added_p50_ms": round(g50 - d50, 3),
+        "c1_added_p99_ms": round(g99 - d99, 3),
+        "c32_direct_rps": round(d_rps, 1),
+        "c32_gateway_rps": round(g_rps, 1),
+        "c32_ratio": round(g_rps / d_rps, 3),
+        "c1_direct_p50_ms": round(d50, 3),
+        "c1_gateway_p50_ms": round(g50, 3),
+        "c1_direct_p99_ms": round(d99, 3),
+        "c1_gateway_p99_ms": round(g99, 3),
+        "concurrency": args.concurrency,
+        "_gateway_requests": gateway_requests,
+        "cpus": os.cpu_count(),
+    }
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Compatibility layers for other agent-RL gateways' protocols (claw_r1: the Claw-R1 gateway)."""

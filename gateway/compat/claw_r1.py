@@ -1,0 +1,180 @@
+"""The Claw-R1 gateway protocol under ``/compat/claw-r1/``, so an agent written for Claw-R1
+works by changing only its gateway URL:
+
+* ``POST /init_trajectory`` -> ``{"trajectory_uid", "base_url"}``, base_url =
+  ``<scheme://host>/compat/claw-r1/<trajectory_uid>/<prompt_uid>/v1``;
+* ``POST {base_url}/register_trajectory`` ``{"channel"?, "metadata"?}`` -> ``{"status": "ok"}``
+  (``metadata.policy_version`` is stamped on later steps);
+* ``POST {base_url}/chat/completions``: the OpenAI gateway (gateway/proxy) with the
+  trajectory and prompt group taken from the URL; exact upstream ids, streaming, tools;
+* ``POST {base_url}/complete_trajectory`` ``{"reward"?, "channel"?}`` -> ``{"status": "ok"}``
+  (the last step gets ``is_last`` and the reward);
+* ``POST /submit_steps?channel=train`` ``{"steps": [...]}`` -> ``{"accepted": n}``.
+
+Aliases of older Claw-R1 versions are served too (``{base}/trajectory/complete``,
+``/complete_trajectory/<uid>``, ``/register_trajectory`` with ``trajectory_uid`` in the body).
+
+Unlike Claw-R1, every endpoint requires a Bearer API key with the ``ingest`` scope, and
+everything is durable.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import orjson
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from pool.errors import InvalidInput, PoolError
+from pool.services import steps_ingest
+from pool.services.proxy import proxy_trajectory_complete, proxy_trajectory_register
+
+from ..proxy.access import require_key
+from ..proxy.db import run_db
+from ..proxy.errors import ProxyError, error_response
+from ..validation import parse_step_batch
+
+PREFIX = "/compat/claw-r1"
+_OK = b'{"status":"ok"}'
+# Claw-R1 step fields -> ours; fields we do not store go to metadata["claw_r1"].
+_RENAMED = {"prompt_uid": "prompt_group_uid", "rollout_log_probs": "rollout_logprobs"}
+_KEPT = frozenset(
+    {"prompt_ids", "response_ids", "reward", "trajectory_uid", "step_index", "policy_version", "is_last", "metadata"}
+)
+
+
+def _view(handler):
+    """POST only, an ingest key, JSON errors in OpenAI's shape."""
+
+    @csrf_exempt
+    async def view(request: HttpRequest, **kwargs: str) -> HttpResponse:
+        if request.method != "POST":
+            return error_response(405, f"method {request.method} not allowed; use POST", code="method_not_allowed")
+        try:
+            key = await require_key(request)
+            return await handler(request, key.source_id, **kwargs)
+        except ProxyError as e:
+            return error_response(e.status, e.message, code=e.code, param=e.param)
+        except PoolError as e:
+            return error_response(e.status_code, e.message, code=e.code, param=e.field)
+
+    view.__name__ = handler.__name__
+    view.__doc__ = handler.__doc__
+    return view
+
+
+@_view
+async def init_trajectory(request: HttpRequest, source_id: int) -> HttpResponse:
+    """Open a trajectory; optional body ``{"prompt_uid", "channel", "metadata"}`` (an
+    extension: Claw-R1 sends none). Without prompt_uid each trajectory gets its own group."""
+    body = _body(request)
+    traj_uid = uuid.uuid4().hex
+    prompt_uid = body.get("prompt_uid") or uuid.uuid4().hex
+    if not isinstance(prompt_uid, str) or len(prompt_uid) > 128 or "/" in prompt_uid:
+        raise ProxyError(400, "prompt_uid must be a string of at most 128 characters without '/'", param="prompt_uid")
+    await run_db(
+        proxy_trajectory_register, uid=traj_uid, prompt_group_uid=prompt_uid, channel=body.get("channel"),
+        metadata=_metadata(body), source_id=source_id,
+    )
+    base_url = request.build_absolute_uri(f"{PREFIX}/{traj_uid}/{prompt_uid}/v1")
+    return _json({"trajectory_uid": traj_uid, "base_url": base_url})
+
+
+@_view
+async def register_trajectory(
+    request: HttpRequest, source_id: int, trajectory_uid: str | None = None, prompt_uid: str | None = None
+) -> HttpResponse:
+    """``{"channel": "train"|"val", "metadata": {...}}``, both optional."""
+    body = _body(request)
+    traj = trajectory_uid or body.get("trajectory_uid")
+    if not isinstance(traj, str) or not traj:
+        raise ProxyError(400, "trajectory_uid is required", param="trajectory_uid")
+    await run_db(
+        proxy_trajectory_register, uid=traj, prompt_group_uid=prompt_uid if prompt_uid != "-" else None,
+        channel=body.get("channel"), metadata=_metadata(body), source_id=source_id,
+    )
+    return HttpResponse(_OK, content_type="application/json")
+
+
+@_view
+async def complete_trajectory(
+    request: HttpRequest, source_id: int, trajectory_uid: str, prompt_uid: str | None = None
+) -> HttpResponse:
+    """``{"reward": float, "channel": str}``, both optional."""
+    body = _body(request)
+    reward = body.get("reward")
+    if reward is not None and (isinstance(reward, bool) or not isinstance(reward, int | float)):
+        raise ProxyError(400, "reward must be a number", param="reward")
+    await run_db(
+        proxy_trajectory_complete, uid=trajectory_uid, reward=float(reward) if reward is not None else None,
+        channel=body.get("channel"), source_id=source_id,
+    )
+    return HttpResponse(_OK, content_type="application/json")
+
+
+@_view
+async def submit_steps(request: HttpRequest, source_id: int) -> HttpResponse:
+    """White-box steps in Claw-R1's shape; ``?channel=train|val`` names the channel of new
+    trajectories. Atomic and idempotent (a step's uid is ``<trajectory_uid>:<step_index>``)."""
+    body = _body(request)
+    channel = request.GET.get("channel", "train")
+    raw = body.get("steps")
+    if not isinstance(raw, list):
+        raise ProxyError(400, "steps must be an array of step objects", param="steps")
+    batch = parse_step_batch({"steps": [_our_step(s, i) for i, s in enumerate(raw)]})
+    await run_db(_ingest, batch, source_id, channel)
+    return _json({"accepted": len(batch)})
+
+
+def _ingest(batch: list, source_id: int, channel: str) -> None:
+    if channel not in ("train", "val"):
+        raise InvalidInput(f"channel must be train or val; got {channel!r}", field="channel")
+    steps_ingest(steps=batch, source_id=source_id, channel=channel)
+
+
+def _our_step(step: Any, i: int) -> Any:
+    """A Claw-R1 StepPayload as our step fields (unknown fields are kept in metadata)."""
+    if not isinstance(step, dict):
+        return step  # parse_step_batch names the error
+    out: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for k, v in step.items():
+        if k in _RENAMED:
+            if v not in (None, ""):
+                out[_RENAMED[k]] = v
+        elif k in _KEPT:
+            if v is not None:
+                out[k] = v
+        elif v is not None:
+            extra[k] = v
+    out.setdefault("step_index", 0)  # Claw-R1's defaults
+    if extra:
+        out["metadata"] = {**(out.get("metadata") or {}), "claw_r1": extra}
+    return out
+
+
+def _body(request: HttpRequest) -> dict[str, Any]:
+    if not request.body.strip():
+        return {}
+    try:
+        body = orjson.loads(request.body)
+    except orjson.JSONDecodeError as exc:
+        raise ProxyError(400, f"malformed JSON body: {exc}", code="invalid_json") from None
+    if body is None:
+        return {}
+    if not isinstance(body, dict):
+        raise ProxyError(400, "the body must be a JSON object", code="invalid_json")
+    return body
+
+
+def _metadata(body: dict[str, Any]) -> dict[str, Any] | None:
+    meta = body.get("metadata")
+    if meta is not None and not isinstance(meta, dict):
+        raise ProxyError(400, "metadata must be a JSON object", param="metadata")
+    return meta
+
+
+def _json(payload: dict[str, Any]) -> HttpResponse:
+    return HttpResponse(orjson.dumps(payload), content_type="application/json")

@@ -1,0 +1,113 @@
+"""A lean ASGI entry for the gateway paths (``/v1/``, ``/t/``, ``/compat/claw-r1/``).
+
+Django's stock ASGIHandler costs several milliseconds of CPU per request on a small machine,
+all of it thread hops: every ``MiddlewareMixin`` middleware runs its process_request and
+process_response through ``sync_to_async`` (two hops each, so ~12 for the project's seven),
+the request_started/request_finished signals take two more, and each request gets a fresh
+thread (a new ThreadSensitiveContext executor). None of that is needed by the gateway
+endpoints: they authenticate by API key, set no cookies, use no sessions, CSRF or messages,
+and do their database work on their own long-lived threads (gateway/proxy/db.py).
+
+``GatewayASGIHandler`` is Django's handler (same request/response objects, URL resolver,
+views and exception-to-response conversion) with an empty middleware chain, no per-request
+thread context and no signal hops. ``with_gateway(app)`` sends the gateway paths to it and
+everything else to ``app``. Measured in bench.proxy: see the README's figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+from django.core.handlers.exception import convert_exception_to_response
+from django.urls import set_script_prefix
+
+ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
+
+GATEWAY_PREFIXES = ("/v1/", "/t/", "/compat/claw-r1/")
+
+
+class GatewayASGIHandler(ASGIHandler):
+    """Django's ASGI handler without middleware, per-request thread context or signals
+    (see the module docstring). Only for async views that need none of them."""
+
+    def load_middleware(self, is_async: bool = False) -> None:
+        self._view_middleware = []
+        self._template_response_middleware = []
+        self._exception_middleware = []
+        self._middleware_chain = convert_exception_to_response(self._get_response_async)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            raise ValueError(f"the gateway handler serves HTTP only, not {scope['type']}")
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        set_script_prefix(get_script_prefix(scope))
+        request, error_response = self.create_request(scope, body_file)
+        if request is None:
+            body_file.close()
+            await self.send_response(error_response, send)
+            return
+        # As Django does: a client that disconnects cancels the view (and a streamed relay).
+        disconnect = asyncio.ensure_future(self.listen_for_disconnect(receive))
+        work = asyncio.ensure_future(self._respond(request, send))
+        try:
+            await asyncio.wait((disconnect, work), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (work, disconnect):
+                if not task.done():
+                    task.cancel()
+                    try:
+                        await task
+                    except (asyncio.CancelledError, RequestAborted):
+                        pass
+            body_file.close()
+        if not disconnect.cancelled():
+            disconnect.exception()  # RequestAborted, or nothing: retrieved, not raised
+        if not work.cancelled() and work.exception() is not None:
+            raise work.exception()  # a server error: the ASGI server logs it
+
+    async def _respond(self, request: Any, send: Any) -> None:
+        response = await self.run_get_response(request)
+        if not response.streaming and not response.has_header("Content-Length"):
+            response.headers["Content-Length"] = str(len(response.content))  # as CommonMiddleware does
+        try:
+            await self.send_response(response, send)
+        except asyncio.CancelledError:
+            pass  # the client went away while we were sending
+        # The gateway's database connections live on its own threads, so the
+        # request_finished signal (closing this thread's connections) has nothing to do.
+
+
+def with_gateway(app: ASGIApp) -> ASGIApp:
+    """``app`` with the gateway paths served by GatewayASGIHandler."""
+    gateway = GatewayASGIHandler()
+
+    async def router(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(GATEWAY_PREFIXES):
+            await gateway(scope, receive, send)
+        else:
+            await app(scope, receive, send)
+
+    router.routes_gateway = True  # type: ignore[attr-defined]
+    return router
+
+
+__all__ = ["GATEWAY_PREFIXES", "GatewayASGIHandler", "with_gateway"]
+
+
+def __getattr__(name: str) -> Any:
+    """``gateway.proxy.asgi:application``: the project's ASGI app with the gateway paths
+    routed here (built on first access, so importing this module stays cheap)."""
+    if name == "application":
+        from claw_site.asgi import application as project
+
+        app = project if getattr(project, "routes_gateway", False) else with_gateway(project)
+        globals()["application"] = app
+        return app
+    raise AttributeError(name)

@@ -1,0 +1,220 @@
+"""From an upstream answer to pool steps.
+
+``record_answer`` runs on a database thread (gateway/proxy/db.py): it turns the agent's
+request and the upstream's (whole or accumulated) answer into a ProxiedCall, one choice per
+step, and stores it with pool.services.proxy_step_record.
+
+Token ids, in order of preference:
+1. the upstream's own (vLLM/SGLang ``return_token_ids``): token_source "upstream", exact;
+2. CLAW_TOKENIZER's re-encoding of the text: token_source "retokenized";
+3. none: a step without ids is not trainable, so the call is stored as an Event of type
+   ``untokenized_call`` holding its text, and no step is written.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pool.errors import InvalidInput
+from pool.models import Step
+from pool.services.proxy import (
+    ProxiedCall,
+    ProxiedChoice,
+    RecordedStep,
+    proxy_event_record,
+    proxy_step_record,
+)
+
+from . import tokenizer
+
+CHAT = "chat.completions"
+COMPLETIONS = "completions"
+
+# Request fields that are not sampling parameters (recorded elsewhere, or transport only).
+_NOT_PARAMS = frozenset({"messages", "prompt", "tools", "stream", "stream_options", "return_token_ids"})
+
+
+@dataclass(slots=True)
+class Identity:
+    """Where a call's steps go. ``new``: the gateway minted the trajectory uid."""
+
+    trajectory_uid: str
+    prompt_group_uid: str | None = None
+    policy_version: int | None = None
+    new: bool = False
+
+
+@dataclass(slots=True)
+class Outcome:
+    steps: list[RecordedStep] = field(default_factory=list)
+    event: str | None = None  # the Event type stored instead of steps, if any
+
+
+def record_answer(
+    *, endpoint: str, ident: Identity, request: dict[str, Any], answer: dict[str, Any], source_id: int | None
+) -> Outcome:
+    """Store the call as steps (or as an Event when it cannot be a step); see the module
+    docstring. Raises Conflict when the trajectory takes no steps (ended, other group)."""
+    call = build_call(endpoint=endpoint, ident=ident, request=request, answer=answer)
+    if call is None:
+        proxy_event_record(
+            type="untokenized_call", trajectory_uid=ident.trajectory_uid, source_id=source_id,
+            payload={
+                "reason": "the upstream returned no token ids and no local tokenizer is configured (CLAW_TOKENIZER)",
+                **_text_of(endpoint, request, answer),
+            },
+        )
+        return Outcome(event="untokenized_call")
+    try:
+        return Outcome(steps=proxy_step_record(call=call, source_id=source_id))
+    except InvalidInput as exc:  # e.g. longer than CLAW_MAX_TOKENS_PER_STEP: never truncated
+        proxy_event_record(
+            type="unrecorded_call", trajectory_uid=ident.trajectory_uid, source_id=source_id,
+            payload={"reason": exc.message, "field": exc.field, **_text_of(endpoint, request, answer)},
+        )
+        return Outcome(event="unrecorded_call")
+
+
+def build_call(*, endpoint: str, ident: Identity, request: dict[str, Any], answer: dict[str, Any]) -> ProxiedCall | None:
+    """The ProxiedCall of an answer, or None when no token ids can be had."""
+    chat = endpoint == CHAT
+    raws = sorted((c for c in answer.get("choices") or () if isinstance(c, dict)), key=lambda c: c.get("index", 0))
+    top_prompt = answer.get("prompt_token_ids")
+    exact: list[tuple[np.ndarray, np.ndarray] | None] = []
+    for raw in raws:
+        prompt = _ids(raw.get("prompt_token_ids", top_prompt))
+        response = _ids(raw.get("token_ids"))
+        exact.append((prompt, response) if prompt is not None and response is not None else None)
+    token_source = Step.TokenSource.UPSTREAM
+    tok = None
+    if not raws or any(e is None for e in exact):
+        tok = tokenizer.get_tokenizer()
+        if tok is None or not raws:
+            return None
+        token_source = Step.TokenSource.RETOKENIZED
+    choices = []
+    for raw, ids in zip(raws, exact, strict=True):
+        if tok is not None:
+            ids = _retokenize(tok, chat, request, raw)
+        prompt_ids, response_ids = ids  # type: ignore[misc]
+        choices.append(
+            ProxiedChoice(
+                prompt_ids=prompt_ids,
+                response_ids=response_ids,
+                rollout_logprobs=_logprobs(raw, chat, len(response_ids)),
+                finish_reason=raw.get("finish_reason"),
+                response_text=_reply_text(raw, chat),
+                metadata=_choice_meta(raw, chat, request),
+            )
+        )
+    meta: dict[str, Any] = {"endpoint": endpoint, "model": answer.get("model") or request.get("model")}
+    if answer.get("id"):
+        meta["response_id"] = answer["id"]
+    if answer.get("usage"):
+        meta["usage"] = answer["usage"]
+    if request.get("tools"):
+        meta["tools"] = request["tools"]
+    meta["params"] = {k: v for k, v in request.items() if k not in _NOT_PARAMS}
+    return ProxiedCall(
+        trajectory_uid=ident.trajectory_uid,
+        prompt_group_uid=ident.prompt_group_uid,
+        policy_version=ident.policy_version,
+        new_trajectory=ident.new,
+        token_source=token_source,
+        messages=request.get("messages") if chat else None,
+        metadata=meta,
+        choices=choices,
+    )
+
+
+# --- helpers ------------------------------------------------------------------------------------
+def _ids(raw: Any) -> np.ndarray | None:
+    """An int32 array of token ids, or None when ``raw`` is not a list of ids in [0, 2**31)."""
+    if not isinstance(raw, list):
+        return None
+    try:
+        arr = np.frombuffer(array("i", raw), dtype=np.int32) if raw else np.zeros(0, dtype=np.int32)
+    except (TypeError, OverflowError):
+        return None
+    if len(arr) and int(arr.min()) < 0:
+        return None
+    return arr
+
+
+def _retokenize(tok: Any, chat: bool, request: dict[str, Any], raw: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    if chat:
+        reply = {k: v for k, v in (raw.get("message") or {}).items() if v is not None}
+        reply.setdefault("role", "assistant")
+        prompt, response = tokenizer.chat_ids(tok, request.get("messages") or [], request.get("tools"), reply)
+    else:
+        prompt, response = tokenizer.completion_ids(tok, _completion_prompt(request, raw), raw.get("text") or "")
+    return np.asarray(prompt, dtype=np.int32), np.asarray(response, dtype=np.int32)
+
+
+def _completion_prompt(request: dict[str, Any], raw: dict[str, Any]) -> Any:
+    """The prompt a completion choice answers (batched prompts: choice index // n)."""
+    prompt = request.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        n = request.get("n") or 1
+        i = min(raw.get("index", 0) // max(1, int(n)), len(prompt) - 1)
+        return prompt[i]
+    return prompt
+
+
+def _logprobs(raw: dict[str, Any], chat: bool, n_tokens: int) -> np.ndarray | None:
+    """Per-token logprobs of the response, when the upstream gave one finite value per id."""
+    lp = raw.get("logprobs")
+    if not isinstance(lp, dict):
+        return None
+    if chat:
+        entries = lp.get("content")
+        values = [e.get("logprob") for e in entries if isinstance(e, dict)] if isinstance(entries, list) else None
+    else:
+        values = lp.get("token_logprobs")
+    if not isinstance(values, list) or len(values) != n_tokens or n_tokens == 0:
+        return None
+    try:
+        arr = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    return arr if all(math.isfinite(v) for v in arr.tolist()) else None
+
+
+def _reply_text(raw: dict[str, Any], chat: bool) -> str | None:
+    if chat:
+        content = (raw.get("message") or {}).get("content")
+        return content if isinstance(content, str) else None
+    text = raw.get("text")
+    return text if isinstance(text, str) else None
+
+
+def _choice_meta(raw: dict[str, Any], chat: bool, request: dict[str, Any]) -> dict[str, Any]:
+    """Per-choice fields worth keeping: tool calls and any other reply field (reasoning...)."""
+    if chat:
+        message = raw.get("message") or {}
+        return {k: v for k, v in message.items() if k not in ("role", "content") and v is not None}
+    prompt = _completion_prompt(request, raw)
+    return {"prompt": prompt} if isinstance(prompt, str) else {}
+
+
+def _text_of(endpoint: str, request: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+    """The call as text, for an Event: what was asked and what came back."""
+    chat = endpoint == CHAT
+    out: dict[str, Any] = {"endpoint": endpoint, "model": answer.get("model") or request.get("model")}
+    if chat:
+        out["messages"] = request.get("messages")
+        if request.get("tools"):
+            out["tools"] = request["tools"]
+    else:
+        out["prompt"] = request.get("prompt")
+    out["choices"] = [
+        {"index": c.get("index"), "finish_reason": c.get("finish_reason"),
+         **({"message": c.get("message")} if chat else {"text": c.get("text")})}
+        for c in answer.get("choices") or () if isinstance(c, dict)
+    ]
+    return out

@@ -1,0 +1,135 @@
+"""The upstream inference server (vLLM, SGLang, any OpenAI-compatible server).
+
+Requests are httpx requests sent through one FastTransport per event loop (its keep-alive
+pool belongs to the loop that made it; see transport.py for why not httpcore), with no limit
+on connections, so hundreds of calls stay in flight without a thread each. httpx's client
+layer (cookies, auth flows, redirects) is skipped: a proxy wants none of it.
+
+Secrets: CLAW_UPSTREAM_API_KEY is sent to the upstream as its Bearer key and never logged,
+recorded or returned (error texts are scrubbed of it). The agent's own Authorization header
+is a Claw key and is never forwarded.
+
+Faults map to HTTP like this: connection refused/reset -> 502, CLAW_UPSTREAM_TIMEOUT passed
+-> 504. Upstream 4xx/5xx answers are not faults here: the caller passes them through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Mapping
+
+import httpx
+from django.conf import settings
+
+from .transport import FastTransport
+
+# Headers of the agent's request that never reach the upstream: hop-by-hop headers, our own
+# (x-claw-*), the agent's Claw key and anything that would change the body's framing.
+_DROP_HEADERS = frozenset(
+    {
+        "host", "authorization", "content-length", "connection", "keep-alive", "transfer-encoding",
+        "te", "trailer", "upgrade", "proxy-authorization", "proxy-connection", "cookie",
+        "accept-encoding", "x-forwarded-for", "x-real-ip",
+    }
+)
+_transports: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FastTransport] = weakref.WeakKeyDictionary()
+
+
+class UpstreamFault(Exception):
+    """The upstream could not be reached or did not answer in time."""
+
+    def __init__(self, status: int, kind: str, message: str):
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        self.message = message
+
+
+def transport() -> FastTransport:
+    """The shared transport of the running event loop (created on first use)."""
+    loop = asyncio.get_running_loop()
+    t = _transports.get(loop)
+    if t is None:
+        t = _transports[loop] = FastTransport()
+    return t
+
+
+def url(path: str) -> str:
+    """Absolute upstream URL of an OpenAI path such as ``/v1/chat/completions``.
+
+    CLAW_UPSTREAM_URL may be the server root or its ``/v1`` base (both are common)."""
+    base = settings.CLAW_UPSTREAM_URL.rstrip("/")
+    if not base:
+        raise UpstreamFault(502, "not_configured", "no upstream inference server is configured (CLAW_UPSTREAM_URL)")
+    if base.endswith("/v1") and path.startswith("/v1/"):
+        base = base[:-3]
+    return base + path
+
+
+def forward_headers(incoming: Mapping[str, str]) -> dict[str, str]:
+    """Headers sent upstream: the agent's own (minus those above), the upstream key."""
+    out = {k: v for k, v in incoming.items() if k.lower() not in _DROP_HEADERS and not k.lower().startswith("x-claw-")}
+    out["accept-encoding"] = "identity"  # the gateway parses every answer
+    key = settings.CLAW_UPSTREAM_API_KEY
+    if key:
+        out["authorization"] = f"Bearer {key}"
+    return out
+
+
+async def request(method: str, path: str, *, content: bytes | None, headers: dict[str, str]) -> httpx.Response:
+    """Send a request and read the whole answer within CLAW_UPSTREAM_TIMEOUT (total)."""
+    timeout = settings.CLAW_UPSTREAM_TIMEOUT
+    req = _request(method, path, content, headers, timeout)
+    try:
+        async with asyncio.timeout(timeout):
+            resp = await transport().handle_async_request(req)
+            await resp.aread()
+            return resp
+    except TimeoutError:
+        raise UpstreamFault(504, "timeout", f"the upstream did not answer within {timeout:g} s") from None
+    except httpx.HTTPError as exc:
+        raise fault(exc) from None
+
+
+async def open_stream(path: str, *, content: bytes, headers: dict[str, str]) -> httpx.Response:
+    """Send a request and return once the answer's headers arrived; the caller reads the body
+    (each read bounded by CLAW_UPSTREAM_TIMEOUT) and must ``aclose()`` it."""
+    timeout = settings.CLAW_UPSTREAM_TIMEOUT
+    req = _request("POST", path, content, headers, timeout)
+    try:
+        async with asyncio.timeout(timeout):
+            return await transport().handle_async_request(req)
+    except TimeoutError:
+        raise UpstreamFault(504, "timeout", f"the upstream did not answer within {timeout:g} s") from None
+    except httpx.HTTPError as exc:
+        raise fault(exc) from None
+
+
+def _request(method: str, path: str, content: bytes | None, headers: dict[str, str], timeout: float) -> httpx.Request:
+    limits = {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}
+    target = url(path)
+    parsed = _urls.get(target)
+    if parsed is None:  # parsing a URL is a visible share of a proxied call's CPU: parse once
+        parsed = _urls[target] = httpx.URL(target)
+    return httpx.Request(method, parsed, content=content, headers=headers, extensions={"timeout": limits})
+
+
+_urls: dict[str, httpx.URL] = {}
+
+
+def fault(exc: BaseException) -> UpstreamFault:
+    """The UpstreamFault for a transport error (never includes URLs or keys)."""
+    if isinstance(exc, httpx.TimeoutException):
+        return UpstreamFault(504, "timeout", f"the upstream did not answer within {settings.CLAW_UPSTREAM_TIMEOUT:g} s")
+    if isinstance(exc, httpx.ConnectError):
+        return UpstreamFault(502, "connect_error", "cannot connect to the upstream inference server")
+    if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
+        return UpstreamFault(502, "upstream_disconnected", "the upstream closed the connection before answering")
+    return UpstreamFault(502, "upstream_error", f"upstream transport error ({type(exc).__name__})")
+
+
+def scrub(text: str) -> str:
+    """``text`` without the upstream API key (an upstream may echo it in an error)."""
+    key = settings.CLAW_UPSTREAM_API_KEY
+    return text.replace(key, "***") if key else text

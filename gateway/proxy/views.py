@@ -1,0 +1,350 @@
+"""OpenAI-compatible endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``,
+``GET /v1/models``, also under the scoped base URL ``/t/<trajectory>/<group>/v1/``.
+
+Plain async Django views (no DRF): under ASGI a call never holds a thread while the
+upstream works, so one process keeps hundreds of calls in flight. Per call:
+
+1. the agent's key (scope ingest) is checked (cached, see access.py);
+2. the trajectory is taken from the path, else X-Claw-Trajectory, else minted; its uid is
+   returned in the X-Claw-Trajectory response header in every case;
+3. the body goes upstream with ``return_token_ids: true`` added;
+4. the answer is recorded as steps, committed, and only then returned (or, streamed, the
+   final ``data: [DONE]`` sent). vLLM's id fields are removed from what the agent receives
+   unless it asked for them itself.
+
+Faults: connection refused -> 502, timeout -> 504, an upstream 4xx/5xx is passed through
+with its body; each is stored as an Event of type ``upstream_error`` and no step is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import orjson
+from django.conf import settings
+from django.db import DatabaseError
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
+from django.views.decorators.csrf import csrf_exempt
+
+from pool.errors import PoolError
+from pool.services.api_keys import VerifiedKey
+from pool.services.proxy import proxy_event_record
+
+from . import upstream
+from .access import require_key
+from .db import run_db
+from .errors import ProxyError, error_response
+from .recording import CHAT, COMPLETIONS, Identity, Outcome, record_answer
+from .stream import StreamAccumulator, sse_data
+
+log = logging.getLogger(__name__)
+
+TRAJECTORY_HEADER = "X-Claw-Trajectory"
+MAX_UID_LEN = 128
+_PATHS = {CHAT: "/v1/chat/completions", COMPLETIONS: "/v1/completions"}
+# Upstreams (by CLAW_UPSTREAM_URL) that rejected ``return_token_ids`` as an unknown field
+# (e.g. OpenAI's own API): later calls go without it and fall back to CLAW_TOKENIZER.
+_ids_unsupported: set[str] = set()
+
+
+@csrf_exempt
+async def chat_completions(
+    request: HttpRequest, trajectory_uid: str | None = None, prompt_group_uid: str | None = None
+) -> HttpResponseBase:
+    """``POST /v1/chat/completions`` (streamed or not), recorded as one step per choice."""
+    return await _complete(request, CHAT, trajectory_uid, prompt_group_uid)
+
+
+@csrf_exempt
+async def completions(
+    request: HttpRequest, trajectory_uid: str | None = None, prompt_group_uid: str | None = None
+) -> HttpResponseBase:
+    """``POST /v1/completions`` (streamed or not), recorded as one step per choice."""
+    return await _complete(request, COMPLETIONS, trajectory_uid, prompt_group_uid)
+
+
+@csrf_exempt
+async def models(
+    request: HttpRequest, trajectory_uid: str | None = None, prompt_group_uid: str | None = None
+) -> HttpResponseBase:
+    """``GET /v1/models``: the upstream's model list, passed through."""
+    if request.method != "GET":
+        return error_response(405, f"method {request.method} not allowed; use GET", code="method_not_allowed")
+    try:
+        key = await require_key(request)
+    except ProxyError as e:
+        return error_response(e.status, e.message, code=e.code, param=e.param)
+    try:
+        resp = await upstream.request("GET", "/v1/models", content=None, headers=upstream.forward_headers(request.headers))
+    except upstream.UpstreamFault as f:
+        await _fault_event(f.status, f.kind, f.message, "models", None, key)
+        return error_response(f.status, f.message, code=f.kind)
+    if resp.status_code >= 400:
+        await _fault_event(resp.status_code, "http_error", upstream.scrub(resp.text[:2000]), "models", None, key)
+        return _passthrough_error(resp.status_code, resp.content)
+    return HttpResponse(resp.content, status=resp.status_code, content_type="application/json")
+
+
+# --- completions ------------------------------------------------------------------------------
+async def _complete(
+    request: HttpRequest, endpoint: str, path_trajectory: str | None, path_group: str | None
+) -> HttpResponseBase:
+    ident: Identity | None = None
+    try:
+        ident = _identity(request, path_trajectory, path_group)
+        if request.method != "POST":
+            raise ProxyError(405, f"method {request.method} not allowed; use POST", code="method_not_allowed")
+        key = await require_key(request)
+        body = _json_body(request)
+        response = await _forward(request, endpoint, ident, key, body)
+    except ProxyError as e:
+        response = error_response(e.status, e.message, code=e.code, param=e.param)
+    except PoolError as e:
+        response = error_response(e.status_code, e.message, code=e.code, param=e.field)
+    if ident is not None:
+        response[TRAJECTORY_HEADER] = ident.trajectory_uid
+    return response
+
+
+def _identity(request: HttpRequest, path_trajectory: str | None, path_group: str | None) -> Identity:
+    meta = request.META
+    traj = path_trajectory or meta.get("HTTP_X_CLAW_TRAJECTORY") or None
+    new = traj is None
+    if traj is None:
+        traj = uuid.uuid4().hex
+    group = path_group if path_group is not None else meta.get("HTTP_X_CLAW_PROMPT_GROUP") or None
+    if group == "-":  # the scoped URL's "no group"
+        group = None
+    for name, value in (("trajectory", traj), ("prompt group", group)):
+        if value is not None and (not value.strip() or len(value) > MAX_UID_LEN):
+            raise ProxyError(400, f"the {name} uid must be 1 to {MAX_UID_LEN} characters", code="invalid_uid")
+    version = meta.get("HTTP_X_CLAW_POLICY_VERSION")
+    policy_version = None
+    if version not in (None, ""):
+        try:
+            policy_version = int(version)
+        except ValueError:
+            policy_version = -1
+        if not 0 <= policy_version < 2**63:
+            raise ProxyError(400, "X-Claw-Policy-Version must be a non-negative integer", code="invalid_policy_version")
+    return Identity(trajectory_uid=traj, prompt_group_uid=group, policy_version=policy_version, new=new)
+
+
+def _json_body(request: HttpRequest) -> dict[str, Any]:
+    length = request.META.get("CONTENT_LENGTH")
+    if length and length.isdigit() and int(length) > settings.CLAW_MAX_BODY_BYTES:
+        raise ProxyError(413, f"request body is {length} bytes; the limit is {settings.CLAW_MAX_BODY_BYTES}",
+                         code="payload_too_large")
+    try:
+        body = orjson.loads(request.body)
+    except orjson.JSONDecodeError as exc:
+        raise ProxyError(400, f"malformed JSON body: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ProxyError(400, "the body must be a JSON object", code="invalid_json")
+    return body
+
+
+async def _forward(
+    request: HttpRequest, endpoint: str, ident: Identity, key: VerifiedKey, body: dict[str, Any]
+) -> HttpResponseBase:
+    headers = upstream.forward_headers(request.headers)
+    wants_ids = body.get("return_token_ids") is True
+    send = body if wants_ids or settings.CLAW_UPSTREAM_URL in _ids_unsupported else {**body, "return_token_ids": True}
+    content = orjson.dumps(send)
+    path = _PATHS[endpoint]
+    if body.get("stream") is True:
+        return await _stream(endpoint, ident, key, body, path, content, headers, wants_ids, request.body)
+    try:
+        resp = await upstream.request("POST", path, content=content, headers=headers)
+        if resp.status_code == 400 and send is not body and _rejects_ids_field(resp.content):
+            _ids_unsupported.add(settings.CLAW_UPSTREAM_URL)
+            resp = await upstream.request("POST", path, content=request.body, headers=headers)
+    except upstream.UpstreamFault as f:
+        await _fault_event(f.status, f.kind, f.message, endpoint, ident, key)
+        raise ProxyError(f.status, f.message, code=f.kind) from None
+    if resp.status_code >= 400:
+        await _fault_event(resp.status_code, "http_error", upstream.scrub(resp.text[:2000]), endpoint, ident, key)
+        return _passthrough_error(resp.status_code, resp.content)
+    try:
+        answer = orjson.loads(resp.content)
+    except orjson.JSONDecodeError:
+        answer = None
+    if not isinstance(answer, dict):
+        msg = "the upstream answered with a body that is not a JSON object"
+        await _fault_event(502, "invalid_answer", msg, endpoint, ident, key)
+        raise ProxyError(502, msg, code="invalid_answer")
+    outcome = await _record(endpoint, ident, key, body, answer)
+    if wants_ids:
+        out = resp.content
+    else:
+        strip_vendor_fields(answer)
+        out = orjson.dumps(answer)
+    response = HttpResponse(out, status=resp.status_code, content_type="application/json")
+    if outcome.steps:
+        response["X-Claw-Steps"] = ",".join(s.uid for s in outcome.steps)
+    return response
+
+
+async def _record(endpoint: str, ident: Identity, key: VerifiedKey, body: dict[str, Any], answer: dict[str, Any]) -> Outcome:
+    """Commit the call's steps; a database failure is answered 503 (the agent may retry),
+    a Conflict (ended trajectory, other group) with its own status."""
+    try:
+        return await run_db(
+            record_answer, endpoint=endpoint, ident=ident, request=body, answer=answer, source_id=key.source_id
+        )
+    except PoolError as e:
+        await _fault_event(e.status_code, "record_rejected", e.message, endpoint, ident, key, event_type="record_failed")
+        raise
+    except DatabaseError as e:
+        log.exception("recording a proxied call failed")
+        await _fault_event(503, "database_error", type(e).__name__, endpoint, ident, key, event_type="record_failed")
+        raise ProxyError(503, "the call could not be recorded (database error); retry", code="record_failed") from None
+
+
+# --- streaming --------------------------------------------------------------------------------
+async def _stream(
+    endpoint: str, ident: Identity, key: VerifiedKey, body: dict[str, Any], path: str, content: bytes,
+    headers: dict[str, str], wants_ids: bool, original: bytes,
+) -> HttpResponseBase:
+    try:
+        resp = await upstream.open_stream(path, content=content, headers=headers)
+        if resp.status_code == 400 and not wants_ids and content != original:
+            raw = await _read_closed(resp)
+            if not _rejects_ids_field(raw):
+                return await _stream_error(resp.status_code, raw, endpoint, ident, key)
+            _ids_unsupported.add(settings.CLAW_UPSTREAM_URL)
+            resp = await upstream.open_stream(path, content=original, headers=headers)
+    except upstream.UpstreamFault as f:
+        await _fault_event(f.status, f.kind, f.message, endpoint, ident, key)
+        raise ProxyError(f.status, f.message, code=f.kind) from None
+    if resp.status_code >= 400:
+        return await _stream_error(resp.status_code, await _read_closed(resp), endpoint, ident, key)
+    if "text/event-stream" not in resp.headers.get("content-type", ""):
+        await resp.aclose()
+        msg = "the upstream did not answer the stream request with an event stream"
+        await _fault_event(502, "invalid_answer", msg, endpoint, ident, key)
+        raise ProxyError(502, msg, code="invalid_answer")
+    response = StreamingHttpResponse(
+        _relay(resp, endpoint, ident, key, body, wants_ids), content_type="text/event-stream; charset=utf-8"
+    )
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+async def _relay(
+    resp: httpx.Response, endpoint: str, ident: Identity, key: VerifiedKey, body: dict[str, Any], wants_ids: bool
+) -> AsyncIterator[bytes]:
+    """Relay the upstream's events one by one; at ``[DONE]``, record, then send ``[DONE]``.
+    A stream that breaks, errors or ends without ``[DONE]`` records an Event, not a step,
+    and ends with an OpenAI error event (the SDKs raise it)."""
+    acc = StreamAccumulator(chat=endpoint == CHAT)
+    done = False
+    try:
+        async for data in sse_data(resp.aiter_raw()):
+            if data == b"[DONE]":
+                done = True
+                break
+            try:
+                chunk = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                yield b"data: " + data + b"\n\n"
+                continue
+            if not isinstance(chunk, dict):
+                continue
+            if chunk.get("error") and not chunk.get("choices"):
+                await _fault_event(502, "stream_error", upstream.scrub(data[:2000].decode(errors="replace")),
+                                   endpoint, ident, key)
+                yield b"data: " + data + b"\n\n"
+                return
+            acc.add(chunk)
+            if not wants_ids:
+                strip_vendor_fields(chunk)
+                data = orjson.dumps(chunk)
+            yield b"data: " + data + b"\n\n"
+    except httpx.HTTPError as exc:
+        f = upstream.fault(exc)
+        await _fault_event(f.status, f.kind, f.message, endpoint, ident, key)
+        yield _error_event(f.status, f.message, f.kind)
+        return
+    finally:
+        await resp.aclose()
+    if not done:
+        msg = "the upstream stream ended without [DONE]"
+        await _fault_event(502, "stream_incomplete", msg, endpoint, ident, key)
+        yield _error_event(502, msg, "stream_incomplete")
+        return
+    try:
+        await _record(endpoint, ident, key, body, acc.answer())
+    except (PoolError, ProxyError) as e:
+        status = e.status_code if isinstance(e, PoolError) else e.status
+        yield _error_event(status, e.message, "record_failed")
+        return
+    yield b"data: [DONE]\n\n"
+
+
+async def _stream_error(status: int, raw: bytes, endpoint: str, ident: Identity, key: VerifiedKey) -> HttpResponse:
+    await _fault_event(status, "http_error", upstream.scrub(raw[:2000].decode(errors="replace")), endpoint, ident, key)
+    return _passthrough_error(status, raw)
+
+
+async def _read_closed(resp: httpx.Response) -> bytes:
+    try:
+        return await resp.aread()
+    except httpx.HTTPError:
+        return b""
+    finally:
+        await resp.aclose()
+
+
+def _error_event(status: int, message: str, code: str) -> bytes:
+    err = orjson.loads(error_response(status, message, code=code).content)
+    return b"data: " + orjson.dumps(err) + b"\n\n"
+
+
+# --- shared -----------------------------------------------------------------------------------
+def strip_vendor_fields(answer: dict[str, Any]) -> None:
+    """Remove vLLM's token-id fields (in place) from an answer or a stream chunk."""
+    answer.pop("prompt_token_ids", None)
+    for choice in answer.get("choices") or ():
+        if isinstance(choice, dict):
+            choice.pop("prompt_token_ids", None)
+            choice.pop("token_ids", None)
+
+
+def _rejects_ids_field(raw: bytes) -> bool:
+    return b"return_token_ids" in raw
+
+
+def _passthrough_error(status: int, raw: bytes) -> HttpResponse:
+    """An upstream error answer: its JSON body as is (scrubbed of the upstream key), or a
+    non-JSON body wrapped in OpenAI's error shape."""
+    text = upstream.scrub(raw.decode(errors="replace"))
+    try:
+        parsed = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if isinstance(parsed, dict):
+        return HttpResponse(text.encode(), status=status, content_type="application/json")
+    return error_response(status, f"the upstream answered {status}: {text[:1000]}", code="upstream_error")
+
+
+async def _fault_event(
+    status: int, kind: str, message: str, endpoint: str, ident: Identity | None, key: VerifiedKey,
+    *, event_type: str = "upstream_error",
+) -> None:
+    """Store a failed call as an Event (best effort: a database outage must not mask the
+    fault the agent is about to receive)."""
+    payload = {"status": status, "kind": kind, "endpoint": endpoint, "message": message}
+    try:
+        await run_db(
+            proxy_event_record, type=event_type, payload=payload,
+            trajectory_uid=ident.trajectory_uid if ident else None, source_id=key.source_id,
+        )
+    except Exception:  # noqa: BLE001 - see docstring
+        log.exception("could not record a gateway event (%s %s)", event_type, kind)

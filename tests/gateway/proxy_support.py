@@ -1,0 +1,105 @@
+"""Helpers for the OpenAI gateway tests (tests/gateway/test_proxy_*.py, test_compat_claw_r1.py):
+reading back what a live server stored, asking the demo upstream directly for the ids it
+produces, and building a small local Hugging Face tokenizer (no downloads)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.live import ROOT, LiveServer
+
+LEAN_APP = "gateway.proxy.asgi:application"
+
+# The demo upstream's answer is a pure function of (prompt ids, seed, choice index,
+# max_tokens), so asking it directly with return_token_ids gives the exact ids it produced
+# for the same request through the gateway.
+
+
+def upstream_ids(upstream: str, body: dict[str, Any], *, endpoint: str = "chat/completions") -> dict[str, Any]:
+    """The demo upstream's answer to ``body`` with its token ids (called directly)."""
+    r = httpx.post(f"{upstream}/{endpoint}", json={**body, "return_token_ids": True, "stream": False}, timeout=30)
+    r.raise_for_status()
+    return r.json()
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def steps_of(server: LiveServer, key: str, trajectory_uid: str) -> list[dict[str, Any]]:
+    """The stored steps of a trajectory, in step order (read through the REST API)."""
+    r = httpx.get(f"{server.url}/api/v1/steps", params={"trajectory_uid": trajectory_uid}, headers=auth(key), timeout=30)
+    r.raise_for_status()
+    return sorted(r.json()["results"], key=lambda s: s["step_index"])
+
+
+def events_of(server: LiveServer, key: str, type: str, trajectory_uid: str | None = None) -> list[dict[str, Any]]:
+    """Stored events of ``type`` (newest first); with a trajectory uid, only those whose
+    payload names it (events of trajectories that do not exist are not linked)."""
+    r = httpx.get(f"{server.url}/api/v1/events", params={"type": type}, headers=auth(key), timeout=30)
+    r.raise_for_status()
+    events = r.json()["results"]
+    if trajectory_uid is not None:
+        events = [e for e in events if e["payload"].get("trajectory_uid") == trajectory_uid]
+    return events
+
+
+def trajectory_of(server: LiveServer, key: str, uid: str) -> httpx.Response:
+    return httpx.get(f"{server.url}/api/v1/trajectories/{uid}", headers=auth(key), timeout=30)
+
+
+CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>tools\n{{ tools | tojson }}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] %}{{ m['content'] }}{% endif %}"
+    "{% if m['tool_calls'] %}{{ m['tool_calls'] | tojson }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_tokenizer(directory: Path) -> Path:
+    """Save a tiny byte-level BPE tokenizer (every byte a token, no merges) with a ChatML-like
+    chat template to ``directory``: what CLAW_TOKENIZER points at."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<|im_start|>": 0, "<|im_end|>": 1}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", additional_special_tokens=["<|im_start|>"],
+        chat_template=CHAT_TEMPLATE,
+    )
+    fast.save_pretrained(str(directory))
+    return directory
+
+
+def start_gateway(server: LiveServer, app: str = LEAN_APP) -> LiveServer:
+    """Like ``server.start()`` (fresh database, migrated) but serving ``app``: by default the
+    project's ASGI app with the gateway paths on the lean handler (gateway/proxy/asgi.py).
+    ``server.close()`` stops it and drops the database."""
+    server.manage("migrate", "--noinput", "-v", "0")
+    log = open(server.log_path, "ab")  # noqa: SIM115 - owned by the process
+    server.proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(server.port),
+         "--log-level", "warning", "--lifespan", "off", "--no-access-log"],
+        cwd=ROOT, env=server.env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"gateway exited early:\n{server.log_path.read_text()}")
+        try:
+            if httpx.get(f"{server.url}/healthz", timeout=1).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise RuntimeError("the gateway did not become healthy")

@@ -1,0 +1,158 @@
+"""pool.services.proxy, in process on the test database: step indexes, drift against the
+previous call (from the in-process cache or from the pool), the one-statement fast path and
+its fallback, and the Claw-R1 trajectory services."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pool.errors import Conflict, InvalidInput
+from pool.models import Event, Step, Trajectory
+from pool.services import proxy as svc
+from pool.services import steps_ingest
+from pool.services.proxy import ProxiedCall, ProxiedChoice, proxy_step_record
+from pool.services.steps import StepIn
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    svc._recent.clear()
+    yield
+    svc._recent.clear()
+
+
+def ids(*values: int) -> np.ndarray:
+    return np.array(values, dtype=np.int32)
+
+
+def call(traj: str, prompt: list[int], *responses: list[int], new: bool = False, **kw) -> ProxiedCall:
+    return ProxiedCall(
+        trajectory_uid=traj, token_source=Step.TokenSource.UPSTREAM, new_trajectory=new,
+        choices=[ProxiedChoice(prompt_ids=ids(*prompt), response_ids=ids(*r)) for r in responses], **kw,
+    )
+
+
+def full(uid: str) -> list[int]:
+    from pool import tokens
+
+    s = Step.objects.get(uid=uid)
+    return tokens.bytes_to_ids(tokens.load_sequences([s.id])[s.id]).tolist()
+
+
+PROMPT = list(range(10, 40))  # 30 tokens: enough to be stored as a delta (MIN_SHARED_TOKENS)
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_drift_is_measured_against_the_previous_call(django_capture_on_commit_callbacks, cached):
+    # given: a first call, remembered in the process cache or not
+    with django_capture_on_commit_callbacks(execute=cached):
+        proxy_step_record(call=call("t", PROMPT, [1, 2, 3], new=True))
+
+    # when: a second call that extends it and a third that rewrites position 5
+    with django_capture_on_commit_callbacks(execute=cached):
+        ok = proxy_step_record(call=call("t", [*PROMPT, 1, 2, 3, 7, 7], [4]))
+    edited = [*PROMPT, 1, 2, 3, 7, 7, 4, 9]
+    edited[5] = 0
+    bad = proxy_step_record(call=call("t", edited, [5]))
+
+    # then
+    assert [(r.step_index, r.drift, r.drift_offset) for r in ok + bad] == [(1, False, None), (2, True, 5)]
+    s2 = Step.objects.get(uid="t:2")
+    assert (s2.drift, s2.drift_offset) == (True, 5)
+    assert full("t:2") == [*edited, 5]  # stored as sent, not repaired
+
+
+def test_after_n_choices_the_next_call_may_extend_any_of_them():
+    # given: a call with 3 choices (recorded, cache cleared: the pool is read)
+    proxy_step_record(call=call("n", PROMPT, [1], [2, 2], [3, 3, 3], new=True))
+    svc._recent.clear()
+
+    # when: the next call continues choice 2
+    [nxt] = proxy_step_record(call=call("n", [*PROMPT, 3, 3, 3, 8], [9]))
+
+    # then: indexes 0..2 are the choices, 3 the continuation, without drift
+    assert [s.step_index for s in Step.objects.filter(trajectory__uid="n").order_by("step_index")] == [0, 1, 2, 3]
+    assert [Step.objects.get(uid=f"n:{i}").metadata["choice_index"] for i in range(3)] == [0, 1, 2]
+    assert (nxt.step_index, nxt.drift) == (3, False)
+
+
+def test_a_stale_cache_entry_falls_back_to_the_general_path(django_capture_on_commit_callbacks):
+    # given: a proxied call the process remembers, then a white-box step written around it
+    with django_capture_on_commit_callbacks(execute=True):
+        proxy_step_record(call=call("mixed", PROMPT, [1], new=True))
+    steps_ingest(steps=[StepIn(uid="mixed:1", trajectory_uid="mixed", step_index=1,
+                               prompt_ids=ids(*PROMPT, 1, 6), response_ids=ids(2))])
+
+    # when: the next proxied call (the cache still believes index 1 is next)
+    [rec] = proxy_step_record(call=call("mixed", [*PROMPT, 1, 6, 2, 5], [3]))
+
+    # then: it takes index 2 and is checked against the white-box step
+    assert (rec.step_index, rec.drift) == (2, False)
+    assert Trajectory.objects.get(uid="mixed").step_count == 3
+    assert full("mixed:2") == [*PROMPT, 1, 6, 2, 5, 3]
+
+
+def test_the_fast_path_stores_deltas_exactly_like_steps_ingest(django_capture_on_commit_callbacks):
+    # given: two turns through the proxy, the second through the cached fast path
+    with django_capture_on_commit_callbacks(execute=True):
+        proxy_step_record(call=call("delta", PROMPT, [1, 2], new=True))
+    with django_capture_on_commit_callbacks(execute=True):
+        proxy_step_record(call=call("delta", [*PROMPT, 1, 2, 3], [4]))
+
+    # then: the second step is a delta on the first and reads back exactly
+    s0, s1 = Step.objects.filter(trajectory__uid="delta").order_by("step_index")
+    assert (s1.seq_parent_id, s1.seq_shared, s1.seq_depth) == (s0.id, len(PROMPT) + 2, 1)
+    assert full("delta:1") == [*PROMPT, 1, 2, 3, 4]
+    assert Trajectory.objects.get(uid="delta").step_count == 2
+
+
+def test_policy_version_and_group_are_stamped():
+    # given / when: a call naming a group and a version, then one naming neither
+    proxy_step_record(call=call("pv", PROMPT, [1], prompt_group_uid="g", policy_version=4))
+    proxy_step_record(call=call("pv", [*PROMPT, 1], [2]))
+
+    # then: both steps carry the version; the trajectory is in the group
+    assert list(Step.objects.filter(trajectory__uid="pv").values_list("policy_version_id", flat=True)) == [4, 4]
+    assert Trajectory.objects.get(uid="pv").group.uid == "g"
+    with pytest.raises(Conflict):
+        proxy_step_record(call=call("pv", PROMPT, [1], prompt_group_uid="other"))
+
+
+def test_an_ended_trajectory_takes_no_more_calls(django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        proxy_step_record(call=call("ended", PROMPT, [1], new=True))
+    svc.proxy_trajectory_complete(uid="ended", reward=1.0)
+
+    with pytest.raises(Conflict):
+        proxy_step_record(call=call("ended", [*PROMPT, 1], [2]))
+    last = Step.objects.get(uid="ended:0")
+    assert (last.is_last, last.reward) == (True, 1.0)
+
+
+def test_oversized_calls_are_refused_not_truncated(settings):
+    settings.CLAW_MAX_TOKENS_PER_STEP = 31
+    with pytest.raises(InvalidInput):
+        proxy_step_record(call=call("big", PROMPT, [1, 2]))
+    assert not Trajectory.objects.filter(uid="big").exists()
+
+
+def test_events_link_existing_trajectories_only():
+    proxy_step_record(call=call("ev", PROMPT, [1]))
+    linked = svc.proxy_event_record(type="upstream_error", payload={"status": 502}, trajectory_uid="ev")
+    loose = svc.proxy_event_record(type="upstream_error", payload={"status": 502}, trajectory_uid="nowhere")
+    assert linked.trajectory.uid == "ev" and loose.trajectory_id is None
+    assert Event.objects.get(id=loose.id).payload == {"trajectory_uid": "nowhere", "status": 502}
+    assert not Trajectory.objects.filter(uid="nowhere").exists()
+
+
+def test_register_merges_metadata_and_sets_the_policy_version():
+    svc.proxy_trajectory_register(uid="reg", prompt_group_uid="rg", metadata={"a": 1})
+    t = svc.proxy_trajectory_register(uid="reg", channel="val", metadata={"policy_version": 9})
+    assert (t.metadata, t.channel, t.policy_version_id, t.group.uid) == ({"a": 1, "policy_version": 9}, "val", 9, "rg")
+    with pytest.raises(Conflict):
+        svc.proxy_trajectory_register(uid="reg", prompt_group_uid="another")
+    with pytest.raises(InvalidInput):
+        svc.proxy_trajectory_register(uid="reg", metadata={"policy_version": "nine"})
