@@ -28,7 +28,6 @@ class StrictSerializer(serializers.Serializer):
 
 
 INT64_MAX = 2**63 - 1
-UINT64_MAX = 2**64 - 1  # the largest integer orjson renders
 # PostgreSQL ``integer`` (PositiveIntegerField) holds at most this.
 INT32_MAX = 2**31 - 1
 
@@ -55,13 +54,18 @@ def json_problem(value: Any, path: str = "") -> tuple[str, str] | None:
     """The first value a JSON column cannot store or the renderer cannot write back, as
     (path inside ``value``, reason), or None. The parser accepts NaN/Infinity (so validators
     can name the field), PostgreSQL's jsonb rejects them and NUL characters, and orjson
-    renders integers only within 64 bits."""
+    renders integers only within 64 bits. Same rules as gateway.validation for steps."""
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, float):
-        return None if math.isfinite(value) else (path, "must be a finite number")
+        if not math.isfinite(value):
+            return (path, "must be a finite number")
+        # jsonb gives an integral float back as an integer, which must fit the renderer too
+        if abs(value) >= 2.0**63 and value == int(value):
+            return (path, "integral numbers must lie within 64 bits to be stored exactly")
+        return None
     if isinstance(value, int):
-        return None if -INT64_MAX - 1 <= value <= UINT64_MAX else (path, "integers must fit in 64 bits")
+        return None if -INT64_MAX - 1 <= value <= INT64_MAX else (path, "integers must fit in 64 bits")
     if isinstance(value, str):
         return (path, "must not contain NUL characters") if "\x00" in value else None
     if isinstance(value, dict):

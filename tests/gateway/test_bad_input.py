@@ -451,6 +451,7 @@ OTHER_CASES = [
     ("events", {"type": "x", "payload": {"a": "nul\u0000"}}, None, 400, "events[0].payload.a"),
     # (a NaN elsewhere makes the parser fall back to the stdlib, which keeps big ints exact)
     ("events", {"type": "x", "payload": {"a": RAW}}, f'{2**70}, "b": NaN', 400, "events[0].payload.a"),
+    ("events", {"type": "x", "payload": {"a": 1e20}}, None, 400, "events[0].payload.a"),  # jsonb: int on read
     ("events", {"type": "x", "occurred_at": "yesterday"}, None, 400, "events[0].occurred_at"),
     ("events", {"events": []}, None, 400, "events"),
     ("events", {"type": "x", "trajectory_uid": "nope"}, None, 404, "events[0].trajectory_uid"),
