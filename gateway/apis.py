@@ -33,7 +33,7 @@ from pool.services.groups import group_upsert
 from pool.services.merge import group_merge_ensure, merge_tree_render
 
 from . import serializers as s
-from .auth import IngestScope, ReadScope, source_id_of
+from .auth import IngestScope, PolicyWriteScope, ReadScope, source_id_of
 from .filters import EventFilter, FeedbackFilter, GroupFilter, StepFilter, TrajectoryFilter
 from .parsers import StepBatchParser
 
@@ -287,7 +287,7 @@ class PolicyVersionApi(generics.GenericAPIView):
     pagination_class = None
 
     def get_permissions(self):
-        return _methods_scope(self.request)
+        return _methods_scope(self.request, write=PolicyWriteScope)
 
     @extend_schema(request=s.PolicyVersionSerializer, responses=inline_serializer(
         "PolicyVersionOut", {"version": serializers.IntegerField(), "is_current": serializers.BooleanField()}))

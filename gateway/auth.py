@@ -122,5 +122,20 @@ class ConsumeScope(_ScopePermission):
     scope = Scope.CONSUME
 
 
+class PolicyWriteScope(_ScopePermission):
+    """Policy versions are published by trainers (consume) or by agents that sample (ingest)."""
+
+    scope = Scope.CONSUME
+
+    def has_permission(self, request, view):
+        user = request.user
+        if user is None or not getattr(user, "is_authenticated", False):
+            raise exceptions.NotAuthenticated("missing API key: send 'Authorization: Bearer <api key>'")
+        if principal_has_scope(user, Scope.CONSUME) or principal_has_scope(user, Scope.INGEST):
+            return True
+        self.message = "publishing a policy version needs the 'consume' or 'ingest' scope"
+        return False
+
+
 class AdminScope(_ScopePermission):
     scope = Scope.ADMIN

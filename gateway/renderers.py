@@ -9,7 +9,20 @@ OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_UTC_Z
 
 
 def dumps(data) -> bytes:
-    return orjson.dumps(data, option=OPTIONS, default=_default)
+    try:
+        return orjson.dumps(data, option=OPTIONS, default=_default)
+    except orjson.JSONEncodeError:
+        # orjson refuses integers beyond 64 bits; the stdlib writes any integer. (The write
+        # paths reject such values, so this only guards data stored by other means.)
+        import json
+
+        return json.dumps(data, default=_stdlib_default, separators=(",", ":")).encode()
+
+
+def _stdlib_default(obj):
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    return _default(obj)
 
 
 def _default(obj):

@@ -74,8 +74,9 @@ class LiveServer:
         return self.manage(*args).strip().splitlines()[-1]
 
     # --- process ----------------------------------------------------------------------------
-    def start(self) -> LiveServer:
-        self.manage("migrate", "--noinput", "-v", "0")
+    def start(self, *, migrate: bool = True) -> LiveServer:
+        if migrate:
+            self.manage("migrate", "--noinput", "-v", "0")
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "claw_site.asgi:application", "--host", "127.0.0.1",
@@ -110,7 +111,7 @@ class LiveServer:
 
     def restart(self, *, kill: bool = False) -> LiveServer:
         self.stop(kill=kill)
-        return self.start()
+        return self.start(migrate=False)
 
     def close(self) -> None:
         self.stop()

@@ -169,6 +169,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "ENUM_NAME_OVERRIDES": {"RewardSourceEnum": "pool.models.Step.RewardSource"},
 }
 
 # --- Claw limits and gateway ----------------------------------------------------------------------
