@@ -193,7 +193,11 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("CLAW_LOG_LEVEL", "INFO")},
-    "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
+    # Per-request client logs (the demo agents, upstream forwarding) drown the useful lines.
+    "loggers": {
+        name: {"level": "WARNING"}
+        for name in ("httpx", "httpx2", "httpcore", "openai", "celery.app.trace", "kombu.connection")
+    },
 }
 
 # --- Operator sign-in -------------------------------------------------------------------------
