@@ -81,7 +81,7 @@ class Target:
     def __init__(self, name: str, url: str, path: str, headers: dict[str, str]):
         self.name = name
         u = httpx.URL(url)
-        self.host, self.port, self.path = u.host, u.port, path
+        self.host, self.port, self.path = u.host, u.port or 80, path
         self.headers = b"".join(f"{k}: {v}\r\n".encode() for k, v in headers.items())
 
 

@@ -11,7 +11,7 @@ and do their database work on their own long-lived threads (gateway/proxy/db.py)
 ``GatewayASGIHandler`` is Django's handler (same request/response objects, URL resolver,
 views and exception-to-response conversion) with an empty middleware chain, no per-request
 thread context and no signal hops. ``with_gateway(app)`` sends the gateway paths to it and
-everything else to ``app``. Measured in bench.proxy: see the README's figures.
+everything else to ``app``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from django.urls import set_script_prefix
 ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 
 GATEWAY_PREFIXES = ("/v1/", "/t/", "/compat/claw-r1/")
+ROUTES = "gateway.proxy.routes"  # the gateway's routes only (same paths as in claw_site/urls.py)
 
 
 class GatewayASGIHandler(ASGIHandler):
@@ -35,10 +36,10 @@ class GatewayASGIHandler(ASGIHandler):
     (see the module docstring). Only for async views that need none of them."""
 
     def load_middleware(self, is_async: bool = False) -> None:
-        self._view_middleware = []
-        self._template_response_middleware = []
-        self._exception_middleware = []
-        self._middleware_chain = convert_exception_to_response(self._get_response_async)
+        self._view_middleware: list[Any] = []
+        self._template_response_middleware: list[Any] = []
+        self._exception_middleware: list[Any] = []
+        self._middleware_chain = convert_exception_to_response(self._get_response_async)  # type: ignore[attr-defined]
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -51,8 +52,10 @@ class GatewayASGIHandler(ASGIHandler):
         request, error_response = self.create_request(scope, body_file)
         if request is None:
             body_file.close()
-            await self.send_response(error_response, send)
+            if error_response is not None:
+                await self.send_response(error_response, send)
             return
+        request.urlconf = ROUTES
         # As Django does: a client that disconnects cancels the view (and a streamed relay).
         disconnect = asyncio.ensure_future(self.listen_for_disconnect(receive))
         work = asyncio.ensure_future(self._respond(request, send))
@@ -69,13 +72,14 @@ class GatewayASGIHandler(ASGIHandler):
             body_file.close()
         if not disconnect.cancelled():
             disconnect.exception()  # RequestAborted, or nothing: retrieved, not raised
-        if not work.cancelled() and work.exception() is not None:
-            raise work.exception()  # a server error: the ASGI server logs it
+        failure = None if work.cancelled() else work.exception()
+        if failure is not None:
+            raise failure  # a server error: the ASGI server logs it
 
     async def _respond(self, request: Any, send: Any) -> None:
         response = await self.run_get_response(request)
         if not response.streaming and not response.has_header("Content-Length"):
-            response.headers["Content-Length"] = str(len(response.content))  # as CommonMiddleware does
+            response.headers["Content-Length"] = str(len(response.content))  # type: ignore[attr-defined] # as CommonMiddleware does
         try:
             await self.send_response(response, send)
         except asyncio.CancelledError:

@@ -90,6 +90,12 @@ async def models(
     return HttpResponse(resp.content, status=resp.status_code, content_type="application/json")
 
 
+@csrf_exempt
+async def unknown_endpoint(request: HttpRequest, **kwargs: str) -> HttpResponseBase:
+    """Any other path under a gateway base URL (embeddings, responses...): not proxied."""
+    return error_response(404, f"the gateway does not serve {request.path}", code="unknown_endpoint")
+
+
 # --- completions ------------------------------------------------------------------------------
 async def _complete(
     request: HttpRequest, endpoint: str, path_trajectory: str | None, path_group: str | None

@@ -135,7 +135,7 @@ def _record_fast(call: ProxiedCall, source_id: int | None) -> list[RecordedStep]
     if call.new_trajectory:
         if call.prompt_group_uid:  # a group's first step: anchors are steps_ingest's business
             return None
-        start, previous = 0, []
+        start, previous = 0, list[_Prev]()
     else:
         hit = _recent.latest(call.trajectory_uid)
         if hit is None:
@@ -286,13 +286,14 @@ def _insert_fast_pg(call: ProxiedCall, start: int, rows: list[Step], source_id: 
     Parameters are bound server-side (token blobs travel as binary bytea instead of escaped
     hex text), and the statement text only depends on the call's shape, so psycopg prepares
     it after a few uses."""
+    shape: tuple[str, int, bool]
     if call.new_trajectory:
-        shape = ("new", len(rows))
+        shape = ("new", len(rows), False)
         traj = _new_trajectory(call, len(rows), source_id)
         params = [_param(f, conv, traj) for f, conv in _plan(Trajectory)]
     else:
         shape = ("claim", len(rows), bool(call.prompt_group_uid))
-        claim_sql, params = _claim_sql(call, start, len(rows))
+        _, params = _claim_sql(call, start, len(rows))
     sql = _fast_sql.get(shape)
     if sql is None:
         sql = _fast_sql[shape] = _build_fast_sql(shape)
@@ -313,7 +314,7 @@ def _build_fast_sql(shape: tuple) -> str:
     if shape[0] == "new":
         fields = [f for f, _ in _plan(Trajectory)]
         claim = (
-            f"INSERT INTO {q(Trajectory._meta.db_table)} ({', '.join(q(f.column) for f in fields)}) "
+            f"INSERT INTO {q(Trajectory._meta.db_table)} ({', '.join(q(str(f.column)) for f in fields)}) "
             f"VALUES ({', '.join(_placeholder(f) for f in fields)}) RETURNING id, policy_version_id"
         )
     else:
@@ -329,7 +330,7 @@ def _build_fast_sql(shape: tuple) -> str:
             exprs.append(_placeholder(f))
     one = f"SELECT {', '.join(exprs)} FROM t"
     return (
-        f"WITH t AS ({claim}) INSERT INTO {q(Step._meta.db_table)} ({', '.join(q(f.column) for f in fields)}) "
+        f"WITH t AS ({claim}) INSERT INTO {q(Step._meta.db_table)} ({', '.join(q(str(f.column)) for f in fields)}) "
         f"{' UNION ALL '.join([one] * shape[1])} RETURNING id, step_index"
     )
 
@@ -352,7 +353,9 @@ def _plan(model: type[models.Model]) -> list[tuple[models.Field, str]]:
 
 
 def _placeholder(f: models.Field) -> str:
-    return f"%s::{f.rel_db_type(connection) if f.is_relation else f.db_type(connection)}"
+    db_type = f.rel_db_type(connection) if f.is_relation else f.db_type(connection)
+    assert db_type is not None, f.name
+    return f"%s::{db_type}"
 
 
 def _param(f: models.Field, conv: str, obj: models.Model) -> object:
@@ -492,8 +495,8 @@ def _reserve(call: ProxiedCall, n: int, *, source_id: int | None) -> tuple[int, 
     version of the trajectory). Creates the trajectory on first sight."""
     if call.policy_version is not None:
         policy_version_ensure(version=call.policy_version)
-        version = call.policy_version
-        transaction.on_commit(lambda: _known_versions.add(version))
+        known = call.policy_version
+        transaction.on_commit(lambda: _known_versions.add(known))
     row = None if call.new_trajectory else _bump(call.trajectory_uid, n)
     if row is None:
         group_id = (

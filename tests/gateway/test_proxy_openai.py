@@ -320,3 +320,9 @@ def test_a_bad_request_body_is_answered_in_openai_shape(gw):
     assert r.status_code == 400
     assert r.json()["error"]["type"] == "invalid_request_error"
     assert r.headers["x-claw-trajectory"]
+
+
+def test_other_endpoints_are_an_openai_shaped_404(gw):
+    with pytest.raises(openai.NotFoundError) as exc:
+        gw.client().embeddings.create(model=MODEL, input="x")
+    assert exc.value.body["code"] == "unknown_endpoint"
