@@ -149,6 +149,30 @@ async def run_concurrent(target: Target, bodies: list[bytes], concurrency: int, 
     return count, time.perf_counter() - t0
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pg_commit_ms(database_url: str, n: int = 200) -> float:
+    """p50 of a one-row INSERT committed on its own, on the bench's database: the floor a
+    durable per-call commit puts under the gateway's added latency (the WAL flush)."""
+    import psycopg
+
+    with psycopg.connect(database_url.replace("postgres://", "postgresql://", 1), autocommit=True) as conn:
+        conn.execute("CREATE TABLE bench_commit (v int)")  # a logged table: temp tables skip the WAL
+        try:
+            times = []
+            for i in range(n):
+                t0 = time.perf_counter()
+                conn.execute("INSERT INTO bench_commit VALUES (%s)", [i])
+                times.append((time.perf_counter() - t0) * 1000)
+        finally:
+            conn.execute("DROP TABLE bench_commit")
+    return round(statistics.median(times), 3)
+
+
 def pct(values: list[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
@@ -207,7 +231,13 @@ def main(argv: list[str] | None = None) -> None:
         gateway = Target("gateway", server.url, "/v1/chat/completions", {"authorization": f"Bearer {key}"})
         n_c1 = args.c1_requests
         bodies = make_bodies(WARMUP * 2 + n_c1 * 2 + 4096, args.prompt_chars, seed=0)
-        result = asyncio.run(_measure(args, direct, gateway, bodies, n_c1))
+        commit_ms = pg_commit_ms(server.env["DATABASE_URL"]) if db == "postgresql" else None
+        if commit_ms is not None:
+            print(f"PostgreSQL: a one-row INSERT + COMMIT takes {commit_ms:.2f} ms (p50) here", flush=True)
+        assert server.proc is not None
+        pids = {"gateway": server.proc.pid, "upstream": upstream.pid}
+        result = asyncio.run(_measure(args, direct, gateway, bodies, n_c1, pids))
+        result["pg_commit_p50_ms"] = commit_ms
         stats = httpx.get(f"{server.url}/api/v1/stats", headers={"Authorization": f"Bearer {key}"}, timeout=60).json()
         result.update(
             app=args.app,
@@ -229,7 +259,9 @@ def main(argv: list[str] | None = None) -> None:
         tmp.cleanup()
 
 
-async def _measure(args: argparse.Namespace, direct: Target, gateway: Target, bodies: list[bytes], n_c1: int) -> dict:
+async def _measure(
+    args: argparse.Namespace, direct: Target, gateway: Target, bodies: list[bytes], n_c1: int, pids: dict[str, int]
+) -> dict:
     pos = 0
 
     def take(k: int) -> list[bytes]:
@@ -255,13 +287,17 @@ async def _measure(args: argparse.Namespace, direct: Target, gateway: Target, bo
 
     rest = bodies[pos:]
     counts = {"direct": [0, 0.0], "gateway": [0, 0.0]}
+    cpu = {"gateway": 0.0, "upstream": 0.0}
     for r in range(args.rounds):
         for t in (direct, gateway):
+            before = {name: cpu_seconds(pid) for name, pid in pids.items()}
             n, secs = await run_concurrent(t, rest, args.concurrency, args.c32_seconds / args.rounds)
             counts[t.name][0] += n
             counts[t.name][1] += secs
             if t is gateway:
                 gateway_requests += n
+                for name, pid in pids.items():
+                    cpu[name] += cpu_seconds(pid) - before[name]
             print(f"c={args.concurrency} round {r + 1}/{args.rounds} {t.name}: {n / secs:.0f} req/s", flush=True)
 
     d50, g50 = pct(lat["direct"], 0.5), pct(lat["gateway"], 0.5)
@@ -279,6 +315,9 @@ async def _measure(args: argparse.Namespace, direct: Target, gateway: Target, bo
         "c1_direct_p99_ms": round(d99, 3),
         "c1_gateway_p99_ms": round(g99, 3),
         "concurrency": args.concurrency,
+        # CPU per call through the gateway at c=32 (process CPU time / calls): where the time goes.
+        "c32_gateway_cpu_ms_per_call": round(cpu["gateway"] / counts["gateway"][0] * 1000, 3),
+        "c32_upstream_cpu_ms_per_call": round(cpu["upstream"] / counts["gateway"][0] * 1000, 3),
         "_gateway_requests": gateway_requests,
         "cpus": os.cpu_count(),
     }

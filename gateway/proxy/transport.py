@@ -35,7 +35,8 @@ class FastTransport(httpx.AsyncBaseTransport):
     def __init__(self, *, max_idle_per_host: int = 1024, verify: ssl.SSLContext | bool = True):
         self._idle: dict[tuple[str, str, int], deque[_Conn]] = {}
         self._max_idle = max_idle_per_host
-        self._ssl = verify if isinstance(verify, ssl.SSLContext) else (ssl.create_default_context() if verify else None)
+        self._verify = verify
+        self._ssl: ssl.SSLContext | None = verify if isinstance(verify, ssl.SSLContext) else None
         self._closed = False
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -83,12 +84,19 @@ class FastTransport(httpx.AsyncBaseTransport):
             if conn.usable():
                 return conn, True
         scheme, host, port = key
+        tls = None
+        if scheme == "https":
+            if self._ssl is None:  # made on first use: loading the CA store costs ~30 ms
+                self._ssl = ssl.create_default_context()
+                if not self._verify:
+                    self._ssl.check_hostname = False
+                    self._ssl.verify_mode = ssl.CERT_NONE
+            tls = self._ssl
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout):
                 _, conn = await loop.create_connection(
-                    _Conn, host, port, ssl=self._ssl if scheme == "https" else None,
-                    server_hostname=host if scheme == "https" else None,
+                    _Conn, host, port, ssl=tls, server_hostname=host if tls is not None else None,
                 )
         except TimeoutError:
             raise httpx.ConnectTimeout("timed out connecting to the upstream", request=request) from None

@@ -1,12 +1,11 @@
 """Write services for the OpenAI-compatible gateway (gateway/proxy) and the Claw-R1
 compatibility layer (gateway/compat).
 
-A proxied call becomes one step per choice, written through ``steps_ingest``:
+A proxied call becomes one step per choice:
 
-* **step_index** is reserved with one atomic ``UPDATE ... SET step_count = step_count + n
-  ... RETURNING`` on the trajectory row. The row lock it takes is held until commit, so two
-  concurrent calls of one trajectory get consecutive, distinct indexes and the second sees
-  the first's steps (its drift reference) once it proceeds.
+* **step_index** is reserved with an atomic update of the trajectory's ``step_count``, so
+  concurrent calls of one trajectory get consecutive, distinct indexes (see the two paths
+  below). Every call is a new generation: recording is not idempotent.
 * **n > 1**: the choices are alternative answers to one prompt. They take consecutive
   indexes ``k .. k+n-1`` (uids ``<trajectory>:<index>``) and carry ``metadata.choice_index``
   and ``metadata.n``. The next call's drift reference is whichever of them its prompt
@@ -16,10 +15,22 @@ A proxied call becomes one step per choice, written through ``steps_ingest``:
   and ``drift_offset`` = the first mismatching position (the longest common prefix with any
   previous choice). Nothing is repaired or truncated.
 
-The previous call's sequences come from a small in-process LRU keyed by trajectory (the
-common case: the same process served the previous call) and otherwise from the pool
-(``tokens.load_sequences``). An LRU entry is used only when it ends exactly at the reserved
-index, so it is never stale, whatever other processes do.
+Two write paths, same rows:
+
+* **fast** (the hot path: a trajectory the gateway just minted, or the next call of one whose
+  last call this process recorded): one statement claims the indexes with a conditional
+  ``UPDATE ... SET step_count = step_count + n WHERE step_count = <expected>`` (or inserts
+  the new trajectory) and inserts the steps. On PostgreSQL it is a single data-modifying
+  CTE: one round trip and one commit per call. If the claim does not match (another writer
+  got there first, the trajectory ended), nothing is written and the general path runs.
+* **general**: ``UPDATE ... RETURNING`` reserves the indexes (its row lock serialises
+  concurrent calls of one trajectory until commit, so the second sees the first's steps),
+  the previous call is looked up, and the steps go through ``steps_ingest``.
+
+The previous call's sequences come from a small in-process LRU keyed by trajectory and
+otherwise from the pool (``tokens.load_sequences``). An entry is used only when it ends
+exactly at the reserved index (checked by the claim), so it is never stale, whatever other
+processes do.
 """
 
 from __future__ import annotations
