@@ -84,7 +84,11 @@ async def request(method: str, path: str, *, content: bytes | None, headers: dic
     try:
         async with asyncio.timeout(timeout):
             resp = await transport().handle_async_request(req)
-            await resp.aread()
+            try:
+                await resp.aread()
+            except BaseException:
+                await resp.aclose()  # a half-read connection is closed, never pooled
+                raise
             return resp
     except TimeoutError:
         raise UpstreamFault(504, "timeout", f"the upstream did not answer within {timeout:g} s") from None
