@@ -61,7 +61,15 @@ class StepIn:
     drift_offset: int | None = None
     field_prefix: str = ""  # e.g. "steps[3]": how errors name this step's fields
 
-    def content_hash(self) -> bytes:
+    def full_ids(self) -> np.ndarray:
+        """prompt_ids + response_ids as one int32 array."""
+        return np.concatenate((self.prompt_ids, self.response_ids)) if len(self.response_ids) else self.prompt_ids
+
+    def content_hash(self, seq_hash: bytes | None = None) -> bytes:
+        """Fingerprint of everything submitted, for idempotency. ``seq_hash`` (the hash of
+        full_ids' bytes) may be passed when already computed: the tokens are hashed once."""
+        if seq_hash is None:
+            seq_hash = tokens.seq_hash(tokens.ids_to_bytes(self.full_ids()))
         h = hashlib.blake2b(digest_size=16)
         head = [
             self.trajectory_uid,
@@ -80,12 +88,26 @@ class StepIn:
             self.token_source,
         ]
         h.update(orjson.dumps(head, option=orjson.OPT_SORT_KEYS))
-        h.update(tokens.ids_to_bytes(self.prompt_ids))
-        h.update(tokens.ids_to_bytes(self.response_ids))
+        h.update(seq_hash)
         if self.rollout_logprobs is not None:
             h.update(b"lp")
             h.update(np.ascontiguousarray(self.rollout_logprobs, dtype=tokens.LOGPROB_DTYPE).tobytes())
         return h.digest()
+
+
+@dataclass(slots=True)
+class _Packed:
+    """What ingest derives from a step once: its full id array and the two hashes."""
+
+    full: np.ndarray
+    seq_hash: bytes
+    content_hash: bytes
+
+
+def _pack(s: StepIn) -> _Packed:
+    full = s.full_ids()
+    seq_hash = tokens.seq_hash(tokens.ids_to_bytes(full))
+    return _Packed(full=full, seq_hash=seq_hash, content_hash=s.content_hash(seq_hash))
 
 
 @dataclass(slots=True)
@@ -106,11 +128,11 @@ def steps_ingest(
     Raises InvalidInput (400) or Conflict (409) before anything is written.
     """
     _check_batch(steps)
-    hashes = [s.content_hash() for s in steps]
+    packed = [_pack(s) for s in steps]
     for attempt in range(_MAX_ATTEMPTS):
         try:
             with transaction.atomic():
-                return _ingest(steps, hashes, source_id=source_id, channel=channel)
+                return _ingest(steps, packed, source_id=source_id, channel=channel)
         except (IntegrityError, _Raced):
             if attempt == _MAX_ATTEMPTS - 1:
                 raise
@@ -140,17 +162,17 @@ def _check_batch(steps: Sequence[StepIn]) -> None:
 
 
 def _ingest(
-    steps: Sequence[StepIn], hashes: list[bytes], *, source_id: int | None, channel: str | None
+    steps: Sequence[StepIn], packed: list[_Packed], *, source_id: int | None, channel: str | None
 ) -> IngestResult:
     # 1. Idempotency: classify uids that already exist.
     existing = dict(Step.objects.filter(uid__in=[s.uid for s in steps]).values_list("uid", "content_hash"))
     duplicates: list[str] = []
-    new: list[tuple[StepIn, bytes]] = []
-    for s, h in zip(steps, hashes, strict=True):
+    new: list[tuple[StepIn, _Packed]] = []
+    for s, h in zip(steps, packed, strict=True):
         stored = existing.get(s.uid)
         if stored is None:
             new.append((s, h))
-        elif bytes(stored) == h:
+        elif bytes(stored) == h.content_hash:
             duplicates.append(s.uid)
         else:
             raise Conflict(f"step {s.uid!r} exists with different content", field=f"{s.field_prefix}.uid")
@@ -163,14 +185,17 @@ def _ingest(
     _ensure_policy_versions({s.policy_version for s in new_steps if s.policy_version is not None})
 
     # 2. Neighbours already stored: (trajectory, step_index) collisions and parent candidates.
-    traj_ids = {t.id for t in trajectories.values()}
+    # Trajectories this batch just created have none, so only older ones are queried.
+    traj_ids = {t.id for t in trajectories.values() if not t.created}
     wanted_idx = {s.step_index for s in new_steps} | {s.step_index - 1 for s in new_steps if s.step_index > 0}
-    stored_steps: dict[tuple[int, int], tuple[int, str, int]] = {
-        (tid, idx): (sid, uid, depth)
-        for sid, tid, idx, uid, depth in Step.objects.filter(
-            trajectory_id__in=traj_ids, step_index__in=wanted_idx
-        ).values_list("id", "trajectory_id", "step_index", "uid", "seq_depth")
-    }
+    stored_steps: dict[tuple[int, int], tuple[int, str, int]] = {}
+    if traj_ids:
+        stored_steps = {
+            (tid, idx): (sid, uid, depth)
+            for sid, tid, idx, uid, depth in Step.objects.filter(
+                trajectory_id__in=traj_ids, step_index__in=wanted_idx
+            ).values_list("id", "trajectory_id", "step_index", "uid", "seq_depth")
+        }
     for s in new_steps:
         taken = stored_steps.get((trajectories[s.trajectory_uid].id, s.step_index))
         if taken is not None and taken[1] == s.uid:
@@ -234,6 +259,7 @@ class _Traj:
     group_id: int | None
     status: str
     step_count: int
+    created: bool = False  # inserted by this batch
 
 
 _TRAJ_COLS = ("id", "uid", "group_id", "status", "step_count")
@@ -301,7 +327,7 @@ def _insert_trajectories(
     )
     with connection.cursor() as cur:
         cur.execute(sql, params)
-        return {r[1]: _Traj(*r) for r in cur.fetchall()}
+        return {r[1]: _Traj(*r, created=True) for r in cur.fetchall()}
 
 
 def _ensure_policy_versions(versions: set[int]) -> None:
@@ -313,7 +339,7 @@ def _ensure_policy_versions(versions: set[int]) -> None:
 
 
 def _insert_in_waves(
-    new: list[tuple[StepIn, bytes]],
+    new: list[tuple[StepIn, _Packed]],
     trajectories: dict[str, _Traj],
     groups: dict[str, PromptGroup],
     stored_steps: dict[tuple[int, int], tuple[int, str, int]],
@@ -329,10 +355,7 @@ def _insert_in_waves(
     In-batch parents make a later wave; a batch of independent steps is one insert.
     """
     order = sorted(range(len(new)), key=lambda i: (new[i][0].trajectory_uid, new[i][0].step_index))
-    full_of: dict[int, np.ndarray] = {}
-    for i in order:
-        s = new[i][0]
-        full_of[i] = np.concatenate((s.prompt_ids, s.response_ids)) if len(s.response_ids) else s.prompt_ids
+    full_of: dict[int, np.ndarray] = {i: new[i][1].full for i in order}
     batch_pos = {(new[i][0].trajectory_uid, new[i][0].step_index): i for i in order}
     # The first step-0 of a group inside this batch serves as anchor for later ones when the
     # group has no stored anchor yet.
@@ -391,7 +414,6 @@ def _insert_in_waves(
                 else:
                     parent_id, parent_full, parent_depth = p[1], stored_full[p[1]], depth_of.get(p[1], 0)
             enc = tokens.encode_against(full_of[i], parent_full, parent_depth)
-            full_bytes = tokens.ids_to_bytes(full_of[i])
             obj = new_instance(
                 Step,
                 dict(
@@ -404,13 +426,13 @@ def _insert_in_waves(
                     seq_len=len(full_of[i]),
                     prompt_len=len(s.prompt_ids),
                     seq_depth=enc.depth,
-                    seq_hash=tokens.seq_hash(full_bytes),
+                    seq_hash=h.seq_hash,
                     rollout_logprobs=(
                         np.ascontiguousarray(s.rollout_logprobs, dtype=tokens.LOGPROB_DTYPE).tobytes()
                         if s.rollout_logprobs is not None
                         else None
                     ),
-                    content_hash=h,
+                    content_hash=h.content_hash,
                     reward=s.reward,
                     reward_status=Step.RewardStatus.FINAL if s.reward is not None else Step.RewardStatus.PENDING,
                     reward_source=(s.reward_source or Step.RewardSource.ENV) if s.reward is not None else None,

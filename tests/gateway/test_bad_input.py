@@ -530,6 +530,8 @@ def test_bad_input_on_other_endpoints(agent, seeded, endpoint, obj, raw, status,
      ("groups", {"uid": "g-new"})],
 )
 def test_other_writes_need_the_ingest_scope(seeded, scope, endpoint, obj):
+    if endpoint == "policy-versions" and scope == Scope.CONSUME:
+        pytest.skip("trainers (consume) publish policy versions: covered by the scopes matrix")
     # given a key without the ingest scope
     client = client_for(api_key_create(name=f"k-{scope}", scopes=[scope])[1])
     before = pool_counts()
