@@ -13,7 +13,6 @@ Token ids, in order of preference:
 
 from __future__ import annotations
 
-import math
 from array import array
 from dataclasses import dataclass, field
 from typing import Any
@@ -182,7 +181,7 @@ def _logprobs(raw: dict[str, Any], chat: bool, n_tokens: int) -> np.ndarray | No
         arr = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError):
         return None
-    return arr if all(math.isfinite(v) for v in arr.tolist()) else None
+    return arr if bool(np.isfinite(arr).all()) else None
 
 
 def _reply_text(raw: dict[str, Any], chat: bool) -> str | None:
