@@ -1,0 +1,57 @@
+"""With REDIS_URL set (CI's second run), follow-up work really crosses Redis to a real Celery
+worker process: a prompt group completed over HTTP is merged by the worker, not inline."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import httpx
+import pytest
+
+from tests.live import ROOT, live_server
+
+pytestmark = [
+    pytest.mark.live,
+    pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="needs REDIS_URL (a real broker)"),
+]
+
+
+def test_group_completion_is_merged_by_a_real_worker(tmp_path):
+    queue = f"claw-test-{uuid.uuid4().hex[:8]}"  # private queue: no other run's worker takes it
+    with live_server(tmp_path, {"CLAW_CELERY_QUEUE": queue}) as server:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "claw_site", "worker", "-Q", queue, "--pool", "solo",
+             "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat"],
+            cwd=ROOT, env=server.env, stdout=open(tmp_path / "worker.log", "wb"), stderr=subprocess.STDOUT,
+        )
+        try:
+            key = server.make_key("ingest", "read")
+            h = {"Authorization": f"Bearer {key}"}
+            with httpx.Client(base_url=server.url, headers=h, timeout=30) as c:
+                # given a group that expects two rollouts sharing a prompt
+                c.post("/api/v1/groups", json={"uid": "wg", "expected_rollouts": 2}).raise_for_status()
+                prompt = list(range(100, 164))
+                steps = [
+                    {"trajectory_uid": f"wt{r}", "prompt_group_uid": "wg", "step_index": 0, "prompt_ids": prompt,
+                     "response_ids": [r + 1, r + 2], "is_last": True}
+                    for r in range(2)
+                ]
+                # when both rollouts end (the group completes and its merge is enqueued on commit)
+                c.post("/api/v1/steps", json={"steps": steps}).raise_for_status()
+                # then the worker, not the web process, stores the merge: the stats show it
+                deadline = time.monotonic() + 60
+                merge = {}
+                while time.monotonic() < deadline:
+                    merge = c.get("/api/v1/stats").json()["merge"]
+                    if merge["total_tokens"]:
+                        break
+                    time.sleep(0.3)
+            assert merge == {"total_tokens": 2 * 66, "unique_tokens": 64 + 2 * 2}, (tmp_path / "worker.log").read_text()
+            assert "pool.group_merge" in (tmp_path / "worker.log").read_text()
+        finally:
+            worker.terminate()
+            worker.wait(timeout=30)
