@@ -295,8 +295,11 @@ def _insert_fast_pg(call: ProxiedCall, start: int, rows: list[Step], source_id: 
     (a data-modifying CTE): a recorded call costs one round trip and one commit.
 
     Parameters are bound server-side (token blobs travel as binary bytea instead of escaped
-    hex text), and the statement text only depends on the call's shape, so psycopg prepares
-    it after a few uses."""
+    hex text), and the statement text only depends on the call's shape, so it is prepared
+    once per connection: planning this CTE costs 0.3-0.5 ms per call otherwise (measured).
+    Django leaves automatic preparation off for the sake of transaction-mode poolers; set
+    CLAW_PROXY_PREPARED_STATEMENTS = False behind one that cannot keep prepared statements
+    (pgbouncer before 1.21)."""
     shape: tuple[str, int, bool]
     if call.new_trajectory:
         shape = ("new", len(rows), False)
@@ -311,8 +314,9 @@ def _insert_fast_pg(call: ProxiedCall, start: int, rows: list[Step], source_id: 
     for row in rows:
         params.extend(_param(f, conv, row) for f, conv in _plan(Step) if f.attname != "trajectory_id")
     connection.ensure_connection()
+    prepare = True if getattr(settings, "CLAW_PROXY_PREPARED_STATEMENTS", True) else None
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cur:
-        cur.execute(sql, params)
+        cur.execute(sql, params, prepare=prepare)
         got = {index: sid for sid, index in cur.fetchall()}
     return got or None
 
