@@ -1,5 +1,6 @@
-"""ASGI entry point: HTTP through Django (static files served in-process, no CDN), websockets
-through Channels."""
+"""ASGI entry point: HTTP through Django (static files served in-process, no CDN; gateway
+paths through a lean handler), websockets through Channels; every body within
+CLAW_MAX_BODY_BYTES."""
 
 import os
 
@@ -16,10 +17,14 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 
 from curation.routing import websocket_urlpatterns  # noqa: E402
 from gateway.body_limit import BodyLimitMiddleware  # noqa: E402
+from gateway.proxy.asgi import with_gateway  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": BodyLimitMiddleware(ASGIStaticFilesHandler(django_asgi_app)),
+        # The OpenAI-compatible gateway paths (/v1/, /t/, /compat/claw-r1/) skip Django's
+        # middleware chain (see gateway/proxy/asgi.py); everything else is plain Django.
+        "http": BodyLimitMiddleware(with_gateway(ASGIStaticFilesHandler(django_asgi_app))),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+application.routes_gateway = True  # type: ignore[attr-defined]  # already routed: see gateway.proxy.asgi

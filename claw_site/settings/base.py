@@ -185,6 +185,11 @@ CLAW_UPSTREAM_URL = os.environ.get("CLAW_UPSTREAM_URL", "")
 CLAW_UPSTREAM_API_KEY = os.environ.get("CLAW_UPSTREAM_API_KEY", "")
 CLAW_UPSTREAM_TIMEOUT = env_float("CLAW_UPSTREAM_TIMEOUT", 600.0)
 CLAW_TOKENIZER = os.environ.get("CLAW_TOKENIZER", "")
+# Database threads per process for the async gateway (0 = 8 on PostgreSQL, 1 on SQLite).
+CLAW_PROXY_DB_THREADS = env_int("CLAW_PROXY_DB_THREADS", 0)
+# The proxy's one-statement write is prepared per connection; turn off behind a
+# transaction-mode pooler that cannot keep prepared statements (pgbouncer < 1.21).
+CLAW_PROXY_PREPARED_STATEMENTS = env_bool("CLAW_PROXY_PREPARED_STATEMENTS", True)
 CLAW_DEMO = env_bool("CLAW_DEMO", True)
 
 # --- Logging --------------------------------------------------------------------------------
