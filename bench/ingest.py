@@ -9,6 +9,8 @@ database named by DATABASE_URL (a fresh database is created for the run), or SQL
 is unset. The baseline copies the same rows with raw psycopg binary COPY into a plain table
 (bytea columns uncompressed, like the pool's) in the same server, once as a single COPY (the
 reported `copy_steps_per_s` and `ratio`) and once committing per 100 rows like the API does.
+Each round also submits the same steps as MessagePack with packed int32 arrays
+(``claw_client.encode_step_batch``), reported as ``ratio_msgpack``; ``ratio`` is JSON.
 Rounds alternate API and COPY so both see the same machine load; figures are medians.
 Prints progress, then one JSON line.
 """
@@ -31,6 +33,7 @@ import httpx
 import numpy as np
 import orjson
 
+from claw_client import MSGPACK, encode_step_batch
 from tests.live import LiveServer, _with_db
 
 BATCH = 100
@@ -76,14 +79,19 @@ class ApiRunner:
     def close(self) -> None:
         self.server.close()
 
-    def run(self, steps: list[dict], *, clients: int) -> float:
-        bodies = [orjson.dumps({"steps": steps[i : i + BATCH]}) for i in range(0, len(steps), BATCH)]
+    def run(self, steps: list[dict], *, clients: int, encoding: str = "json") -> float:
+        if encoding == "json":
+            bodies = [orjson.dumps({"steps": steps[i : i + BATCH]}) for i in range(0, len(steps), BATCH)]
+            headers = self.headers
+        else:  # MessagePack with packed int32/float64 arrays (claw_client.encode_step_batch)
+            bodies = [encode_step_batch(steps[i : i + BATCH]) for i in range(0, len(steps), BATCH)]
+            headers = dict(self.headers, **{"Content-Type": MSGPACK})
         queue = list(reversed(bodies))
         lock = threading.Lock()
         errors: list[str] = []
 
         def worker() -> None:
-            with httpx.Client(base_url=self.server.url, headers=self.headers, timeout=120) as c:
+            with httpx.Client(base_url=self.server.url, headers=headers, timeout=120) as c:
                 while True:
                     with lock:
                         if not queue:
@@ -204,7 +212,7 @@ def main() -> None:
     print(f"W-ingest: {args.steps} steps x {PROMPT + RESPONSE} tokens per round, batches of {BATCH}, "
           f"{args.rounds} rounds alternating API and COPY", file=sys.stderr)
     url = os.environ.get("DATABASE_URL")
-    api_rates, copy_rates, batched_rates = [], [], []
+    api_rates, packed_rates, copy_rates, batched_rates = [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         api = ApiRunner(Path(tmp), workers=args.workers)
         copy = PgCopy(url) if url else SqliteCopy(Path(tmp))
@@ -213,15 +221,17 @@ def main() -> None:
                 steps = w_ingest(args.steps, seed=r, prefix=f"r{r}")
                 rows = rows_of(steps)
                 api_rates.append(api.run(steps, clients=args.clients))
+                packed = [dict(s, uid=f"p{s['uid']}", trajectory_uid=f"p{s['trajectory_uid']}") for s in steps]
+                packed_rates.append(api.run(packed, clients=args.clients, encoding="msgpack"))
                 copy_rates.append(copy.run(rows, batched=False))
                 batched_rates.append(copy.run(rows, batched=True))
-                print(f"  round {r}: api {api_rates[-1]:,.0f} steps/s, copy {copy_rates[-1]:,.0f} steps/s "
-                      f"(per-100 commits {batched_rates[-1]:,.0f})", file=sys.stderr)
+                print(f"  round {r}: api json {api_rates[-1]:,.0f} steps/s, api msgpack {packed_rates[-1]:,.0f} steps/s, "
+                      f"copy {copy_rates[-1]:,.0f} steps/s (per-100 commits {batched_rates[-1]:,.0f})", file=sys.stderr)
         finally:
             api.close()
             copy.close()
     ratios = [a / c for a, c in zip(api_rates, copy_rates, strict=True)]
-    api_sps, copy_sps = statistics.median(api_rates), statistics.median(copy_rates)
+    packed_ratios = [a / c for a, c in zip(packed_rates, copy_rates, strict=True)]
     print(
         json.dumps(
             {
@@ -231,11 +241,13 @@ def main() -> None:
                 "rounds": args.rounds,
                 "clients": args.clients,
                 "server_workers": args.workers,
-                "api_steps_per_s": round(api_sps, 1),
-                "copy_steps_per_s": round(copy_sps, 1),
-                "copy_batched_steps_per_s": round(statistics.median(batched_rates), 1),
+                "api_steps_per_s": round(statistics.median(api_rates), 1),
+                "copy_steps_per_s": round(statistics.median(copy_rates), 1),
                 "ratio": round(statistics.median(ratios), 3),
                 "ratio_per_round": [round(x, 3) for x in ratios],
+                "api_msgpack_steps_per_s": round(statistics.median(packed_rates), 1),
+                "ratio_msgpack": round(statistics.median(packed_ratios), 3),
+                "copy_batched_steps_per_s": round(statistics.median(batched_rates), 1),
             }
         )
     )

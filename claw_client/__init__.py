@@ -11,17 +11,25 @@ Tree attention and logprobs (torch, imported when first used)::
     block_mask = tree_block_mask(tree)        # FlexAttention BlockMask, O(U) + O((U/B)^2)
     logits = model(input_ids=..., position_ids=..., attention_mask=mask).logits[0]
     per_step = response_logprobs(logits, tree) # list of (response_len,) tensors
+
+Compact step submission (msgspec)::
+
+    body = encode_step_batch(steps)   # MessagePack, token arrays as packed int32
+    httpx.post(url + "/api/v1/steps", content=body, headers={"Content-Type": MSGPACK, ...})
 """
 
 from .attention import tree_attention_mask, tree_block_mask, tree_block_tables, tree_mask_mod
 from .logprobs import response_logprobs, token_logprobs
 from .prefix_tree import TOKEN_DTYPE, PrefixTree, PrefixTreeStats, build_prefix_tree
+from .wire import MSGPACK, encode_step_batch
 
 __all__ = [
+    "MSGPACK",
     "TOKEN_DTYPE",
     "PrefixTree",
     "PrefixTreeStats",
     "build_prefix_tree",
+    "encode_step_batch",
     "response_logprobs",
     "token_logprobs",
     "tree_attention_mask",

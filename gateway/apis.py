@@ -35,7 +35,7 @@ from pool.services.merge import group_merge_ensure, merge_tree_render
 from . import serializers as s
 from .auth import IngestScope, PolicyWriteScope, ReadScope, source_id_of
 from .filters import EventFilter, FeedbackFilter, GroupFilter, StepFilter, TrajectoryFilter
-from .parsers import StepBatchParser
+from .parsers import StepBatchMsgpackParser, StepBatchParser
 
 
 def _methods_scope(request, write=IngestScope, read=ReadScope):
@@ -52,7 +52,7 @@ def _one_or_many(data, key: str):
 # --- steps ----------------------------------------------------------------------------------
 class StepListCreateApi(generics.GenericAPIView):
     filterset_class = StepFilter
-    parser_classes = [StepBatchParser]
+    parser_classes = [StepBatchParser, StepBatchMsgpackParser]
     queryset = Step.objects.with_context().defer("seq_delta", "content_hash")
 
     def get_permissions(self):

@@ -71,3 +71,21 @@ class StepBatchParser(FastJSONParser):
             except ValueError:
                 length = None
         return parse_step_batch_json(read_limited(stream, length))
+
+
+class StepBatchMsgpackParser(StepBatchParser):
+    """application/msgpack -> list[StepIn]; token arrays may be packed int32 bins."""
+
+    media_type = "application/msgpack"
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        from .validation import parse_step_batch_msgpack
+
+        request = (parser_context or {}).get("request")
+        length = None
+        if request is not None:
+            try:
+                length = int(request.META.get("CONTENT_LENGTH") or 0) or None
+            except ValueError:
+                length = None
+        return parse_step_batch_msgpack(read_limited(stream, length))

@@ -64,8 +64,36 @@ class StepBatchWire(msgspec.Struct, forbid_unknown_fields=True):
     steps: Annotated[list[StepWire], msgspec.Meta(min_length=1)]
 
 
+class PackedStepWire(msgspec.Struct, forbid_unknown_fields=True):
+    """The same step in MessagePack (``Content-Type: application/msgpack``). Token ids may
+    also be a bin of little-endian int32 and logprobs a bin of little-endian float64: the
+    arrays then cross the wire and the parser as raw buffers, never as per-id objects."""
+
+    trajectory_uid: Uid
+    step_index: Index
+    prompt_ids: list[TokenId] | bytes
+    response_ids: list[TokenId] | bytes
+    uid: Uid | None = None
+    prompt_group_uid: Uid | None = None
+    rollout_logprobs: list[float] | bytes | None = None
+    reward: float | None = None
+    reward_source: Literal["env", "rule", "model", "human"] | None = None
+    policy_version: Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)] | None = None
+    is_last: bool = False
+    finish_reason: Annotated[str, msgspec.Meta(max_length=32)] | None = None
+    messages: list[dict[str, Any]] | None = None
+    response_text: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class PackedStepBatchWire(msgspec.Struct, forbid_unknown_fields=True):
+    steps: Annotated[list[PackedStepWire], msgspec.Meta(min_length=1)]
+
+
 STEP_FIELDS = frozenset(StepWire.__struct_fields__)
+assert STEP_FIELDS == frozenset(PackedStepWire.__struct_fields__)
 _decoder = msgspec.json.Decoder(StepBatchWire)
+_msgpack_decoder = msgspec.msgpack.Decoder(PackedStepBatchWire)
 
 
 def parse_step_batch_json(raw: bytes) -> list[StepIn]:
@@ -93,6 +121,19 @@ def _require_json(raw: bytes) -> Any:
         raise ParseError(f"malformed JSON: {exc}") from None
 
 
+def parse_step_batch_msgpack(raw: bytes) -> list[StepIn]:
+    """Decode and validate a MessagePack body ``{"steps": [...]}`` (see PackedStepWire)."""
+    if not raw:
+        raise InvalidInput("empty body; expected {\"steps\": [...]}", field="steps")
+    try:
+        batch = _msgpack_decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise _invalid(exc) from None
+    except msgspec.DecodeError as exc:
+        raise ParseError(f"malformed MessagePack: {exc}") from None
+    return _to_steps(batch)
+
+
 def parse_step_batch(body: Any) -> list[StepIn]:
     """Validate an already-parsed body (used by the Claw-R1 compatibility layer)."""
     try:
@@ -103,16 +144,16 @@ def parse_step_batch(body: Any) -> list[StepIn]:
 
 
 # --- conversion and the rules a schema cannot state ---------------------------------------------
-def _to_steps(batch: StepBatchWire) -> list[StepIn]:
+def _to_steps(batch: StepBatchWire | PackedStepBatchWire) -> list[StepIn]:
     limit = settings.CLAW_MAX_STEPS_PER_BATCH
     if len(batch.steps) > limit:
         raise InvalidInput(f"a batch holds at most {limit} steps; got {len(batch.steps)}", field="steps")
     return [_to_step(s, f"steps[{i}]") for i, s in enumerate(batch.steps)]
 
 
-def _to_step(w: StepWire, where: str) -> StepIn:
-    prompt = _ids(w.prompt_ids)
-    response = _ids(w.response_ids)
+def _to_step(w: StepWire | PackedStepWire, where: str) -> StepIn:
+    prompt = _ids(w.prompt_ids, f"{where}.prompt_ids")
+    response = _ids(w.response_ids, f"{where}.response_ids")
     if len(prompt) == 0:
         raise InvalidInput("prompt_ids must not be empty", field=f"{where}.prompt_ids")
     max_tokens = settings.CLAW_MAX_TOKENS_PER_STEP
@@ -122,9 +163,15 @@ def _to_step(w: StepWire, where: str) -> StepIn:
             f"prompt_ids + response_ids hold {len(prompt) + len(response)} tokens; the limit is {max_tokens}",
             field=f"{where}.{field}",
         )
-    logprobs = None
-    if w.rollout_logprobs is not None:
+    logprobs: np.ndarray | None = None
+    if isinstance(w.rollout_logprobs, bytes):
+        if len(w.rollout_logprobs) % 8:
+            raise InvalidInput("packed logprobs must be little-endian float64 (8 bytes each)",
+                               field=f"{where}.rollout_logprobs")
+        logprobs = np.frombuffer(w.rollout_logprobs, dtype="<f8")
+    elif w.rollout_logprobs is not None:
         logprobs = np.frombuffer(array("d", w.rollout_logprobs), dtype=np.float64) if w.rollout_logprobs else np.zeros(0)
+    if logprobs is not None:
         if len(logprobs) != len(response):
             raise InvalidInput(
                 f"rollout_logprobs has {len(logprobs)} values but response_ids has {len(response)} tokens",
@@ -163,7 +210,15 @@ def _to_step(w: StepWire, where: str) -> StepIn:
     )
 
 
-def _ids(values: list[int]) -> np.ndarray:
+def _ids(values: list[int] | bytes, where: str) -> np.ndarray:
+    if isinstance(values, bytes):  # packed little-endian int32 (MessagePack bodies)
+        if len(values) % 4:
+            raise InvalidInput("packed token ids must be little-endian int32 (4 bytes each)", field=where)
+        arr = np.frombuffer(values, dtype=tokens.TOKEN_DTYPE)
+        if len(arr) and int(arr.min()) < 0:
+            i = int(np.flatnonzero(arr < 0)[0])
+            raise InvalidInput("token ids must be in [0, 2**31)", field=f"{where}[{i}]")
+        return arr
     # Ranges are already checked by the decoder; array('I') is the fastest C conversion.
     return np.frombuffer(array("I", values), dtype=np.int32) if values else tokens.EMPTY_IDS
 
