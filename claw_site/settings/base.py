@@ -92,7 +92,16 @@ USE_TZ = True
 # --- Database -------------------------------------------------------------------------------
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
 if DATABASE_URL:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=600, conn_health_checks=True)}
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+    if DATABASES["default"]["ENGINE"].endswith("postgresql") and env_bool("CLAW_DB_POOL", True):
+        # Under ASGI each sync view runs on a fresh thread, so per-thread persistent
+        # connections are never reused: every API request would pay a PostgreSQL connect
+        # (a backend fork). A process-wide psycopg pool hands connections across threads.
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": 2,
+            "max_size": env_int("CLAW_DB_POOL_SIZE", 20),
+            "timeout": 30,
+        }
 else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {
