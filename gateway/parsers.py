@@ -39,8 +39,11 @@ def loads(data: bytes):
             raise ParseError(f"malformed JSON: {exc}") from None
 
 
-class FastJSONParser(BaseParser):
-    media_type = "application/json"
+class _LimitedBodyParser(BaseParser):
+    """Reads the whole body within CLAW_MAX_BODY_BYTES and hands it to ``decode``."""
+
+    def decode(self, data: bytes):
+        raise NotImplementedError
 
     def parse(self, stream, media_type=None, parser_context=None):
         request = (parser_context or {}).get("request")
@@ -50,42 +53,36 @@ class FastJSONParser(BaseParser):
                 length = int(request.META.get("CONTENT_LENGTH") or 0) or None
             except ValueError:
                 length = None
-        data = read_limited(stream, length)
+        return self.decode(read_limited(stream, length))
+
+
+class FastJSONParser(_LimitedBodyParser):
+    media_type = "application/json"
+
+    def decode(self, data: bytes):
         if not data:
             raise ParseError("empty body; expected JSON")
         return loads(data)
 
 
-class StepBatchParser(FastJSONParser):
+class StepBatchParser(_LimitedBodyParser):
     """application/json -> list[StepIn], decoded and validated in one pass
     (gateway.validation.parse_step_batch_json)."""
 
-    def parse(self, stream, media_type=None, parser_context=None):
+    media_type = "application/json"
+
+    def decode(self, data: bytes):
         from .validation import parse_step_batch_json
 
-        request = (parser_context or {}).get("request")
-        length = None
-        if request is not None:
-            try:
-                length = int(request.META.get("CONTENT_LENGTH") or 0) or None
-            except ValueError:
-                length = None
-        return parse_step_batch_json(read_limited(stream, length))
+        return parse_step_batch_json(data)
 
 
-class StepBatchMsgpackParser(StepBatchParser):
+class StepBatchMsgpackParser(_LimitedBodyParser):
     """application/msgpack -> list[StepIn]; token arrays may be packed int32 bins."""
 
     media_type = "application/msgpack"
 
-    def parse(self, stream, media_type=None, parser_context=None):
+    def decode(self, data: bytes):
         from .validation import parse_step_batch_msgpack
 
-        request = (parser_context or {}).get("request")
-        length = None
-        if request is not None:
-            try:
-                length = int(request.META.get("CONTENT_LENGTH") or 0) or None
-            except ValueError:
-                length = None
-        return parse_step_batch_msgpack(read_limited(stream, length))
+        return parse_step_batch_msgpack(data)

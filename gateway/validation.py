@@ -40,58 +40,52 @@ Index = Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)]  # Step.step_index is a
 Uid = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_UID_LEN)]
 
 
-class StepWire(msgspec.Struct, forbid_unknown_fields=True):
-    """One step as submitted. The field names are the API's, for writes and reads."""
-
-    trajectory_uid: Uid
-    step_index: Index
-    prompt_ids: list[TokenId]
-    response_ids: list[TokenId]
-    uid: Uid | None = None
-    prompt_group_uid: Uid | None = None
-    rollout_logprobs: list[float] | None = None
-    reward: float | None = None
-    reward_source: Literal["env", "rule", "model", "human"] | None = None
-    policy_version: Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)] | None = None
-    is_last: bool = False
-    finish_reason: Annotated[str, msgspec.Meta(max_length=32)] | None = None
-    messages: list[dict[str, Any]] | None = None
-    response_text: str | None = None
-    metadata: dict[str, Any] | None = None
-
-
-class StepBatchWire(msgspec.Struct, forbid_unknown_fields=True):
-    steps: Annotated[list[StepWire], msgspec.Meta(min_length=1)]
-
-
-class PackedStepWire(msgspec.Struct, forbid_unknown_fields=True):
-    """The same step in MessagePack (``Content-Type: application/msgpack``). Token ids may
-    also be a bin of little-endian int32 and logprobs a bin of little-endian float64: the
-    arrays then cross the wire and the parser as raw buffers, never as per-id objects."""
-
-    trajectory_uid: Uid
-    step_index: Index
-    prompt_ids: list[TokenId] | bytes
-    response_ids: list[TokenId] | bytes
-    uid: Uid | None = None
-    prompt_group_uid: Uid | None = None
-    rollout_logprobs: list[float] | bytes | None = None
-    reward: float | None = None
-    reward_source: Literal["env", "rule", "model", "human"] | None = None
-    policy_version: Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)] | None = None
-    is_last: bool = False
-    finish_reason: Annotated[str, msgspec.Meta(max_length=32)] | None = None
-    messages: list[dict[str, Any]] | None = None
-    response_text: str | None = None
-    metadata: dict[str, Any] | None = None
+def _step_wire(name: str, token_ids: Any, logprobs: Any, doc: str) -> type[msgspec.Struct]:
+    """A step struct; JSON and MessagePack differ only in how arrays may be encoded."""
+    cls = msgspec.defstruct(
+        name,
+        [
+            ("trajectory_uid", Uid),
+            ("step_index", Index),
+            ("prompt_ids", token_ids),
+            ("response_ids", token_ids),
+            ("uid", Uid | None, None),
+            ("prompt_group_uid", Uid | None, None),
+            ("rollout_logprobs", logprobs | None, None),
+            ("reward", float | None, None),
+            ("reward_source", Literal["env", "rule", "model", "human"] | None, None),
+            ("policy_version", Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)] | None, None),
+            ("is_last", bool, False),
+            ("finish_reason", Annotated[str, msgspec.Meta(max_length=32)] | None, None),
+            ("messages", list[dict[str, Any]] | None, None),
+            ("response_text", str | None, None),
+            ("metadata", dict[str, Any] | None, None),
+        ],
+        forbid_unknown_fields=True,
+    )
+    cls.__doc__ = doc
+    return cls
 
 
-class PackedStepBatchWire(msgspec.Struct, forbid_unknown_fields=True):
-    steps: Annotated[list[PackedStepWire], msgspec.Meta(min_length=1)]
+def _batch_wire(name: str, step: type[msgspec.Struct]) -> type[msgspec.Struct]:
+    return msgspec.defstruct(
+        name, [("steps", Annotated[list[step], msgspec.Meta(min_length=1)])], forbid_unknown_fields=True  # type: ignore[valid-type]
+    )
 
+
+StepWire = _step_wire(
+    "StepWire", list[TokenId], list[float], "One step as submitted. The field names are the API's, for writes and reads."
+)
+# MessagePack (``Content-Type: application/msgpack``): token ids may also be a bin of
+# little-endian int32 and logprobs a bin of little-endian float64, so arrays cross the wire
+# and the parser as raw buffers, never as per-id objects.
+PackedStepWire = _step_wire(
+    "PackedStepWire", list[TokenId] | bytes, list[float] | bytes, "A step in MessagePack, arrays possibly packed."
+)
+StepBatchWire = _batch_wire("StepBatchWire", StepWire)
+PackedStepBatchWire = _batch_wire("PackedStepBatchWire", PackedStepWire)
 
 STEP_FIELDS = frozenset(StepWire.__struct_fields__)
-assert STEP_FIELDS == frozenset(PackedStepWire.__struct_fields__)
 _decoder = msgspec.json.Decoder(StepBatchWire)
 _msgpack_decoder = msgspec.msgpack.Decoder(PackedStepBatchWire)
 
@@ -144,14 +138,14 @@ def parse_step_batch(body: Any) -> list[StepIn]:
 
 
 # --- conversion and the rules a schema cannot state ---------------------------------------------
-def _to_steps(batch: StepBatchWire | PackedStepBatchWire) -> list[StepIn]:
+def _to_steps(batch: Any) -> list[StepIn]:
     limit = settings.CLAW_MAX_STEPS_PER_BATCH
     if len(batch.steps) > limit:
         raise InvalidInput(f"a batch holds at most {limit} steps; got {len(batch.steps)}", field="steps")
     return [_to_step(s, f"steps[{i}]") for i, s in enumerate(batch.steps)]
 
 
-def _to_step(w: StepWire | PackedStepWire, where: str) -> StepIn:
+def _to_step(w: Any, where: str) -> StepIn:
     prompt = _ids(w.prompt_ids, f"{where}.prompt_ids")
     response = _ids(w.response_ids, f"{where}.response_ids")
     if len(prompt) == 0:

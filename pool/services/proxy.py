@@ -53,7 +53,7 @@ from ..errors import Conflict, InvalidInput
 from ..models import Channel, Event, PromptGroup, Step, Trajectory
 from .policy import policy_version_ensure
 from .rewards import RewardIn, rewards_apply
-from .steps import StepIn, steps_ingest
+from .steps import StepIn, pack_step, step_row, steps_ingest
 from .trajectories import trajectory_complete
 
 
@@ -214,50 +214,21 @@ def _steps_in(
 def _step_row(s: StepIn, previous: list[_Prev], source_id: int | None) -> Step:
     """The Step row steps_ingest would write for ``s``: stored as a delta against the
     previous call's step it shares the longest prefix with (pool/tokens.py)."""
-    full = _full(s)
+    packed = pack_step(s)
     parent: _Prev | None = None
     best = -1
     for p in previous:
-        shared = tokens.common_prefix_len(full, p.full)
+        shared = tokens.common_prefix_len(packed.full, p.full)
         if shared > best:
             parent, best = p, shared
-    if parent is not None and best >= tokens.MIN_SHARED_TOKENS:
-        enc = tokens.encode_against(full, parent.full, parent.depth)
-    else:
-        enc = tokens.encode_against(full, None, 0)
-    now = timezone.now()
-    return Step(
-        uid=s.uid,
-        step_index=s.step_index,
-        seq_parent_id=parent.step_id if parent is not None and enc.shared else None,
-        seq_shared=enc.shared,
-        seq_delta=enc.delta,
-        seq_len=len(full),
-        prompt_len=len(s.prompt_ids),
-        seq_depth=enc.depth,
-        seq_hash=tokens.seq_hash(tokens.ids_to_bytes(full)),
-        rollout_logprobs=(
-            np.ascontiguousarray(s.rollout_logprobs, dtype=tokens.LOGPROB_DTYPE).tobytes()
-            if s.rollout_logprobs is not None
-            else None
-        ),
-        content_hash=s.content_hash(),
-        reward=None,
-        reward_status=Step.RewardStatus.PENDING,
-        reward_source=None,
-        policy_version_id=s.policy_version,
-        is_last=False,
-        finish_reason=s.finish_reason,
-        token_source=s.token_source,
-        drift=s.drift,
-        drift_offset=s.drift_offset,
-        messages=s.messages,
-        response_text=s.response_text,
-        metadata=s.metadata,
-        source_id=source_id,
-        created_at=now,
-        updated_at=now,
+    if parent is None or best < tokens.MIN_SHARED_TOKENS:
+        parent = None
+    row = step_row(
+        s, packed, trajectory_id=None, parent_id=parent.step_id if parent else None,
+        parent_full=parent.full if parent else None, parent_depth=parent.depth if parent else 0, source_id=source_id,
     )
+    row.created_at = row.updated_at = timezone.now()
+    return row
 
 
 def _claim_sql(call: ProxiedCall, start: int, n: int) -> tuple[str, list]:

@@ -96,7 +96,7 @@ class StepIn:
 
 
 @dataclass(slots=True)
-class _Packed:
+class Packed:
     """What ingest derives from a step once: its full id array and the two hashes."""
 
     full: np.ndarray
@@ -104,10 +104,10 @@ class _Packed:
     content_hash: bytes
 
 
-def _pack(s: StepIn) -> _Packed:
+def pack_step(s: StepIn) -> Packed:
     full = s.full_ids()
     seq_hash = tokens.seq_hash(tokens.ids_to_bytes(full))
-    return _Packed(full=full, seq_hash=seq_hash, content_hash=s.content_hash(seq_hash))
+    return Packed(full=full, seq_hash=seq_hash, content_hash=s.content_hash(seq_hash))
 
 
 @dataclass(slots=True)
@@ -128,7 +128,7 @@ def steps_ingest(
     Raises InvalidInput (400) or Conflict (409) before anything is written.
     """
     _check_batch(steps)
-    packed = [_pack(s) for s in steps]
+    packed = [pack_step(s) for s in steps]
     for attempt in range(_MAX_ATTEMPTS):
         try:
             with transaction.atomic():
@@ -162,12 +162,12 @@ def _check_batch(steps: Sequence[StepIn]) -> None:
 
 
 def _ingest(
-    steps: Sequence[StepIn], packed: list[_Packed], *, source_id: int | None, channel: str | None
+    steps: Sequence[StepIn], packed: list[Packed], *, source_id: int | None, channel: str | None
 ) -> IngestResult:
     # 1. Idempotency: classify uids that already exist.
     existing = dict(Step.objects.filter(uid__in=[s.uid for s in steps]).values_list("uid", "content_hash"))
     duplicates: list[str] = []
-    new: list[tuple[StepIn, _Packed]] = []
+    new: list[tuple[StepIn, Packed]] = []
     for s, h in zip(steps, packed, strict=True):
         stored = existing.get(s.uid)
         if stored is None:
@@ -339,7 +339,7 @@ def _ensure_policy_versions(versions: set[int]) -> None:
 
 
 def _insert_in_waves(
-    new: list[tuple[StepIn, _Packed]],
+    new: list[tuple[StepIn, Packed]],
     trajectories: dict[str, _Traj],
     groups: dict[str, PromptGroup],
     stored_steps: dict[tuple[int, int], tuple[int, str, int]],
@@ -413,46 +413,64 @@ def _insert_in_waves(
                     parent_id, parent_full, parent_depth = built[p[1]].id, full_of[p[1]], built[p[1]].seq_depth
                 else:
                     parent_id, parent_full, parent_depth = p[1], stored_full[p[1]], depth_of.get(p[1], 0)
-            enc = tokens.encode_against(full_of[i], parent_full, parent_depth)
-            obj = new_instance(
-                Step,
-                dict(
-                    uid=s.uid,
-                    trajectory_id=trajectories[s.trajectory_uid].id,
-                    step_index=s.step_index,
-                    seq_parent_id=parent_id if enc.shared else None,
-                    seq_shared=enc.shared,
-                    seq_delta=enc.delta,
-                    seq_len=len(full_of[i]),
-                    prompt_len=len(s.prompt_ids),
-                    seq_depth=enc.depth,
-                    seq_hash=h.seq_hash,
-                    rollout_logprobs=(
-                        np.ascontiguousarray(s.rollout_logprobs, dtype=tokens.LOGPROB_DTYPE).tobytes()
-                        if s.rollout_logprobs is not None
-                        else None
-                    ),
-                    content_hash=h.content_hash,
-                    reward=s.reward,
-                    reward_status=Step.RewardStatus.FINAL if s.reward is not None else Step.RewardStatus.PENDING,
-                    reward_source=(s.reward_source or Step.RewardSource.ENV) if s.reward is not None else None,
-                    policy_version_id=s.policy_version,
-                    is_last=s.is_last,
-                    finish_reason=s.finish_reason,
-                    token_source=s.token_source,
-                    drift=s.drift,
-                    drift_offset=s.drift_offset,
-                    messages=s.messages,
-                    response_text=s.response_text,
-                    metadata=s.metadata,
-                    source_id=source_id,
-                ),
+            obj = step_row(
+                s, h, trajectory_id=trajectories[s.trajectory_uid].id, parent_id=parent_id, parent_full=parent_full,
+                parent_depth=parent_depth, source_id=source_id,
             )
             built[i] = obj
             objs.append(obj)
         insert_rows(Step, objs)
         created.extend(objs)
     return created
+
+
+def step_row(
+    s: StepIn,
+    packed: Packed,
+    *,
+    trajectory_id: int | None,
+    parent_id: int | None,
+    parent_full: np.ndarray | None,
+    parent_depth: int,
+    source_id: int | None,
+) -> Step:
+    """The unsaved Step row for ``s``, its tokens encoded against the parent candidate (see
+    pool/tokens.py). Shared by every write path, so all store steps alike."""
+    enc = tokens.encode_against(packed.full, parent_full, parent_depth)
+    return new_instance(
+        Step,
+        dict(
+            uid=s.uid,
+            trajectory_id=trajectory_id,
+            step_index=s.step_index,
+            seq_parent_id=parent_id if enc.shared else None,
+            seq_shared=enc.shared,
+            seq_delta=enc.delta,
+            seq_len=len(packed.full),
+            prompt_len=len(s.prompt_ids),
+            seq_depth=enc.depth,
+            seq_hash=packed.seq_hash,
+            rollout_logprobs=(
+                np.ascontiguousarray(s.rollout_logprobs, dtype=tokens.LOGPROB_DTYPE).tobytes()
+                if s.rollout_logprobs is not None
+                else None
+            ),
+            content_hash=packed.content_hash,
+            reward=s.reward,
+            reward_status=Step.RewardStatus.FINAL if s.reward is not None else Step.RewardStatus.PENDING,
+            reward_source=(s.reward_source or Step.RewardSource.ENV) if s.reward is not None else None,
+            policy_version_id=s.policy_version,
+            is_last=s.is_last,
+            finish_reason=s.finish_reason,
+            token_source=s.token_source,
+            drift=s.drift,
+            drift_offset=s.drift_offset,
+            messages=s.messages,
+            response_text=s.response_text,
+            metadata=s.metadata,
+            source_id=source_id,
+        ),
+    )
 
 
 def _update_trajectories(steps: list[StepIn], trajectories: dict[str, _Traj]) -> None:
