@@ -33,7 +33,7 @@ from pool.services.groups import group_upsert
 from pool.services.merge import group_merge_ensure, merge_tree_render
 
 from . import serializers as s
-from .auth import IngestScope, PolicyWriteScope, ReadScope, source_id_of
+from .auth import IngestScope, PolicyWriteScope, ReadScope, source_id_of, user_id_of
 from .filters import EventFilter, FeedbackFilter, GroupFilter, StepFilter, TrajectoryFilter
 from .parsers import StepBatchMsgpackParser, StepBatchParser
 
@@ -263,7 +263,7 @@ class FeedbackApi(generics.GenericAPIView):
     def post(self, request):
         ser = s.FeedbackSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
-        fb = feedback_create(**ser.validated_data, source_id=source_id_of(request))
+        fb = feedback_create(**ser.validated_data, source_id=source_id_of(request), user_id=user_id_of(request))
         return Response({"id": fb.id}, status=201)
 
     @extend_schema(responses=s.FeedbackReadSerializer(many=True), summary="List feedback (cursor-paginated)")

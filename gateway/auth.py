@@ -80,6 +80,14 @@ def principal_has_scope(user, scope: str) -> bool:
     return bool(user is not None and getattr(user, "is_authenticated", False) and user.is_staff)
 
 
+def user_id_of(request) -> int | None:
+    """The signed-in operator's id (session auth), or None for API keys."""
+    user = getattr(request, "user", None)
+    if user is None or isinstance(user, KeyPrincipal) or not getattr(user, "is_authenticated", False):
+        return None
+    return user.pk
+
+
 def source_id_of(request) -> int | None:
     user = getattr(request, "user", None)
     return user.source_id if isinstance(user, KeyPrincipal) else None

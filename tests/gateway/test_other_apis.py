@@ -318,3 +318,21 @@ def test_stats_counts(agent):
     assert stats["tokens"]["naive_bytes"] == 60
     assert 0 < stats["tokens"]["stored_bytes"] <= 60
     assert PromptGroup.objects.count() == 1
+
+
+def test_feedback_from_an_operator_session_records_the_user(operator):
+    # given an operator signed in (session) and a stored step
+    from rest_framework.test import APIClient
+
+    from pool.models import Feedback
+    from pool.services import steps_ingest
+    from tests.pool.factories import step_in
+
+    steps_ingest(steps=[step_in("fb-t", 0, prompt=[1, 2, 3], response=[4])])
+    client = APIClient()
+    client.force_login(operator)
+    # when the operator posts feedback
+    resp = client.post("/api/v1/feedback", {"step_uid": "fb-t:0", "rating": 2, "label": "bad"}, format="json")
+    # then it is attributed to the operator
+    assert resp.status_code == 201, resp.content
+    assert Feedback.objects.get(id=resp.json()["id"]).user_id == operator.id

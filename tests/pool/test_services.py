@@ -347,3 +347,38 @@ def test_api_key_with_bad_scopes_is_refused(scopes):
         api_key_create(name="bad", scopes=scopes)
     assert exc.value.field == "scopes"
     assert ApiKey.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_policy_switches_leave_exactly_one_current():
+    # given PostgreSQL (SQLite serialises writers: no race) and no current version yet
+    import threading
+
+    from django.db import connection, connections
+
+    from pool.models import PolicyVersion
+    from pool.services import policy_version_set
+
+    if connection.vendor != "postgresql":
+        pytest.skip("concurrent writers need PostgreSQL")
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def switch(v: int) -> None:
+        try:
+            barrier.wait()
+            policy_version_set(version=v)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    # when four versions are made current at the same moment
+    threads = [threading.Thread(target=switch, args=(v,)) for v in range(10, 14)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    # then none failed and exactly one is current
+    assert errors == []
+    assert PolicyVersion.objects.filter(is_current=True).count() == 1
