@@ -7,7 +7,6 @@ from django.db import connection, transaction
 from ..errors import InvalidInput
 from ..models import PolicyVersion
 
-
 # Advisory lock key for "switch the current policy version" (arbitrary, fixed).
 _SWITCH_LOCK = 0x436C6177_5056
 
