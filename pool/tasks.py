@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
-from django.db import InterfaceError, OperationalError
+from django.db import InterfaceError, OperationalError, transaction
 
 log = logging.getLogger(__name__)
 
@@ -42,3 +42,22 @@ def steps_merge(key: str, step_ids: list[int]) -> None:
         steps_merge_compute(key=key, step_ids=step_ids)
     except NotFound as exc:
         log.warning("steps_merge %s skipped: %s", key, exc.message)
+
+
+def enqueue_on_commit(task, *args) -> None:
+    """Enqueue ``task(*args)`` once the caller's transaction commits.
+
+    Follow-up work must never fail or stall the write that caused it: the callback is
+    ``robust`` (an error is logged, the committed request still succeeds) and publishing does
+    not retry, so a broker that is down costs one refused connection, not a hung request.
+    A merge lost that way is recomputed on demand (GET .../prefix-tree) or by the next
+    change to its group.
+    """
+
+    def publish() -> None:
+        try:
+            task.apply_async(args=args, retry=False)
+        except Exception:  # noqa: BLE001 - any broker failure; the data is already committed
+            log.exception("could not enqueue %s%r; it will be recomputed on demand", task.name, args)
+
+    transaction.on_commit(publish, robust=True)

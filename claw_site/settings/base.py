@@ -140,6 +140,16 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True  # a task killed mid-run is redelivered; all tasks are idempotent
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Publishing happens after the write committed (pool.tasks.enqueue_on_commit): with the
+# broker down, give up after one quick attempt instead of stalling the request.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "max_retries": 1,
+    "interval_start": 0,
+    "interval_step": 0.2,
+    "interval_max": 0.5,
+    "socket_connect_timeout": 2,
+    "socket_timeout": 10,
+}
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CLAW_CELERY_QUEUE", "claw")  # isolates deployments sharing a Redis
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]

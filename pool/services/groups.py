@@ -9,6 +9,7 @@ from django.db import transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
+from .. import tasks
 from ..models import PromptGroup, Trajectory
 
 TERMINAL = (Trajectory.Status.COMPLETED, Trajectory.Status.FAILED, Trajectory.Status.ABANDONED)
@@ -60,11 +61,5 @@ def groups_check_complete(*, group_ids: Iterable[int]) -> list[int]:
             status=PromptGroup.Status.COMPLETE, completed_at=timezone.now()
         )
         for gid in ready:
-            transaction.on_commit(lambda gid=gid: _enqueue_group_merge(gid))
+            tasks.enqueue_on_commit(tasks.group_merge, gid)
     return ready
-
-
-def _enqueue_group_merge(group_id: int) -> None:
-    from .. import tasks
-
-    tasks.group_merge.delay(group_id)

@@ -35,7 +35,7 @@ from django.db import transaction
 
 from claw_client import PrefixTree, build_prefix_tree
 
-from .. import tokens
+from .. import tasks, tokens
 from ..errors import NotFound
 from ..models import MergeResult, PromptGroup, Step
 
@@ -86,10 +86,8 @@ def steps_merge_compute(*, key: str, step_ids: Sequence[int]) -> MergeResult:
 
 def steps_merge_enqueue(*, key: str, step_ids: Sequence[int]) -> None:
     """Enqueue :func:`steps_merge_compute` once the caller's transaction commits."""
-    from .. import tasks
-
     ids = [int(i) for i in step_ids]
-    transaction.on_commit(lambda: tasks.steps_merge.delay(key, ids))
+    tasks.enqueue_on_commit(tasks.steps_merge, key, ids)
 
 
 def group_merge_ensure(*, uid: str, sync_max_tokens: int | None = None) -> MergeResult:
@@ -117,7 +115,7 @@ def group_merge_ensure(*, uid: str, sync_max_tokens: int | None = None) -> Merge
             row.status = MergeResult.Status.PENDING
             row.save(update_fields=["status", "updated_at"])
         group_id = group.id
-        transaction.on_commit(lambda: _enqueue_group_merge(group_id))
+        tasks.enqueue_on_commit(tasks.group_merge, group_id)
     return row
 
 
@@ -227,7 +225,3 @@ def _merge(*, key: str, group_id: int | None, inputs: Sequence[_Input]) -> Merge
     return row
 
 
-def _enqueue_group_merge(group_id: int) -> None:
-    from .. import tasks
-
-    tasks.group_merge.delay(group_id)

@@ -54,11 +54,13 @@ def submit_group(agent, uid: str, steps: list[dict], *, expected: int) -> None:
 
 
 class Recorder:
+    """Stands in for Task.apply_async (the broker boundary): records the task's arguments."""
+
     def __init__(self):
         self.calls: list[tuple] = []
 
-    def __call__(self, *args):
-        self.calls.append(args)
+    def __call__(self, args=(), kwargs=None, **options):
+        self.calls.append(tuple(args))
 
 
 def test_group_completion_enqueues_merge_on_commit_and_task_stores_exact_stats(
@@ -71,7 +73,7 @@ def test_group_completion_enqueues_merge_on_commit_and_task_stores_exact_stats(
     group = PromptGroup.objects.get(uid="gm1")
     assert group.status == PromptGroup.Status.OPEN
     sent = Recorder()
-    monkeypatch.setattr(tasks.group_merge, "delay", sent)
+    monkeypatch.setattr(tasks.group_merge, "apply_async", sent)
     # when the last rollout completes (callbacks held until "commit")
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         assert agent.post("/api/v1/trajectories/gm1-r1/complete", {"reward": 1.0}, format="json").status_code == 200
@@ -136,7 +138,7 @@ def test_steps_merge_task_merges_a_batch_under_its_key(agent, django_capture_on_
     assert post_steps(agent, a + b).status_code == 201
     ids = list(Step.objects.filter(uid__in=[a[0]["uid"], b[2]["uid"], a[5]["uid"]]).values_list("id", flat=True))
     sent = Recorder()
-    monkeypatch.setattr(tasks.steps_merge, "delay", sent)
+    monkeypatch.setattr(tasks.steps_merge, "apply_async", sent)
     # when its merge is requested, it is enqueued on commit
     with django_capture_on_commit_callbacks(execute=True):
         merge.steps_merge_enqueue(key="batch:7", step_ids=ids)
@@ -195,7 +197,7 @@ def test_prefix_tree_api_merges_small_groups_on_demand_and_defers_large_ones(
     submit_group(agent, "ga3", agentic_group("ga3", seed=4), expected=2)
     monkeypatch.setattr(merge, "MERGE_SYNC_MAX_TOKENS", 10)
     sent = Recorder()
-    monkeypatch.setattr(tasks.group_merge, "delay", sent)
+    monkeypatch.setattr(tasks.group_merge, "apply_async", sent)
     # when it is read, the answer is 202 pending and its merge is enqueued on commit
     with django_capture_on_commit_callbacks(execute=True):
         resp = reader.get("/api/v1/groups/ga3/prefix-tree")

@@ -37,9 +37,9 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def enqueued(monkeypatch) -> list[tuple]:
-    """Records pool.tasks.group_merge.delay calls (the broker boundary) instead of sending."""
+    """Records pool.tasks.group_merge publications (the broker boundary) instead of sending."""
     calls: list[tuple] = []
-    monkeypatch.setattr(tasks.group_merge, "delay", lambda *args, **kw: calls.append((args, kw)))
+    monkeypatch.setattr(tasks.group_merge, "apply_async", lambda args=(), kwargs=None, **kw: calls.append((tuple(args), kwargs or {})))
     return calls
 
 
