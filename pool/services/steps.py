@@ -220,9 +220,9 @@ def _ingest(
             depth_of[prev[0]] = prev[2]
         if s.step_index == 0 and traj.group_id in anchor_of_group:
             load_ids.add(anchor_of_group[traj.group_id])
-    if anchor_of_group:
-        for sid, depth in Step.objects.filter(id__in=list(anchor_of_group.values())).values_list("id", "seq_depth"):
-            depth_of[sid] = depth
+    anchors = load_ids - depth_of.keys()  # group anchors some first step will be compared with
+    if anchors:
+        depth_of.update(Step.objects.filter(id__in=anchors).values_list("id", "seq_depth"))
     stored_full = {sid: tokens.bytes_to_ids(raw) for sid, raw in tokens.load_sequences(load_ids).items()}
 
     # 4. Encode each step against its best parent and insert, parents before children.
