@@ -7,12 +7,13 @@ low-volume endpoints validate with these serializers directly.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from rest_framework import serializers
 
 from pool.models import Channel, Step, Trajectory
+
+from .validation import INT32_MAX, INT64_MAX, json_problem
 
 
 class StrictSerializer(serializers.Serializer):
@@ -25,11 +26,6 @@ class StrictSerializer(serializers.Serializer):
                 name = sorted(unknown)[0]
                 raise serializers.ValidationError({name: [f"unknown field {name!r}"]})
         return super().to_internal_value(data)
-
-
-INT64_MAX = 2**63 - 1
-# PostgreSQL ``integer`` (PositiveIntegerField) holds at most this.
-INT32_MAX = 2**31 - 1
 
 
 class StrictIntegerField(serializers.IntegerField):
@@ -48,41 +44,6 @@ class StrictBooleanField(serializers.BooleanField):
         if not isinstance(data, bool):
             raise serializers.ValidationError("must be a boolean")
         return data
-
-
-def json_problem(value: Any, path: str = "") -> tuple[str, str] | None:
-    """The first value a JSON column cannot store or the renderer cannot write back, as
-    (path inside ``value``, reason), or None. The parser accepts NaN/Infinity (so validators
-    can name the field), PostgreSQL's jsonb rejects them and NUL characters, and orjson
-    renders integers only within 64 bits. Same rules as gateway.validation for steps."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return (path, "must be a finite number")
-        # jsonb gives an integral float back as an integer, which must fit the renderer too
-        if abs(value) >= 2.0**63 and value == int(value):
-            return (path, "integral numbers must lie within 64 bits to be stored exactly")
-        return None
-    if isinstance(value, int):
-        return None if -INT64_MAX - 1 <= value <= INT64_MAX else (path, "integers must fit in 64 bits")
-    if isinstance(value, str):
-        return (path, "must not contain NUL characters") if "\x00" in value else None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            sub = f"{path}.{key}" if path else str(key)
-            if "\x00" in str(key):
-                return (sub, "keys must not contain NUL characters")
-            found = json_problem(item, sub)
-            if found:
-                return found
-        return None
-    if isinstance(value, list):
-        for i, item in enumerate(value):
-            found = json_problem(item, f"{path}[{i}]")
-            if found:
-                return found
-    return None
 
 
 def _raise_json_problem(value: Any) -> None:

@@ -217,32 +217,47 @@ def _ids(values: list[int] | bytes, where: str) -> np.ndarray:
     return np.frombuffer(array("I", values), dtype=np.int32) if values else tokens.EMPTY_IDS
 
 
-def _check_json(value: Any, where: str) -> None:
-    """JSON the database can store and give back exactly: finite numbers within 64 bits,
-    strings without NUL (PostgreSQL's jsonb rejects both NaN and \\u0000)."""
-    stack: list[tuple[Any, str]] = [(value, where)]
+def json_problem(value: Any, path: str = "") -> tuple[str, str] | None:
+    """The first value a JSON column cannot store or the renderer cannot write back, as
+    (path inside ``value``, reason), or None: the one rule for every JSON field (step
+    metadata and messages here, payloads and metadata in gateway.serializers).
+
+    The parser accepts NaN/Infinity (so validators can name the field); PostgreSQL's jsonb
+    rejects them and NUL characters; jsonb returns an integral float as an integer, and
+    orjson renders integers only within 64 bits."""
+    stack: list[tuple[Any, str]] = [(value, path)]
     while stack:
-        v, path = stack.pop()
+        v, at = stack.pop()
         if isinstance(v, dict):
+            items = []
             for k, item in v.items():
-                if "\x00" in k:
-                    raise InvalidInput("keys must not contain NUL characters", field=path)
-                stack.append((item, f"{path}.{k}"))
+                sub = f"{at}.{k}" if at else str(k)
+                if "\x00" in str(k):
+                    return (sub, "keys must not contain NUL characters")
+                items.append((item, sub))
+            stack.extend(reversed(items))
         elif isinstance(v, list):
-            stack.extend((item, f"{path}[{i}]") for i, item in enumerate(v))
+            stack.extend(reversed([(item, f"{at}[{i}]") for i, item in enumerate(v)]))
         elif isinstance(v, str):
             if "\x00" in v:
-                raise InvalidInput("must not contain NUL characters", field=path)
+                return (at, "must not contain NUL characters")
         elif isinstance(v, bool) or v is None:
             continue
         elif isinstance(v, int):
             if not -INT64_MAX - 1 <= v <= INT64_MAX:
-                raise InvalidInput("integers must fit in 64 bits", field=path)
+                return (at, "integers must fit in 64 bits")
         elif isinstance(v, float):
             if not math.isfinite(v):
-                raise InvalidInput("must be a finite number", field=path)
+                return (at, "must be a finite number")
             if abs(v) >= 2.0**63 and v == int(v):
-                raise InvalidInput("integral numbers must lie within 64 bits to be stored exactly", field=path)
+                return (at, "integral numbers must lie within 64 bits to be stored exactly")
+    return None
+
+
+def _check_json(value: Any, where: str) -> None:
+    found = json_problem(value, where)
+    if found:
+        raise InvalidInput(found[1], field=found[0])
 
 
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
