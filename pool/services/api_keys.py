@@ -51,21 +51,30 @@ def api_key_create(
 # Verified keys are cached briefly per process: one DB read per key per window instead of one
 # per request (the gateway's hot path). Revocation takes effect within the window.
 _cache: dict[str, tuple[float, VerifiedKey | None]] = {}
+_MAX_CACHED = 10_000
+MISS = object()  # api_key_cached: "not in the cache", as opposed to a cached "invalid key"
+
+
+def api_key_cached(clear: str) -> VerifiedKey | None | object:
+    """The cached verdict for ``clear`` (a VerifiedKey, or None for an invalid key), or MISS.
+    No I/O: async callers check this before paying a thread hop for api_key_verify."""
+    hit = _cache.get(clear)
+    if hit is not None and hit[0] > time.monotonic():
+        return hit[1]
+    return MISS
 
 
 def api_key_verify(clear: str) -> VerifiedKey | None:
     """Return the key's identity if ``clear`` is a live key, else None. Read-only."""
-    ttl = settings.CLAW_API_KEY_CACHE_SECONDS
-    now = time.monotonic()
-    if ttl > 0:
-        hit = _cache.get(clear)
-        if hit is not None and hit[0] > now:
-            return hit[1]
+    cached = api_key_cached(clear)
+    if cached is not MISS:
+        return cached  # type: ignore[return-value]
     result = _verify_uncached(clear)
+    ttl = settings.CLAW_API_KEY_CACHE_SECONDS
     if ttl > 0:
-        if len(_cache) > 10_000:
+        if len(_cache) >= _MAX_CACHED:
             _cache.clear()
-        _cache[clear] = (now + ttl, result)
+        _cache[clear] = (time.monotonic() + ttl, result)
     return result
 
 
