@@ -94,56 +94,32 @@ def source_id_of(request) -> int | None:
 
 
 class _ScopePermission(permissions.BasePermission):
-    scope: str = Scope.READ
-    message = "this API key lacks the required scope"
+    """Grants a request whose key holds any of ``scopes`` (admin keys and staff sessions hold
+    them all); anonymous requests are 401, others 403."""
+
+    scopes: tuple[str, ...] = ()
 
     def has_permission(self, request, view):
         user = request.user
         if user is None or not getattr(user, "is_authenticated", False):
             raise exceptions.NotAuthenticated("missing API key: send 'Authorization: Bearer <api key>'")
-        if not principal_has_scope(user, self.scope):
-            self.message = f"this API key lacks the '{self.scope}' scope"
-            return False
-        return True
+        if any(principal_has_scope(user, scope) for scope in self.scopes):
+            return True
+        self.message = f"this API key lacks the {' or '.join(repr(str(s)) for s in self.scopes)} scope"
+        return False
 
 
 class IngestScope(_ScopePermission):
-    scope = Scope.INGEST
+    scopes = (Scope.INGEST,)
 
 
 class ReadScope(_ScopePermission):
     """Reads are open to read, ingest and consume keys (a writer may read back its data)."""
 
-    scope = Scope.READ
-
-    def has_permission(self, request, view):
-        user = request.user
-        if user is None or not getattr(user, "is_authenticated", False):
-            raise exceptions.NotAuthenticated("missing API key: send 'Authorization: Bearer <api key>'")
-        if any(principal_has_scope(user, s) for s in (Scope.READ, Scope.INGEST, Scope.CONSUME)):
-            return True
-        self.message = "this API key lacks the 'read' scope"
-        return False
-
-
-class ConsumeScope(_ScopePermission):
-    scope = Scope.CONSUME
+    scopes = (Scope.READ, Scope.INGEST, Scope.CONSUME)
 
 
 class PolicyWriteScope(_ScopePermission):
     """Policy versions are published by trainers (consume) or by agents that sample (ingest)."""
 
-    scope = Scope.CONSUME
-
-    def has_permission(self, request, view):
-        user = request.user
-        if user is None or not getattr(user, "is_authenticated", False):
-            raise exceptions.NotAuthenticated("missing API key: send 'Authorization: Bearer <api key>'")
-        if principal_has_scope(user, Scope.CONSUME) or principal_has_scope(user, Scope.INGEST):
-            return True
-        self.message = "publishing a policy version needs the 'consume' or 'ingest' scope"
-        return False
-
-
-class AdminScope(_ScopePermission):
-    scope = Scope.ADMIN
+    scopes = (Scope.CONSUME, Scope.INGEST)

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from .querysets import StepQuerySet, TrajectoryQuerySet
+from .querysets import StepQuerySet
 
 
 class Scope(models.TextChoices):
@@ -148,7 +148,6 @@ class Trajectory(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     completed_at = models.DateTimeField(null=True, blank=True)
 
-    objects = TrajectoryQuerySet.as_manager()
 
     class Meta:
         indexes = [
