@@ -38,7 +38,6 @@ from pathlib import Path
 import httpx
 import orjson
 
-from tests.gateway.proxy_support import start_gateway
 from tests.live import ROOT, LiveServer, free_port
 
 WARMUP = 100
@@ -205,8 +204,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompt-chars", type=int, default=2400)
     p.add_argument("--rounds", type=int, default=2, help="alternating direct/gateway blocks per phase")
     p.add_argument(
-        "--app", default="gateway.proxy.asgi:application",
-        help="ASGI app the gateway process serves (default: the project's app with the lean gateway handler)",
+        "--app", default="claw_site.asgi:application",
+        help="ASGI app the gateway process serves (default: the project's, gateway paths on the lean handler)",
     )
     args = p.parse_args(argv)
     try:
@@ -220,10 +219,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"demo upstream at {upstream_url} (zero latency)", flush=True)
     tmp = tempfile.TemporaryDirectory()
     server = LiveServer(
-        Path(tmp.name), {"CLAW_UPSTREAM_URL": f"{upstream_url}/v1", "CLAW_API_KEY_CACHE_SECONDS": "60"}
+        Path(tmp.name), {"CLAW_UPSTREAM_URL": f"{upstream_url}/v1", "CLAW_API_KEY_CACHE_SECONDS": "60"}, app=args.app
     )
     try:
-        start_gateway(server, args.app)
+        server.start()
         db = "postgresql" if server.env.get("DATABASE_URL") else "sqlite"
         key = server.make_key("ingest", "read", name="bench-proxy")
         print(f"gateway at {server.url} (1 uvicorn process serving {args.app}, {db})", flush=True)

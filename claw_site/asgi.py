@@ -27,4 +27,3 @@ application = ProtocolTypeRouter(
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
-application.routes_gateway = True  # type: ignore[attr-defined]  # already routed: see gateway.proxy.asgi

@@ -29,8 +29,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_process(proc: subprocess.Popen, *, kill: bool = False, timeout: float = 20) -> None:
+    """Stop ``proc`` (SIGTERM, or SIGKILL with ``kill``; SIGKILL after ``timeout``), reap it
+    and close the log file it was given as stderr, if any."""
+    if proc.poll() is None:
+        if kill:
+            proc.kill()
+        else:
+            proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if proc.stderr:
+        proc.stderr.close()
+
+
 class LiveServer:
-    def __init__(self, var_dir: Path, extra_env: dict[str, str] | None = None):
+    def __init__(self, var_dir: Path, extra_env: dict[str, str] | None = None, *, app: str = "claw_site.asgi:application"):
+        self.app = app
         self.var_dir = var_dir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -79,8 +97,8 @@ class LiveServer:
             self.manage("migrate", "--noinput", "-v", "0")
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "claw_site.asgi:application", "--host", "127.0.0.1",
-             "--port", str(self.port), "--log-level", "warning", "--lifespan", "off", *self.extra_args],
+            [sys.executable, "-m", "uvicorn", self.app, "--host", "127.0.0.1", "--port", str(self.port),
+             "--log-level", "warning", "--lifespan", "off", "--no-access-log", *self.extra_args],
             cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 60
@@ -96,18 +114,9 @@ class LiveServer:
         raise RuntimeError(f"server did not become healthy:\n{self.log_path.read_text()}")
 
     def stop(self, *, kill: bool = False) -> None:
-        if self.proc is None:
-            return
-        if kill:
-            self.proc.kill()
-        else:
-            self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
+        if self.proc is not None:
+            stop_process(self.proc, kill=kill)
+            self.proc = None
 
     def restart(self, *, kill: bool = False) -> LiveServer:
         self.stop(kill=kill)

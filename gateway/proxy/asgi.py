@@ -98,20 +98,8 @@ def with_gateway(app: ASGIApp) -> ASGIApp:
         else:
             await app(scope, receive, send)
 
-    router.routes_gateway = True  # type: ignore[attr-defined]
     return router
 
 
 __all__ = ["GATEWAY_PREFIXES", "GatewayASGIHandler", "with_gateway"]
 
-
-def __getattr__(name: str) -> Any:
-    """``gateway.proxy.asgi:application``: the project's ASGI app with the gateway paths
-    routed here (built on first access, so importing this module stays cheap)."""
-    if name == "application":
-        from claw_site.asgi import application as project
-
-        app = project if getattr(project, "routes_gateway", False) else with_gateway(project)
-        globals()["application"] = app
-        return app
-    raise AttributeError(name)

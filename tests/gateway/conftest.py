@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.live import ROOT, free_port
+from tests.live import ROOT, free_port, stop_process
 
 
 def start_upstream(*args: str) -> tuple[str, subprocess.Popen]:
@@ -39,19 +39,6 @@ def start_upstream(*args: str) -> tuple[str, subprocess.Popen]:
         time.sleep(0.05)
     stop_process(proc)
     raise RuntimeError("demo upstream did not answer GET /v1/models within 30 s")
-
-
-def stop_process(proc: subprocess.Popen) -> None:
-    """Terminate ``proc`` (SIGTERM, then SIGKILL after 10 s) and reap it."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    if proc.stderr:
-        proc.stderr.close()
 
 
 def _upstream(*args: str) -> Iterator[str]:

@@ -4,17 +4,12 @@ produces, and building a small local Hugging Face tokenizer (no downloads)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tests.live import ROOT, LiveServer
-
-LEAN_APP = "gateway.proxy.asgi:application"
+from tests.live import LiveServer
 
 # The demo upstream's answer is a pure function of (prompt ids, seed, choice index,
 # max_tokens), so asking it directly with return_token_ids gives the exact ids it produced
@@ -80,26 +75,3 @@ def build_tokenizer(directory: Path) -> Path:
     )
     fast.save_pretrained(str(directory))
     return directory
-
-
-def start_gateway(server: LiveServer, app: str = LEAN_APP) -> LiveServer:
-    """Like ``server.start()`` (fresh database, migrated) but serving ``app``: by default the
-    project's ASGI app with the gateway paths on the lean handler (gateway/proxy/asgi.py).
-    ``server.close()`` stops it and drops the database."""
-    server.manage("migrate", "--noinput", "-v", "0")
-    log = open(server.log_path, "ab")  # noqa: SIM115 - owned by the process
-    server.proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(server.port),
-         "--log-level", "warning", "--lifespan", "off", "--no-access-log"],
-        cwd=ROOT, env=server.env, stdout=log, stderr=subprocess.STDOUT,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"gateway exited early:\n{server.log_path.read_text()}")
-        try:
-            if httpx.get(f"{server.url}/healthz", timeout=1).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise RuntimeError("the gateway did not become healthy")

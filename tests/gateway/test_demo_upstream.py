@@ -10,8 +10,9 @@ import openai
 import pytest
 
 from gateway.demo.toy_tokenizer import BOS, END, ToyTokenizer, canonical_tool_calls
+from tests.live import stop_process
 
-from .conftest import start_upstream, stop_process
+from .conftest import start_upstream
 
 TOK = ToyTokenizer()
 IDS = {"return_token_ids": True}

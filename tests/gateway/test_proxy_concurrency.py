@@ -1,6 +1,6 @@
 """One gateway process keeps hundreds of upstream calls in flight (no thread per call), and
 step indexes stay distinct under concurrency. The server runs the project's ASGI app with the
-gateway paths on the lean handler (gateway.proxy.asgi:application)."""
+gateway paths on the lean handler (gateway/proxy/asgi.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.proxy_support import auth, start_gateway, steps_of
-from tests.live import LiveServer
+from tests.gateway.proxy_support import auth, steps_of
+from tests.live import LiveServer, live_server
 
 pytestmark = pytest.mark.live
 
@@ -38,12 +38,8 @@ class Gateway:
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory, slow_upstream) -> Iterator[Gateway]:
     env = {"CLAW_UPSTREAM_URL": slow_upstream, "CLAW_API_KEY_CACHE_SECONDS": "10"}  # production's key cache
-    server = LiveServer(tmp_path_factory.mktemp("conc"), env)
-    try:
-        start_gateway(server)
+    with live_server(tmp_path_factory.mktemp("conc"), env) as server:
         yield Gateway(server, server.make_key("ingest", "read"))
-    finally:
-        server.close()
 
 
 def _stats(gw: Gateway) -> dict:

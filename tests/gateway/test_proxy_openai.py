@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from gateway.demo.toy_tokenizer import BOS, ToyTokenizer
-from tests.gateway.proxy_support import auth, start_gateway, steps_of, upstream_ids
+from tests.gateway.proxy_support import auth, steps_of, upstream_ids
 from tests.live import LiveServer, live_server
 
 pytestmark = pytest.mark.live
@@ -35,21 +35,11 @@ class Gateway:
         return openai.AsyncOpenAI(base_url=f"{self.server.url}/v1", api_key=self.key, max_retries=0, timeout=30, **kw)
 
 
-@pytest.fixture(scope="module", params=["project-app", "lean-app"])
-def gw(request, tmp_path_factory, demo_upstream) -> Iterator[Gateway]:
-    """A live server serving the project's ASGI app as is, then the same app with the gateway
-    paths on the lean handler (gateway.proxy.asgi:application): both must behave alike."""
-    env = {"CLAW_UPSTREAM_URL": demo_upstream}
-    if request.param == "project-app":
-        with live_server(tmp_path_factory.mktemp("gw"), env) as server:
-            yield Gateway(server, server.make_key("ingest", "read"), demo_upstream)
-        return
-    server = LiveServer(tmp_path_factory.mktemp("gw-lean"), env)
-    try:
-        start_gateway(server)
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory, demo_upstream) -> Iterator[Gateway]:
+    """A live server (the project's ASGI app) forwarding to the demo upstream."""
+    with live_server(tmp_path_factory.mktemp("gw"), {"CLAW_UPSTREAM_URL": demo_upstream}) as server:
         yield Gateway(server, server.make_key("ingest", "read"), demo_upstream)
-    finally:
-        server.close()
 
 
 def test_sync_chat_records_the_upstream_ids_and_strips_vendor_fields(gw):
