@@ -19,6 +19,7 @@ import psycopg
 from django.db import IntegrityError, connection, models
 from django.db.models.base import ModelState
 from django.utils import timezone
+from psycopg.types.json import Jsonb
 
 _plans: dict[type[models.Model], tuple[str, str, list[str], list[tuple[str, Callable[[Any], Any] | None]]]] = {}
 
@@ -82,9 +83,18 @@ def _NOW(value: Any) -> Any:  # marker: auto_now / auto_now_add columns
     return value
 
 
-def _json(value: Any) -> Any:
-    from psycopg.types.json import Jsonb
+def column_converter(field: models.Field) -> Callable[[Any], Any] | None:
+    """How a non-NULL attribute value becomes a psycopg parameter for ``field``'s column
+    (JSON as jsonb serialised with orjson, binary as bytes), or None when it goes as is.
+    Shared by the COPY path here and the proxy's one-statement insert."""
+    if isinstance(field, models.JSONField):
+        return _json
+    if isinstance(field, models.BinaryField):
+        return _bytes
+    return None
 
+
+def _json(value: Any) -> Any:
     return Jsonb(value, dumps=_orjson_dumps)
 
 
@@ -109,13 +119,7 @@ def _plan(model: type[models.Model]):
     for f in meta.concrete_fields:
         db_type = f.rel_db_type(connection) if f.is_relation else f.db_type(connection)
         pg_types.append(re.sub(r"\(.*\)", "", db_type or "text").strip())
-        if getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False):
-            getters.append((f.attname, _NOW))
-        elif isinstance(f, models.JSONField):
-            getters.append((f.attname, _json))
-        elif isinstance(f, models.BinaryField):
-            getters.append((f.attname, _bytes))
-        else:
-            getters.append((f.attname, None))
+        auto_now = getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False)
+        getters.append((f.attname, _NOW if auto_now else column_converter(f)))
     plan = _plans[model] = (connection.ops.quote_name(meta.db_table), seq, pg_types, getters)
     return plan

@@ -37,18 +37,19 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
-import orjson
 import psycopg
 from django.conf import settings
 from django.db import IntegrityError, connection, models, transaction
 from django.utils import timezone
-from psycopg.types.json import Jsonb
 
 from .. import tokens
+from ..bulk import column_converter
 from ..errors import Conflict, InvalidInput
 from ..models import Channel, Event, PromptGroup, Step, Trajectory
 from .policy import policy_version_ensure
@@ -321,20 +322,14 @@ def _build_fast_sql(shape: tuple) -> str:
     )
 
 
-_plans: dict[type[models.Model], list[tuple[models.Field, str]]] = {}
+_plans: dict[type[models.Model], list[tuple[models.Field, Callable[[Any], Any] | None]]] = {}
 
 
-def _plan(model: type[models.Model]) -> list[tuple[models.Field, str]]:
-    """(field, conversion) of each column written, the primary key excepted."""
+def _plan(model: type[models.Model]) -> list[tuple[models.Field, Callable[[Any], Any] | None]]:
+    """(field, value converter) of each column written, the primary key excepted."""
     plan = _plans.get(model)
     if plan is None:
-        plan = []
-        for f in model._meta.concrete_fields:
-            if f.primary_key:
-                continue
-            conv = "json" if isinstance(f, models.JSONField) else "bytes" if isinstance(f, models.BinaryField) else ""
-            plan.append((f, conv))
-        _plans[model] = plan
+        plan = _plans[model] = [(f, column_converter(f)) for f in model._meta.concrete_fields if not f.primary_key]
     return plan
 
 
@@ -344,19 +339,9 @@ def _placeholder(f: models.Field) -> str:
     return f"%s::{db_type}"
 
 
-def _param(f: models.Field, conv: str, obj: models.Model) -> object:
+def _param(f: models.Field, conv: Callable[[Any], Any] | None, obj: models.Model) -> object:
     value = getattr(obj, f.attname)
-    if value is None:
-        return None
-    if conv == "json":
-        return Jsonb(value, dumps=_json_dumps)
-    if conv == "bytes":
-        return bytes(value)
-    return value
-
-
-def _json_dumps(value: object) -> str:
-    return orjson.dumps(value).decode()
+    return conv(value) if conv is not None and value is not None else value
 
 
 class _Miss(Exception):
