@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from django.db import transaction
+from django.utils import timezone
 
 from ..errors import InvalidInput, NotFound
 from ..models import RewardEvent, Step, Trajectory
@@ -36,10 +37,22 @@ def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> l
             raise InvalidInput(f"source must be one of {Step.RewardSource.values}", field=f"{p}source")
     step_uids = [r.step_uid for r in rewards if r.step_uid]
     traj_uids = [r.trajectory_uid for r in rewards if r.trajectory_uid]
-    # Lock in primary-key order so concurrent reward writers cannot deadlock.
-    steps = {s.uid: s for s in Step.objects.select_for_update().filter(uid__in=step_uids).order_by("id")}
-    trajs = {t.uid: t for t in Trajectory.objects.select_for_update().filter(uid__in=traj_uids).order_by("id")}
+    # Lock in primary-key order so concurrent reward writers cannot deadlock; load only the
+    # reward columns (not the token blobs).
+    steps = {
+        s.uid: s
+        for s in Step.objects.select_for_update()
+        .filter(uid__in=step_uids)
+        .only("id", "uid", "reward", "reward_status", "reward_source")
+        .order_by("id")
+    }
+    trajs = {
+        t.uid: t
+        for t in Trajectory.objects.select_for_update().filter(uid__in=traj_uids).only("id", "uid", "reward").order_by("id")
+    }
     events: list[RewardEvent] = []
+    changed_steps: dict[int, Step] = {}
+    changed_trajs: dict[int, Trajectory] = {}
     for r in rewards:
         p = r.field_prefix
         status = Step.RewardStatus.FINAL if r.final else Step.RewardStatus.PENDING
@@ -54,7 +67,7 @@ def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> l
                             final=r.final, source_id=source_id, metadata=r.metadata)
             )
             step.reward, step.reward_status, step.reward_source = r.reward, status, r.source
-            step.save(update_fields=["reward", "reward_status", "reward_source", "updated_at"])
+            changed_steps[step.id] = step
         else:
             traj = trajs.get(r.trajectory_uid or "")
             if traj is None:
@@ -66,6 +79,12 @@ def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> l
                             final=r.final, source_id=source_id, metadata=r.metadata)
             )
             traj.reward = r.reward
-            traj.save(update_fields=["reward", "updated_at"])
+            changed_trajs[traj.id] = traj
+    # One UPDATE per table (not per row), then the audit rows.
+    now = timezone.now()
+    for row in (*changed_steps.values(), *changed_trajs.values()):
+        row.updated_at = now
+    Step.objects.bulk_update(changed_steps.values(), ["reward", "reward_status", "reward_source", "updated_at"], batch_size=500)
+    Trajectory.objects.bulk_update(changed_trajs.values(), ["reward", "updated_at"], batch_size=500)
     RewardEvent.objects.bulk_create(events)
     return events

@@ -382,3 +382,17 @@ def test_concurrent_policy_switches_leave_exactly_one_current():
     # then none failed and exactly one is current
     assert errors == []
     assert PolicyVersion.objects.filter(is_current=True).count() == 1
+
+
+def test_a_batch_of_rewards_costs_a_constant_number_of_queries(django_assert_max_num_queries):
+    # given 50 pending steps and 5 trajectories
+    steps = [st for t in range(5) for st in trajectory_with_steps(f"bulk-r{t}", 10)]
+    batch = [RewardIn(step_uid=st.uid, reward=0.5, source="rule") for st in steps]
+    batch += [RewardIn(trajectory_uid=f"bulk-r{t}", reward=1.0) for t in range(5)]
+    # when they are applied at once
+    with django_assert_max_num_queries(8):  # 2 locked reads, 2 bulk updates, 1 audit insert, savepoints
+        events = rewards_apply(rewards=batch)
+    # then every change is applied and audited
+    assert len(events) == 55
+    assert Step.objects.filter(uid__startswith="bulk-r", reward=0.5, reward_status="final").count() == 50
+    assert Trajectory.objects.filter(uid__startswith="bulk-r", reward=1.0).count() == 5
