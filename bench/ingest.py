@@ -74,7 +74,9 @@ class ApiRunner:
         # Warm-up outside the timing: connections, imports, caches, the key.
         warm = orjson.dumps({"steps": w_ingest(16, seed=99, prefix="warm")})
         for _ in range(4):
-            httpx.post(f"{self.server.url}/api/v1/steps", content=warm, headers=self.headers, timeout=60).raise_for_status()
+            httpx.post(
+                f"{self.server.url}/api/v1/steps", content=warm, headers=self.headers, timeout=60
+            ).raise_for_status()
 
     def close(self) -> None:
         self.server.close()
@@ -159,10 +161,13 @@ class PgCopy:
         t0 = time.perf_counter()
         chunks = [rows[i : i + BATCH] for i in range(0, len(rows), BATCH)] if batched else [rows]
         for chunk in chunks:
-            with conn.cursor() as cur, cur.copy(
-                "COPY bench_copy (uid, trajectory_uid, step_index, prompt_ids, response_ids, logprobs, reward) "
-                "FROM STDIN (FORMAT BINARY)"
-            ) as cp:
+            with (
+                conn.cursor() as cur,
+                cur.copy(
+                    "COPY bench_copy (uid, trajectory_uid, step_index, prompt_ids, response_ids, logprobs, reward) "
+                    "FROM STDIN (FORMAT BINARY)"
+                ) as cp,
+            ):
                 cp.set_types(["text", "text", "int4", "bytea", "bytea", "bytea", "float8"])
                 for row in chunk:
                     cp.write_row(row)
@@ -209,8 +214,11 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--workers", type=int, default=2, help="server processes (uvicorn --workers)")
     args = p.parse_args()
-    print(f"W-ingest: {args.steps} steps x {PROMPT + RESPONSE} tokens per round, batches of {BATCH}, "
-          f"{args.rounds} rounds alternating API and COPY", file=sys.stderr)
+    print(
+        f"W-ingest: {args.steps} steps x {PROMPT + RESPONSE} tokens per round, batches of {BATCH}, "
+        f"{args.rounds} rounds alternating API and COPY",
+        file=sys.stderr,
+    )
     url = os.environ.get("DATABASE_URL")
     api_rates, packed_rates, copy_rates, batched_rates = [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -221,12 +229,17 @@ def main() -> None:
                 steps = w_ingest(args.steps, seed=r, prefix=f"r{r}")
                 rows = rows_of(steps)
                 api_rates.append(api.run(steps, clients=args.clients))
-                packed = [dict(s, uid=f"p{s['uid']}", trajectory_uid=f"p{s['trajectory_uid']}") for s in steps]
+                packed = [
+                    dict(s, uid=f"p{s['uid']}", trajectory_uid=f"p{s['trajectory_uid']}") for s in steps
+                ]
                 packed_rates.append(api.run(packed, clients=args.clients, encoding="msgpack"))
                 copy_rates.append(copy.run(rows, batched=False))
                 batched_rates.append(copy.run(rows, batched=True))
-                print(f"  round {r}: api json {api_rates[-1]:,.0f} steps/s, api msgpack {packed_rates[-1]:,.0f} steps/s, "
-                      f"copy {copy_rates[-1]:,.0f} steps/s (per-100 commits {batched_rates[-1]:,.0f})", file=sys.stderr)
+                print(
+                    f"  round {r}: api json {api_rates[-1]:,.0f} steps/s, api msgpack {packed_rates[-1]:,.0f} steps/s, "
+                    f"copy {copy_rates[-1]:,.0f} steps/s (per-100 commits {batched_rates[-1]:,.0f})",
+                    file=sys.stderr,
+                )
         finally:
             api.close()
             copy.close()

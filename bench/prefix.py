@@ -59,8 +59,10 @@ def bench_workload(name: str, groups: int, *, repeat: int, baseline: bool) -> tu
         tree = build_prefix_tree(sequences, prompt_lens)
         times.append(time.perf_counter() - t0)
         cpu_times.append(time.process_time() - c0)
-        log(f"  ours   run {i}: {times[-1] * 1e3:8.1f} ms  {total / times[-1] / 1e6:7.1f} M tok/s"
-            f"  (cpu {cpu_times[-1] * 1e3:.1f} ms)" + (" (cold)" if i == 0 else ""))
+        log(
+            f"  ours   run {i}: {times[-1] * 1e3:8.1f} ms  {total / times[-1] / 1e6:7.1f} M tok/s"
+            f"  (cpu {cpu_times[-1] * 1e3:.1f} ms)" + (" (cold)" if i == 0 else "")
+        )
     assert tree is not None
     warm = statistics.median(times[1:])
     stats = tree.stats
@@ -89,7 +91,9 @@ def bench_workload(name: str, groups: int, *, repeat: int, baseline: bool) -> tu
             gc.enable()
         log(f"  dict trie:    {dt * 1e3:8.1f} ms  {total / dt / 1e6:7.1f} M tok/s")
         if trie.unique_tokens != stats.unique_tokens:
-            raise SystemExit(f"unique tokens disagree: ours {stats.unique_tokens}, dict trie {trie.unique_tokens}")
+            raise SystemExit(
+                f"unique tokens disagree: ours {stats.unique_tokens}, dict trie {trie.unique_tokens}"
+            )
         out["baseline_mtok_per_s"] = round(total / dt / 1e6, 2)
         out["speedup"] = round(dt / warm, 1)
         del trie
@@ -118,14 +122,24 @@ def bench_attention(tree) -> dict:
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     held = 0
-    for attr in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
-                 "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"):
+    for attr in (
+        "kv_num_blocks",
+        "kv_indices",
+        "full_kv_num_blocks",
+        "full_kv_indices",
+        "q_num_blocks",
+        "q_indices",
+        "full_q_num_blocks",
+        "full_q_indices",
+    ):
         t = getattr(result, attr, None)
         if t is not None:
             held += t.numel() * t.element_size()
     u = len(tree.input_ids)
-    log(f"attention ({kind}) for {u:,} tokens: {dt * 1e3:.1f} ms, peak {(peak + held) / 2**20:.2f} MiB "
-        f"(a dense bool mask would be {u * u / 2**20:,.0f} MiB)")
+    log(
+        f"attention ({kind}) for {u:,} tokens: {dt * 1e3:.1f} ms, peak {(peak + held) / 2**20:.2f} MiB "
+        f"(a dense bool mask would be {u * u / 2**20:,.0f} MiB)"
+    )
     return {
         "attn_ms": round(dt * 1e3, 2),
         "attn_peak_mb": round((peak + held) / 2**20, 3),

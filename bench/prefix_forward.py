@@ -43,11 +43,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steadier on a shared machine)")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (1: steadier on a shared machine)"
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    steps = w_agentic(groups=1, seed=0, system=256, rollouts=4, turns=4, answer=32, observation=64, vocab=VOCAB)
+    steps = w_agentic(
+        groups=1, seed=0, system=256, rollouts=4, turns=4, answer=32, observation=64, vocab=VOCAB
+    )
     seqs = [s.prompt + s.response for s in steps]
     plens = [len(s.prompt) for s in steps]
     tree = build_prefix_tree(seqs, plens)
@@ -56,9 +60,14 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.manual_seed(0)
     config = transformers.LlamaConfig(  # type: ignore[call-arg]  # (stubs lack attn_implementation)
-        vocab_size=VOCAB, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
-        num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=4,
-        max_position_embeddings=2048, attn_implementation="sdpa",
+        vocab_size=VOCAB,
+        hidden_size=args.hidden,
+        intermediate_size=2 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
+        attn_implementation="sdpa",
     )
     model = transformers.LlamaForCausalLM(config).eval()
 
@@ -103,24 +112,33 @@ def main(argv: list[str] | None = None) -> None:
         torch.log_softmax(lg[p - 1 : len(s) - 1], -1).gather(-1, torch.tensor(s[p:])[:, None])[:, 0]
         for lg, s, p in zip(each_logits, seqs, plens, strict=True)
     ]
-    diff = max(float((a - b).abs().max()) for a, b in zip(flat_lp, response_logprobs(packed_logits, tree), strict=True))
-    log(f"time ratio packed/flat-per-step {t_packed / t_each:.3f}, packed/flat-padded {t_packed / t_pad:.3f}, "
-        f"token ratio {unique / total:.3f}; max |logprob diff| {diff:.2e}")
-    print(json.dumps({
-        "workload": "W-agentic-mini (S=256, R=4, T=4, A=32, O=64)",
-        "model": f"llama hidden={args.hidden} layers={args.layers} fp32 cpu sdpa",
-        "torch_threads": torch.get_num_threads(),
-        "steps": len(seqs),
-        "total_tokens": total,
-        "unique_tokens": unique,
-        "token_ratio": round(unique / total, 4),
-        "flat_ms": round(t_each * 1e3, 2),
-        "flat_padded_ms": round(t_pad * 1e3, 2),
-        "packed_ms": round(t_packed * 1e3, 2),
-        "time_ratio": round(t_packed / t_each, 4),
-        "time_ratio_vs_padded": round(t_packed / t_pad, 4),
-        "max_logprob_diff": diff,
-    }))
+    diff = max(
+        float((a - b).abs().max())
+        for a, b in zip(flat_lp, response_logprobs(packed_logits, tree), strict=True)
+    )
+    log(
+        f"time ratio packed/flat-per-step {t_packed / t_each:.3f}, packed/flat-padded {t_packed / t_pad:.3f}, "
+        f"token ratio {unique / total:.3f}; max |logprob diff| {diff:.2e}"
+    )
+    print(
+        json.dumps(
+            {
+                "workload": "W-agentic-mini (S=256, R=4, T=4, A=32, O=64)",
+                "model": f"llama hidden={args.hidden} layers={args.layers} fp32 cpu sdpa",
+                "torch_threads": torch.get_num_threads(),
+                "steps": len(seqs),
+                "total_tokens": total,
+                "unique_tokens": unique,
+                "token_ratio": round(unique / total, 4),
+                "flat_ms": round(t_each * 1e3, 2),
+                "flat_padded_ms": round(t_pad * 1e3, 2),
+                "packed_ms": round(t_packed * 1e3, 2),
+                "time_ratio": round(t_packed / t_each, 4),
+                "time_ratio_vs_padded": round(t_packed / t_pad, 4),
+                "max_logprob_diff": diff,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

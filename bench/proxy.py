@@ -57,8 +57,16 @@ class RawClient:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         assert self.reader is not None
         self.writer.write(
-            b"POST " + path.encode() + b" HTTP/1.1\r\nhost: " + self.host.encode() + b"\r\n" + headers
-            + b"content-type: application/json\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+            b"POST "
+            + path.encode()
+            + b" HTTP/1.1\r\nhost: "
+            + self.host.encode()
+            + b"\r\n"
+            + headers
+            + b"content-type: application/json\r\ncontent-length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
         )
         head = await self.reader.readuntil(b"\r\n\r\n")
         status = int(head[9:12])
@@ -87,10 +95,24 @@ class Target:
 def make_bodies(n: int, prompt_chars: int, seed: int) -> list[bytes]:
     """Distinct chat requests with a ``prompt_chars``-character prompt (system + user)."""
     rng = random.Random(seed)
-    words = ["agent", "tool", "reads", "file", "writes", "tests", "policy", "reward", "token", "step", "the", "a"]
+    words = [
+        "agent",
+        "tool",
+        "reads",
+        "file",
+        "writes",
+        "tests",
+        "policy",
+        "reward",
+        "token",
+        "step",
+        "the",
+        "a",
+    ]
     system_len = prompt_chars * 3 // 4
     out = []
     for i in range(n):
+
         def text(k: int) -> str:
             parts, size = [], 0
             while size < k:
@@ -101,12 +123,16 @@ def make_bodies(n: int, prompt_chars: int, seed: int) -> list[bytes]:
 
         system = text(system_len)
         user = f"task {i}: " + text(prompt_chars - system_len - 12)
-        out.append(orjson.dumps({
-            "model": "claw-demo",
-            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
-            "max_tokens": 64,
-            "temperature": 1.0,
-        }))
+        out.append(
+            orjson.dumps(
+                {
+                    "model": "claw-demo",
+                    "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+                    "max_tokens": 64,
+                    "temperature": 1.0,
+                }
+            )
+        )
     return out
 
 
@@ -125,7 +151,9 @@ async def run_c1(target: Target, bodies: list[bytes]) -> list[float]:
     return lat
 
 
-async def run_concurrent(target: Target, bodies: list[bytes], concurrency: int, seconds: float) -> tuple[int, float]:
+async def run_concurrent(
+    target: Target, bodies: list[bytes], concurrency: int, seconds: float
+) -> tuple[int, float]:
     deadline = time.perf_counter() + seconds
     count = 0
     it = iter(range(10**12))
@@ -181,8 +209,10 @@ def pct(values: list[float], q: float) -> float:
 def start_upstream() -> tuple[str, subprocess.Popen]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.demo.upstream", "--port", str(port)], cwd=ROOT,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [sys.executable, "-m", "gateway.demo.upstream", "--port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
@@ -204,7 +234,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompt-chars", type=int, default=2400)
     p.add_argument("--rounds", type=int, default=2, help="alternating direct/gateway blocks per phase")
     p.add_argument(
-        "--app", default="claw_site.asgi:application",
+        "--app",
+        default="claw_site.asgi:application",
         help="ASGI app the gateway process serves (default: the project's, gateway paths on the lean handler)",
     )
     args = p.parse_args(argv)
@@ -219,7 +250,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"demo upstream at {upstream_url} (zero latency)", flush=True)
     tmp = tempfile.TemporaryDirectory()
     server = LiveServer(
-        Path(tmp.name), {"CLAW_UPSTREAM_URL": f"{upstream_url}/v1", "CLAW_API_KEY_CACHE_SECONDS": "60"}, app=args.app
+        Path(tmp.name),
+        {"CLAW_UPSTREAM_URL": f"{upstream_url}/v1", "CLAW_API_KEY_CACHE_SECONDS": "60"},
+        app=args.app,
     )
     try:
         server.start()
@@ -237,7 +270,9 @@ def main(argv: list[str] | None = None) -> None:
         pids = {"gateway": server.proc.pid, "upstream": upstream.pid}
         result = asyncio.run(_measure(args, direct, gateway, bodies, n_c1, pids))
         result["pg_commit_p50_ms"] = commit_ms
-        stats = httpx.get(f"{server.url}/api/v1/stats", headers={"Authorization": f"Bearer {key}"}, timeout=60).json()
+        stats = httpx.get(
+            f"{server.url}/api/v1/stats", headers={"Authorization": f"Bearer {key}"}, timeout=60
+        ).json()
         result.update(
             app=args.app,
             steps_recorded=stats["steps"],
@@ -249,7 +284,10 @@ def main(argv: list[str] | None = None) -> None:
             ),
         )
         if result["steps_recorded"] != result["gateway_requests"]:
-            print(f"WARNING: {result['gateway_requests']} gateway calls but {result['steps_recorded']} steps", flush=True)
+            print(
+                f"WARNING: {result['gateway_requests']} gateway calls but {result['steps_recorded']} steps",
+                flush=True,
+            )
         print(json.dumps(result), flush=True)
     finally:
         server.close()
@@ -259,7 +297,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 async def _measure(
-    args: argparse.Namespace, direct: Target, gateway: Target, bodies: list[bytes], n_c1: int, pids: dict[str, int]
+    args: argparse.Namespace,
+    direct: Target,
+    gateway: Target,
+    bodies: list[bytes],
+    n_c1: int,
+    pids: dict[str, int],
 ) -> dict:
     pos = 0
 
@@ -281,7 +324,10 @@ async def _measure(
     for r in range(args.rounds):
         for t in (direct, gateway):
             lat[t.name] += await run_c1(t, take(per_round))
-            print(f"c=1 round {r + 1}/{args.rounds} {t.name}: p50 {statistics.median(lat[t.name]):.2f} ms", flush=True)
+            print(
+                f"c=1 round {r + 1}/{args.rounds} {t.name}: p50 {statistics.median(lat[t.name]):.2f} ms",
+                flush=True,
+            )
         gateway_requests += per_round
 
     rest = bodies[pos:]
@@ -297,7 +343,9 @@ async def _measure(
                 gateway_requests += n
                 for name, pid in pids.items():
                     cpu[name] += cpu_seconds(pid) - before[name]
-            print(f"c={args.concurrency} round {r + 1}/{args.rounds} {t.name}: {n / secs:.0f} req/s", flush=True)
+            print(
+                f"c={args.concurrency} round {r + 1}/{args.rounds} {t.name}: {n / secs:.0f} req/s", flush=True
+            )
 
     d50, g50 = pct(lat["direct"], 0.5), pct(lat["gateway"], 0.5)
     d99, g99 = pct(lat["direct"], 0.99), pct(lat["gateway"], 0.99)

@@ -58,17 +58,24 @@ def main() -> None:
             server.close()
     stored, naive = stats["stored_bytes"], stats["naive_bytes"]
     unique = W_AGENTIC_UNIQUE_TOKENS * 4
-    print(f"W-agentic: {len(payload)} steps, {naive // 4:,} step tokens, {W_AGENTIC_UNIQUE_TOKENS:,} unique; "
-          f"all steps read back exactly", file=sys.stderr)
-    print(json.dumps({
-        "workload": "W-agentic",
-        "db": db,
-        "stored_bytes": stored,
-        "naive_bytes": naive,
-        "unique_bytes": unique,
-        "ratio_to_unique": round(stored / unique, 4),
-        "ratio_to_naive": round(stored / naive, 4),
-    }))
+    print(
+        f"W-agentic: {len(payload)} steps, {naive // 4:,} step tokens, {W_AGENTIC_UNIQUE_TOKENS:,} unique; "
+        f"all steps read back exactly",
+        file=sys.stderr,
+    )
+    print(
+        json.dumps(
+            {
+                "workload": "W-agentic",
+                "db": db,
+                "stored_bytes": stored,
+                "naive_bytes": naive,
+                "unique_bytes": unique,
+                "ratio_to_unique": round(stored / unique, 4),
+                "ratio_to_naive": round(stored / naive, 4),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

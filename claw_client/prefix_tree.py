@@ -189,7 +189,9 @@ class PrefixTree:
     @property
     def stats(self) -> PrefixTreeStats:
         return PrefixTreeStats(
-            n_sequences=self.n_sequences, total_tokens=int(self.lengths.sum()), unique_tokens=len(self.input_ids)
+            n_sequences=self.n_sequences,
+            total_tokens=int(self.lengths.sum()),
+            unique_tokens=len(self.input_ids),
         )
 
     def sequence_indices(self, i: int) -> np.ndarray:

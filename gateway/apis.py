@@ -66,13 +66,15 @@ class StepListCreateApi(generics.GenericAPIView):
     def post(self, request):
         batch = request.data  # list[StepIn], validated by StepBatchParser
         if not isinstance(batch, list):  # no body at all: DRF hands over an empty QueryDict
-            raise InvalidInput("empty body; expected {\"steps\": [...]}", field="steps")
+            raise InvalidInput('empty body; expected {"steps": [...]}', field="steps")
         result = steps_ingest(steps=batch, source_id=source_id_of(request))
         created = set(result.created_uids)
         body = {
             "created": len(result.created),
             "duplicates": len(result.duplicates),
-            "steps": [{"uid": st.uid, "status": "created" if st.uid in created else "duplicate"} for st in batch],
+            "steps": [
+                {"uid": st.uid, "status": "created" if st.uid in created else "duplicate"} for st in batch
+            ],
         }
         return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
@@ -100,7 +102,10 @@ class TrajectoryListCreateApi(generics.GenericAPIView):
     def get_permissions(self):
         return _methods_scope(self.request)
 
-    @extend_schema(request=s.TrajectoryCreateSerializer, responses={201: s.TrajectorySerializer, 200: s.TrajectorySerializer})
+    @extend_schema(
+        request=s.TrajectoryCreateSerializer,
+        responses={201: s.TrajectorySerializer, 200: s.TrajectorySerializer},
+    )
     def post(self, request):
         ser = s.TrajectoryCreateSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
@@ -140,7 +145,10 @@ class TrajectoryCompleteApi(APIView):
         ser.is_valid(raise_exception=True)
         d = ser.validated_data
         trajectory_complete(
-            uid=uid, reward=d.get("reward"), status=d["status"], reward_source=d["reward_source"],
+            uid=uid,
+            reward=d.get("reward"),
+            status=d["status"],
+            reward_source=d["reward_source"],
             source_id=source_id_of(request),
         )
         traj = Trajectory.objects.select_related("group", "source").get(uid=uid)
@@ -196,23 +204,33 @@ class GroupPrefixTreeApi(APIView):
     def get(self, request, uid: str):
         result = group_merge_ensure(uid=uid)
         body = merge_tree_render(result)
-        return Response(body, status=status.HTTP_202_ACCEPTED if result.status == "pending" else status.HTTP_200_OK)
+        return Response(
+            body, status=status.HTTP_202_ACCEPTED if result.status == "pending" else status.HTTP_200_OK
+        )
 
 
 # --- rewards, events, feedback, policy versions ------------------------------------------------
 class RewardApi(APIView):
     permission_classes = [IngestScope]
 
-    @extend_schema(request=s.RewardBatchSerializer, responses={200: inline_serializer("RewardResult", {"applied": serializers.IntegerField()})},
-                   summary="Late rewards for steps or trajectories (a single object or {'rewards': [...]})")
+    @extend_schema(
+        request=s.RewardBatchSerializer,
+        responses={200: inline_serializer("RewardResult", {"applied": serializers.IntegerField()})},
+        summary="Late rewards for steps or trajectories (a single object or {'rewards': [...]})",
+    )
     def post(self, request):
         data, _ = _one_or_many(request.data, "rewards")
         ser = s.RewardBatchSerializer(data=data)
         ser.is_valid(raise_exception=True)
         items = [
             RewardIn(
-                reward=r["reward"], step_uid=r.get("step_uid"), trajectory_uid=r.get("trajectory_uid"),
-                source=r["source"], final=r["final"], metadata=r.get("metadata") or {}, field_prefix=f"rewards[{i}].",
+                reward=r["reward"],
+                step_uid=r.get("step_uid"),
+                trajectory_uid=r.get("trajectory_uid"),
+                source=r["source"],
+                final=r["final"],
+                metadata=r.get("metadata") or {},
+                field_prefix=f"rewards[{i}].",
             )
             for i, r in enumerate(ser.validated_data["rewards"])
         ]
@@ -227,13 +245,18 @@ class EventApi(generics.GenericAPIView):
     def get_permissions(self):
         return _methods_scope(self.request)
 
-    @extend_schema(request=s.EventBatchSerializer, responses={201: inline_serializer("EventResult", {"recorded": serializers.IntegerField()})},
-                   summary="Service events (a single object or {'events': [...]})")
+    @extend_schema(
+        request=s.EventBatchSerializer,
+        responses={201: inline_serializer("EventResult", {"recorded": serializers.IntegerField()})},
+        summary="Service events (a single object or {'events': [...]})",
+    )
     def post(self, request):
         data, _ = _one_or_many(request.data, "events")
         ser = s.EventBatchSerializer(data=data)
         ser.is_valid(raise_exception=True)
-        items = [EventIn(field_prefix=f"events[{i}].", **e) for i, e in enumerate(ser.validated_data["events"])]
+        items = [
+            EventIn(field_prefix=f"events[{i}].", **e) for i, e in enumerate(ser.validated_data["events"])
+        ]
         rows = event_record(events=items, source_id=source_id_of(request))
         return Response({"recorded": len(rows), "ids": [r.id for r in rows]}, status=201)
 
@@ -243,9 +266,13 @@ class EventApi(generics.GenericAPIView):
         return self.get_paginated_response(
             [
                 {
-                    "id": e.id, "type": e.type, "payload": e.payload, "occurred_at": e.occurred_at,
+                    "id": e.id,
+                    "type": e.type,
+                    "payload": e.payload,
+                    "occurred_at": e.occurred_at,
                     "trajectory_uid": e.trajectory.uid if e.trajectory_id else None,
-                    "step_uid": e.step.uid if e.step_id else None, "created_at": e.created_at,
+                    "step_uid": e.step.uid if e.step_id else None,
+                    "created_at": e.created_at,
                 }
                 for e in page
             ]
@@ -259,11 +286,16 @@ class FeedbackApi(generics.GenericAPIView):
     def get_permissions(self):
         return _methods_scope(self.request)
 
-    @extend_schema(request=s.FeedbackSerializer, responses={201: inline_serializer("FeedbackResult", {"id": serializers.IntegerField()})})
+    @extend_schema(
+        request=s.FeedbackSerializer,
+        responses={201: inline_serializer("FeedbackResult", {"id": serializers.IntegerField()})},
+    )
     def post(self, request):
         ser = s.FeedbackSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
-        fb = feedback_create(**ser.validated_data, source_id=source_id_of(request), user_id=user_id_of(request))
+        fb = feedback_create(
+            **ser.validated_data, source_id=source_id_of(request), user_id=user_id_of(request)
+        )
         return Response({"id": fb.id}, status=201)
 
     @extend_schema(responses=s.FeedbackReadSerializer(many=True), summary="List feedback (cursor-paginated)")
@@ -272,9 +304,14 @@ class FeedbackApi(generics.GenericAPIView):
         return self.get_paginated_response(
             [
                 {
-                    "id": f.id, "step_uid": f.step.uid if f.step_id else None,
-                    "trajectory_uid": f.trajectory.uid if f.trajectory_id else None, "rating": f.rating,
-                    "label": f.label, "correction": f.correction, "comment": f.comment, "author": f.author,
+                    "id": f.id,
+                    "step_uid": f.step.uid if f.step_id else None,
+                    "trajectory_uid": f.trajectory.uid if f.trajectory_id else None,
+                    "rating": f.rating,
+                    "label": f.label,
+                    "correction": f.correction,
+                    "comment": f.comment,
+                    "author": f.author,
                     "created_at": f.created_at,
                 }
                 for f in page
@@ -289,8 +326,13 @@ class PolicyVersionApi(generics.GenericAPIView):
     def get_permissions(self):
         return _methods_scope(self.request, write=PolicyWriteScope)
 
-    @extend_schema(request=s.PolicyVersionSerializer, responses=inline_serializer(
-        "PolicyVersionOut", {"version": serializers.IntegerField(), "is_current": serializers.BooleanField()}))
+    @extend_schema(
+        request=s.PolicyVersionSerializer,
+        responses=inline_serializer(
+            "PolicyVersionOut",
+            {"version": serializers.IntegerField(), "is_current": serializers.BooleanField()},
+        ),
+    )
     def post(self, request):
         ser = s.PolicyVersionSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
@@ -298,10 +340,14 @@ class PolicyVersionApi(generics.GenericAPIView):
         pv = policy_version_set(version=d["version"], current=d["current"], metadata=d.get("metadata"))
         return Response({"version": pv.version, "is_current": pv.is_current, "metadata": pv.metadata})
 
-    @extend_schema(responses=s.PolicyVersionReadSerializer(many=True), summary="Policy versions, newest first")
+    @extend_schema(
+        responses=s.PolicyVersionReadSerializer(many=True), summary="Policy versions, newest first"
+    )
     def get(self, request):
         rows = PolicyVersion.objects.order_by("-version")[:1000]
-        return Response([{"version": p.version, "is_current": p.is_current, "metadata": p.metadata} for p in rows])
+        return Response(
+            [{"version": p.version, "is_current": p.is_current, "metadata": p.metadata} for p in rows]
+        )
 
 
 class StatsApi(APIView):

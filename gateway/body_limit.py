@@ -61,9 +61,25 @@ class BodyLimitMiddleware:
 
 async def _reply(send: Any, status: int, message: str) -> None:
     kind = "invalid_request_error"
-    body = orjson.dumps({"error": {"type": kind, "code": "payload_too_large" if status == 413 else "invalid",
-                                   "message": message, "param": None}})
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+    body = orjson.dumps(
+        {
+            "error": {
+                "type": kind,
+                "code": "payload_too_large" if status == 413 else "invalid",
+                "message": message,
+                "param": None,
+            }
+        }
+    )
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

@@ -31,7 +31,9 @@ _TYPES = {
 }
 
 
-def error_body(status_code: int, message: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+def error_body(
+    status_code: int, message: str, *, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
     return {
         "error": {
             "type": _TYPES.get(status_code, "api_error"),
@@ -44,7 +46,9 @@ def error_body(status_code: int, message: str, *, param: str | None = None, code
 
 def api_exception_handler(exc, context):
     if isinstance(exc, PoolError):
-        return Response(error_body(exc.status_code, exc.message, param=exc.field, code=exc.code), status=exc.status_code)
+        return Response(
+            error_body(exc.status_code, exc.message, param=exc.field, code=exc.code), status=exc.status_code
+        )
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):

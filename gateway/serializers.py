@@ -83,7 +83,9 @@ class FiniteFloatField(serializers.FloatField):
 
 # --- steps (schema only; validated in bulk by gateway.validation) ---------------------------
 class StepWriteSerializer(StrictSerializer):
-    uid = serializers.CharField(required=False, max_length=128, help_text="Idempotency key. Default: '<trajectory_uid>:<step_index>'.")
+    uid = serializers.CharField(
+        required=False, max_length=128, help_text="Idempotency key. Default: '<trajectory_uid>:<step_index>'."
+    )
     trajectory_uid = serializers.CharField(max_length=128)
     prompt_group_uid = serializers.CharField(required=False, allow_null=True, max_length=128)
     step_index = serializers.IntegerField(min_value=0)
@@ -91,7 +93,9 @@ class StepWriteSerializer(StrictSerializer):
     response_ids = serializers.ListField(child=serializers.IntegerField(min_value=0, max_value=2**31 - 1))
     rollout_logprobs = serializers.ListField(child=serializers.FloatField(), required=False, allow_null=True)
     reward = FiniteFloatField(required=False, allow_null=True)
-    reward_source = serializers.ChoiceField(choices=Step.RewardSource.choices, required=False, allow_null=True)
+    reward_source = serializers.ChoiceField(
+        choices=Step.RewardSource.choices, required=False, allow_null=True
+    )
     policy_version = serializers.IntegerField(min_value=0, required=False, allow_null=True)
     is_last = serializers.BooleanField(required=False, default=False)
     finish_reason = serializers.CharField(required=False, allow_null=True, max_length=32)
@@ -181,7 +185,9 @@ class RewardSerializer(StrictSerializer):
 
     def validate(self, attrs):
         if ("step_uid" in attrs) == ("trajectory_uid" in attrs):
-            raise serializers.ValidationError({"step_uid": ["give exactly one of step_uid or trajectory_uid"]})
+            raise serializers.ValidationError(
+                {"step_uid": ["give exactly one of step_uid or trajectory_uid"]}
+            )
         return attrs
 
 
@@ -212,7 +218,9 @@ class FeedbackSerializer(StrictSerializer):
 
     def validate(self, attrs):
         if ("step_uid" in attrs) == ("trajectory_uid" in attrs):
-            raise serializers.ValidationError({"step_uid": ["give exactly one of step_uid or trajectory_uid"]})
+            raise serializers.ValidationError(
+                {"step_uid": ["give exactly one of step_uid or trajectory_uid"]}
+            )
         return attrs
 
 

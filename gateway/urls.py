@@ -9,10 +9,16 @@ urlpatterns = [
     path("steps", apis.StepListCreateApi.as_view(), name="steps"),
     re_path(r"^steps/(?P<uid>.+)$", apis.StepDetailApi.as_view(), name="step-detail"),
     path("trajectories", apis.TrajectoryListCreateApi.as_view(), name="trajectories"),
-    re_path(r"^trajectories/(?P<uid>.+)/complete$", apis.TrajectoryCompleteApi.as_view(), name="trajectory-complete"),
+    re_path(
+        r"^trajectories/(?P<uid>.+)/complete$",
+        apis.TrajectoryCompleteApi.as_view(),
+        name="trajectory-complete",
+    ),
     re_path(r"^trajectories/(?P<uid>.+)$", apis.TrajectoryDetailApi.as_view(), name="trajectory-detail"),
     path("groups", apis.GroupListCreateApi.as_view(), name="groups"),
-    re_path(r"^groups/(?P<uid>[^/]+)/prefix-tree$", apis.GroupPrefixTreeApi.as_view(), name="group-prefix-tree"),
+    re_path(
+        r"^groups/(?P<uid>[^/]+)/prefix-tree$", apis.GroupPrefixTreeApi.as_view(), name="group-prefix-tree"
+    ),
     re_path(r"^groups/(?P<uid>[^/]+)$", apis.GroupDetailApi.as_view(), name="group-detail"),
     path("rewards", apis.RewardApi.as_view(), name="rewards"),
     path("events", apis.EventApi.as_view(), name="events"),

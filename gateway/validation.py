@@ -69,18 +69,26 @@ def _step_wire(name: str, token_ids: Any, logprobs: Any, doc: str) -> type[msgsp
 
 def _batch_wire(name: str, step: type[msgspec.Struct]) -> type[msgspec.Struct]:
     return msgspec.defstruct(
-        name, [("steps", Annotated[list[step], msgspec.Meta(min_length=1)])], forbid_unknown_fields=True  # type: ignore[valid-type]
+        name,
+        [("steps", Annotated[list[step], msgspec.Meta(min_length=1)])],
+        forbid_unknown_fields=True,  # type: ignore[valid-type]
     )
 
 
 StepWire = _step_wire(
-    "StepWire", list[TokenId], list[float], "One step as submitted. The field names are the API's, for writes and reads."
+    "StepWire",
+    list[TokenId],
+    list[float],
+    "One step as submitted. The field names are the API's, for writes and reads.",
 )
 # MessagePack (``Content-Type: application/msgpack``): token ids may also be a bin of
 # little-endian int32 and logprobs a bin of little-endian float64, so arrays cross the wire
 # and the parser as raw buffers, never as per-id objects.
 PackedStepWire = _step_wire(
-    "PackedStepWire", list[TokenId] | bytes, list[float] | bytes, "A step in MessagePack, arrays possibly packed."
+    "PackedStepWire",
+    list[TokenId] | bytes,
+    list[float] | bytes,
+    "A step in MessagePack, arrays possibly packed.",
 )
 StepBatchWire = _batch_wire("StepBatchWire", StepWire)
 PackedStepBatchWire = _batch_wire("PackedStepBatchWire", PackedStepWire)
@@ -93,7 +101,7 @@ _msgpack_decoder = msgspec.msgpack.Decoder(PackedStepBatchWire)
 def parse_step_batch_json(raw: bytes) -> list[StepIn]:
     """Decode and validate a JSON body ``{"steps": [...]}``."""
     if not raw.strip():
-        raise InvalidInput("empty body; expected {\"steps\": [...]}", field="steps")
+        raise InvalidInput('empty body; expected {"steps": [...]}', field="steps")
     try:
         batch = _decoder.decode(raw)
     except msgspec.ValidationError as exc:
@@ -118,7 +126,7 @@ def _require_json(raw: bytes) -> Any:
 def parse_step_batch_msgpack(raw: bytes) -> list[StepIn]:
     """Decode and validate a MessagePack body ``{"steps": [...]}`` (see PackedStepWire)."""
     if not raw:
-        raise InvalidInput("empty body; expected {\"steps\": [...]}", field="steps")
+        raise InvalidInput('empty body; expected {"steps": [...]}', field="steps")
     try:
         batch = _msgpack_decoder.decode(raw)
     except msgspec.ValidationError as exc:
@@ -160,11 +168,17 @@ def _to_step(w: Any, where: str) -> StepIn:
     logprobs: np.ndarray | None = None
     if isinstance(w.rollout_logprobs, bytes):
         if len(w.rollout_logprobs) % 8:
-            raise InvalidInput("packed logprobs must be little-endian float64 (8 bytes each)",
-                               field=f"{where}.rollout_logprobs")
+            raise InvalidInput(
+                "packed logprobs must be little-endian float64 (8 bytes each)",
+                field=f"{where}.rollout_logprobs",
+            )
         logprobs = np.frombuffer(w.rollout_logprobs, dtype="<f8")
     elif w.rollout_logprobs is not None:
-        logprobs = np.frombuffer(array("d", w.rollout_logprobs), dtype=np.float64) if w.rollout_logprobs else np.zeros(0)
+        logprobs = (
+            np.frombuffer(array("d", w.rollout_logprobs), dtype=np.float64)
+            if w.rollout_logprobs
+            else np.zeros(0)
+        )
     if logprobs is not None:
         if len(logprobs) != len(response):
             raise InvalidInput(

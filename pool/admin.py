@@ -44,7 +44,16 @@ class PromptGroupAdmin(admin.ModelAdmin):
 
 @admin.register(Trajectory)
 class TrajectoryAdmin(admin.ModelAdmin):
-    list_display = ("uid", "group", "status", "channel", "reward", "step_count", "policy_version", "created_at")
+    list_display = (
+        "uid",
+        "group",
+        "status",
+        "channel",
+        "reward",
+        "step_count",
+        "policy_version",
+        "created_at",
+    )
     list_filter = ("status", "channel", "policy_version")
     search_fields = ("uid", "group__uid")
     raw_id_fields = ("group", "source")
@@ -53,7 +62,18 @@ class TrajectoryAdmin(admin.ModelAdmin):
 
 @admin.register(Step)
 class StepAdmin(admin.ModelAdmin):
-    list_display = ("uid", "trajectory", "step_index", "seq_len", "reward", "reward_status", "token_source", "drift", "policy_version", "created_at")
+    list_display = (
+        "uid",
+        "trajectory",
+        "step_index",
+        "seq_len",
+        "reward",
+        "reward_status",
+        "token_source",
+        "drift",
+        "policy_version",
+        "created_at",
+    )
     list_filter = ("reward_status", "reward_source", "token_source", "drift", "is_last", "policy_version")
     search_fields = ("uid", "trajectory__uid")
     raw_id_fields = ("trajectory", "seq_parent", "source")
@@ -64,7 +84,16 @@ class StepAdmin(admin.ModelAdmin):
 
 @admin.register(RewardEvent)
 class RewardEventAdmin(admin.ModelAdmin):
-    list_display = ("id", "step", "trajectory", "old_reward", "new_reward", "reward_source", "final", "created_at")
+    list_display = (
+        "id",
+        "step",
+        "trajectory",
+        "old_reward",
+        "new_reward",
+        "reward_source",
+        "final",
+        "created_at",
+    )
     raw_id_fields = ("step", "trajectory", "source")
 
 
@@ -84,15 +113,34 @@ class FeedbackAdmin(admin.ModelAdmin):
 
 @admin.register(MergeResult)
 class MergeResultAdmin(admin.ModelAdmin):
-    list_display = ("key", "status", "n_sequences", "total_tokens", "unique_tokens", "savings_display", "updated_at")
+    list_display = (
+        "key",
+        "status",
+        "n_sequences",
+        "total_tokens",
+        "unique_tokens",
+        "savings_display",
+        "updated_at",
+    )
     list_filter = ("status",)
     search_fields = ("key",)
     raw_id_fields = ("group",)
     exclude = ("layout", "input_hash")
     # Results are computed by the merge tasks; editing them by hand would only desynchronise them.
     readonly_fields = (
-        "key", "group", "status", "n_sequences", "total_tokens", "unique_tokens", "savings_display",
-        "ratio_display", "layout_size", "stats", "error", "created_at", "updated_at",
+        "key",
+        "group",
+        "status",
+        "n_sequences",
+        "total_tokens",
+        "unique_tokens",
+        "savings_display",
+        "ratio_display",
+        "layout_size",
+        "stats",
+        "error",
+        "created_at",
+        "updated_at",
     )
 
     @admin.display(description="savings")

@@ -21,7 +21,9 @@ from django.db.models.base import ModelState
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
-_plans: dict[type[models.Model], tuple[str, str, list[str], list[tuple[str, Callable[[Any], Any] | None]]]] = {}
+_plans: dict[
+    type[models.Model], tuple[str, str, list[str], list[tuple[str, Callable[[Any], Any] | None]]]
+] = {}
 
 
 def insert_rows(model: type[models.Model], objs: Sequence[models.Model]) -> None:

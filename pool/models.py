@@ -80,7 +80,9 @@ class PolicyVersion(models.Model):
     class Meta:
         constraints = [
             # At most one current version; set_current flips it inside one transaction.
-            models.UniqueConstraint(fields=["is_current"], condition=Q(is_current=True), name="policy_one_current"),
+            models.UniqueConstraint(
+                fields=["is_current"], condition=Q(is_current=True), name="policy_one_current"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -133,8 +135,12 @@ class Trajectory(models.Model):
         ABANDONED = "abandoned", "abandoned"
 
     uid = models.CharField(max_length=128, unique=True)
-    group = models.ForeignKey(PromptGroup, null=True, blank=True, on_delete=models.PROTECT, related_name="trajectories")
-    source = models.ForeignKey(Source, null=True, blank=True, on_delete=models.SET_NULL, related_name="trajectories")
+    group = models.ForeignKey(
+        PromptGroup, null=True, blank=True, on_delete=models.PROTECT, related_name="trajectories"
+    )
+    source = models.ForeignKey(
+        Source, null=True, blank=True, on_delete=models.SET_NULL, related_name="trajectories"
+    )
     channel = models.CharField(max_length=8, choices=Channel.choices, default=Channel.TRAIN)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
     reward = models.FloatField(null=True, blank=True)
@@ -148,7 +154,6 @@ class Trajectory(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     completed_at = models.DateTimeField(null=True, blank=True)
 
-
     class Meta:
         indexes = [
             # "Rollouts of a group" (group detail, group-complete check, merge input).
@@ -158,6 +163,7 @@ class Trajectory(models.Model):
             # Time-ordered listings and retention.
             models.Index(fields=["created_at"], name="traj_created"),
         ]
+
     def __str__(self) -> str:
         return self.uid
 
@@ -218,7 +224,9 @@ class Step(models.Model):
     messages = models.JSONField(null=True, blank=True)
     response_text = models.TextField(null=True, blank=True)  # noqa: DJ001 - null = text form unknown
     metadata = models.JSONField(default=dict, blank=True)
-    source = models.ForeignKey(Source, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False)
+    source = models.ForeignKey(
+        Source, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -229,8 +237,12 @@ class Step(models.Model):
         constraints = [
             # Trajectory + step_index: the step order. Also serves "steps of a trajectory in order".
             models.UniqueConstraint(fields=["trajectory", "step_index"], name="step_traj_index_uniq"),
-            models.CheckConstraint(condition=Q(prompt_len__lte=models.F("seq_len")), name="step_prompt_within_seq"),
-            models.CheckConstraint(condition=Q(seq_shared__lte=models.F("seq_len")), name="step_shared_within_seq"),
+            models.CheckConstraint(
+                condition=Q(prompt_len__lte=models.F("seq_len")), name="step_prompt_within_seq"
+            ),
+            models.CheckConstraint(
+                condition=Q(seq_shared__lte=models.F("seq_len")), name="step_shared_within_seq"
+            ),
             models.CheckConstraint(
                 condition=Q(seq_parent__isnull=False) | Q(seq_shared=0), name="step_shared_needs_parent"
             ),
@@ -264,7 +276,9 @@ class Step(models.Model):
 class RewardEvent(models.Model):
     """Audit trail: every reward set or changed, on a step or a trajectory."""
 
-    step = models.ForeignKey(Step, null=True, blank=True, on_delete=models.CASCADE, related_name="reward_events")
+    step = models.ForeignKey(
+        Step, null=True, blank=True, on_delete=models.CASCADE, related_name="reward_events"
+    )
     trajectory = models.ForeignKey(
         Trajectory, null=True, blank=True, on_delete=models.CASCADE, related_name="reward_events"
     )
@@ -296,7 +310,9 @@ class Event(models.Model):
 
     type = models.CharField(max_length=64)
     source = models.ForeignKey(Source, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    trajectory = models.ForeignKey(Trajectory, null=True, blank=True, on_delete=models.SET_NULL, related_name="events")
+    trajectory = models.ForeignKey(
+        Trajectory, null=True, blank=True, on_delete=models.SET_NULL, related_name="events"
+    )
     step = models.ForeignKey(Step, null=True, blank=True, on_delete=models.SET_NULL, related_name="events")
     payload = models.JSONField(default=dict, blank=True)
     occurred_at = models.DateTimeField(null=True, blank=True)
@@ -318,14 +334,18 @@ class Feedback(models.Model):
     """Human or service feedback on a step or a trajectory."""
 
     step = models.ForeignKey(Step, null=True, blank=True, on_delete=models.CASCADE, related_name="feedback")
-    trajectory = models.ForeignKey(Trajectory, null=True, blank=True, on_delete=models.CASCADE, related_name="feedback")
+    trajectory = models.ForeignKey(
+        Trajectory, null=True, blank=True, on_delete=models.CASCADE, related_name="feedback"
+    )
     rating = models.FloatField(null=True, blank=True)
     label = models.CharField(max_length=64, blank=True, default="")
     correction = models.TextField(blank=True, default="")
     comment = models.TextField(blank=True, default="")
     author = models.CharField(max_length=128, blank=True, default="")
     source = models.ForeignKey(Source, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -358,7 +378,9 @@ class MergeResult(models.Model):
         FAILED = "failed", "failed"
 
     key = models.CharField(max_length=200, unique=True)  # "group:<uid>" or "batch:<id>"
-    group = models.ForeignKey(PromptGroup, null=True, blank=True, on_delete=models.CASCADE, related_name="merges")
+    group = models.ForeignKey(
+        PromptGroup, null=True, blank=True, on_delete=models.CASCADE, related_name="merges"
+    )
     status = models.CharField(max_length=8, choices=Status.choices, default=Status.PENDING)
     input_hash = models.BinaryField(max_length=16, null=True, blank=True)
     n_sequences = models.PositiveIntegerField(default=0)

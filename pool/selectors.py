@@ -94,7 +94,9 @@ def pool_stats() -> dict[str, Any]:
         tokens=Sum("seq_len"),
     )
     traj = dict(Trajectory.objects.values_list("status").annotate(n=Count("id")).values_list("status", "n"))
-    groups = dict(PromptGroup.objects.values_list("status").annotate(n=Count("id")).values_list("status", "n"))
+    groups = dict(
+        PromptGroup.objects.values_list("status").annotate(n=Count("id")).values_list("status", "n")
+    )
     stored = _stored_token_bytes()
     current = PolicyVersion.objects.filter(is_current=True).values_list("version", flat=True).first()
     merges = MergeResult.objects.filter(status=MergeResult.Status.DONE).aggregate(

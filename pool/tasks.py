@@ -18,7 +18,11 @@ _TRANSIENT = (OperationalError, InterfaceError)
 
 
 @shared_task(
-    name="pool.group_merge", autoretry_for=_TRANSIENT, retry_backoff=True, retry_backoff_max=300, max_retries=5
+    name="pool.group_merge",
+    autoretry_for=_TRANSIENT,
+    retry_backoff=True,
+    retry_backoff_max=300,
+    max_retries=5,
 )
 def group_merge(group_id: int) -> None:
     """Compute (or refresh) the prefix-tree merge of a complete prompt group. Idempotent: an
@@ -30,7 +34,11 @@ def group_merge(group_id: int) -> None:
 
 
 @shared_task(
-    name="pool.steps_merge", autoretry_for=_TRANSIENT, retry_backoff=True, retry_backoff_max=300, max_retries=5
+    name="pool.steps_merge",
+    autoretry_for=_TRANSIENT,
+    retry_backoff=True,
+    retry_backoff_max=300,
+    max_retries=5,
 )
 def steps_merge(key: str, step_ids: list[int]) -> None:
     """Merge the content of a batch or snapshot on demand, stored under ``key``. Idempotent:

@@ -122,7 +122,9 @@ def _fetch_chains(ids: list[int]) -> dict[int, tuple[int | None, int, bytes]]:
         return {row[0]: (row[1], row[2], bytes(row[3])) for row in cur.fetchall()}
 
 
-def _materialise(target: int, nodes: dict[int, tuple[int | None, int, bytes]], memo: dict[int, bytes]) -> bytes:
+def _materialise(
+    target: int, nodes: dict[int, tuple[int | None, int, bytes]], memo: dict[int, bytes]
+) -> bytes:
     chain: list[int] = []
     cur: int | None = target
     while cur is not None and cur not in memo:

@@ -14,7 +14,9 @@ from pool.services import api_key_create
 @pytest.fixture
 def make_key(db):
     def _make(*scopes: str, name: str | None = None) -> str:
-        _, clear = api_key_create(name=name or f"key-{'-'.join(scopes)}-{random.random()}", scopes=list(scopes))
+        _, clear = api_key_create(
+            name=name or f"key-{'-'.join(scopes)}-{random.random()}", scopes=list(scopes)
+        )
         return clear
 
     return _make

@@ -47,7 +47,13 @@ def stop_process(proc: subprocess.Popen, *, kill: bool = False, timeout: float =
 
 
 class LiveServer:
-    def __init__(self, var_dir: Path, extra_env: dict[str, str] | None = None, *, app: str = "claw_site.asgi:application"):
+    def __init__(
+        self,
+        var_dir: Path,
+        extra_env: dict[str, str] | None = None,
+        *,
+        app: str = "claw_site.asgi:application",
+    ):
         self.app = app
         self.var_dir = var_dir
         self.port = free_port()
@@ -79,7 +85,12 @@ class LiveServer:
 
     def manage(self, *args: str) -> str:
         out = subprocess.run(
-            [sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=300
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         if out.returncode != 0:
             raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
@@ -97,9 +108,26 @@ class LiveServer:
             self.manage("migrate", "--noinput", "-v", "0")
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", self.app, "--host", "127.0.0.1", "--port", str(self.port),
-             "--log-level", "warning", "--lifespan", "off", "--no-access-log", *self.extra_args],
-            cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                self.app,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+                "--lifespan",
+                "off",
+                "--no-access-log",
+                *self.extra_args,
+            ],
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -25,7 +25,9 @@ def server(tmp_path) -> Iterator[LiveServer]:
 
 def client(server: LiveServer, key: str) -> httpx.Client:
     # A new client per server life: pooled connections do not survive the process.
-    return httpx.Client(base_url=f"{server.url}/api/v1", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    return httpx.Client(
+        base_url=f"{server.url}/api/v1", headers={"Authorization": f"Bearer {key}"}, timeout=30
+    )
 
 
 def ok(resp: httpx.Response) -> httpx.Response:
@@ -66,8 +68,15 @@ def rollout_steps(rng: random.Random) -> list[dict]:
 def read_everything(c: httpx.Client, step_uids: list[str]) -> dict[str, bytes]:
     """Raw response bytes of every read endpoint that shows the written data."""
     paths = [f"steps/{u}" for u in step_uids] + [
-        "steps?page_size=1000", "trajectories?page_size=1000", "trajectories/dur-r0", "trajectories/dur-explicit",
-        "groups/dur-g", "events?page_size=1000", "feedback?page_size=1000", "policy-versions", "stats",
+        "steps?page_size=1000",
+        "trajectories?page_size=1000",
+        "trajectories/dur-r0",
+        "trajectories/dur-explicit",
+        "groups/dur-g",
+        "events?page_size=1000",
+        "feedback?page_size=1000",
+        "policy-versions",
+        "stats",
     ]
     return {p: ok(c.get(p)).content for p in paths}
 
@@ -81,21 +90,63 @@ def test_everything_written_survives_restart_and_sigkill(server):
     # given a pool written over HTTP: a group, an explicit trajectory, steps in two batches,
     # policy versions, late rewards, completions with rewards, events and feedback
     with client(server, key) as c:
-        ok(c.post("groups", json={"uid": "dur-g", "expected_rollouts": 3, "dataset": "d",
-                                  "ground_truth": {"answer": "42"}}))
+        ok(
+            c.post(
+                "groups",
+                json={
+                    "uid": "dur-g",
+                    "expected_rollouts": 3,
+                    "dataset": "d",
+                    "ground_truth": {"answer": "42"},
+                },
+            )
+        )
         ok(c.post("trajectories", json={"uid": "dur-explicit", "channel": "val", "metadata": {"k": "v"}}))
         ok(c.post("steps", json={"steps": steps[:5]}))
         ok(c.post("steps", json={"steps": steps[5:]}))
         ok(c.post("policy-versions", json={"version": 2, "metadata": {"ckpt": "step-200"}}))
-        ok(c.post("rewards", json={"rewards": [{"step_uid": "dur-r0-t0", "reward": 0.5, "source": "human"},
-                                               {"trajectory_uid": "dur-r2", "reward": -0.75, "source": "model"}]}))
+        ok(
+            c.post(
+                "rewards",
+                json={
+                    "rewards": [
+                        {"step_uid": "dur-r0-t0", "reward": 0.5, "source": "human"},
+                        {"trajectory_uid": "dur-r2", "reward": -0.75, "source": "model"},
+                    ]
+                },
+            )
+        )
         ok(c.post("trajectories/dur-r0/complete", json={"reward": 1.0, "reward_source": "rule"}))
         ok(c.post("trajectories/dur-r1/complete", json={"status": "failed"}))
-        ok(c.post("events", json={"events": [{"type": "tool_call", "step_uid": "dur-r1-t2", "payload": {"cmd": "ls"},
-                                              "occurred_at": "2026-03-04T05:06:07.123456Z"},
-                                             {"type": "env_reset", "trajectory_uid": "dur-r2"}]}))
-        ok(c.post("feedback", json={"step_uid": "dur-r2-t3", "rating": -1.0, "label": "wrong",
-                                    "correction": "use grep", "comment": "c", "author": "ann"}))
+        ok(
+            c.post(
+                "events",
+                json={
+                    "events": [
+                        {
+                            "type": "tool_call",
+                            "step_uid": "dur-r1-t2",
+                            "payload": {"cmd": "ls"},
+                            "occurred_at": "2026-03-04T05:06:07.123456Z",
+                        },
+                        {"type": "env_reset", "trajectory_uid": "dur-r2"},
+                    ]
+                },
+            )
+        )
+        ok(
+            c.post(
+                "feedback",
+                json={
+                    "step_uid": "dur-r2-t3",
+                    "rating": -1.0,
+                    "label": "wrong",
+                    "correction": "use grep",
+                    "comment": "c",
+                    "author": "ann",
+                },
+            )
+        )
         before = read_everything(c, uids)
 
         # the steps read back are exactly what was written
@@ -117,8 +168,14 @@ def test_everything_written_survives_restart_and_sigkill(server):
         # and the pool keeps working: a retried batch is a duplicate, a new turn extends a stored one
         assert ok(c.post("steps", json={"steps": steps[:5]})).status_code == 200
         last = steps[-1]
-        follow = dict(last, uid="dur-r2-t4", step_index=4, prompt_ids=last["prompt_ids"] + last["response_ids"] + [7],
-                      response_ids=[8, 9], rollout_logprobs=[-0.5, -0.25])
+        follow = dict(
+            last,
+            uid="dur-r2-t4",
+            step_index=4,
+            prompt_ids=last["prompt_ids"] + last["response_ids"] + [7],
+            response_ids=[8, 9],
+            rollout_logprobs=[-0.5, -0.25],
+        )
         follow.pop("reward", None)
         assert ok(c.post("steps", json={"steps": [follow]})).status_code == 201
         uids.append("dur-r2-t4")

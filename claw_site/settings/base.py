@@ -34,7 +34,9 @@ def env_float(name: str, default: float) -> float:
 # --- Core -----------------------------------------------------------------------------------
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "insecure-dev-key-change-me-in-production")
 DEBUG = env_bool("DJANGO_DEBUG", False)
-ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",") if h]
+ALLOWED_HOSTS = [
+    h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",") if h
+]
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 
 INSTALLED_APPS = [
@@ -150,7 +152,9 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "socket_connect_timeout": 2,
     "socket_timeout": 10,
 }
-CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CLAW_CELERY_QUEUE", "claw")  # isolates deployments sharing a Redis
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get(
+    "CLAW_CELERY_QUEUE", "claw"
+)  # isolates deployments sharing a Redis
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 
@@ -171,7 +175,10 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["gateway.auth.ReadScope"],
     "DEFAULT_PARSER_CLASSES": ["gateway.parsers.FastJSONParser"],
-    "DEFAULT_RENDERER_CLASSES": ["gateway.renderers.FastJSONRenderer", "rest_framework.renderers.BrowsableAPIRenderer"],
+    "DEFAULT_RENDERER_CLASSES": [
+        "gateway.renderers.FastJSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "gateway.pagination.IdCursorPagination",
     "PAGE_SIZE": 100,

@@ -41,7 +41,16 @@ _OK = b'{"status":"ok"}'
 # Claw-R1 step fields -> ours; fields we do not store go to metadata["claw_r1"].
 _RENAMED = {"prompt_uid": "prompt_group_uid", "rollout_log_probs": "rollout_logprobs"}
 _KEPT = frozenset(
-    {"prompt_ids", "response_ids", "reward", "trajectory_uid", "step_index", "policy_version", "is_last", "metadata"}
+    {
+        "prompt_ids",
+        "response_ids",
+        "reward",
+        "trajectory_uid",
+        "step_index",
+        "policy_version",
+        "is_last",
+        "metadata",
+    }
 )
 
 
@@ -51,7 +60,9 @@ def _view(handler):
     @csrf_exempt
     async def view(request: HttpRequest, **kwargs: str) -> HttpResponse:
         if request.method != "POST":
-            return error_response(405, f"method {request.method} not allowed; use POST", code="method_not_allowed")
+            return error_response(
+                405, f"method {request.method} not allowed; use POST", code="method_not_allowed"
+            )
         try:
             key = await require_key(request)
             return await handler(request, key.source_id, **kwargs)
@@ -73,10 +84,16 @@ async def init_trajectory(request: HttpRequest, source_id: int) -> HttpResponse:
     traj_uid = uuid.uuid4().hex
     prompt_uid = body.get("prompt_uid") or uuid.uuid4().hex
     if not isinstance(prompt_uid, str) or len(prompt_uid) > 128 or "/" in prompt_uid:
-        raise ProxyError(400, "prompt_uid must be a string of at most 128 characters without '/'", param="prompt_uid")
+        raise ProxyError(
+            400, "prompt_uid must be a string of at most 128 characters without '/'", param="prompt_uid"
+        )
     await run_db(
-        proxy_trajectory_register, uid=traj_uid, prompt_group_uid=prompt_uid, channel=body.get("channel"),
-        metadata=_metadata(body), source_id=source_id,
+        proxy_trajectory_register,
+        uid=traj_uid,
+        prompt_group_uid=prompt_uid,
+        channel=body.get("channel"),
+        metadata=_metadata(body),
+        source_id=source_id,
     )
     base_url = request.build_absolute_uri(f"{PREFIX}/{traj_uid}/{prompt_uid}/v1")
     return _json({"trajectory_uid": traj_uid, "base_url": base_url})
@@ -92,8 +109,12 @@ async def register_trajectory(
     if not isinstance(traj, str) or not traj:
         raise ProxyError(400, "trajectory_uid is required", param="trajectory_uid")
     await run_db(
-        proxy_trajectory_register, uid=traj, prompt_group_uid=prompt_uid if prompt_uid != "-" else None,
-        channel=body.get("channel"), metadata=_metadata(body), source_id=source_id,
+        proxy_trajectory_register,
+        uid=traj,
+        prompt_group_uid=prompt_uid if prompt_uid != "-" else None,
+        channel=body.get("channel"),
+        metadata=_metadata(body),
+        source_id=source_id,
     )
     return HttpResponse(_OK, content_type="application/json")
 
@@ -108,8 +129,11 @@ async def complete_trajectory(
     if reward is not None and (isinstance(reward, bool) or not isinstance(reward, int | float)):
         raise ProxyError(400, "reward must be a number", param="reward")
     await run_db(
-        proxy_trajectory_complete, uid=trajectory_uid, reward=float(reward) if reward is not None else None,
-        channel=body.get("channel"), source_id=source_id,
+        proxy_trajectory_complete,
+        uid=trajectory_uid,
+        reward=float(reward) if reward is not None else None,
+        channel=body.get("channel"),
+        source_id=source_id,
     )
     return HttpResponse(_OK, content_type="application/json")
 

@@ -24,7 +24,11 @@ urlpatterns = [
     path("init_trajectory", claw_r1.init_trajectory, name="init_trajectory"),
     path("submit_steps", claw_r1.submit_steps, name="submit_steps"),
     path("register_trajectory", claw_r1.register_trajectory, name="register_trajectory_body"),
-    path("complete_trajectory/<str:trajectory_uid>", claw_r1.complete_trajectory, name="complete_trajectory_uid"),
+    path(
+        "complete_trajectory/<str:trajectory_uid>",
+        claw_r1.complete_trajectory,
+        name="complete_trajectory_uid",
+    ),
     path(_BASE + "register_trajectory", claw_r1.register_trajectory, name="register_trajectory"),
     path(_BASE + "complete_trajectory", claw_r1.complete_trajectory, name="complete_trajectory"),
     path(_BASE + "trajectory/complete", claw_r1.complete_trajectory, name="trajectory_complete"),

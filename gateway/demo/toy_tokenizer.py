@@ -67,7 +67,9 @@ class ToyTokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         """Inverse of :meth:`encode`; special ids are skipped, invalid UTF-8 is replaced."""
-        return bytes(i - BYTE_OFFSET for i in ids if BYTE_OFFSET <= i < SYSTEM).decode("utf-8", errors="replace")
+        return bytes(i - BYTE_OFFSET for i in ids if BYTE_OFFSET <= i < SYSTEM).decode(
+            "utf-8", errors="replace"
+        )
 
     def token_text(self, token_id: int) -> str:
         """The text of one id: its special name, or its byte (U+FFFD when not valid alone)."""

@@ -126,7 +126,9 @@ def _black_box_group(base_url: str, llm: openai.OpenAI, http: httpx.Client, *, s
             yield False
 
 
-def _black_box_rollout(client: openai.OpenAI, task: str, rng: random.Random, *, stream: bool) -> Iterator[None]:
+def _black_box_rollout(
+    client: openai.OpenAI, task: str, rng: random.Random, *, stream: bool
+) -> Iterator[None]:
     """The turns of one rollout; yields after each chat call."""
     # Any: plain dicts, as apps build them, rather than the SDK's TypedDict unions.
     messages: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
@@ -134,13 +136,17 @@ def _black_box_rollout(client: openai.OpenAI, task: str, rng: random.Random, *, 
         if stream:
             reply = _streamed_reply(client, messages)
         else:
-            r = client.chat.completions.create(model=MODEL_ID, messages=messages, tools=_TOOLS, max_tokens=MAX_TOKENS)
+            r = client.chat.completions.create(
+                model=MODEL_ID, messages=messages, tools=_TOOLS, max_tokens=MAX_TOKENS
+            )
             reply = r.choices[0].message.model_dump(exclude_none=True)
         yield
         messages.append(reply)
         if reply.get("tool_calls"):
             for call in reply["tool_calls"]:
-                messages.append({"role": "tool", "tool_call_id": call["id"], "content": rng.choice(OBSERVATIONS)})
+                messages.append(
+                    {"role": "tool", "tool_call_id": call["id"], "content": rng.choice(OBSERVATIONS)}
+                )
         else:
             messages.append({"role": "user", "content": "Go on."})
 
@@ -150,14 +156,20 @@ def _streamed_reply(client: openai.OpenAI, messages: list[Any]) -> dict[str, Any
     content: list[str] = []
     calls: dict[int, dict[str, Any]] = {}
     stream = client.chat.completions.create(
-        model=MODEL_ID, messages=messages, tools=_TOOLS, max_tokens=MAX_TOKENS, stream=True,
+        model=MODEL_ID,
+        messages=messages,
+        tools=_TOOLS,
+        max_tokens=MAX_TOKENS,
+        stream=True,
         stream_options={"include_usage": True},
     )
     for chunk in stream:
         for choice in chunk.choices:
             content.append(choice.delta.content or "")
             for tc in choice.delta.tool_calls or []:
-                call = calls.setdefault(tc.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+                call = calls.setdefault(
+                    tc.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+                )
                 call["id"] = tc.id or call["id"]
                 if tc.function:
                     call["function"]["name"] += tc.function.name or ""
@@ -180,7 +192,10 @@ def _white_box_group(base_url: str, http: httpx.Client) -> Agent:
     yield True
     for k in range(ROLLOUTS_PER_GROUP):
         traj = f"demo-wb-{uuid.uuid4().hex[:12]}"
-        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": task},
+        ]
         turns = rng.randint(MIN_TURNS, MAX_TURNS)
         posted = False
         try:
@@ -212,8 +227,13 @@ def _white_box_group(base_url: str, http: httpx.Client) -> Agent:
                 if reply.tool_calls:
                     message["tool_calls"] = reply.tool_calls
                     messages.append(message)
-                    messages.append({"role": "tool", "tool_call_id": reply.tool_calls[0]["id"],
-                                     "content": rng.choice(OBSERVATIONS)})
+                    messages.append(
+                        {
+                            "role": "tool",
+                            "tool_call_id": reply.tool_calls[0]["id"],
+                            "content": rng.choice(OBSERVATIONS),
+                        }
+                    )
                 else:
                     messages.append(message)
                     messages.append({"role": "user", "content": "Go on."})

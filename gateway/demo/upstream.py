@@ -50,8 +50,28 @@ MAX_N = 64
 MAX_MODEL_LEN = 131_072
 TOOL_ARGUMENTS = '{"x": 1}'
 WORDS = (
-    "the", "agent", "reads", "a", "file", "and", "writes", "tests", "for", "it", "then", "runs",
-    "tool", "step", "reward", "claw", "tree", "token", "batch", "policy", "pool", "gateway",
+    "the",
+    "agent",
+    "reads",
+    "a",
+    "file",
+    "and",
+    "writes",
+    "tests",
+    "for",
+    "it",
+    "then",
+    "runs",
+    "tool",
+    "step",
+    "reward",
+    "claw",
+    "tree",
+    "token",
+    "batch",
+    "policy",
+    "pool",
+    "gateway",
 )
 
 Scope = dict[str, Any]
@@ -63,7 +83,18 @@ _tok = ToyTokenizer()
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 _MODELS_BODY = orjson.dumps(
-    {"object": "list", "data": [{"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "claw", "max_model_len": MAX_MODEL_LEN}]}
+    {
+        "object": "list",
+        "data": [
+            {
+                "id": MODEL_ID,
+                "object": "model",
+                "created": 0,
+                "owned_by": "claw",
+                "max_model_len": MAX_MODEL_LEN,
+            }
+        ],
+    }
 )
 
 
@@ -167,7 +198,8 @@ async def _chat(ctx: _Ctx, body: dict, send: Send) -> None:
     messages = body["messages"]
     tool = _tool_to_call(body.get("tools"), body.get("tool_choice"), messages)
     choices = [
-        generate_reply(prompt, ctx.seed, i, opts.max_tokens, tool=tool if i == 0 else None) for i in range(opts.n)
+        generate_reply(prompt, ctx.seed, i, opts.max_tokens, tool=tool if i == 0 else None)
+        for i in range(opts.n)
     ]
     if opts.stream:
         await _stream_chat(ctx, send, body, opts, prompt, choices)
@@ -213,7 +245,14 @@ async def _stream_chat(
     for i in range(len(choices)):
         first: dict[str, Any] = {
             **base,
-            "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}],
+            "choices": [
+                {
+                    "index": i,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ],
         }
         if opts.return_ids:
             first["prompt_token_ids"] = prompt
@@ -246,10 +285,21 @@ def _chat_stream_plan(c: DemoReply) -> list[tuple[dict, list[int], list[float], 
         call = c.tool_calls[0]
         args = call["function"]["arguments"]
         deltas: list[dict] = [
-            {"tool_calls": [{"index": 0, "id": call["id"], "type": "function",
-                             "function": {"name": call["function"]["name"], "arguments": ""}}]}
+            {
+                "tool_calls": [
+                    {
+                        "index": 0,
+                        "id": call["id"],
+                        "type": "function",
+                        "function": {"name": call["function"]["name"], "arguments": ""},
+                    }
+                ]
+            }
         ]
-        deltas += [{"tool_calls": [{"index": 0, "function": {"arguments": args[k:k + 3]}}]} for k in range(0, len(args), 3)]
+        deltas += [
+            {"tool_calls": [{"index": 0, "function": {"arguments": args[k : k + 3]}}]}
+            for k in range(0, len(args), 3)
+        ]
         deltas.append({})
         bounds = _split_bounds(len(c.ids), len(deltas))
         return [
@@ -260,7 +310,14 @@ def _chat_stream_plan(c: DemoReply) -> list[tuple[dict, list[int], list[float], 
     n = len(c.ids)
     for a in range(0, n, STREAM_CHUNK_TOKENS):
         b = min(a + STREAM_CHUNK_TOKENS, n)
-        plan.append(({"content": _tok.decode(c.ids[a:b])}, c.ids[a:b], c.logprobs[a:b], c.finish_reason if b == n else None))
+        plan.append(
+            (
+                {"content": _tok.decode(c.ids[a:b])},
+                c.ids[a:b],
+                c.logprobs[a:b],
+                c.finish_reason if b == n else None,
+            )
+        )
     return plan
 
 
@@ -282,8 +339,12 @@ async def _completions(ctx: _Ctx, body: dict, send: Send) -> None:
     prompt = _text_prompt(body["prompt"], add_special_tokens=True)
     opts = _Options(body, ctx)
     choices = [generate_reply(prompt, ctx.seed, i, opts.max_tokens, tool=None) for i in range(opts.n)]
-    base = {"id": f"cmpl-{ctx.request_id}", "object": "text_completion", "created": ctx.created,
-            "model": body.get("model") or MODEL_ID}
+    base = {
+        "id": f"cmpl-{ctx.request_id}",
+        "object": "text_completion",
+        "created": ctx.created,
+        "model": body.get("model") or MODEL_ID,
+    }
     if opts.stream:
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
         plans = [_split_bounds(len(c.ids), max(1, -(-len(c.ids) // STREAM_CHUNK_TOKENS))) for c in choices]
@@ -332,8 +393,14 @@ class DemoReply:
 
     __slots__ = ("ids", "logprobs", "content", "tool_calls", "finish_reason")
 
-    def __init__(self, ids: list[int], logprobs: list[float], content: str | None,
-                 tool_calls: list[dict] | None, finish_reason: str):
+    def __init__(
+        self,
+        ids: list[int],
+        logprobs: list[float],
+        content: str | None,
+        tool_calls: list[dict] | None,
+        finish_reason: str,
+    ):
         self.ids = ids
         self.logprobs = logprobs
         self.content = content
@@ -341,7 +408,9 @@ class DemoReply:
         self.finish_reason = finish_reason
 
 
-def generate_reply(prompt: list[int], seed: int, index: int, max_tokens: int | None, *, tool: str | None) -> DemoReply:
+def generate_reply(
+    prompt: list[int], seed: int, index: int, max_tokens: int | None, *, tool: str | None
+) -> DemoReply:
     """The deterministic reply for (prompt, seed, index, max_tokens); see the module docstring.
     ``tool`` names a function to call instead of answering text. Pure: no I/O, no state."""
     # orjson serialises a long int list ~10x faster than array("i", ...) converts it.
@@ -351,8 +420,13 @@ def generate_reply(prompt: list[int], seed: int, index: int, max_tokens: int | N
     digest = h.digest()
     rng = random.Random(digest)
     if tool is not None:
-        calls = [{"id": f"call_{digest.hex()[:24]}", "type": "function",
-                  "function": {"name": tool, "arguments": TOOL_ARGUMENTS}}]
+        calls = [
+            {
+                "id": f"call_{digest.hex()[:24]}",
+                "type": "function",
+                "function": {"name": tool, "arguments": TOOL_ARGUMENTS},
+            }
+        ]
         ids = _tok.encode(compact_json(canonical_tool_calls(calls))) + [END]
         return DemoReply(ids, _logprobs(rng, len(ids)), None, calls, "tool_calls")
     natural = rng.randint(MIN_NATURAL, MAX_NATURAL)
@@ -426,7 +500,12 @@ class _Options:
     def chat_logprobs(self, ids: list[int], lps: list[float]) -> list[dict]:
         label, text, raw = self.as_ids, _tok.token_text, _tok.token_bytes
         return [
-            {"token": f"token_id:{t}" if label else text(t), "logprob": lp, "bytes": raw(t), "top_logprobs": []}
+            {
+                "token": f"token_id:{t}" if label else text(t),
+                "logprob": lp,
+                "bytes": raw(t),
+                "top_logprobs": [],
+            }
             for t, lp in zip(ids, lps, strict=True)
         ]
 
@@ -436,13 +515,21 @@ class _Options:
         for t in ids:
             offsets.append(pos)
             pos += len(_tok.decode([t]))
-        return {"tokens": labels, "token_logprobs": lps, "top_logprobs": [{lab: lp} for lab, lp in zip(labels, lps, strict=True)],
-                "text_offset": offsets}
+        return {
+            "tokens": labels,
+            "token_logprobs": lps,
+            "top_logprobs": [{lab: lp} for lab, lp in zip(labels, lps, strict=True)],
+            "text_offset": offsets,
+        }
 
 
 def _usage(prompt: list[int], choices: list[DemoReply]) -> dict[str, int]:
     completion = sum(len(c.ids) for c in choices)
-    return {"prompt_tokens": len(prompt), "completion_tokens": completion, "total_tokens": len(prompt) + completion}
+    return {
+        "prompt_tokens": len(prompt),
+        "completion_tokens": completion,
+        "total_tokens": len(prompt) + completion,
+    }
 
 
 def _chat_prompt(body: dict, *, add_generation_prompt: bool) -> list[int]:
@@ -464,10 +551,17 @@ def _text_prompt(prompt: Any, *, add_special_tokens: bool) -> list[int]:
     if isinstance(prompt, str):
         ids = _tok.encode(prompt)
         return [BOS, *ids] if add_special_tokens else ids
-    if isinstance(prompt, list) and prompt and all(type(i) is int and 0 <= i < _tok.vocab_size for i in prompt):
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(type(i) is int and 0 <= i < _tok.vocab_size for i in prompt)
+    ):
         return list(prompt)
-    raise HttpError(400, "prompt must be a string or a non-empty array of token ids (batches are not supported)",
-                    param="prompt")
+    raise HttpError(
+        400,
+        "prompt must be a string or a non-empty array of token ids (batches are not supported)",
+        param="prompt",
+    )
 
 
 # --- ASGI plumbing ------------------------------------------------------------------------------
@@ -541,7 +635,9 @@ async def _send_raw(send: Send, status: int, body: bytes, *, drop: bool = False)
 
 
 async def _send_event(send: Send, payload: dict) -> None:
-    await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(payload) + b"\n\n", "more_body": True})
+    await send(
+        {"type": "http.response.body", "body": b"data: " + orjson.dumps(payload) + b"\n\n", "more_body": True}
+    )
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:
@@ -563,14 +659,30 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8001)
     p.add_argument("--latency-ms", type=float, default=0.0, help="added to every request")
-    p.add_argument("--failure-rate", type=float, default=0.0, help="share of completion requests answered 500")
-    p.add_argument("--no-token-ids", action="store_true", help="ignore return_token_ids (a plain OpenAI server)")
+    p.add_argument(
+        "--failure-rate", type=float, default=0.0, help="share of completion requests answered 500"
+    )
+    p.add_argument(
+        "--no-token-ids", action="store_true", help="ignore return_token_ids (a plain OpenAI server)"
+    )
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    app = create_app(latency_ms=args.latency_ms, failure_rate=args.failure_rate,
-                     token_ids=not args.no_token_ids, seed=args.seed)
-    uvicorn.run(app, host=args.host, port=args.port, loop="uvloop", http="httptools", log_level="warning",
-                lifespan="off", access_log=False)
+    app = create_app(
+        latency_ms=args.latency_ms,
+        failure_rate=args.failure_rate,
+        token_ids=not args.no_token_ids,
+        seed=args.seed,
+    )
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        lifespan="off",
+        access_log=False,
+    )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,9 @@ async def require_key(request: HttpRequest, scope: str = Scope.INGEST) -> Verifi
     """The request's verified key; raises ProxyError 401 (missing/invalid) or 403 (scope)."""
     token = bearer_token(request.META.get("HTTP_AUTHORIZATION"))
     if token is None:
-        raise ProxyError(401, "missing API key: send 'Authorization: Bearer <api key>'", code="invalid_api_key")
+        raise ProxyError(
+            401, "missing API key: send 'Authorization: Bearer <api key>'", code="invalid_api_key"
+        )
     cached = api_key_cached(token)
     key = await run_db(api_key_verify, token) if cached is MISS else cached
     if not isinstance(key, VerifiedKey):

@@ -25,7 +25,9 @@ from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.exception import convert_exception_to_response
 from django.urls import set_script_prefix
 
-ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
+ASGIApp = Callable[
+    [dict[str, Any], Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]
+]
 
 GATEWAY_PREFIXES = ("/v1/", "/t/", "/compat/claw-r1/")
 ROUTES = "gateway.proxy.routes"  # the gateway's routes only (same paths as in claw_site/urls.py)
@@ -102,4 +104,3 @@ def with_gateway(app: ASGIApp) -> ASGIApp:
 
 
 __all__ = ["GATEWAY_PREFIXES", "GatewayASGIHandler", "with_gateway"]
-

@@ -37,7 +37,11 @@ def executor() -> ThreadPoolExecutor:
         with _lock:
             if _executor is None:
                 default = 1 if connections["default"].vendor == "sqlite" else 8
-                threads = int(getattr(settings, "CLAW_PROXY_DB_THREADS", 0) or os.environ.get("CLAW_PROXY_DB_THREADS") or default)
+                threads = int(
+                    getattr(settings, "CLAW_PROXY_DB_THREADS", 0)
+                    or os.environ.get("CLAW_PROXY_DB_THREADS")
+                    or default
+                )
                 _executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="claw-db")
     return _executor
 

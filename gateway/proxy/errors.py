@@ -19,7 +19,9 @@ class ProxyError(Exception):
         self.param = param
 
 
-def error_response(status: int, message: str, *, code: str | None = None, param: str | None = None) -> HttpResponse:
+def error_response(
+    status: int, message: str, *, code: str | None = None, param: str | None = None
+) -> HttpResponse:
     """``{"error": {"type", "code", "message", "param"}}`` with ``status``."""
     body = error_body(status, message, param=param, code=code)
     if status >= 500:

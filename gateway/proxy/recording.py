@@ -62,7 +62,9 @@ def record_answer(
     call = build_call(endpoint=endpoint, ident=ident, request=request, answer=answer)
     if call is None:
         proxy_event_record(
-            type="untokenized_call", trajectory_uid=ident.trajectory_uid, source_id=source_id,
+            type="untokenized_call",
+            trajectory_uid=ident.trajectory_uid,
+            source_id=source_id,
             payload={
                 "reason": "the upstream returned no token ids and no local tokenizer is configured (CLAW_TOKENIZER)",
                 **_text_of(endpoint, request, answer),
@@ -73,16 +75,22 @@ def record_answer(
         return Outcome(steps=proxy_step_record(call=call, source_id=source_id))
     except InvalidInput as exc:  # e.g. longer than CLAW_MAX_TOKENS_PER_STEP: never truncated
         proxy_event_record(
-            type="unrecorded_call", trajectory_uid=ident.trajectory_uid, source_id=source_id,
+            type="unrecorded_call",
+            trajectory_uid=ident.trajectory_uid,
+            source_id=source_id,
             payload={"reason": exc.message, "field": exc.field, **_text_of(endpoint, request, answer)},
         )
         return Outcome(event="unrecorded_call")
 
 
-def build_call(*, endpoint: str, ident: Identity, request: dict[str, Any], answer: dict[str, Any]) -> ProxiedCall | None:
+def build_call(
+    *, endpoint: str, ident: Identity, request: dict[str, Any], answer: dict[str, Any]
+) -> ProxiedCall | None:
     """The ProxiedCall of an answer, or None when no token ids can be had."""
     chat = endpoint == CHAT
-    raws = sorted((c for c in answer.get("choices") or () if isinstance(c, dict)), key=lambda c: c.get("index", 0))
+    raws = sorted(
+        (c for c in answer.get("choices") or () if isinstance(c, dict)), key=lambda c: c.get("index", 0)
+    )
     top_prompt = answer.get("prompt_token_ids")
     exact: list[tuple[np.ndarray, np.ndarray] | None] = []
     for raw in raws:
@@ -145,13 +153,17 @@ def _ids(raw: Any) -> np.ndarray | None:
     return arr
 
 
-def _retokenize(tok: Any, chat: bool, request: dict[str, Any], raw: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+def _retokenize(
+    tok: Any, chat: bool, request: dict[str, Any], raw: dict[str, Any]
+) -> tuple[np.ndarray, np.ndarray]:
     if chat:
         reply = {k: v for k, v in (raw.get("message") or {}).items() if v is not None}
         reply.setdefault("role", "assistant")
         prompt, response = tokenizer.chat_ids(tok, request.get("messages") or [], request.get("tools"), reply)
     else:
-        prompt, response = tokenizer.completion_ids(tok, _completion_prompt(request, raw), raw.get("text") or "")
+        prompt, response = tokenizer.completion_ids(
+            tok, _completion_prompt(request, raw), raw.get("text") or ""
+        )
     return np.asarray(prompt, dtype=np.int32), np.asarray(response, dtype=np.int32)
 
 
@@ -172,7 +184,9 @@ def _logprobs(raw: dict[str, Any], chat: bool, n_tokens: int) -> np.ndarray | No
         return None
     if chat:
         entries = lp.get("content")
-        values = [e.get("logprob") for e in entries if isinstance(e, dict)] if isinstance(entries, list) else None
+        values = (
+            [e.get("logprob") for e in entries if isinstance(e, dict)] if isinstance(entries, list) else None
+        )
     else:
         values = lp.get("token_logprobs")
     if not isinstance(values, list) or len(values) != n_tokens or n_tokens == 0:
@@ -212,8 +226,12 @@ def _text_of(endpoint: str, request: dict[str, Any], answer: dict[str, Any]) -> 
     else:
         out["prompt"] = request.get("prompt")
     out["choices"] = [
-        {"index": c.get("index"), "finish_reason": c.get("finish_reason"),
-         **({"message": c.get("message")} if chat else {"text": c.get("text")})}
-        for c in answer.get("choices") or () if isinstance(c, dict)
+        {
+            "index": c.get("index"),
+            "finish_reason": c.get("finish_reason"),
+            **({"message": c.get("message")} if chat else {"text": c.get("text")}),
+        }
+        for c in answer.get("choices") or ()
+        if isinstance(c, dict)
     ]
     return out

@@ -46,7 +46,17 @@ def _event_data(event: bytes) -> bytes | None:
 
 
 class _Choice:
-    __slots__ = ("index", "text", "ids", "prompt_ids", "logprobs", "tool_calls", "finish_reason", "extra", "has_ids")
+    __slots__ = (
+        "index",
+        "text",
+        "ids",
+        "prompt_ids",
+        "logprobs",
+        "tool_calls",
+        "finish_reason",
+        "extra",
+        "has_ids",
+    )
 
     def __init__(self, index: int):
         self.index = index
@@ -114,7 +124,8 @@ class StreamAccumulator:
             elif key == "tool_calls":
                 for piece in value or ():
                     slot = c.tool_calls.setdefault(
-                        piece.get("index", 0), {"id": None, "type": "function", "function": {"name": None, "arguments": ""}}
+                        piece.get("index", 0),
+                        {"id": None, "type": "function", "function": {"name": None, "arguments": ""}},
                     )
                     if piece.get("id"):
                         slot["id"] = piece["id"]
@@ -139,7 +150,10 @@ class StreamAccumulator:
             c = self.choices[idx]
             choice: dict[str, Any] = {"index": idx, "finish_reason": c.finish_reason}
             if self.chat:
-                message: dict[str, Any] = {"role": "assistant", "content": "".join(c.text) if c.text else None}
+                message: dict[str, Any] = {
+                    "role": "assistant",
+                    "content": "".join(c.text) if c.text else None,
+                }
                 if c.tool_calls:
                     message["tool_calls"] = [c.tool_calls[k] for k in sorted(c.tool_calls)]
                 message.update(c.extra)

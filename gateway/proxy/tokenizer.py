@@ -34,7 +34,9 @@ def get_tokenizer() -> Any | None:
     return tok
 
 
-def chat_ids(tok: Any, messages: list, tools: list | None, reply: dict[str, Any]) -> tuple[list[int], list[int]]:
+def chat_ids(
+    tok: Any, messages: list, tools: list | None, reply: dict[str, Any]
+) -> tuple[list[int], list[int]]:
     """(prompt ids, response ids) of a chat call.
 
     The prompt is the chat template with the generation prompt, as a server renders it. The
@@ -42,11 +44,21 @@ def chat_ids(tok: Any, messages: list, tools: list | None, reply: dict[str, Any]
     the prompt, when the template is append-only there (this renders tool calls as the model
     would write them); otherwise the encoded reply text.
     """
-    prompt = _ids(tok.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
-                                          tokenize=True, return_dict=False))
+    prompt = _ids(
+        tok.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+    )
     try:
-        full = _ids(tok.apply_chat_template([*messages, reply], tools=tools or None, add_generation_prompt=False,
-                                            tokenize=True, return_dict=False))
+        full = _ids(
+            tok.apply_chat_template(
+                [*messages, reply],
+                tools=tools or None,
+                add_generation_prompt=False,
+                tokenize=True,
+                return_dict=False,
+            )
+        )
     except Exception:  # noqa: BLE001 - templates raise anything; fall back to the text
         full = []
     if len(full) > len(prompt) and full[: len(prompt)] == prompt:

@@ -77,7 +77,9 @@ class FastTransport(httpx.AsyncBaseTransport):
                 idle.pop().close()
 
     # --- pool ---------------------------------------------------------------------------------------
-    async def _acquire(self, key: tuple[str, str, int], timeout: float | None, request: httpx.Request) -> tuple[_Conn, bool]:
+    async def _acquire(
+        self, key: tuple[str, str, int], timeout: float | None, request: httpx.Request
+    ) -> tuple[_Conn, bool]:
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
@@ -96,7 +98,11 @@ class FastTransport(httpx.AsyncBaseTransport):
         try:
             async with asyncio.timeout(timeout):
                 _, conn = await loop.create_connection(
-                    _Conn, host, port, ssl=tls, server_hostname=host if tls is not None else None,
+                    _Conn,
+                    host,
+                    port,
+                    ssl=tls,
+                    server_hostname=host if tls is not None else None,
                 )
         except TimeoutError:
             raise httpx.ConnectTimeout("timed out connecting to the upstream", request=request) from None
@@ -119,8 +125,14 @@ class _Body(httpx.AsyncByteStream):
     """The response body, read from the connection as it arrives; returns the connection to
     the pool once the body was read whole (or closes it when abandoned early)."""
 
-    def __init__(self, pool: FastTransport, key: tuple[str, str, int], conn: _Conn, timeout: float | None,
-                 request: httpx.Request):
+    def __init__(
+        self,
+        pool: FastTransport,
+        key: tuple[str, str, int],
+        conn: _Conn,
+        timeout: float | None,
+        request: httpx.Request,
+    ):
         self._pool, self._key, self._conn, self._timeout, self._request = pool, key, conn, timeout, request
         self._done = False
 
@@ -264,7 +276,9 @@ class _Conn(asyncio.Protocol):
         if self.exc is not None:
             raise self.exc
         if self.closed:
-            raise httpx.RemoteProtocolError("the upstream closed the connection before the response completed")
+            raise httpx.RemoteProtocolError(
+                "the upstream closed the connection before the response completed"
+            )
 
 
 def _request_head(request: httpx.Request) -> bytes:

@@ -28,9 +28,21 @@ from .transport import FastTransport
 # (x-claw-*), the agent's Claw key and anything that would change the body's framing.
 _DROP_HEADERS = frozenset(
     {
-        "host", "authorization", "content-length", "connection", "keep-alive", "transfer-encoding",
-        "te", "trailer", "upgrade", "proxy-authorization", "proxy-connection", "cookie",
-        "accept-encoding", "x-forwarded-for", "x-real-ip",
+        "host",
+        "authorization",
+        "content-length",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "te",
+        "trailer",
+        "upgrade",
+        "proxy-authorization",
+        "proxy-connection",
+        "cookie",
+        "accept-encoding",
+        "x-forwarded-for",
+        "x-real-ip",
     }
 )
 _transports: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FastTransport] = weakref.WeakKeyDictionary()
@@ -61,7 +73,9 @@ def url(path: str) -> str:
     CLAW_UPSTREAM_URL may be the server root or its ``/v1`` base (both are common)."""
     base = settings.CLAW_UPSTREAM_URL.rstrip("/")
     if not base:
-        raise UpstreamFault(502, "not_configured", "no upstream inference server is configured (CLAW_UPSTREAM_URL)")
+        raise UpstreamFault(
+            502, "not_configured", "no upstream inference server is configured (CLAW_UPSTREAM_URL)"
+        )
     if base.endswith("/v1") and path.startswith("/v1/"):
         base = base[:-3]
     return base + path
@@ -69,7 +83,11 @@ def url(path: str) -> str:
 
 def forward_headers(incoming: Mapping[str, str]) -> dict[str, str]:
     """Headers sent upstream: the agent's own (minus those above), the upstream key."""
-    out = {k: v for k, v in incoming.items() if k.lower() not in _DROP_HEADERS and not k.lower().startswith("x-claw-")}
+    out = {
+        k: v
+        for k, v in incoming.items()
+        if k.lower() not in _DROP_HEADERS and not k.lower().startswith("x-claw-")
+    }
     out["accept-encoding"] = "identity"  # the gateway parses every answer
     key = settings.CLAW_UPSTREAM_API_KEY
     if key:
@@ -77,7 +95,9 @@ def forward_headers(incoming: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-async def request(method: str, path: str, *, content: bytes | None, headers: dict[str, str]) -> httpx.Response:
+async def request(
+    method: str, path: str, *, content: bytes | None, headers: dict[str, str]
+) -> httpx.Response:
     """Send a request and read the whole answer within CLAW_UPSTREAM_TIMEOUT (total)."""
     timeout = settings.CLAW_UPSTREAM_TIMEOUT
     req = _request(method, path, content, headers, timeout)
@@ -110,7 +130,9 @@ async def open_stream(path: str, *, content: bytes, headers: dict[str, str]) -> 
         raise fault(exc) from None
 
 
-def _request(method: str, path: str, content: bytes | None, headers: dict[str, str], timeout: float) -> httpx.Request:
+def _request(
+    method: str, path: str, content: bytes | None, headers: dict[str, str], timeout: float
+) -> httpx.Request:
     limits = {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}
     target = url(path)
     parsed = _urls.get(target)
@@ -125,11 +147,15 @@ _urls: dict[str, httpx.URL] = {}
 def fault(exc: BaseException) -> UpstreamFault:
     """The UpstreamFault for a transport error (never includes URLs or keys)."""
     if isinstance(exc, httpx.TimeoutException):
-        return UpstreamFault(504, "timeout", f"the upstream did not answer within {settings.CLAW_UPSTREAM_TIMEOUT:g} s")
+        return UpstreamFault(
+            504, "timeout", f"the upstream did not answer within {settings.CLAW_UPSTREAM_TIMEOUT:g} s"
+        )
     if isinstance(exc, httpx.ConnectError):
         return UpstreamFault(502, "connect_error", "cannot connect to the upstream inference server")
     if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
-        return UpstreamFault(502, "upstream_disconnected", "the upstream closed the connection before answering")
+        return UpstreamFault(
+            502, "upstream_disconnected", "the upstream closed the connection before answering"
+        )
     return UpstreamFault(502, "upstream_error", f"upstream transport error ({type(exc).__name__})")
 
 

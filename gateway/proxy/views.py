@@ -80,12 +80,16 @@ async def models(
     except ProxyError as e:
         return error_response(e.status, e.message, code=e.code, param=e.param)
     try:
-        resp = await upstream.request("GET", "/v1/models", content=None, headers=upstream.forward_headers(request.headers))
+        resp = await upstream.request(
+            "GET", "/v1/models", content=None, headers=upstream.forward_headers(request.headers)
+        )
     except upstream.UpstreamFault as f:
         await _fault_event(f.status, f.kind, f.message, "models", None, key)
         return error_response(f.status, f.message, code=f.kind)
     if resp.status_code >= 400:
-        await _fault_event(resp.status_code, "http_error", upstream.scrub(resp.text[:2000]), "models", None, key)
+        await _fault_event(
+            resp.status_code, "http_error", upstream.scrub(resp.text[:2000]), "models", None, key
+        )
         return _passthrough_error(resp.status_code, resp.content)
     return HttpResponse(resp.content, status=resp.status_code, content_type="application/json")
 
@@ -137,15 +141,20 @@ def _identity(request: HttpRequest, path_trajectory: str | None, path_group: str
         except ValueError:
             policy_version = -1
         if not 0 <= policy_version < 2**63:
-            raise ProxyError(400, "X-Claw-Policy-Version must be a non-negative integer", code="invalid_policy_version")
+            raise ProxyError(
+                400, "X-Claw-Policy-Version must be a non-negative integer", code="invalid_policy_version"
+            )
     return Identity(trajectory_uid=traj, prompt_group_uid=group, policy_version=policy_version, new=new)
 
 
 def _json_body(request: HttpRequest) -> dict[str, Any]:
     length = request.META.get("CONTENT_LENGTH")
     if length and length.isdigit() and int(length) > settings.CLAW_MAX_BODY_BYTES:
-        raise ProxyError(413, f"request body is {length} bytes; the limit is {settings.CLAW_MAX_BODY_BYTES}",
-                         code="payload_too_large")
+        raise ProxyError(
+            413,
+            f"request body is {length} bytes; the limit is {settings.CLAW_MAX_BODY_BYTES}",
+            code="payload_too_large",
+        )
     try:
         body = orjson.loads(request.body)
     except orjson.JSONDecodeError as exc:
@@ -160,7 +169,11 @@ async def _forward(
 ) -> HttpResponseBase:
     headers = upstream.forward_headers(request.headers)
     wants_ids = body.get("return_token_ids") is True
-    send = body if wants_ids or settings.CLAW_UPSTREAM_URL in _ids_unsupported else {**body, "return_token_ids": True}
+    send = (
+        body
+        if wants_ids or settings.CLAW_UPSTREAM_URL in _ids_unsupported
+        else {**body, "return_token_ids": True}
+    )
     content = orjson.dumps(send)
     path = _PATHS[endpoint]
     if body.get("stream") is True:
@@ -174,7 +187,9 @@ async def _forward(
         await _fault_event(f.status, f.kind, f.message, endpoint, ident, key)
         raise ProxyError(f.status, f.message, code=f.kind) from None
     if resp.status_code >= 400:
-        await _fault_event(resp.status_code, "http_error", upstream.scrub(resp.text[:2000]), endpoint, ident, key)
+        await _fault_event(
+            resp.status_code, "http_error", upstream.scrub(resp.text[:2000]), endpoint, ident, key
+        )
         return _passthrough_error(resp.status_code, resp.content)
     try:
         answer = orjson.loads(resp.content)
@@ -196,26 +211,46 @@ async def _forward(
     return response
 
 
-async def _record(endpoint: str, ident: Identity, key: VerifiedKey, body: dict[str, Any], answer: dict[str, Any]) -> Outcome:
+async def _record(
+    endpoint: str, ident: Identity, key: VerifiedKey, body: dict[str, Any], answer: dict[str, Any]
+) -> Outcome:
     """Commit the call's steps; a database failure is answered 503 (the agent may retry),
     a Conflict (ended trajectory, other group) with its own status."""
     try:
         return await run_db(
-            record_answer, endpoint=endpoint, ident=ident, request=body, answer=answer, source_id=key.source_id
+            record_answer,
+            endpoint=endpoint,
+            ident=ident,
+            request=body,
+            answer=answer,
+            source_id=key.source_id,
         )
     except PoolError as e:
-        await _fault_event(e.status_code, "record_rejected", e.message, endpoint, ident, key, event_type="record_failed")
+        await _fault_event(
+            e.status_code, "record_rejected", e.message, endpoint, ident, key, event_type="record_failed"
+        )
         raise
     except DatabaseError as e:
         log.exception("recording a proxied call failed")
-        await _fault_event(503, "database_error", type(e).__name__, endpoint, ident, key, event_type="record_failed")
-        raise ProxyError(503, "the call could not be recorded (database error); retry", code="record_failed") from None
+        await _fault_event(
+            503, "database_error", type(e).__name__, endpoint, ident, key, event_type="record_failed"
+        )
+        raise ProxyError(
+            503, "the call could not be recorded (database error); retry", code="record_failed"
+        ) from None
 
 
 # --- streaming --------------------------------------------------------------------------------
 async def _stream(
-    endpoint: str, ident: Identity, key: VerifiedKey, body: dict[str, Any], path: str, content: bytes,
-    headers: dict[str, str], wants_ids: bool, original: bytes,
+    endpoint: str,
+    ident: Identity,
+    key: VerifiedKey,
+    body: dict[str, Any],
+    path: str,
+    content: bytes,
+    headers: dict[str, str],
+    wants_ids: bool,
+    original: bytes,
 ) -> HttpResponseBase:
     try:
         resp = await upstream.open_stream(path, content=content, headers=headers)
@@ -244,7 +279,12 @@ async def _stream(
 
 
 async def _relay(
-    resp: httpx.Response, endpoint: str, ident: Identity, key: VerifiedKey, body: dict[str, Any], wants_ids: bool
+    resp: httpx.Response,
+    endpoint: str,
+    ident: Identity,
+    key: VerifiedKey,
+    body: dict[str, Any],
+    wants_ids: bool,
 ) -> AsyncIterator[bytes]:
     """Relay the upstream's events one by one; at ``[DONE]``, record, then send ``[DONE]``.
     A stream that breaks, errors or ends without ``[DONE]`` records an Event, not a step,
@@ -264,8 +304,14 @@ async def _relay(
             if not isinstance(chunk, dict):
                 continue
             if chunk.get("error") and not chunk.get("choices"):
-                await _fault_event(502, "stream_error", upstream.scrub(data[:2000].decode(errors="replace")),
-                                   endpoint, ident, key)
+                await _fault_event(
+                    502,
+                    "stream_error",
+                    upstream.scrub(data[:2000].decode(errors="replace")),
+                    endpoint,
+                    ident,
+                    key,
+                )
                 yield b"data: " + data + b"\n\n"
                 return
             acc.add(chunk)
@@ -294,8 +340,12 @@ async def _relay(
     yield b"data: [DONE]\n\n"
 
 
-async def _stream_error(status: int, raw: bytes, endpoint: str, ident: Identity, key: VerifiedKey) -> HttpResponse:
-    await _fault_event(status, "http_error", upstream.scrub(raw[:2000].decode(errors="replace")), endpoint, ident, key)
+async def _stream_error(
+    status: int, raw: bytes, endpoint: str, ident: Identity, key: VerifiedKey
+) -> HttpResponse:
+    await _fault_event(
+        status, "http_error", upstream.scrub(raw[:2000].decode(errors="replace")), endpoint, ident, key
+    )
     return _passthrough_error(status, raw)
 
 
@@ -341,16 +391,25 @@ def _passthrough_error(status: int, raw: bytes) -> HttpResponse:
 
 
 async def _fault_event(
-    status: int, kind: str, message: str, endpoint: str, ident: Identity | None, key: VerifiedKey,
-    *, event_type: str = "upstream_error",
+    status: int,
+    kind: str,
+    message: str,
+    endpoint: str,
+    ident: Identity | None,
+    key: VerifiedKey,
+    *,
+    event_type: str = "upstream_error",
 ) -> None:
     """Store a failed call as an Event (best effort: a database outage must not mask the
     fault the agent is about to receive)."""
     payload = {"status": status, "kind": kind, "endpoint": endpoint, "message": message}
     try:
         await run_db(
-            proxy_event_record, type=event_type, payload=payload,
-            trajectory_uid=ident.trajectory_uid if ident else None, source_id=key.source_id,
+            proxy_event_record,
+            type=event_type,
+            payload=payload,
+            trajectory_uid=ident.trajectory_uid if ident else None,
+            source_id=key.source_id,
         )
     except Exception:  # noqa: BLE001 - see docstring
         log.exception("could not record a gateway event (%s %s)", event_type, kind)

@@ -40,11 +40,16 @@ def api_key_create(
     each call mints a new key."""
     bad = [s for s in scopes if s not in Scope.values]
     if not scopes or bad:
-        raise InvalidInput(f"scopes must be a non-empty subset of {sorted(Scope.values)}; got {bad or scopes}", field="scopes")
+        raise InvalidInput(
+            f"scopes must be a non-empty subset of {sorted(Scope.values)}; got {bad or scopes}",
+            field="scopes",
+        )
     source, _ = Source.objects.get_or_create(name=source_name or name, defaults={"kind": source_kind})
     prefix = secrets.token_hex(6)
     clear = f"{KEY_PREFIX}_{prefix}_{secrets.token_urlsafe(32)}"
-    key = ApiKey.objects.create(source=source, name=name, prefix=prefix, key_hash=_hash(clear), scopes=sorted(set(scopes)))
+    key = ApiKey.objects.create(
+        source=source, name=name, prefix=prefix, key_hash=_hash(clear), scopes=sorted(set(scopes))
+    )
     return key, clear
 
 
@@ -90,4 +95,6 @@ def _verify_uncached(clear: str) -> VerifiedKey | None:
     )
     if row is None or not hmac.compare_digest(row.key_hash, _hash(clear)):
         return None
-    return VerifiedKey(key_id=row.id, source_id=row.source.id, source_name=row.source.name, scopes=frozenset(row.scopes))
+    return VerifiedKey(
+        key_id=row.id, source_id=row.source.id, source_name=row.source.name, scopes=frozenset(row.scopes)
+    )

@@ -25,17 +25,31 @@ class EventIn:
 def event_record(*, events: list[EventIn], source_id: int | None = None) -> list[Event]:
     """Store raw events atomically. Not idempotent (events have no client key); referenced
     trajectories and steps must exist."""
-    traj_ids = dict(Trajectory.objects.filter(uid__in={e.trajectory_uid for e in events if e.trajectory_uid}).values_list("uid", "id"))
-    step_ids = dict(Step.objects.filter(uid__in={e.step_uid for e in events if e.step_uid}).values_list("uid", "id"))
+    traj_ids = dict(
+        Trajectory.objects.filter(uid__in={e.trajectory_uid for e in events if e.trajectory_uid}).values_list(
+            "uid", "id"
+        )
+    )
+    step_ids = dict(
+        Step.objects.filter(uid__in={e.step_uid for e in events if e.step_uid}).values_list("uid", "id")
+    )
     rows = []
     for e in events:
         if e.trajectory_uid and e.trajectory_uid not in traj_ids:
-            raise NotFound(f"trajectory {e.trajectory_uid!r} does not exist", field=f"{e.field_prefix}trajectory_uid")
+            raise NotFound(
+                f"trajectory {e.trajectory_uid!r} does not exist", field=f"{e.field_prefix}trajectory_uid"
+            )
         if e.step_uid and e.step_uid not in step_ids:
             raise NotFound(f"step {e.step_uid!r} does not exist", field=f"{e.field_prefix}step_uid")
         rows.append(
-            Event(type=e.type, payload=e.payload, source_id=source_id, occurred_at=e.occurred_at,
-                  trajectory_id=traj_ids.get(e.trajectory_uid or ""), step_id=step_ids.get(e.step_uid or ""))
+            Event(
+                type=e.type,
+                payload=e.payload,
+                source_id=source_id,
+                occurred_at=e.occurred_at,
+                trajectory_id=traj_ids.get(e.trajectory_uid or ""),
+                step_id=step_ids.get(e.step_uid or ""),
+            )
         )
     return Event.objects.bulk_create(rows)
 
@@ -66,6 +80,13 @@ def feedback_create(
         if traj is None:
             raise NotFound(f"trajectory {trajectory_uid!r} does not exist", field="trajectory_uid")
     return Feedback.objects.create(
-        step=step, trajectory=traj, rating=rating, label=label, correction=correction, comment=comment,
-        author=author, source_id=source_id, user_id=user_id,
+        step=step,
+        trajectory=traj,
+        rating=rating,
+        label=label,
+        correction=correction,
+        comment=comment,
+        author=author,
+        source_id=source_id,
+        user_id=user_id,
     )

@@ -51,7 +51,9 @@ def groups_check_complete(*, group_ids: Iterable[int]) -> list[int]:
     if not ids:
         return []
     ready = list(
-        PromptGroup.objects.filter(id__in=ids, status=PromptGroup.Status.OPEN, expected_rollouts__isnull=False)
+        PromptGroup.objects.filter(
+            id__in=ids, status=PromptGroup.Status.OPEN, expected_rollouts__isnull=False
+        )
         .annotate(ended=Count("trajectories", filter=Q(trajectories__status__in=TERMINAL)))
         .filter(ended__gte=F("expected_rollouts"))
         .values_list("id", flat=True)

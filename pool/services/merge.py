@@ -110,7 +110,9 @@ def group_merge_ensure(*, uid: str, sync_max_tokens: int | None = None) -> Merge
     if sum(i[3] for i in inputs) <= limit:
         return _merge(key=key, group_id=group.id, inputs=inputs)
     with transaction.atomic():
-        row, _ = MergeResult.objects.select_for_update().get_or_create(key=key, defaults={"group_id": group.id})
+        row, _ = MergeResult.objects.select_for_update().get_or_create(
+            key=key, defaults={"group_id": group.id}
+        )
         if row.status != MergeResult.Status.PENDING:
             row.status = MergeResult.Status.PENDING
             row.save(update_fields=["status", "updated_at"])
@@ -216,12 +218,19 @@ def _merge(*, key: str, group_id: int | None, inputs: Sequence[_Input]) -> Merge
         )
     except ValueError as exc:  # malformed stored tokens: deterministic, a retry would fail again
         log.exception("prefix-tree merge %s failed", key)
-        fields.update(status=MergeResult.Status.FAILED, error=str(exc), layout=None, total_tokens=0, unique_tokens=0, stats={})
+        fields.update(
+            status=MergeResult.Status.FAILED,
+            error=str(exc),
+            layout=None,
+            total_tokens=0,
+            unique_tokens=0,
+            stats={},
+        )
     with transaction.atomic():
-        row, _ = MergeResult.objects.select_for_update().get_or_create(key=key, defaults={"group_id": group_id})
+        row, _ = MergeResult.objects.select_for_update().get_or_create(
+            key=key, defaults={"group_id": group_id}
+        )
         for name, value in fields.items():
             setattr(row, name, value)
         row.save()
     return row
-
-

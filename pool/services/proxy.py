@@ -225,8 +225,13 @@ def _step_row(s: StepIn, previous: list[_Prev], source_id: int | None) -> Step:
     if parent is None or best < tokens.MIN_SHARED_TOKENS:
         parent = None
     row = step_row(
-        s, packed, trajectory_id=None, parent_id=parent.step_id if parent else None,
-        parent_full=parent.full if parent else None, parent_depth=parent.depth if parent else 0, source_id=source_id,
+        s,
+        packed,
+        trajectory_id=None,
+        parent_id=parent.step_id if parent else None,
+        parent_full=parent.full if parent else None,
+        parent_depth=parent.depth if parent else 0,
+        source_id=source_id,
     )
     row.created_at = row.updated_at = timezone.now()
     return row
@@ -236,8 +241,13 @@ def _claim_sql(call: ProxiedCall, start: int, n: int) -> tuple[str, list]:
     """``UPDATE trajectory ... RETURNING id, policy_version_id`` that claims indexes
     [start, start+n) only if nobody took them and the trajectory still runs (and is in the
     call's group, when it names one)."""
-    params: list = [n, connection.ops.adapt_datetimefield_value(timezone.now()), call.trajectory_uid, start,
-                    Trajectory.Status.RUNNING]
+    params: list = [
+        n,
+        connection.ops.adapt_datetimefield_value(timezone.now()),
+        call.trajectory_uid,
+        start,
+        Trajectory.Status.RUNNING,
+    ]
     if call.prompt_group_uid:
         params.append(call.prompt_group_uid)
     return _claim_sql_text(group=bool(call.prompt_group_uid)), params
@@ -257,12 +267,18 @@ def _claim_sql_text(*, group: bool) -> str:
 def _new_trajectory(call: ProxiedCall, n: int, source_id: int | None) -> Trajectory:
     now = timezone.now()
     return Trajectory(
-        uid=call.trajectory_uid, source_id=source_id, policy_version_id=call.policy_version, step_count=n,
-        created_at=now, updated_at=now,
+        uid=call.trajectory_uid,
+        source_id=source_id,
+        policy_version_id=call.policy_version,
+        step_count=n,
+        created_at=now,
+        updated_at=now,
     )
 
 
-def _insert_fast_pg(call: ProxiedCall, start: int, rows: list[Step], source_id: int | None) -> dict[int, int] | None:
+def _insert_fast_pg(
+    call: ProxiedCall, start: int, rows: list[Step], source_id: int | None
+) -> dict[int, int] | None:
     """PostgreSQL: claim (or create) the trajectory and insert the steps in ONE statement
     (a data-modifying CTE): a recorded call costs one round trip and one commit.
 
@@ -329,7 +345,9 @@ def _plan(model: type[models.Model]) -> list[tuple[models.Field, Callable[[Any],
     """(field, value converter) of each column written, the primary key excepted."""
     plan = _plans.get(model)
     if plan is None:
-        plan = _plans[model] = [(f, column_converter(f)) for f in model._meta.concrete_fields if not f.primary_key]
+        plan = _plans[model] = [
+            (f, column_converter(f)) for f in model._meta.concrete_fields if not f.primary_key
+        ]
     return plan
 
 
@@ -348,7 +366,9 @@ class _Miss(Exception):
     """The fast path's claim did not match: nothing was written."""
 
 
-def _insert_fast_orm(call: ProxiedCall, start: int, rows: list[Step], source_id: int | None) -> dict[int, int] | None:
+def _insert_fast_orm(
+    call: ProxiedCall, start: int, rows: list[Step], source_id: int | None
+) -> dict[int, int] | None:
     """Other databases (SQLite): the same claim and insert in one short transaction."""
     try:
         with transaction.atomic():
@@ -412,7 +432,9 @@ def proxy_trajectory_register(
     version = meta.get("policy_version")
     if version is not None:
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise InvalidInput("metadata.policy_version must be a non-negative integer", field="metadata.policy_version")
+            raise InvalidInput(
+                "metadata.policy_version must be a non-negative integer", field="metadata.policy_version"
+            )
         policy_version_ensure(version=version)
     group = PromptGroup.objects.get_or_create(uid=prompt_group_uid)[0] if prompt_group_uid else None
     traj, created = Trajectory.objects.select_for_update().get_or_create(
@@ -471,7 +493,9 @@ def _reserve(call: ProxiedCall, n: int, *, source_id: int | None) -> tuple[int, 
     row = None if call.new_trajectory else _bump(call.trajectory_uid, n)
     if row is None:
         group_id = (
-            PromptGroup.objects.get_or_create(uid=call.prompt_group_uid)[0].id if call.prompt_group_uid else None
+            PromptGroup.objects.get_or_create(uid=call.prompt_group_uid)[0].id
+            if call.prompt_group_uid
+            else None
         )
         traj = Trajectory(
             uid=call.trajectory_uid,
@@ -493,7 +517,9 @@ def _reserve(call: ProxiedCall, n: int, *, source_id: int | None) -> tuple[int, 
                 raise
     traj_id, count, status, group_uid, version = row
     if status != Trajectory.Status.RUNNING:
-        raise Conflict(f"trajectory {call.trajectory_uid!r} is {status}; it takes no new steps", field="trajectory_uid")
+        raise Conflict(
+            f"trajectory {call.trajectory_uid!r} is {status}; it takes no new steps", field="trajectory_uid"
+        )
     return traj_id, count, group_uid, version
 
 
@@ -533,7 +559,9 @@ def _previous_call(trajectory_uid: str, traj_id: int, start: int) -> list[_Prev]
     n, choice = (meta or {}).get("n"), (meta or {}).get("choice_index")
     if isinstance(n, int) and isinstance(choice, int) and 0 < choice < n:
         rows = list(
-            Step.objects.filter(trajectory_id=traj_id, step_index__gte=last_index - choice, step_index__lte=last_index)
+            Step.objects.filter(
+                trajectory_id=traj_id, step_index__gte=last_index - choice, step_index__lte=last_index
+            )
             .order_by("step_index")
             .values_list("id", "seq_depth")
         )

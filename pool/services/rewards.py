@@ -48,7 +48,10 @@ def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> l
     }
     trajs = {
         t.uid: t
-        for t in Trajectory.objects.select_for_update().filter(uid__in=traj_uids).only("id", "uid", "reward").order_by("id")
+        for t in Trajectory.objects.select_for_update()
+        .filter(uid__in=traj_uids)
+        .only("id", "uid", "reward")
+        .order_by("id")
     }
     events: list[RewardEvent] = []
     changed_steps: dict[int, Step] = {}
@@ -63,8 +66,15 @@ def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> l
             if step.reward == r.reward and step.reward_status == status and step.reward_source == r.source:
                 continue
             events.append(
-                RewardEvent(step=step, old_reward=step.reward, new_reward=r.reward, reward_source=r.source,
-                            final=r.final, source_id=source_id, metadata=r.metadata)
+                RewardEvent(
+                    step=step,
+                    old_reward=step.reward,
+                    new_reward=r.reward,
+                    reward_source=r.source,
+                    final=r.final,
+                    source_id=source_id,
+                    metadata=r.metadata,
+                )
             )
             step.reward, step.reward_status, step.reward_source = r.reward, status, r.source
             changed_steps[step.id] = step
@@ -75,8 +85,15 @@ def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> l
             if traj.reward == r.reward:
                 continue
             events.append(
-                RewardEvent(trajectory=traj, old_reward=traj.reward, new_reward=r.reward, reward_source=r.source,
-                            final=r.final, source_id=source_id, metadata=r.metadata)
+                RewardEvent(
+                    trajectory=traj,
+                    old_reward=traj.reward,
+                    new_reward=r.reward,
+                    reward_source=r.source,
+                    final=r.final,
+                    source_id=source_id,
+                    metadata=r.metadata,
+                )
             )
             traj.reward = r.reward
             changed_trajs[traj.id] = traj
@@ -84,7 +101,9 @@ def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> l
     now = timezone.now()
     for row in (*changed_steps.values(), *changed_trajs.values()):
         row.updated_at = now
-    Step.objects.bulk_update(changed_steps.values(), ["reward", "reward_status", "reward_source", "updated_at"], batch_size=500)
+    Step.objects.bulk_update(
+        changed_steps.values(), ["reward", "reward_status", "reward_source", "updated_at"], batch_size=500
+    )
     Trajectory.objects.bulk_update(changed_trajs.values(), ["reward", "updated_at"], batch_size=500)
     RewardEvent.objects.bulk_create(events)
     return events

@@ -63,7 +63,11 @@ class StepIn:
 
     def full_ids(self) -> np.ndarray:
         """prompt_ids + response_ids as one int32 array."""
-        return np.concatenate((self.prompt_ids, self.response_ids)) if len(self.response_ids) else self.prompt_ids
+        return (
+            np.concatenate((self.prompt_ids, self.response_ids))
+            if len(self.response_ids)
+            else self.prompt_ids
+        )
 
     def content_hash(self, seq_hash: bytes | None = None) -> bytes:
         """Fingerprint of everything submitted, for idempotency. ``seq_hash`` (the hash of
@@ -226,13 +230,17 @@ def _ingest(
     stored_full = {sid: tokens.bytes_to_ids(raw) for sid, raw in tokens.load_sequences(load_ids).items()}
 
     # 4. Encode each step against its best parent and insert, parents before children.
-    created = _insert_in_waves(new, trajectories, groups, stored_steps, stored_full, depth_of, anchor_of_group, source_id)
+    created = _insert_in_waves(
+        new, trajectories, groups, stored_steps, stored_full, depth_of, anchor_of_group, source_id
+    )
 
     # 5. Trajectory counters/status, group anchors and completion.
     _update_trajectories(new_steps, trajectories)
     _set_group_anchors(created, trajectories)
     completed_groups = {
-        trajectories[s.trajectory_uid].group_id for s in new_steps if s.is_last and trajectories[s.trajectory_uid].group_id
+        trajectories[s.trajectory_uid].group_id
+        for s in new_steps
+        if s.is_last and trajectories[s.trajectory_uid].group_id
     }
     if completed_groups:
         groups_check_complete(group_ids=completed_groups)
@@ -271,14 +279,20 @@ def _ensure_trajectories(
     first: dict[str, StepIn] = {}
     for s in steps:
         first.setdefault(s.trajectory_uid, s)
-    found = {row[1]: _Traj(*row) for row in Trajectory.objects.filter(uid__in=first.keys()).values_list(*_TRAJ_COLS)}
+    found = {
+        row[1]: _Traj(*row)
+        for row in Trajectory.objects.filter(uid__in=first.keys()).values_list(*_TRAJ_COLS)
+    }
     missing = sorted(first.keys() - found.keys())
     if missing:
         found.update(_insert_trajectories(missing, first, groups, source_id=source_id, channel=channel))
         late = [u for u in missing if u not in found]  # inserted concurrently by another batch
         if late:
             found.update(
-                {row[1]: _Traj(*row) for row in Trajectory.objects.filter(uid__in=late).values_list(*_TRAJ_COLS)}
+                {
+                    row[1]: _Traj(*row)
+                    for row in Trajectory.objects.filter(uid__in=late).values_list(*_TRAJ_COLS)
+                }
             )
     adopt: dict[int, int] = {}
     for s in steps:
@@ -307,7 +321,11 @@ def _ensure_trajectories(
 
 
 def _insert_trajectories(
-    uids: list[str], first: dict[str, StepIn], groups: dict[str, PromptGroup], *, source_id: int | None,
+    uids: list[str],
+    first: dict[str, StepIn],
+    groups: dict[str, PromptGroup],
+    *,
+    source_id: int | None,
     channel: str | None,
 ) -> dict[str, _Traj]:
     """INSERT ... ON CONFLICT DO NOTHING RETURNING: one statement, race-safe; rows another
@@ -318,7 +336,15 @@ def _insert_trajectories(
     for u in uids:
         s = first[u]
         group = groups.get(s.prompt_group_uid) if s.prompt_group_uid else None
-        params += [u, group.id if group else None, source_id, channel or Channel.TRAIN, now, now, s.policy_version]
+        params += [
+            u,
+            group.id if group else None,
+            source_id,
+            channel or Channel.TRAIN,
+            now,
+            now,
+            s.policy_version,
+        ]
     row = "(%s, %s, %s, %s, 'running', 0, '{}', %s, %s, %s)"
     sql = (
         f"INSERT INTO {table} (uid, group_id, source_id, channel, status, step_count, metadata, created_at, "
@@ -335,7 +361,9 @@ def _ensure_policy_versions(versions: set[int]) -> None:
         return
     known = set(PolicyVersion.objects.filter(version__in=versions).values_list("version", flat=True))
     if versions - known:
-        PolicyVersion.objects.bulk_create([PolicyVersion(version=v) for v in versions - known], ignore_conflicts=True)
+        PolicyVersion.objects.bulk_create(
+            [PolicyVersion(version=v) for v in versions - known], ignore_conflicts=True
+        )
 
 
 def _insert_in_waves(
@@ -410,12 +438,21 @@ def _insert_in_waves(
             parent_id, parent_full, parent_depth = None, None, 0
             if p is not None:
                 if p[0] == "batch":
-                    parent_id, parent_full, parent_depth = built[p[1]].id, full_of[p[1]], built[p[1]].seq_depth
+                    parent_id, parent_full, parent_depth = (
+                        built[p[1]].id,
+                        full_of[p[1]],
+                        built[p[1]].seq_depth,
+                    )
                 else:
                     parent_id, parent_full, parent_depth = p[1], stored_full[p[1]], depth_of.get(p[1], 0)
             obj = step_row(
-                s, h, trajectory_id=trajectories[s.trajectory_uid].id, parent_id=parent_id, parent_full=parent_full,
-                parent_depth=parent_depth, source_id=source_id,
+                s,
+                h,
+                trajectory_id=trajectories[s.trajectory_uid].id,
+                parent_id=parent_id,
+                parent_full=parent_full,
+                parent_depth=parent_depth,
+                source_id=source_id,
             )
             built[i] = obj
             objs.append(obj)

@@ -75,7 +75,11 @@ def trajectory_complete(
             Step.objects.filter(id=last.id).update(is_last=True, updated_at=now)
     if reward is not None and reward != traj.reward:
         RewardEvent.objects.create(
-            trajectory=traj, old_reward=traj.reward, new_reward=reward, reward_source=reward_source, source_id=source_id
+            trajectory=traj,
+            old_reward=traj.reward,
+            new_reward=reward,
+            reward_source=reward_source,
+            source_id=source_id,
         )
         traj.reward = reward
     traj.save(update_fields=["status", "completed_at", "reward", "updated_at"])

@@ -125,7 +125,12 @@ def _flex_forward(module, query, key, value, attention_mask, scaling=None, dropo
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = flex_attention(
-            query, key, value, block_mask=attention_mask, scale=scaling, enable_gqa=query.shape[1] != key.shape[1]
+            query,
+            key,
+            value,
+            block_mask=attention_mask,
+            scale=scaling,
+            enable_gqa=query.shape[1] != key.shape[1],
         )
     return out.transpose(1, 2).contiguous(), None
 

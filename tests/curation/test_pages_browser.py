@@ -15,8 +15,14 @@ from tests.live import LiveServer, live_server
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 LOCAL_HOSTS = {"127.0.0.1", "localhost"}
 
@@ -45,11 +51,18 @@ def server(tmp_path) -> Iterator[LiveServer]:
         out = srv.manage("shell", "-c", SETUP)
         key = out.strip().splitlines()[-1]
         steps = [
-            {"trajectory_uid": "b-t", "step_index": i, "prompt_ids": [1, 2, 3, i], "response_ids": [4, 5],
-             **({"reward": 1.0} if i == 1 else {})}
+            {
+                "trajectory_uid": "b-t",
+                "step_index": i,
+                "prompt_ids": [1, 2, 3, i],
+                "response_ids": [4, 5],
+                **({"reward": 1.0} if i == 1 else {}),
+            }
             for i in range(3)
         ]
-        resp = httpx.post(f"{srv.url}/api/v1/steps", json={"steps": steps}, headers={"Authorization": f"Bearer {key}"})
+        resp = httpx.post(
+            f"{srv.url}/api/v1/steps", json={"steps": steps}, headers={"Authorization": f"Bearer {key}"}
+        )
         assert resp.status_code == 201, resp.text
         yield srv
 
@@ -62,7 +75,10 @@ def browser_page(tmp_path) -> Iterator[tuple]:
     profile.mkdir()
     with sync_api.sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
-            user_data_dir=str(profile), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            user_data_dir=str(profile),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_ARGS,
         )
         requested: list[str] = []
         context.on("request", lambda req: requested.append(req.url))

@@ -22,7 +22,9 @@ def start_upstream(*args: str) -> tuple[str, subprocess.Popen]:
     log = tempfile.TemporaryFile()  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway.demo.upstream", "--port", str(port), *args],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     proc.stderr = log  # type: ignore[assignment] - kept so failures can show the output
     base = f"http://127.0.0.1:{port}/v1"

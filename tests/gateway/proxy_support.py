@@ -16,9 +16,13 @@ from tests.live import LiveServer
 # for the same request through the gateway.
 
 
-def upstream_ids(upstream: str, body: dict[str, Any], *, endpoint: str = "chat/completions") -> dict[str, Any]:
+def upstream_ids(
+    upstream: str, body: dict[str, Any], *, endpoint: str = "chat/completions"
+) -> dict[str, Any]:
     """The demo upstream's answer to ``body`` with its token ids (called directly)."""
-    r = httpx.post(f"{upstream}/{endpoint}", json={**body, "return_token_ids": True, "stream": False}, timeout=30)
+    r = httpx.post(
+        f"{upstream}/{endpoint}", json={**body, "return_token_ids": True, "stream": False}, timeout=30
+    )
     r.raise_for_status()
     return r.json()
 
@@ -29,12 +33,16 @@ def auth(key: str) -> dict[str, str]:
 
 def steps_of(server: LiveServer, key: str, trajectory_uid: str) -> list[dict[str, Any]]:
     """The stored steps of a trajectory, in step order (read through the REST API)."""
-    r = httpx.get(f"{server.url}/api/v1/steps", params={"trajectory_uid": trajectory_uid}, headers=auth(key), timeout=30)
+    r = httpx.get(
+        f"{server.url}/api/v1/steps", params={"trajectory_uid": trajectory_uid}, headers=auth(key), timeout=30
+    )
     r.raise_for_status()
     return sorted(r.json()["results"], key=lambda s: s["step_index"])
 
 
-def events_of(server: LiveServer, key: str, type: str, trajectory_uid: str | None = None) -> list[dict[str, Any]]:
+def events_of(
+    server: LiveServer, key: str, type: str, trajectory_uid: str | None = None
+) -> list[dict[str, Any]]:
     """Stored events of ``type`` (newest first); with a trajectory uid, only those whose
     payload names it (events of trajectories that do not exist are not linked)."""
     r = httpx.get(f"{server.url}/api/v1/events", params={"type": type}, headers=auth(key), timeout=30)
@@ -70,7 +78,9 @@ def build_tokenizer(directory: Path) -> Path:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", additional_special_tokens=["<|im_start|>"],
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        additional_special_tokens=["<|im_start|>"],
         chat_template=CHAT_TEMPLATE,
     )
     fast.save_pretrained(str(directory))

@@ -30,8 +30,17 @@ WRITES = [
     ("policy-versions", {"version": 5}),
 ]
 READS = [
-    "steps", f"steps/{S}", "trajectories", f"trajectories/{T}", "groups", f"groups/{G}", "events", "feedback",
-    "policy-versions", "stats", f"groups/{G}/prefix-tree",
+    "steps",
+    f"steps/{S}",
+    "trajectories",
+    f"trajectories/{T}",
+    "groups",
+    f"groups/{G}",
+    "events",
+    "feedback",
+    "policy-versions",
+    "stats",
+    f"groups/{G}/prefix-tree",
 ]
 
 # caller -> (may write, may read)
@@ -79,7 +88,9 @@ def test_write_matrix(seeded, django_user_model, caller, endpoint, body):
     else:
         expected = 401 if caller == "anonymous" else 403
         assert resp.status_code == expected, resp.content
-        assert resp.json()["error"]["type"] == ("authentication_error" if expected == 401 else "permission_error")
+        assert resp.json()["error"]["type"] == (
+            "authentication_error" if expected == 401 else "permission_error"
+        )
         if expected == 401:
             assert resp["WWW-Authenticate"].startswith("Bearer")
         assert pool_counts() == before
@@ -133,13 +144,16 @@ def test_operator_session_writes_need_the_csrf_token(django_user_model):
     client = APIClient(enforce_csrf_checks=True)
     client.get("/admin/login/")
     token = client.cookies["csrftoken"].value
-    resp = client.post("/admin/login/", {"username": "op", "password": "pw-op", "csrfmiddlewaretoken": token,
-                                         "next": "/"})
+    resp = client.post(
+        "/admin/login/", {"username": "op", "password": "pw-op", "csrfmiddlewaretoken": token, "next": "/"}
+    )
     assert resp.status_code == 302
     body = {"steps": [make_step("op-t", 0, prompt=[1, 2], response=[3])]}
     # when it posts steps without, then with, the CSRF token
     without = client.post("/api/v1/steps", body, format="json")
-    with_token = client.post("/api/v1/steps", body, format="json", HTTP_X_CSRFTOKEN=client.cookies["csrftoken"].value)
+    with_token = client.post(
+        "/api/v1/steps", body, format="json", HTTP_X_CSRFTOKEN=client.cookies["csrftoken"].value
+    )
     # then the first is refused (a cross-site form could not write) and the second stored
     assert without.status_code == 403
     assert with_token.status_code == 201, with_token.content
@@ -151,7 +165,9 @@ def test_api_keys_are_not_subject_to_csrf(agent_key):
     client = APIClient(enforce_csrf_checks=True)
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {agent_key}")
     # when it posts steps
-    resp = client.post("/api/v1/steps", {"steps": [make_step("k-t", 0, prompt=[1, 2], response=[3])]}, format="json")
+    resp = client.post(
+        "/api/v1/steps", {"steps": [make_step("k-t", 0, prompt=[1, 2], response=[3])]}, format="json"
+    )
     # then they are stored
     assert resp.status_code == 201, resp.content
 
@@ -169,8 +185,12 @@ def test_multi_scope_key_without_ingest_cannot_write(seeded):
 def test_writes_are_attributed_to_the_keys_source(seeded, agent_key, agent):
     # given an ingest key named "agent"
     # when it writes a step
-    assert agent.post("/api/v1/steps", {"steps": [make_step("src-t", 0, prompt=[1], response=[2])]},
-                      format="json").status_code == 201
+    assert (
+        agent.post(
+            "/api/v1/steps", {"steps": [make_step("src-t", 0, prompt=[1], response=[2])]}, format="json"
+        ).status_code
+        == 201
+    )
     # then the step and its new trajectory belong to that key's source
     step = Step.objects.select_related("source", "trajectory__source").get(uid="src-t-s0")
     assert step.source.name == "agent" and step.trajectory.source.name == "agent"

@@ -22,8 +22,14 @@ from tests.pool.factories import pool_counts, step_in
 pytestmark = pytest.mark.django_db
 
 RAW = "__raw__"  # placeholder replaced by a raw (non-JSON-standard) literal, e.g. NaN
-TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-         404: "not_found_error", 413: "invalid_request_error", 415: "invalid_request_error"}
+TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+}
 
 
 def encode(obj: Any, raw: str | None = None) -> bytes:
@@ -53,7 +59,9 @@ def assert_error(resp, status: int, param: str | None) -> dict:
 
 def good_step() -> dict:
     """A valid step (8 tokens) that creates trajectory, group and policy version rows."""
-    return make_step("good-t", 0, group="good-g", prompt=[1, 2, 3, 4, 5, 6], response=[7, 8], policy_version=7)
+    return make_step(
+        "good-t", 0, group="good-g", prompt=[1, 2, 3, 4, 5, 6], response=[7, 8], policy_version=7
+    )
 
 
 def bad_step(**changes: Any) -> dict:
@@ -92,7 +100,12 @@ STEP_CASES = [
     ("token-below-int32", {"prompt_ids": [-(2**31) - 1]}, None, "steps[1].prompt_ids[0]"),
     ("logprobs-short", {"rollout_logprobs": [-0.1, -0.2]}, None, "steps[1].rollout_logprobs"),
     ("logprobs-long", {"rollout_logprobs": [-0.1, -0.2, -0.3, -0.4]}, None, "steps[1].rollout_logprobs"),
-    ("logprobs-without-response", {"response_ids": [], "rollout_logprobs": [-0.1]}, None, "steps[1].rollout_logprobs"),
+    (
+        "logprobs-without-response",
+        {"response_ids": [], "rollout_logprobs": [-0.1]},
+        None,
+        "steps[1].rollout_logprobs",
+    ),
     ("logprobs-string", {"rollout_logprobs": "x"}, None, "steps[1].rollout_logprobs"),
     ("logprobs-string-item", {"rollout_logprobs": [-0.1, "a", -0.3]}, None, "steps[1].rollout_logprobs[1]"),
     ("logprobs-nan", {"rollout_logprobs": [-0.1, -0.2, RAW]}, "NaN", "steps[1].rollout_logprobs[2]"),
@@ -139,7 +152,9 @@ STEP_EDGE_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("changes", "raw", "param"), [pytest.param(c, r, p, id=i) for i, c, r, p in STEP_CASES])
+@pytest.mark.parametrize(
+    ("changes", "raw", "param"), [pytest.param(c, r, p, id=i) for i, c, r, p in STEP_CASES]
+)
 def test_bad_step_is_rejected_naming_the_field_and_nothing_is_written(agent, changes, raw, param):
     # given a valid step followed by one bad one in the same batch
     body = encode({"steps": [good_step(), bad_step(**changes)]}, raw)
@@ -175,9 +190,22 @@ def test_the_valid_step_alone_is_accepted(agent):
 
 @pytest.mark.parametrize(
     "body",
-    [b'{"steps": [', b"{'steps': []}", b'{"steps": []} trailing', b'{"steps": "\xff\xfe"}', b"{steps: 1}",
-     b'{"steps": [NaN'],
-    ids=["truncated", "single-quotes", "trailing-garbage", "invalid-utf8", "unquoted-key", "truncated-after-NaN"],
+    [
+        b'{"steps": [',
+        b"{'steps': []}",
+        b'{"steps": []} trailing',
+        b'{"steps": "\xff\xfe"}',
+        b"{steps: 1}",
+        b'{"steps": [NaN',
+    ],
+    ids=[
+        "truncated",
+        "single-quotes",
+        "trailing-garbage",
+        "invalid-utf8",
+        "unquoted-key",
+        "truncated-after-NaN",
+    ],
 )
 def test_malformed_json_is_a_parse_error(agent, body):
     # given a body that is not JSON
@@ -205,8 +233,18 @@ def test_malformed_json_is_a_parse_error(agent, body):
         (b'{"steps": [null]}', "steps[0]"),
         (b"", "steps"),
     ],
-    ids=["array", "null", "number", "string", "steps-object", "steps-string", "empty-batch", "step-number",
-         "step-null", "empty-body"],
+    ids=[
+        "array",
+        "null",
+        "number",
+        "string",
+        "steps-object",
+        "steps-string",
+        "empty-batch",
+        "step-number",
+        "step-null",
+        "empty-body",
+    ],
 )
 def test_wrong_shape_of_the_body(agent, body, param):
     # given a JSON body of the wrong shape
@@ -339,10 +377,26 @@ def test_chunked_body_is_parsed_and_limited_on_a_live_server(small_body_server):
 # --- authentication and scopes --------------------------------------------------------------
 @pytest.mark.parametrize(
     "header",
-    [None, "Bearer claw_000000000000_not-a-real-key", "Bearer not-even-the-format", "Basic dXNlcjpwdw==",
-     "Bearer", "Bearer    ", "Token claw_x_y", "claw_abc_def"],
-    ids=["missing", "wrong-key", "not-a-claw-key", "basic-auth", "bearer-alone", "bearer-blank", "token-scheme",
-         "no-scheme"],
+    [
+        None,
+        "Bearer claw_000000000000_not-a-real-key",
+        "Bearer not-even-the-format",
+        "Basic dXNlcjpwdw==",
+        "Bearer",
+        "Bearer    ",
+        "Token claw_x_y",
+        "claw_abc_def",
+    ],
+    ids=[
+        "missing",
+        "wrong-key",
+        "not-a-claw-key",
+        "basic-auth",
+        "bearer-alone",
+        "bearer-blank",
+        "token-scheme",
+        "no-scheme",
+    ],
 )
 def test_missing_wrong_or_malformed_key_is_401(header):
     # given a client with no or a bad Authorization header
@@ -439,8 +493,13 @@ OTHER_CASES = [
     ("rewards", {"rewards": []}, None, 400, "rewards"),
     ("rewards", {"step_uid": "nope", "reward": 1.0}, None, 404, "rewards[0].step_uid"),
     ("rewards", {"trajectory_uid": "nope", "reward": 1.0}, None, 404, "rewards[0].trajectory_uid"),
-    ("rewards", {"rewards": [{"step_uid": S, "reward": 1.0}, {"step_uid": "nope", "reward": 2.0}]}, None, 404,
-     "rewards[1].step_uid"),
+    (
+        "rewards",
+        {"rewards": [{"step_uid": S, "reward": 1.0}, {"step_uid": "nope", "reward": 2.0}]},
+        None,
+        404,
+        "rewards[1].step_uid",
+    ),
     # events
     ("events", {"type": "x", "bogus": 1}, None, 400, "events[0].bogus"),
     ("events", {"payload": {}}, None, 400, "events[0].type"),
@@ -456,8 +515,13 @@ OTHER_CASES = [
     ("events", {"events": []}, None, 400, "events"),
     ("events", {"type": "x", "trajectory_uid": "nope"}, None, 404, "events[0].trajectory_uid"),
     ("events", {"type": "x", "step_uid": "nope"}, None, 404, "events[0].step_uid"),
-    ("events", {"events": [{"type": "ok", "step_uid": S}, {"type": "x", "step_uid": "nope"}]}, None, 404,
-     "events[1].step_uid"),
+    (
+        "events",
+        {"events": [{"type": "ok", "step_uid": S}, {"type": "x", "step_uid": "nope"}]},
+        None,
+        404,
+        "events[1].step_uid",
+    ),
     # feedback
     ("feedback", {"step_uid": S, "bogus": 1}, None, 400, "bogus"),
     ("feedback", {"rating": 1.0}, None, 400, "step_uid"),
@@ -528,9 +592,13 @@ def test_bad_input_on_other_endpoints(agent, seeded, endpoint, obj, raw, status,
         (scope, endpoint, obj)
         for scope in (Scope.CONSUME, Scope.READ)
         for endpoint, obj in [
-            ("rewards", {"step_uid": S, "reward": 1.0}), ("events", {"type": "x"}), ("feedback", {"step_uid": S}),
-            ("policy-versions", {"version": 3}), ("trajectories", {"uid": "t-new"}),
-            ("trajectories/seed-t/complete", {}), ("groups", {"uid": "g-new"}),
+            ("rewards", {"step_uid": S, "reward": 1.0}),
+            ("events", {"type": "x"}),
+            ("feedback", {"step_uid": S}),
+            ("policy-versions", {"version": 3}),
+            ("trajectories", {"uid": "t-new"}),
+            ("trajectories/seed-t/complete", {}),
+            ("groups", {"uid": "g-new"}),
         ]
         # trainers (consume) publish policy versions: that case is in the scopes matrix
         if not (endpoint == "policy-versions" and scope == Scope.CONSUME)

@@ -44,8 +44,10 @@ def test_a_claw_r1_black_box_agent_works_by_changing_only_the_gateway_url(gw):
     traj, base_url = init.json()["trajectory_uid"], init.json()["base_url"]
     prompt_uid = base_url.rstrip("/").split("/")[-2]
     assert base_url == f"{gw.server.url}/compat/claw-r1/{traj}/{prompt_uid}/v1"
-    assert gw.post(f"{base_url}/register_trajectory",
-                   {"channel": "train", "metadata": {"policy_version": 3, "task": "demo"}}).json() == {"status": "ok"}
+    assert gw.post(
+        f"{base_url}/register_trajectory",
+        {"channel": "train", "metadata": {"policy_version": 3, "task": "demo"}},
+    ).json() == {"status": "ok"}
 
     # when: the agent talks to base_url with the official client, two turns, then completes
     llm = openai.OpenAI(base_url=base_url, api_key=gw.key, max_retries=0)
@@ -71,7 +73,12 @@ def test_a_claw_r1_black_box_agent_works_by_changing_only_the_gateway_url(gw):
     assert (steps[0]["is_last"], steps[0]["reward"]) == (False, None)
     assert (steps[1]["is_last"], steps[1]["reward"], steps[1]["reward_status"]) == (True, 1.0, "final")
     t = trajectory_of(gw.server, gw.key, traj).json()
-    assert (t["status"], t["reward"], t["channel"], t["metadata"]["task"]) == ("completed", 1.0, "train", "demo")
+    assert (t["status"], t["reward"], t["channel"], t["metadata"]["task"]) == (
+        "completed",
+        1.0,
+        "train",
+        "demo",
+    )
 
     # and: the ended trajectory takes no more calls
     with pytest.raises(openai.ConflictError):
@@ -83,9 +90,11 @@ def test_streaming_through_the_claw_r1_base_url(gw):
     init = gw.post("init_trajectory").json()
 
     # when
-    chunks = list(openai.OpenAI(base_url=init["base_url"], api_key=gw.key, max_retries=0).chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "stream"}], stream=True
-    ))
+    chunks = list(
+        openai.OpenAI(base_url=init["base_url"], api_key=gw.key, max_retries=0).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "stream"}], stream=True
+        )
+    )
 
     # then
     [step] = steps_of(gw.server, gw.key, init["trajectory_uid"])
@@ -95,11 +104,30 @@ def test_streaming_through_the_claw_r1_base_url(gw):
 def test_white_box_submit_steps_in_claw_r1_shape(gw):
     # given: Claw-R1 StepPayloads (prompt_uid, rollout_log_probs, its defaults)
     steps = [
-        {"prompt_ids": [1, 2, 3], "response_ids": [4, 5], "rollout_log_probs": [-0.5, -0.25], "reward": None,
-         "trajectory_uid": "wb-1", "prompt_uid": "wb-group", "step_index": 0, "policy_version": 2, "is_last": False,
-         "multi_modal_data": None, "routed_experts": None},
-        {"prompt_ids": [1, 2, 3, 4, 5, 6], "response_ids": [7], "reward": 0.5, "trajectory_uid": "wb-1",
-         "prompt_uid": "wb-group", "step_index": 1, "policy_version": 2, "is_last": True, "metadata": {"k": "v"}},
+        {
+            "prompt_ids": [1, 2, 3],
+            "response_ids": [4, 5],
+            "rollout_log_probs": [-0.5, -0.25],
+            "reward": None,
+            "trajectory_uid": "wb-1",
+            "prompt_uid": "wb-group",
+            "step_index": 0,
+            "policy_version": 2,
+            "is_last": False,
+            "multi_modal_data": None,
+            "routed_experts": None,
+        },
+        {
+            "prompt_ids": [1, 2, 3, 4, 5, 6],
+            "response_ids": [7],
+            "reward": 0.5,
+            "trajectory_uid": "wb-1",
+            "prompt_uid": "wb-group",
+            "step_index": 1,
+            "policy_version": 2,
+            "is_last": True,
+            "metadata": {"k": "v"},
+        },
     ]
 
     # when
@@ -108,7 +136,11 @@ def test_white_box_submit_steps_in_claw_r1_shape(gw):
     # then
     assert r.status_code == 200 and r.json() == {"accepted": 2}
     s0, s1 = steps_of(gw.server, gw.key, "wb-1")
-    assert (s0["prompt_ids"], s0["response_ids"], s0["rollout_logprobs"]) == ([1, 2, 3], [4, 5], [-0.5, -0.25])
+    assert (s0["prompt_ids"], s0["response_ids"], s0["rollout_logprobs"]) == (
+        [1, 2, 3],
+        [4, 5],
+        [-0.5, -0.25],
+    )
     assert s0["prompt_group_uid"] == "wb-group" and s0["policy_version"] == 2
     assert (s1["reward"], s1["is_last"], s1["metadata"]) == (0.5, True, {"k": "v"})
     assert trajectory_of(gw.server, gw.key, "wb-1").json()["channel"] == "val"
@@ -139,8 +171,13 @@ def test_every_endpoint_requires_an_ingest_key(gw):
     # given: a base URL of a real trajectory and a read-only key
     base = gw.post("init_trajectory").json()["base_url"]
     reader = gw.server.make_key("read")
-    paths = [f"{gw.server.url}/compat/claw-r1/init_trajectory", f"{base}/register_trajectory",
-             f"{base}/chat/completions", f"{base}/complete_trajectory", f"{gw.server.url}/compat/claw-r1/submit_steps"]
+    paths = [
+        f"{gw.server.url}/compat/claw-r1/init_trajectory",
+        f"{base}/register_trajectory",
+        f"{base}/chat/completions",
+        f"{base}/complete_trajectory",
+        f"{gw.server.url}/compat/claw-r1/submit_steps",
+    ]
 
     # when / then
     for url in paths:
@@ -149,6 +186,8 @@ def test_every_endpoint_requires_an_ingest_key(gw):
 
 
 def test_bad_input_is_answered_in_openai_error_shape(gw):
-    r = gw.post("submit_steps", {"steps": [{"trajectory_uid": "x", "prompt_ids": "nope", "response_ids": []}]})
+    r = gw.post(
+        "submit_steps", {"steps": [{"trajectory_uid": "x", "prompt_ids": "nope", "response_ids": []}]}
+    )
     assert r.status_code == 400 and r.json()["error"]["param"].startswith("steps[0].prompt_ids")
     assert gw.post("complete_trajectory/does-not-exist", {}).status_code == 404

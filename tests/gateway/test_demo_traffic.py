@@ -18,7 +18,10 @@ import pytest
 
 from tests.live import ROOT, LiveServer, free_port
 
-pytestmark = [pytest.mark.live, pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc for child pids")]
+pytestmark = [
+    pytest.mark.live,
+    pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc for child pids"),
+]
 
 DEADLINE_S = 45
 
@@ -26,8 +29,9 @@ DEADLINE_S = 45
 @pytest.fixture
 def demo_server(tmp_path: Path) -> Iterator[LiveServer]:
     """A migrated database and the environment of `make run` in demo mode, fast-paced."""
-    server = LiveServer(tmp_path, {"CLAW_DEMO": "1", "CLAW_DEMO_PACE_S": "0.05",
-                                   "CLAW_DEMO_UPSTREAM_PORT": str(free_port())})
+    server = LiveServer(
+        tmp_path, {"CLAW_DEMO": "1", "CLAW_DEMO_PACE_S": "0.05", "CLAW_DEMO_UPSTREAM_PORT": str(free_port())}
+    )
     server.env["PORT"] = str(server.port)
     server.env.pop("CLAW_UPSTREAM_URL", None)
     server.manage("migrate", "--noinput", "-v", "0")
@@ -39,8 +43,13 @@ def demo_server(tmp_path: Path) -> Iterator[LiveServer]:
 
 def start_serve(server: LiveServer, log: Path) -> subprocess.Popen:
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "manage.py", "serve"], cwd=ROOT, env=server.env,
-                                stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "serve"],
+            cwd=ROOT,
+            env=server.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     wait_for(lambda: _healthy(server.url), proc, log, "serve to answer /healthz")
     return proc
 
@@ -138,7 +147,12 @@ def test_serve_runs_demo_upstream_and_agents_then_reaps_them(demo_server: LiveSe
         key_file = tmp_path / "demo-agent.key"
         assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
         key = key_file.read_text().strip()
-        assert httpx.get(f"{demo_server.url}/api/v1/stats", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+        assert (
+            httpx.get(
+                f"{demo_server.url}/api/v1/stats", headers={"Authorization": f"Bearer {key}"}
+            ).status_code
+            == 200
+        )
     finally:
         # when serve gets SIGTERM
         code = stop_serve(proc, signal.SIGTERM)

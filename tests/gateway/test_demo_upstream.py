@@ -19,8 +19,11 @@ IDS = {"return_token_ids": True}
 TOOLS = [
     {
         "type": "function",
-        "function": {"name": "run_shell", "description": "run a command",
-                     "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}},
+        "function": {
+            "name": "run_shell",
+            "description": "run a command",
+            "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}},
+        },
     }
 ]
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say something."}]
@@ -60,9 +63,18 @@ def test_toy_template_is_append_only_even_when_tool_calls_come_back_reordered():
 
     generated = TOK.encode(compact_json(canonical_tool_calls([call]))) + [END]
     # when the agent echoes the call back with extra keys in another order, plus an observation
-    echoed = {"role": "assistant", "content": None,
-              "tool_calls": [{"function": {"arguments": '{"x": 1}', "name": "run_shell"}, "type": "function",
-                              "id": "call_1", "index": 0}]}
+    echoed = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "function": {"arguments": '{"x": 1}', "name": "run_shell"},
+                "type": "function",
+                "id": "call_1",
+                "index": 0,
+            }
+        ],
+    }
     nxt = TOK.apply_chat_template([*MESSAGES, echoed, {"role": "tool", "content": "ok"}], tools)
     # then the next prompt extends prompt + generated ids exactly
     assert nxt[: len(prompt) + len(generated)] == prompt + generated
@@ -86,7 +98,9 @@ def test_chat_returns_vllm_token_ids_and_is_deterministic(demo_upstream):
     r1 = c.chat.completions.create(model="claw-demo", messages=MESSAGES, n=2, max_tokens=64, extra_body=IDS)
     r2 = c.chat.completions.create(model="claw-demo", messages=MESSAGES, n=2, max_tokens=64, extra_body=IDS)
     # then prompt ids are the chat template's (the same as /tokenize gives)
-    assert r1.prompt_token_ids == TOK.apply_chat_template(MESSAGES) == tokenize(demo_upstream, messages=MESSAGES)
+    assert (
+        r1.prompt_token_ids == TOK.apply_chat_template(MESSAGES) == tokenize(demo_upstream, messages=MESSAGES)
+    )
     # and each choice's ids decode to its content, end with <|end|>, and are counted in usage
     assert len(r1.choices) == 2
     for ch in r1.choices:
@@ -116,7 +130,10 @@ def test_logprobs_one_per_response_id_optionally_as_token_ids(demo_upstream):
     c = client(demo_upstream)
     # when logprobs are asked with tokens rendered as ids
     r = c.chat.completions.create(
-        model="claw-demo", messages=MESSAGES, logprobs=True, max_tokens=64,
+        model="claw-demo",
+        messages=MESSAGES,
+        logprobs=True,
+        max_tokens=64,
         extra_body={"return_token_ids": True, "return_tokens_as_token_ids": True},
     )
     ch = r.choices[0]
@@ -136,7 +153,9 @@ def test_tool_call_reply_and_multi_turn_prompts_extend_without_drift(demo_upstre
     # given a 3-turn agent with a tool that appends each reply and a tool observation
     prev_full: list[int] | None = None
     for turn in range(3):
-        r = c.chat.completions.create(model="claw-demo", messages=messages, tools=TOOLS, max_tokens=64, extra_body=IDS)
+        r = c.chat.completions.create(
+            model="claw-demo", messages=messages, tools=TOOLS, max_tokens=64, extra_body=IDS
+        )
         ch = r.choices[0]
         prompt = r.prompt_token_ids
         # then each prompt starts with the previous prompt + response ids (append-only, no drift)
@@ -155,7 +174,9 @@ def test_tool_call_reply_and_multi_turn_prompts_extend_without_drift(demo_upstre
         prev_full = prompt + ch.token_ids
         messages.append(ch.message.model_dump(exclude_none=True))
         if ch.message.tool_calls:
-            messages.append({"role": "tool", "tool_call_id": ch.message.tool_calls[0].id, "content": "exit 0"})
+            messages.append(
+                {"role": "tool", "tool_call_id": ch.message.tool_calls[0].id, "content": "exit 0"}
+            )
         else:
             messages.append({"role": "user", "content": "go on"})
     assert tokenize(demo_upstream, messages=messages, tools=TOOLS)[: len(prev_full)] == prev_full
@@ -210,7 +231,9 @@ def test_streamed_tool_call_reassembles_like_openai(demo_upstream):
     c = client(demo_upstream)
     full = c.chat.completions.create(model="claw-demo", messages=MESSAGES, tools=TOOLS, extra_body=IDS)
     name, args, call_id, ids, finish = "", "", None, [], None
-    for chunk in c.chat.completions.create(model="claw-demo", messages=MESSAGES, tools=TOOLS, stream=True, extra_body=IDS):
+    for chunk in c.chat.completions.create(
+        model="claw-demo", messages=MESSAGES, tools=TOOLS, stream=True, extra_body=IDS
+    ):
         for ch in chunk.choices:
             ids += getattr(ch, "token_ids", None) or []
             for tc in ch.delta.tool_calls or []:
@@ -234,7 +257,9 @@ def test_completions_return_ids_on_each_choice_streamed_or_not(demo_upstream):
         assert TOK.decode(ch.token_ids) == ch.text
     ids: dict[int, list[int]] = {0: [], 1: []}
     prompts = {}
-    for chunk in c.completions.create(model="claw-demo", prompt="Once upon", max_tokens=64, n=2, stream=True, extra_body=IDS):
+    for chunk in c.completions.create(
+        model="claw-demo", prompt="Once upon", max_tokens=64, n=2, stream=True, extra_body=IDS
+    ):
         for ch in chunk.choices:
             ids[ch.index] += ch.token_ids
             if getattr(ch, "prompt_token_ids", None):
@@ -264,8 +289,9 @@ def test_fault_headers_force_status_delay_and_drop(demo_upstream):
     with pytest.raises(openai.APIConnectionError):
         c.chat.completions.create(model="claw-demo", messages=MESSAGES, extra_headers={"x-demo-drop": "1"})
     with pytest.raises((openai.APIConnectionError, httpx.HTTPError)):
-        for _ in c.chat.completions.create(model="claw-demo", messages=MESSAGES, stream=True,
-                                           extra_headers={"x-demo-drop": "1"}):
+        for _ in c.chat.completions.create(
+            model="claw-demo", messages=MESSAGES, stream=True, extra_headers={"x-demo-drop": "1"}
+        ):
             pass
     # and the server is still fine afterwards
     assert c.chat.completions.create(model="claw-demo", messages=MESSAGES).choices[0].message.content
@@ -273,11 +299,18 @@ def test_fault_headers_force_status_delay_and_drop(demo_upstream):
 
 def test_bad_requests_get_openai_error_bodies(demo_upstream):
     root = demo_upstream.removesuffix("/v1")
-    r = httpx.post(f"{demo_upstream}/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    r = httpx.post(
+        f"{demo_upstream}/chat/completions",
+        content=b"{not json",
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     r = httpx.post(f"{demo_upstream}/chat/completions", json={"messages": []})
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
-    assert httpx.post(f"{demo_upstream}/chat/completions", json={"messages": MESSAGES, "n": 0}).status_code == 400
+    assert (
+        httpx.post(f"{demo_upstream}/chat/completions", json={"messages": MESSAGES, "n": 0}).status_code
+        == 400
+    )
     assert httpx.get(f"{root}/nope").status_code == 404
     assert httpx.get(f"{demo_upstream}/chat/completions").status_code == 405
 
@@ -285,7 +318,9 @@ def test_bad_requests_get_openai_error_bodies(demo_upstream):
 def test_failure_rate_gives_some_random_500s():
     base, proc = start_upstream("--failure-rate", "0.5", "--seed", "3")
     try:
-        codes = [httpx.post(f"{base}/chat/completions", json={"messages": MESSAGES}).status_code for _ in range(30)]
+        codes = [
+            httpx.post(f"{base}/chat/completions", json={"messages": MESSAGES}).status_code for _ in range(30)
+        ]
         assert set(codes) == {200, 500}
         assert httpx.get(f"{base}/models").status_code == 200  # /v1/models never fails randomly
     finally:
@@ -294,8 +329,13 @@ def test_failure_rate_gives_some_random_500s():
 
 # --- variants -------------------------------------------------------------------------------------
 def test_idless_upstream_ignores_return_token_ids_everywhere(idless_upstream):
-    body = {"model": "claw-demo", "messages": MESSAGES, "logprobs": True, "return_token_ids": True,
-            "return_tokens_as_token_ids": True}
+    body = {
+        "model": "claw-demo",
+        "messages": MESSAGES,
+        "logprobs": True,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+    }
     # when asked for ids, non-streamed and streamed
     r = httpx.post(f"{idless_upstream}/chat/completions", json=body).json()
     stream = httpx.post(f"{idless_upstream}/chat/completions", json={**body, "stream": True}).text

@@ -19,7 +19,10 @@ def small(traj: str, index: int, **extra) -> dict:
 # --- steps: idempotency details ----------------------------------------------------------------
 def test_identical_resubmission_is_200_duplicate_and_writes_nothing(agent):
     # given a stored batch
-    batch = [small("idem", 0, reward=0.5, metadata={"k": [1, 2]}), small("idem", 1, rollout_logprobs=[-0.5, -1.5])]
+    batch = [
+        small("idem", 0, reward=0.5, metadata={"k": [1, 2]}),
+        small("idem", 1, rollout_logprobs=[-0.5, -1.5]),
+    ]
     assert post_steps(agent, batch).status_code == 201
     before = pool_counts()
     stamps = list(Step.objects.order_by("id").values_list("updated_at", flat=True))
@@ -27,8 +30,11 @@ def test_identical_resubmission_is_200_duplicate_and_writes_nothing(agent):
     resp = post_steps(agent, batch)
     # then 200, every step reported duplicate, and no row written or touched
     assert resp.status_code == 200
-    assert resp.json() == {"created": 0, "duplicates": 2, "steps": [{"uid": "idem-s0", "status": "duplicate"},
-                                                                    {"uid": "idem-s1", "status": "duplicate"}]}
+    assert resp.json() == {
+        "created": 0,
+        "duplicates": 2,
+        "steps": [{"uid": "idem-s0", "status": "duplicate"}, {"uid": "idem-s1", "status": "duplicate"}],
+    }
     assert pool_counts() == before
     assert list(Step.objects.order_by("id").values_list("updated_at", flat=True)) == stamps
 
@@ -47,10 +53,20 @@ def test_default_uid_is_trajectory_and_index_and_is_idempotent(agent):
 
 @pytest.mark.parametrize(
     "change",
-    [{"prompt_ids": [10, 20, 31]}, {"response_ids": [40]}, {"response_ids": [40, 50, 60]}, {"reward": 1.0},
-     {"rollout_logprobs": [-0.1, -0.2]}, {"metadata": {"k": 1}}, {"is_last": True}, {"finish_reason": "length"},
-     {"policy_version": 2}, {"messages": [{"role": "user", "content": "x"}]}, {"response_text": "y"},
-     {"prompt_group_uid": "other-g"}],
+    [
+        {"prompt_ids": [10, 20, 31]},
+        {"response_ids": [40]},
+        {"response_ids": [40, 50, 60]},
+        {"reward": 1.0},
+        {"rollout_logprobs": [-0.1, -0.2]},
+        {"metadata": {"k": 1}},
+        {"is_last": True},
+        {"finish_reason": "length"},
+        {"policy_version": 2},
+        {"messages": [{"role": "user", "content": "x"}]},
+        {"response_text": "y"},
+        {"prompt_group_uid": "other-g"},
+    ],
     ids=lambda c: next(iter(c)),
 )
 def test_different_content_under_a_stored_uid_is_409_naming_it(agent, change):
@@ -76,8 +92,12 @@ def test_mixed_batch_reports_per_step_status_in_order(agent):
     assert resp.json() == {
         "created": 2,
         "duplicates": 2,
-        "steps": [{"uid": "mix-s2", "status": "created"}, {"uid": "mix-s0", "status": "duplicate"},
-                  {"uid": "mix-b-s0", "status": "created"}, {"uid": "mix-s1", "status": "duplicate"}],
+        "steps": [
+            {"uid": "mix-s2", "status": "created"},
+            {"uid": "mix-s0", "status": "duplicate"},
+            {"uid": "mix-b-s0", "status": "created"},
+            {"uid": "mix-s1", "status": "duplicate"},
+        ],
     }
     assert Step.objects.filter(trajectory__uid="mix").count() == 3
     assert Trajectory.objects.get(uid="mix").step_count == 3
@@ -87,7 +107,10 @@ def test_resubmission_after_a_late_reward_and_completion_stays_a_duplicate(agent
     # given a stored step that later got a reward and whose trajectory was completed
     step = small("late", 0)
     assert post_steps(agent, [step]).status_code == 201
-    assert agent.post("/api/v1/rewards", {"step_uid": "late-s0", "reward": 2.0}, format="json").status_code == 200
+    assert (
+        agent.post("/api/v1/rewards", {"step_uid": "late-s0", "reward": 2.0}, format="json").status_code
+        == 200
+    )
     assert agent.post("/api/v1/trajectories/late/complete", {}, format="json").status_code == 200
     # when the original submission is retried (e.g. a client retry after a timeout)
     resp = post_steps(agent, [step])
@@ -117,8 +140,13 @@ def test_unknown_step_is_404_in_the_error_shape(agent):
 # --- trajectories -------------------------------------------------------------------------------
 def test_trajectory_create_get_and_idempotent_recreate(agent):
     # given a new trajectory with every field
-    body = {"uid": "run/1", "prompt_group_uid": "g-run", "channel": "val", "policy_version": 3,
-            "metadata": {"env": "bash"}}
+    body = {
+        "uid": "run/1",
+        "prompt_group_uid": "g-run",
+        "channel": "val",
+        "policy_version": 3,
+        "metadata": {"env": "bash"},
+    }
     # when it is created twice and read
     first = agent.post("/api/v1/trajectories", body, format="json")
     second = agent.post("/api/v1/trajectories", body, format="json")
@@ -132,7 +160,10 @@ def test_trajectory_create_get_and_idempotent_recreate(agent):
 
 
 def test_trajectory_recreated_in_another_group_is_409(agent):
-    assert agent.post("/api/v1/trajectories", {"uid": "tg", "prompt_group_uid": "g1"}, format="json").status_code == 201
+    assert (
+        agent.post("/api/v1/trajectories", {"uid": "tg", "prompt_group_uid": "g1"}, format="json").status_code
+        == 201
+    )
     resp = agent.post("/api/v1/trajectories", {"uid": "tg", "prompt_group_uid": "g2"}, format="json")
     assert resp.status_code == 409 and resp.json()["error"]["param"] == "prompt_group_uid"
 
@@ -146,12 +177,16 @@ def test_complete_with_reward_marks_last_step_and_audits(agent):
     # given a running trajectory with three steps
     assert post_steps(agent, [small("cmp", i) for i in range(3)]).status_code == 201
     # when it is completed with a final reward
-    resp = agent.post("/api/v1/trajectories/cmp/complete", {"reward": 1.5, "reward_source": "rule"}, format="json")
+    resp = agent.post(
+        "/api/v1/trajectories/cmp/complete", {"reward": 1.5, "reward_source": "rule"}, format="json"
+    )
     # then it is completed, its last step is_last, and the reward change is audited
     assert resp.status_code == 200, resp.content
     data = resp.json()
     assert (data["status"], data["reward"]) == ("completed", 1.5) and data["completed_at"]
-    assert list(Step.objects.filter(trajectory__uid="cmp", is_last=True).values_list("step_index", flat=True)) == [2]
+    assert list(
+        Step.objects.filter(trajectory__uid="cmp", is_last=True).values_list("step_index", flat=True)
+    ) == [2]
     ev = RewardEvent.objects.get()
     assert (ev.trajectory.uid, ev.old_reward, ev.new_reward, ev.reward_source) == ("cmp", None, 1.5, "rule")
     # and completing again with the same reward changes nothing, while another status is 409
@@ -174,9 +209,17 @@ def test_complete_with_empty_body(agent):
 def test_trajectory_list_filters_and_pagination(agent):
     # given trajectories in two groups and two statuses
     for i in range(5):
-        agent.post("/api/v1/trajectories", {"uid": f"lt{i}", "prompt_group_uid": "A" if i < 3 else "B",
-                                            "channel": "train" if i % 2 else "val"}, format="json")
+        agent.post(
+            "/api/v1/trajectories",
+            {
+                "uid": f"lt{i}",
+                "prompt_group_uid": "A" if i < 3 else "B",
+                "channel": "train" if i % 2 else "val",
+            },
+            format="json",
+        )
     agent.post("/api/v1/trajectories/lt0/complete", {}, format="json")
+
     # when listed with filters
     def uids(query: str) -> list[str]:
         return [t["uid"] for t in agent.get(f"/api/v1/trajectories?{query}").json()["results"]]
@@ -207,8 +250,11 @@ def test_trajectory_list_query_count_is_constant(agent, django_assert_max_num_qu
 # --- groups -------------------------------------------------------------------------------------
 def test_group_upsert_and_completion(agent):
     # given a group expecting two rollouts
-    resp = agent.post("/api/v1/groups", {"uid": "gc", "expected_rollouts": 2, "dataset": "gsm8k",
-                                         "ground_truth": {"answer": 42}}, format="json")
+    resp = agent.post(
+        "/api/v1/groups",
+        {"uid": "gc", "expected_rollouts": 2, "dataset": "gsm8k", "ground_truth": {"answer": 42}},
+        format="json",
+    )
     assert resp.status_code == 200 and resp.json()["status"] == "open"
     # when both rollouts end
     post_steps(agent, [small("gc-r0", 0, group="gc", is_last=True)])
@@ -226,8 +272,12 @@ def test_late_rewards_for_steps_and_trajectories(agent):
     # given two pending steps in a trajectory
     post_steps(agent, [small("rw", 0), small("rw", 1)])
     # when a batch of rewards arrives for a step and for the trajectory
-    body = {"rewards": [{"step_uid": "rw-s0", "reward": 1.0, "source": "human", "metadata": {"by": "ann"}},
-                        {"trajectory_uid": "rw", "reward": 0.5, "source": "model"}]}
+    body = {
+        "rewards": [
+            {"step_uid": "rw-s0", "reward": 1.0, "source": "human", "metadata": {"by": "ann"}},
+            {"trajectory_uid": "rw", "reward": 0.5, "source": "model"},
+        ]
+    }
     resp = agent.post("/api/v1/rewards", body, format="json")
     # then both apply, the step becomes final with its source, and each change is audited
     assert resp.status_code == 200 and resp.json() == {"applied": 2, "received": 2}
@@ -254,17 +304,30 @@ def test_events_single_and_batch_then_listed_with_filters(agent):
     # given a stored step
     post_steps(agent, [small("ev", 0)])
     # when one event and then a batch are posted
-    one = agent.post("/api/v1/events", {"type": "tool_call", "payload": {"tool": "bash"}, "step_uid": "ev-s0",
-                                        "occurred_at": "2026-01-02T03:04:05Z"}, format="json")
-    batch = agent.post("/api/v1/events", {"events": [{"type": "env_reset", "trajectory_uid": "ev"},
-                                                     {"type": "tool_call"}]}, format="json")
+    one = agent.post(
+        "/api/v1/events",
+        {
+            "type": "tool_call",
+            "payload": {"tool": "bash"},
+            "step_uid": "ev-s0",
+            "occurred_at": "2026-01-02T03:04:05Z",
+        },
+        format="json",
+    )
+    batch = agent.post(
+        "/api/v1/events",
+        {"events": [{"type": "env_reset", "trajectory_uid": "ev"}, {"type": "tool_call"}]},
+        format="json",
+    )
     # then they are recorded and listed with their fields and filters
     assert one.status_code == 201 and one.json()["recorded"] == 1
     assert batch.status_code == 201 and batch.json()["recorded"] == 2
     listed = agent.get("/api/v1/events?type=tool_call").json()["results"]
     assert [e["step_uid"] for e in listed] == ["ev-s0", None]
     assert listed[0]["payload"] == {"tool": "bash"} and listed[0]["occurred_at"] == "2026-01-02T03:04:05Z"
-    assert [e["type"] for e in agent.get("/api/v1/events?trajectory_uid=ev").json()["results"]] == ["env_reset"]
+    assert [e["type"] for e in agent.get("/api/v1/events?trajectory_uid=ev").json()["results"]] == [
+        "env_reset"
+    ]
     assert Event.objects.get(type="env_reset").source.name == "agent"
 
 
@@ -272,8 +335,18 @@ def test_feedback_on_step_and_trajectory(agent):
     # given a stored step
     post_steps(agent, [small("fb", 0)])
     # when feedback is posted on the step and on its trajectory
-    a = agent.post("/api/v1/feedback", {"step_uid": "fb-s0", "rating": -1.0, "label": "wrong", "correction": "ls -la",
-                                        "comment": "missed a flag", "author": "ann"}, format="json")
+    a = agent.post(
+        "/api/v1/feedback",
+        {
+            "step_uid": "fb-s0",
+            "rating": -1.0,
+            "label": "wrong",
+            "correction": "ls -la",
+            "comment": "missed a flag",
+            "author": "ann",
+        },
+        format="json",
+    )
     b = agent.post("/api/v1/feedback", {"trajectory_uid": "fb", "rating": 0.5, "label": "ok"}, format="json")
     # then both are stored and listed with filters
     assert a.status_code == 201 and b.status_code == 201
@@ -281,7 +354,12 @@ def test_feedback_on_step_and_trajectory(agent):
     assert len(rows) == 1
     row = rows[0]
     assert (row["step_uid"], row["rating"], row["correction"], row["comment"], row["author"]) == (
-        "fb-s0", -1.0, "ls -la", "missed a flag", "ann")
+        "fb-s0",
+        -1.0,
+        "ls -la",
+        "missed a flag",
+        "ann",
+    )
     assert [f["label"] for f in agent.get("/api/v1/feedback?trajectory_uid=fb").json()["results"]] == ["ok"]
     assert Feedback.objects.count() == 2
 
@@ -290,8 +368,9 @@ def test_feedback_on_step_and_trajectory(agent):
 def test_policy_versions_exactly_one_current(agent):
     # given versions 1 and 2 posted in turn
     assert agent.post("/api/v1/policy-versions", {"version": 1}, format="json").status_code == 200
-    assert agent.post("/api/v1/policy-versions", {"version": 2, "metadata": {"ckpt": "s2"}}, format="json").json() == {
-        "version": 2, "is_current": True, "metadata": {"ckpt": "s2"}}
+    assert agent.post(
+        "/api/v1/policy-versions", {"version": 2, "metadata": {"ckpt": "s2"}}, format="json"
+    ).json() == {"version": 2, "is_current": True, "metadata": {"ckpt": "s2"}}
     # when version 3 is registered without becoming current, then 1 is made current again
     agent.post("/api/v1/policy-versions", {"version": 3, "current": False}, format="json")
     listed = {p["version"]: p["is_current"] for p in agent.get("/api/v1/policy-versions").json()}
@@ -305,13 +384,21 @@ def test_policy_versions_exactly_one_current(agent):
 # --- stats --------------------------------------------------------------------------------------
 def test_stats_counts(agent):
     # given 3 steps (one rewarded), 2 trajectories, 1 group, 1 event and 1 feedback
-    post_steps(agent, [small("st", 0, group="sg"), small("st", 1, group="sg", reward=1.0), small("st2", 0, group=None)])
+    post_steps(
+        agent,
+        [small("st", 0, group="sg"), small("st", 1, group="sg", reward=1.0), small("st2", 0, group=None)],
+    )
     agent.post("/api/v1/events", {"type": "x"}, format="json")
     agent.post("/api/v1/feedback", {"step_uid": "st-s0", "rating": 1.0}, format="json")
     # when stats are read
     stats = agent.get("/api/v1/stats").json()
     # then every count matches
-    assert (stats["steps"], stats["steps_reward_pending"], stats["trajectories"], stats["groups"]) == (3, 2, 2, 1)
+    assert (stats["steps"], stats["steps_reward_pending"], stats["trajectories"], stats["groups"]) == (
+        3,
+        2,
+        2,
+        1,
+    )
     assert (stats["events"], stats["feedback"]) == (1, 1)
     assert stats["trajectories_by_status"] == {"running": 2}
     assert stats["tokens"]["step_tokens"] == 15

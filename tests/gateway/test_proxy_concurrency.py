@@ -32,7 +32,9 @@ class Gateway:
     key: str
 
     def aclient(self, **kw) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=f"{self.server.url}/v1", api_key=self.key, max_retries=0, timeout=60, **kw)
+        return openai.AsyncOpenAI(
+            base_url=f"{self.server.url}/v1", api_key=self.key, max_retries=0, timeout=60, **kw
+        )
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +55,12 @@ async def test_256_upstream_calls_are_in_flight_at_once(gw):
 
     # when: they all call at once
     t0 = time.perf_counter()
-    results = await asyncio.gather(*(
-        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"agent {i}"}])
-        for i in range(IN_FLIGHT)
-    ))
+    results = await asyncio.gather(
+        *(
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"agent {i}"}])
+            for i in range(IN_FLIGHT)
+        )
+    )
     elapsed = time.perf_counter() - t0
     await client.close()
 
@@ -73,10 +77,12 @@ async def test_concurrent_calls_of_one_trajectory_get_consecutive_indexes(gw):
     client = gw.aclient(default_headers={"X-Claw-Trajectory": "one-traj-64"})
 
     # when
-    await asyncio.gather(*(
-        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"call {i}"}])
-        for i in range(64)
-    ))
+    await asyncio.gather(
+        *(
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"call {i}"}])
+            for i in range(64)
+        )
+    )
     await client.close()
 
     # then
@@ -96,13 +102,21 @@ def test_an_agent_that_hangs_up_before_the_answer_leaves_no_step_and_the_server_
     body = {"model": MODEL, "messages": [{"role": "user", "content": "bye"}], "stream": stream}
     headers = {**auth(gw.key), "X-Claw-Trajectory": traj, "x-demo-delay-ms": "1500"}
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{gw.server.url}/v1/chat/completions", json=body, headers=headers,
-                   timeout=httpx.Timeout(5, read=0.3))
+        httpx.post(
+            f"{gw.server.url}/v1/chat/completions",
+            json=body,
+            headers=headers,
+            timeout=httpx.Timeout(5, read=0.3),
+        )
 
     # when: the next call comes, after the abandoned one would have been answered
     time.sleep(2)
-    r = httpx.post(f"{gw.server.url}/v1/chat/completions", json={**body, "stream": False},
-                   headers={**auth(gw.key), "X-Claw-Trajectory": f"after-{traj}"}, timeout=30)
+    r = httpx.post(
+        f"{gw.server.url}/v1/chat/completions",
+        json={**body, "stream": False},
+        headers={**auth(gw.key), "X-Claw-Trajectory": f"after-{traj}"},
+        timeout=30,
+    )
 
     # then: the gateway cancelled the abandoned call (no step) and serves the next one
     assert r.status_code == 200

@@ -40,7 +40,9 @@ def gw(tmp_path_factory, demo_upstream) -> Iterator[Gateway]:
 @pytest.fixture(scope="module")
 def refused(tmp_path_factory) -> Iterator[Gateway]:
     closed = free_port()  # nothing listens there
-    with live_server(tmp_path_factory.mktemp("refused"), {"CLAW_UPSTREAM_URL": f"http://127.0.0.1:{closed}/v1"}) as server:
+    with live_server(
+        tmp_path_factory.mktemp("refused"), {"CLAW_UPSTREAM_URL": f"http://127.0.0.1:{closed}/v1"}
+    ) as server:
         yield Gateway(server, server.make_key("ingest", "read"))
 
 
@@ -49,13 +51,22 @@ def _no_step_stored(gw: Gateway, traj: str) -> None:
     assert trajectory_of(gw.server, gw.key, traj).status_code == 404  # no empty trajectory either
 
 
-@pytest.mark.parametrize("status,error", [(400, openai.BadRequestError), (429, openai.RateLimitError),
-                                           (500, openai.InternalServerError), (503, openai.InternalServerError)])
+@pytest.mark.parametrize(
+    "status,error",
+    [
+        (400, openai.BadRequestError),
+        (429, openai.RateLimitError),
+        (500, openai.InternalServerError),
+        (503, openai.InternalServerError),
+    ],
+)
 def test_upstream_errors_pass_through_with_their_body(gw, status, error):
     # given: an upstream that answers an error
     # when
     with pytest.raises(error) as exc:
-        gw.client().chat.completions.create(model=MODEL, messages=MESSAGES, extra_headers={"x-demo-fail": str(status)})
+        gw.client().chat.completions.create(
+            model=MODEL, messages=MESSAGES, extra_headers={"x-demo-fail": str(status)}
+        )
 
     # then: the agent gets the upstream's status and body
     assert exc.value.status_code == status
@@ -70,8 +81,9 @@ def test_upstream_errors_pass_through_with_their_body(gw, status, error):
 def test_a_streamed_call_that_fails_upfront_passes_the_error_through(gw):
     # given / when: stream=True and the upstream answers 429
     with pytest.raises(openai.RateLimitError) as exc:
-        gw.client().chat.completions.create(model=MODEL, messages=MESSAGES, stream=True,
-                                            extra_headers={"x-demo-fail": "429"})
+        gw.client().chat.completions.create(
+            model=MODEL, messages=MESSAGES, stream=True, extra_headers={"x-demo-fail": "429"}
+        )
 
     # then
     traj = exc.value.response.headers["x-claw-trajectory"]
@@ -83,7 +95,9 @@ def test_a_slow_upstream_times_out_with_504(gw):
     # given: an upstream slower than CLAW_UPSTREAM_TIMEOUT (1 s)
     # when
     with pytest.raises(openai.InternalServerError) as exc:
-        gw.client().chat.completions.create(model=MODEL, messages=MESSAGES, extra_headers={"x-demo-delay-ms": "2500"})
+        gw.client().chat.completions.create(
+            model=MODEL, messages=MESSAGES, extra_headers={"x-demo-delay-ms": "2500"}
+        )
 
     # then: 504 in OpenAI's error shape, an Event, no step
     assert exc.value.status_code == 504
@@ -95,8 +109,9 @@ def test_a_slow_upstream_times_out_with_504(gw):
 
 def test_a_slow_stream_times_out_with_504(gw):
     with pytest.raises(openai.InternalServerError) as exc:
-        gw.client().chat.completions.create(model=MODEL, messages=MESSAGES, stream=True,
-                                            extra_headers={"x-demo-delay-ms": "2500"})
+        gw.client().chat.completions.create(
+            model=MODEL, messages=MESSAGES, stream=True, extra_headers={"x-demo-delay-ms": "2500"}
+        )
     assert exc.value.status_code == 504
     _no_step_stored(gw, exc.value.response.headers["x-claw-trajectory"])
 
@@ -104,12 +119,16 @@ def test_a_slow_stream_times_out_with_504(gw):
 def test_an_answer_cut_mid_body_is_a_502_and_stores_nothing(gw):
     # given: the upstream sends half a JSON body, then closes the connection
     with pytest.raises(openai.InternalServerError) as exc:
-        gw.client().chat.completions.create(model=MODEL, messages=MESSAGES, extra_headers={"x-demo-drop": "1"})
+        gw.client().chat.completions.create(
+            model=MODEL, messages=MESSAGES, extra_headers={"x-demo-drop": "1"}
+        )
 
     # then
     assert exc.value.status_code == 502
     traj = exc.value.response.headers["x-claw-trajectory"]
-    assert events_of(gw.server, gw.key, "upstream_error", traj)[0]["payload"]["kind"] == "upstream_disconnected"
+    assert (
+        events_of(gw.server, gw.key, "upstream_error", traj)[0]["payload"]["kind"] == "upstream_disconnected"
+    )
     _no_step_stored(gw, traj)
 
 
@@ -120,7 +139,10 @@ def test_a_stream_cut_midway_ends_with_an_error_event_and_stores_nothing(gw):
     # when / then: the SDK raises the error event the gateway sends instead of [DONE]
     with pytest.raises(openai.APIError):
         for _ in gw.client().chat.completions.create(
-            model=MODEL, messages=MESSAGES, stream=True, extra_headers={"x-demo-drop": "1", "X-Claw-Trajectory": traj}
+            model=MODEL,
+            messages=MESSAGES,
+            stream=True,
+            extra_headers={"x-demo-drop": "1", "X-Claw-Trajectory": traj},
         ):
             pass
     [event] = events_of(gw.server, gw.key, "upstream_error", traj)
@@ -130,16 +152,30 @@ def test_a_stream_cut_midway_ends_with_an_error_event_and_stores_nothing(gw):
 
 def test_the_upstream_key_is_sent_nowhere_but_upstream(gw):
     # given: a failing and a succeeding call
-    r1 = httpx.post(f"{gw.server.url}/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES},
-                    headers={**auth(gw.key), "x-demo-fail": "401"})
-    r2 = httpx.post(f"{gw.server.url}/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES},
-                    headers=auth(gw.key))
+    r1 = httpx.post(
+        f"{gw.server.url}/v1/chat/completions",
+        json={"model": MODEL, "messages": MESSAGES},
+        headers={**auth(gw.key), "x-demo-fail": "401"},
+    )
+    r2 = httpx.post(
+        f"{gw.server.url}/v1/chat/completions",
+        json={"model": MODEL, "messages": MESSAGES},
+        headers=auth(gw.key),
+    )
 
     # then: neither answers, nor events, nor steps, nor the server log contain the secret
     events = httpx.get(f"{gw.server.url}/api/v1/events", headers=auth(gw.key)).text
     steps = httpx.get(f"{gw.server.url}/api/v1/steps", headers=auth(gw.key)).text
     assert r1.status_code == 401 and r2.status_code == 200
-    for text in (r1.text, str(r1.headers), r2.text, str(r2.headers), events, steps, gw.server.log_path.read_text()):
+    for text in (
+        r1.text,
+        str(r1.headers),
+        r2.text,
+        str(r2.headers),
+        events,
+        steps,
+        gw.server.log_path.read_text(),
+    ):
         assert SECRET not in text
 
 
@@ -153,7 +189,10 @@ def test_connection_refused_is_a_502(refused):
     assert exc.value.status_code == 502
     assert exc.value.body["code"] == "connect_error"
     traj = exc.value.response.headers["x-claw-trajectory"]
-    assert events_of(refused.server, refused.key, "upstream_error", traj)[0]["payload"]["kind"] == "connect_error"
+    assert (
+        events_of(refused.server, refused.key, "upstream_error", traj)[0]["payload"]["kind"]
+        == "connect_error"
+    )
     _no_step_stored(refused, traj)
 
 

@@ -29,10 +29,14 @@ class Gateway:
     upstream: str
 
     def client(self, **kw) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.server.url}/v1", api_key=self.key, max_retries=0, timeout=30, **kw)
+        return openai.OpenAI(
+            base_url=f"{self.server.url}/v1", api_key=self.key, max_retries=0, timeout=30, **kw
+        )
 
     def aclient(self, **kw) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=f"{self.server.url}/v1", api_key=self.key, max_retries=0, timeout=30, **kw)
+        return openai.AsyncOpenAI(
+            base_url=f"{self.server.url}/v1", api_key=self.key, max_retries=0, timeout=30, **kw
+        )
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +109,10 @@ async def test_async_streaming_is_relayed_chunk_by_chunk_and_recorded(gw):
     # then: many chunks (not one buffered blob), the last one carries usage, no vendor fields
     assert len(chunks) > 4
     assert chunks[-1].usage is not None and chunks[-1].choices == []
-    assert all("token_ids" not in (c.model_extra or {}) and "prompt_token_ids" not in (c.model_extra or {})
-               for c in chunks)
+    assert all(
+        "token_ids" not in (c.model_extra or {}) and "prompt_token_ids" not in (c.model_extra or {})
+        for c in chunks
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     # and: the step is the accumulated stream, with the upstream's exact ids
     expected = upstream_ids(gw.upstream, {"model": MODEL, "messages": messages, "max_tokens": 40})
@@ -119,9 +125,11 @@ async def test_async_streaming_is_relayed_chunk_by_chunk_and_recorded(gw):
 
 def test_stream_without_include_usage_sends_no_usage_chunk(gw):
     # given / when: a stream without stream_options
-    chunks = list(gw.client().chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "no usage"}], stream=True
-    ))
+    chunks = list(
+        gw.client().chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "no usage"}], stream=True
+        )
+    )
 
     # then
     assert chunks and all(c.usage is None for c in chunks)
@@ -134,7 +142,9 @@ def test_the_step_is_committed_before_the_final_event(gw):
     headers = {**auth(gw.key), "X-Claw-Trajectory": traj}
 
     # when: it reads up to "data: [DONE]" and stops there
-    with httpx.stream("POST", f"{gw.server.url}/v1/chat/completions", json=body, headers=headers, timeout=30) as r:
+    with httpx.stream(
+        "POST", f"{gw.server.url}/v1/chat/completions", json=body, headers=headers, timeout=30
+    ) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
         events = []
         for line in r.iter_lines():
@@ -155,7 +165,10 @@ def test_a_multi_turn_agent_has_no_drift_and_counts_steps(gw):
     # when: three turns
     for turn in range(3):
         reply = client.chat.completions.create(model=MODEL, messages=messages).choices[0].message
-        messages += [{"role": "assistant", "content": reply.content}, {"role": "user", "content": f"Turn {turn + 1}."}]
+        messages += [
+            {"role": "assistant", "content": reply.content},
+            {"role": "user", "content": f"Turn {turn + 1}."},
+        ]
 
     # then: steps 0..2, each prompt extends the previous prompt + response, no drift
     steps = steps_of(gw.server, gw.key, "multi-turn-1")
@@ -173,13 +186,18 @@ def test_an_agent_that_edits_its_history_is_flagged_not_repaired(gw):
     reply = client.chat.completions.create(model=MODEL, messages=first).choices[0].message.content
 
     # when: the second turn rewrites the first user message
-    edited = [{"role": "user", "content": "Original QUESTION."}, {"role": "assistant", "content": reply},
-              {"role": "user", "content": "Next."}]
+    edited = [
+        {"role": "user", "content": "Original QUESTION."},
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": "Next."},
+    ]
     client.chat.completions.create(model=MODEL, messages=edited)
 
     # then: step 1 is flagged with the first mismatching position, and stored as sent
     s0, s1 = steps_of(gw.server, gw.key, "edits-history")
-    mismatch = next(i for i, (a, b) in enumerate(zip(s0["prompt_ids"], s1["prompt_ids"], strict=False)) if a != b)
+    mismatch = next(
+        i for i, (a, b) in enumerate(zip(s0["prompt_ids"], s1["prompt_ids"], strict=False)) if a != b
+    )
     assert (s1["drift"], s1["drift_offset"]) == (True, mismatch)
     assert s1["prompt_ids"] == TOK.apply_chat_template(edited)
     assert s0["drift"] is False
@@ -194,7 +212,8 @@ def test_n_choices_record_one_step_each_and_the_next_turn_continues_one(gw):
     # when: the agent continues the second choice
     chosen = completion.choices[1].message.content
     client.chat.completions.create(
-        model=MODEL, messages=[*messages, {"role": "assistant", "content": chosen}, {"role": "user", "content": "More."}]
+        model=MODEL,
+        messages=[*messages, {"role": "assistant", "content": chosen}, {"role": "user", "content": "More."}],
     )
 
     # then: steps 0..2 are the choices (same prompt, their own ids), step 3 extends choice 1
@@ -214,8 +233,16 @@ def test_n_choices_record_one_step_each_and_the_next_turn_continues_one(gw):
 
 def test_tools_and_tool_calls_pass_through_and_are_recorded(gw):
     # given: a tool-using agent
-    tools = [{"type": "function", "function": {"name": "lookup", "description": "Look it up",
-                                               "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "description": "Look it up",
+                "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}},
+            },
+        }
+    ]
     client = gw.client(default_headers={"X-Claw-Trajectory": "tools-1"})
     messages = [{"role": "user", "content": "Use the tool."}]
 
@@ -223,30 +250,47 @@ def test_tools_and_tool_calls_pass_through_and_are_recorded(gw):
     raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=messages, tools=tools)
     direct = upstream_ids(gw.upstream, {"model": MODEL, "messages": messages, "tools": tools})
     call = raw.parse().choices[0].message.tool_calls[0]
-    follow = [*messages, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
-              {"role": "tool", "tool_call_id": call.id, "content": "42"}]
+    follow = [
+        *messages,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "42"},
+    ]
     client.chat.completions.create(model=MODEL, messages=follow, tools=tools)
 
     # then: the agent saw the upstream's tool_calls unchanged
-    assert raw.http_response.json()["choices"][0]["message"]["tool_calls"] == direct["choices"][0]["message"]["tool_calls"]
+    assert (
+        raw.http_response.json()["choices"][0]["message"]["tool_calls"]
+        == direct["choices"][0]["message"]["tool_calls"]
+    )
     # and: the step records the tools, the call and the exact ids; the follow-up does not drift
     s0, s1 = steps_of(gw.server, gw.key, "tools-1")
     assert s0["metadata"]["tools"] == tools
     assert s0["metadata"]["tool_calls"] == direct["choices"][0]["message"]["tool_calls"]
     assert s0["finish_reason"] == "tool_calls"
     assert s0["response_ids"] == direct["choices"][0]["token_ids"]
-    assert s1["drift"] is False and s1["messages"][-1] == {"role": "tool", "tool_call_id": call.id, "content": "42"}
+    assert s1["drift"] is False and s1["messages"][-1] == {
+        "role": "tool",
+        "tool_call_id": call.id,
+        "content": "42",
+    }
 
 
 def test_text_completions_are_recorded(gw):
     # given / when: the legacy completions endpoint
-    raw = gw.client().completions.with_raw_response.create(model=MODEL, prompt="Once upon a time", max_tokens=20)
+    raw = gw.client().completions.with_raw_response.create(
+        model=MODEL, prompt="Once upon a time", max_tokens=20
+    )
 
     # then
-    expected = upstream_ids(gw.upstream, {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 20},
-                            endpoint="completions")
+    expected = upstream_ids(
+        gw.upstream, {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 20}, endpoint="completions"
+    )
     [step] = steps_of(gw.server, gw.key, raw.headers["x-claw-trajectory"])
-    assert step["prompt_ids"] == [BOS, *TOK.encode("Once upon a time")] == expected["choices"][0]["prompt_token_ids"]
+    assert (
+        step["prompt_ids"]
+        == [BOS, *TOK.encode("Once upon a time")]
+        == expected["choices"][0]["prompt_token_ids"]
+    )
     assert step["response_ids"] == expected["choices"][0]["token_ids"]
     assert step["response_text"] == raw.parse().choices[0].text
     assert step["metadata"]["prompt"] == "Once upon a time" and step["messages"] is None
@@ -256,12 +300,16 @@ def test_text_completions_are_recorded(gw):
 def test_scoped_base_url_and_headers_name_trajectory_group_and_policy(gw):
     # given: an agent that can only set its base URL, plus a policy version header
     client = openai.OpenAI(
-        base_url=f"{gw.server.url}/t/scoped-traj/scoped-group/v1", api_key=gw.key, max_retries=0,
+        base_url=f"{gw.server.url}/t/scoped-traj/scoped-group/v1",
+        api_key=gw.key,
+        max_retries=0,
         default_headers={"X-Claw-Policy-Version": "7"},
     )
 
     # when
-    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}]
+    )
 
     # then
     assert raw.headers["x-claw-trajectory"] == "scoped-traj"
@@ -272,7 +320,8 @@ def test_scoped_base_url_and_headers_name_trajectory_group_and_policy(gw):
 def test_headers_name_the_group(gw):
     # given / when: trajectory and group by headers
     gw.client().chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "hi"}],
+        model=MODEL,
+        messages=[{"role": "user", "content": "hi"}],
         extra_headers={"X-Claw-Trajectory": "hdr-traj", "X-Claw-Prompt-Group": "hdr-group"},
     )
 
@@ -289,10 +338,12 @@ async def test_concurrent_calls_of_one_trajectory_get_distinct_step_indexes(gw):
     client = gw.aclient(default_headers={"X-Claw-Trajectory": "concurrent-one"})
 
     # when
-    await asyncio.gather(*(
-        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"call {i}"}])
-        for i in range(24)
-    ))
+    await asyncio.gather(
+        *(
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"call {i}"}])
+            for i in range(24)
+        )
+    )
     await client.close()
 
     # then: indexes 0..23, each once

@@ -30,8 +30,11 @@ def ids(*values: int) -> np.ndarray:
 
 def call(traj: str, prompt: list[int], *responses: list[int], new: bool = False, **kw) -> ProxiedCall:
     return ProxiedCall(
-        trajectory_uid=traj, token_source=Step.TokenSource.UPSTREAM, new_trajectory=new,
-        choices=[ProxiedChoice(prompt_ids=ids(*prompt), response_ids=ids(*r)) for r in responses], **kw,
+        trajectory_uid=traj,
+        token_source=Step.TokenSource.UPSTREAM,
+        new_trajectory=new,
+        choices=[ProxiedChoice(prompt_ids=ids(*prompt), response_ids=ids(*r)) for r in responses],
+        **kw,
     )
 
 
@@ -74,7 +77,12 @@ def test_after_n_choices_the_next_call_may_extend_any_of_them():
     [nxt] = proxy_step_record(call=call("n", [*PROMPT, 3, 3, 3, 8], [9]))
 
     # then: indexes 0..2 are the choices, 3 the continuation, without drift
-    assert [s.step_index for s in Step.objects.filter(trajectory__uid="n").order_by("step_index")] == [0, 1, 2, 3]
+    assert [s.step_index for s in Step.objects.filter(trajectory__uid="n").order_by("step_index")] == [
+        0,
+        1,
+        2,
+        3,
+    ]
     assert [Step.objects.get(uid=f"n:{i}").metadata["choice_index"] for i in range(3)] == [0, 1, 2]
     assert (nxt.step_index, nxt.drift) == (3, False)
 
@@ -83,8 +91,17 @@ def test_a_stale_cache_entry_falls_back_to_the_general_path(django_capture_on_co
     # given: a proxied call the process remembers, then a white-box step written around it
     with django_capture_on_commit_callbacks(execute=True):
         proxy_step_record(call=call("mixed", PROMPT, [1], new=True))
-    steps_ingest(steps=[StepIn(uid="mixed:1", trajectory_uid="mixed", step_index=1,
-                               prompt_ids=ids(*PROMPT, 1, 6), response_ids=ids(2))])
+    steps_ingest(
+        steps=[
+            StepIn(
+                uid="mixed:1",
+                trajectory_uid="mixed",
+                step_index=1,
+                prompt_ids=ids(*PROMPT, 1, 6),
+                response_ids=ids(2),
+            )
+        ]
+    )
 
     # when: the next proxied call (the cache still believes index 1 is next)
     [rec] = proxy_step_record(call=call("mixed", [*PROMPT, 1, 6, 2, 5], [3]))
@@ -115,7 +132,10 @@ def test_policy_version_and_group_are_stamped():
     proxy_step_record(call=call("pv", [*PROMPT, 1], [2]))
 
     # then: both steps carry the version; the trajectory is in the group
-    assert list(Step.objects.filter(trajectory__uid="pv").values_list("policy_version_id", flat=True)) == [4, 4]
+    assert list(Step.objects.filter(trajectory__uid="pv").values_list("policy_version_id", flat=True)) == [
+        4,
+        4,
+    ]
     assert Trajectory.objects.get(uid="pv").group.uid == "g"
     with pytest.raises(Conflict):
         proxy_step_record(call=call("pv", PROMPT, [1], prompt_group_uid="other"))
@@ -151,7 +171,12 @@ def test_events_link_existing_trajectories_only():
 def test_register_merges_metadata_and_sets_the_policy_version():
     svc.proxy_trajectory_register(uid="reg", prompt_group_uid="rg", metadata={"a": 1})
     t = svc.proxy_trajectory_register(uid="reg", channel="val", metadata={"policy_version": 9})
-    assert (t.metadata, t.channel, t.policy_version_id, t.group.uid) == ({"a": 1, "policy_version": 9}, "val", 9, "rg")
+    assert (t.metadata, t.channel, t.policy_version_id, t.group.uid) == (
+        {"a": 1, "policy_version": 9},
+        "val",
+        9,
+        "rg",
+    )
     with pytest.raises(Conflict):
         svc.proxy_trajectory_register(uid="reg", prompt_group_uid="another")
     with pytest.raises(InvalidInput):

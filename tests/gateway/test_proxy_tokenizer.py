@@ -24,7 +24,9 @@ class Gateway:
     key: str
 
     def client(self, **kw) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.server.url}/v1", api_key=self.key, max_retries=0, timeout=30, **kw)
+        return openai.OpenAI(
+            base_url=f"{self.server.url}/v1", api_key=self.key, max_retries=0, timeout=30, **kw
+        )
 
 
 @pytest.fixture(scope="module")
@@ -70,14 +72,19 @@ def test_without_upstream_ids_the_local_tokenizer_encodes_the_call(retok, hf):
     prompt = _template(hf, messages, add_generation_prompt=True)
     assert step["prompt_ids"] == prompt
     full = _template(hf, [*messages, {"role": "assistant", "content": reply.content}])
-    assert step["response_ids"] == full[len(prompt):]
+    assert step["response_ids"] == full[len(prompt) :]
     assert hf.decode(step["response_ids"]).startswith(reply.content)
     assert step["response_text"] == reply.content
 
 
 def test_streamed_calls_and_tools_are_retokenized_too(retok, hf):
     # given: a streamed call with tools
-    tools = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object", "properties": {}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "search", "parameters": {"type": "object", "properties": {}}},
+        }
+    ]
     messages = [{"role": "user", "content": "find it"}]
 
     # when

@@ -46,7 +46,11 @@ def test_resubmission_is_a_duplicate_and_different_content_is_409(agent):
     assert post_steps(agent, [step]).status_code == 201
     again = post_steps(agent, [step])
     assert again.status_code == 200
-    assert again.json() == {"created": 0, "duplicates": 1, "steps": [{"uid": step["uid"], "status": "duplicate"}]}
+    assert again.json() == {
+        "created": 0,
+        "duplicates": 1,
+        "steps": [{"uid": step["uid"], "status": "duplicate"}],
+    }
     changed = dict(step, response_ids=[1, 2, 3])
     conflict = post_steps(agent, [changed])
     assert conflict.status_code == 409
@@ -73,7 +77,14 @@ def test_conflict_late_in_batch_writes_nothing(agent):
 
 
 def test_creates_trajectories_and_groups_on_first_sight(agent):
-    resp = post_steps(agent, [make_step("t1", 0, group="g"), make_step("t2", 0, group="g"), make_step("t1", 1, group="g", is_last=True)])
+    resp = post_steps(
+        agent,
+        [
+            make_step("t1", 0, group="g"),
+            make_step("t2", 0, group="g"),
+            make_step("t1", 1, group="g", is_last=True),
+        ],
+    )
     assert resp.status_code == 201
     assert PromptGroup.objects.get(uid="g").trajectories.count() == 2
     t1 = Trajectory.objects.get(uid="t1")

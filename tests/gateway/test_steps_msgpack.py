@@ -23,8 +23,15 @@ def test_packed_steps_round_trip_exactly(agent):
     # given steps with packed int32 ids and float64 logprobs, one with plain lists
     rng = random.Random(3)
     steps = [
-        make_step("mp", i, prompt=[rng.randrange(2**31) for _ in range(300)], response=[rng.randrange(2**31) for _ in range(20)],
-                  rollout_logprobs=[-rng.random() for _ in range(20)], reward=0.5, metadata={"k": [1, "x"]})
+        make_step(
+            "mp",
+            i,
+            prompt=[rng.randrange(2**31) for _ in range(300)],
+            response=[rng.randrange(2**31) for _ in range(20)],
+            rollout_logprobs=[-rng.random() for _ in range(20)],
+            reward=0.5,
+            metadata={"k": [1, "x"]},
+        )
         for i in range(3)
     ]
     body = encode_step_batch(steps[:2])

@@ -23,9 +23,27 @@ def test_group_completion_is_merged_by_a_real_worker(tmp_path):
     queue = f"claw-test-{uuid.uuid4().hex[:8]}"  # private queue: no other run's worker takes it
     with live_server(tmp_path, {"CLAW_CELERY_QUEUE": queue}) as server:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "claw_site", "worker", "-Q", queue, "--pool", "solo",
-             "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat"],
-            cwd=ROOT, env=server.env, stdout=open(tmp_path / "worker.log", "wb"), stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "claw_site",
+                "worker",
+                "-Q",
+                queue,
+                "--pool",
+                "solo",
+                "--loglevel",
+                "INFO",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ],
+            cwd=ROOT,
+            env=server.env,
+            stdout=open(tmp_path / "worker.log", "wb"),
+            stderr=subprocess.STDOUT,
         )
         try:
             key = server.make_key("ingest", "read")
@@ -35,8 +53,14 @@ def test_group_completion_is_merged_by_a_real_worker(tmp_path):
                 c.post("/api/v1/groups", json={"uid": "wg", "expected_rollouts": 2}).raise_for_status()
                 prompt = list(range(100, 164))
                 steps = [
-                    {"trajectory_uid": f"wt{r}", "prompt_group_uid": "wg", "step_index": 0, "prompt_ids": prompt,
-                     "response_ids": [r + 1, r + 2], "is_last": True}
+                    {
+                        "trajectory_uid": f"wt{r}",
+                        "prompt_group_uid": "wg",
+                        "step_index": 0,
+                        "prompt_ids": prompt,
+                        "response_ids": [r + 1, r + 2],
+                        "is_last": True,
+                    }
                     for r in range(2)
                 ]
                 # when both rollouts end (the group completes and its merge is enqueued on commit)
@@ -49,7 +73,9 @@ def test_group_completion_is_merged_by_a_real_worker(tmp_path):
                     if merge["total_tokens"]:
                         break
                     time.sleep(0.3)
-            assert merge == {"total_tokens": 2 * 66, "unique_tokens": 64 + 2 * 2}, (tmp_path / "worker.log").read_text()
+            assert merge == {"total_tokens": 2 * 66, "unique_tokens": 64 + 2 * 2}, (
+                tmp_path / "worker.log"
+            ).read_text()
             assert "pool.group_merge" in (tmp_path / "worker.log").read_text()
         finally:
             worker.terminate()
@@ -66,8 +92,14 @@ def test_writes_never_wait_on_a_broker_that_is_down(tmp_path):
         h = {"Authorization": f"Bearer {key}"}
         with httpx.Client(base_url=server.url, headers=h, timeout=30) as c:
             c.post("/api/v1/groups", json={"uid": "dg", "expected_rollouts": 1}).raise_for_status()
-            step = {"trajectory_uid": "dt", "prompt_group_uid": "dg", "step_index": 0, "prompt_ids": [1, 2, 3],
-                    "response_ids": [4], "is_last": True}
+            step = {
+                "trajectory_uid": "dt",
+                "prompt_group_uid": "dg",
+                "step_index": 0,
+                "prompt_ids": [1, 2, 3],
+                "response_ids": [4],
+                "is_last": True,
+            }
             # when a write completes the group (its merge cannot be enqueued)
             t0 = time.monotonic()
             resp = c.post("/api/v1/steps", json={"steps": [step]})

@@ -38,14 +38,27 @@ def test_create_api_key_prints_only_the_key_once():
     assert key not in row.key_hash
     # and the key works for its scopes only
     client = client_for(key)
-    assert client.post("/api/v1/steps", {"steps": [make_step("k", 0, prompt=[1, 2], response=[3])]},
-                       format="json").status_code == 201
+    assert (
+        client.post(
+            "/api/v1/steps", {"steps": [make_step("k", 0, prompt=[1, 2], response=[3])]}, format="json"
+        ).status_code
+        == 201
+    )
     assert Step.objects.get().source.name == "runner-1"
 
 
 def test_create_api_key_with_source_and_kind():
-    out, _ = run("create_api_key", "--name", "trainer-key", "--scope", "consume", "--source", "trainer-a",
-                 "--kind", "trainer")
+    out, _ = run(
+        "create_api_key",
+        "--name",
+        "trainer-key",
+        "--scope",
+        "consume",
+        "--source",
+        "trainer-a",
+        "--kind",
+        "trainer",
+    )
     row = ApiKey.objects.select_related("source").get()
     assert (row.name, row.source.name, row.source.kind) == ("trainer-key", "trainer-a", Source.Kind.TRAINER)
     # a consume key may read but not write
@@ -62,8 +75,12 @@ def test_each_call_mints_a_new_key():
 
 @pytest.mark.parametrize(
     "args",
-    [["--name", "x", "--scope", "root"], ["--name", "x"], ["--scope", "read"], ["--name", "x", "--scope", "read",
-                                                                                 "--kind", "robot"]],
+    [
+        ["--name", "x", "--scope", "root"],
+        ["--name", "x"],
+        ["--scope", "read"],
+        ["--name", "x", "--scope", "read", "--kind", "robot"],
+    ],
     ids=["bad-scope", "no-scope", "no-name", "bad-kind"],
 )
 def test_create_api_key_bad_arguments(args):
@@ -95,8 +112,12 @@ def test_bootstrap_creates_operator_and_keys_once(settings, tmp_path, monkeypatc
     assert stat.S_IMODE(creds.stat().st_mode) == 0o600
     # and the printed keys work: the ingest key writes, the trainer key reads
     ingest, trainer = keys
-    assert client_for(ingest).post("/api/v1/steps", {"steps": [make_step("b", 0, prompt=[1], response=[2])]},
-                                   format="json").status_code == 201
+    assert (
+        client_for(ingest)
+        .post("/api/v1/steps", {"steps": [make_step("b", 0, prompt=[1], response=[2])]}, format="json")
+        .status_code
+        == 201
+    )
     assert client_for(trainer).get("/api/v1/steps").status_code == 200
 
     # when bootstrap runs again

@@ -44,12 +44,20 @@ def agentic_group(uid: str, *, rollouts: int = 2, turns: int = 3, seed: int = 0)
 
 def unique_tokens(steps: list[dict]) -> int:
     """Brute force: distinct non-empty prefixes."""
-    return len({tuple((s["prompt_ids"] + s["response_ids"])[: d + 1])
-                for s in steps for d in range(len(s["prompt_ids"]) + len(s["response_ids"]))})
+    return len(
+        {
+            tuple((s["prompt_ids"] + s["response_ids"])[: d + 1])
+            for s in steps
+            for d in range(len(s["prompt_ids"]) + len(s["response_ids"]))
+        }
+    )
 
 
 def submit_group(agent, uid: str, steps: list[dict], *, expected: int) -> None:
-    assert agent.post("/api/v1/groups", {"uid": uid, "expected_rollouts": expected}, format="json").status_code == 200
+    assert (
+        agent.post("/api/v1/groups", {"uid": uid, "expected_rollouts": expected}, format="json").status_code
+        == 200
+    )
     assert post_steps(agent, steps).status_code == 201
 
 
@@ -76,7 +84,10 @@ def test_group_completion_enqueues_merge_on_commit_and_task_stores_exact_stats(
     monkeypatch.setattr(tasks.group_merge, "apply_async", sent)
     # when the last rollout completes (callbacks held until "commit")
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
-        assert agent.post("/api/v1/trajectories/gm1-r1/complete", {"reward": 1.0}, format="json").status_code == 200
+        assert (
+            agent.post("/api/v1/trajectories/gm1-r1/complete", {"reward": 1.0}, format="json").status_code
+            == 200
+        )
     # then nothing was enqueued before commit, and the commit enqueues exactly this group's merge
     assert sent.calls == [] and not MergeResult.objects.exists()
     for callback in callbacks:
@@ -89,7 +100,11 @@ def test_group_completion_enqueues_merge_on_commit_and_task_stores_exact_stats(
     total = sum(len(s["prompt_ids"]) + len(s["response_ids"]) for s in steps)
     assert result.status == MergeResult.Status.DONE
     assert result.group_id == group.id
-    assert (result.n_sequences, result.total_tokens, result.unique_tokens) == (len(steps), total, unique_tokens(steps))
+    assert (result.n_sequences, result.total_tokens, result.unique_tokens) == (
+        len(steps),
+        total,
+        unique_tokens(steps),
+    )
     assert result.unique_tokens == PROMPT + 2 * (3 * ANSWER + 2 * OBSERVATION)
     assert result.stats["savings"] == pytest.approx(1 - result.unique_tokens / total)
     # and the stored layout rebuilds every step exactly, with its response as loss tokens
@@ -132,11 +147,15 @@ def test_group_merge_of_a_vanished_group_is_a_no_op():
     assert not MergeResult.objects.exists()
 
 
-def test_steps_merge_task_merges_a_batch_under_its_key(agent, django_capture_on_commit_callbacks, monkeypatch):
+def test_steps_merge_task_merges_a_batch_under_its_key(
+    agent, django_capture_on_commit_callbacks, monkeypatch
+):
     # given steps of two groups, picked as a batch in a chosen order
     a, b = agentic_group("gb1", seed=1), agentic_group("gb2", seed=2)
     assert post_steps(agent, a + b).status_code == 201
-    ids = list(Step.objects.filter(uid__in=[a[0]["uid"], b[2]["uid"], a[5]["uid"]]).values_list("id", flat=True))
+    ids = list(
+        Step.objects.filter(uid__in=[a[0]["uid"], b[2]["uid"], a[5]["uid"]]).values_list("id", flat=True)
+    )
     sent = Recorder()
     monkeypatch.setattr(tasks.steps_merge, "apply_async", sent)
     # when its merge is requested, it is enqueued on commit
@@ -210,7 +229,9 @@ def test_prefix_tree_api_merges_small_groups_on_demand_and_defers_large_ones(
 
 
 def test_a_group_without_steps_merges_to_an_empty_tree(agent, reader):
-    assert agent.post("/api/v1/groups", {"uid": "ge1", "expected_rollouts": 2}, format="json").status_code == 200
+    assert (
+        agent.post("/api/v1/groups", {"uid": "ge1", "expected_rollouts": 2}, format="json").status_code == 200
+    )
     body = reader.get("/api/v1/groups/ge1/prefix-tree").json()
     assert (body["status"], body["total_tokens"], body["unique_tokens"], body["nodes"]) == ("done", 0, 0, [])
 

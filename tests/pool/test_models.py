@@ -53,8 +53,13 @@ def test_step_indexes_cover_the_documented_queries():
     with connection.cursor() as cur:
         cons = connection.introspection.get_constraints(cur, Step._meta.db_table)
     by_columns = {tuple(c["columns"]) for c in cons.values() if c["index"] or c["unique"]}
-    for cols in [("trajectory_id", "step_index"), ("seq_hash",), ("policy_version_id", "created_at"), ("created_at",),
-                 ("uid",)]:
+    for cols in [
+        ("trajectory_id", "step_index"),
+        ("seq_hash",),
+        ("policy_version_id", "created_at"),
+        ("created_at",),
+        ("uid",),
+    ]:
         assert cols in by_columns, cols
     with connection.cursor() as cur:
         traj = connection.introspection.get_constraints(cur, Trajectory._meta.db_table)
@@ -74,10 +79,18 @@ def test_step_constraints():
     # given two stored steps of one trajectory
     s0, s1 = trajectory_with_steps("cons", 2)
     # then the database refuses inconsistent rows
-    assert _violates(lambda: Step.objects.filter(id=s1.id).update(step_index=0)), "trajectory+step_index unique"
-    assert _violates(lambda: Step.objects.filter(id=s0.id).update(reward_status="final", reward=None)), "final needs reward"
-    assert _violates(lambda: Step.objects.filter(id=s0.id).update(prompt_len=s0.seq_len + 1)), "prompt within seq"
-    assert _violates(lambda: Step.objects.filter(id=s0.id).update(seq_parent=None, seq_shared=5)), "shared needs parent"
+    assert _violates(lambda: Step.objects.filter(id=s1.id).update(step_index=0)), (
+        "trajectory+step_index unique"
+    )
+    assert _violates(lambda: Step.objects.filter(id=s0.id).update(reward_status="final", reward=None)), (
+        "final needs reward"
+    )
+    assert _violates(lambda: Step.objects.filter(id=s0.id).update(prompt_len=s0.seq_len + 1)), (
+        "prompt within seq"
+    )
+    assert _violates(lambda: Step.objects.filter(id=s0.id).update(seq_parent=None, seq_shared=5)), (
+        "shared needs parent"
+    )
     assert _violates(lambda: Step.objects.filter(id=s1.id).update(uid=s0.uid)), "uid unique"
     # and a final step with a reward is fine
     assert not _violates(lambda: Step.objects.filter(id=s0.id).update(reward_status="final", reward=1.0))

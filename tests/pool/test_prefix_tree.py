@@ -246,6 +246,10 @@ def test_rejects_malformed_input():
 def test_no_sequences():
     tree = build_prefix_tree([])
     assert tree.stats.as_dict() == {
-        "n_sequences": 0, "total_tokens": 0, "unique_tokens": 0, "ratio": 1.0, "savings": 0.0,
+        "n_sequences": 0,
+        "total_tokens": 0,
+        "unique_tokens": 0,
+        "ratio": 1.0,
+        "savings": 0.0,
     }
     assert tree.nodes() == []

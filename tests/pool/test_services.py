@@ -39,7 +39,11 @@ pytestmark = pytest.mark.django_db
 def enqueued(monkeypatch) -> list[tuple]:
     """Records pool.tasks.group_merge publications (the broker boundary) instead of sending."""
     calls: list[tuple] = []
-    monkeypatch.setattr(tasks.group_merge, "apply_async", lambda args=(), kwargs=None, **kw: calls.append((tuple(args), kwargs or {})))
+    monkeypatch.setattr(
+        tasks.group_merge,
+        "apply_async",
+        lambda args=(), kwargs=None, **kw: calls.append((tuple(args), kwargs or {})),
+    )
     return calls
 
 
@@ -49,14 +53,23 @@ def test_late_reward_makes_a_pending_step_final_and_is_audited():
     step = trajectory_with_steps("rt", 1)[0]
     assert step.reward_status == Step.RewardStatus.PENDING
     # when a late reward arrives
-    events = rewards_apply(rewards=[RewardIn(reward=0.75, step_uid=step.uid, source="human", metadata={"a": 1})])
+    events = rewards_apply(
+        rewards=[RewardIn(reward=0.75, step_uid=step.uid, source="human", metadata={"a": 1})]
+    )
     # then the step is final with the reward and its source, and one RewardEvent records old/new
     step.refresh_from_db()
     assert (step.reward, step.reward_status, step.reward_source) == (0.75, "final", "human")
     ev = RewardEvent.objects.get()
     assert events == [ev]
-    assert (ev.step_id, ev.trajectory_id, ev.old_reward, ev.new_reward, ev.reward_source, ev.final, ev.metadata) == (
-        step.id, None, None, 0.75, "human", True, {"a": 1})
+    assert (
+        ev.step_id,
+        ev.trajectory_id,
+        ev.old_reward,
+        ev.new_reward,
+        ev.reward_source,
+        ev.final,
+        ev.metadata,
+    ) == (step.id, None, None, 0.75, "human", True, {"a": 1})
 
 
 def test_reapplying_the_same_reward_writes_nothing():
@@ -102,8 +115,12 @@ def test_rewards_are_all_or_nothing():
     step = trajectory_with_steps("ra", 1)[0]
     # when a batch rewards it and then names a missing step
     with pytest.raises(NotFound) as exc:
-        rewards_apply(rewards=[RewardIn(reward=1.0, step_uid=step.uid, field_prefix="rewards[0]."),
-                               RewardIn(reward=1.0, step_uid="missing", field_prefix="rewards[1].")])
+        rewards_apply(
+            rewards=[
+                RewardIn(reward=1.0, step_uid=step.uid, field_prefix="rewards[0]."),
+                RewardIn(reward=1.0, step_uid="missing", field_prefix="rewards[1]."),
+            ]
+        )
     # then the error names the second item and the first was rolled back
     assert exc.value.field == "rewards[1].step_uid"
     assert Step.objects.get(id=step.id).reward is None and RewardEvent.objects.count() == 0
@@ -111,9 +128,13 @@ def test_rewards_are_all_or_nothing():
 
 @pytest.mark.parametrize(
     ("reward", "field"),
-    [(RewardIn(reward=float("nan"), step_uid="x"), "reward"), (RewardIn(reward=float("inf"), step_uid="x"), "reward"),
-     (RewardIn(reward=1.0), "step_uid"), (RewardIn(reward=1.0, step_uid="x", trajectory_uid="y"), "step_uid"),
-     (RewardIn(reward=1.0, step_uid="x", source="oracle"), "source")],
+    [
+        (RewardIn(reward=float("nan"), step_uid="x"), "reward"),
+        (RewardIn(reward=float("inf"), step_uid="x"), "reward"),
+        (RewardIn(reward=1.0), "step_uid"),
+        (RewardIn(reward=1.0, step_uid="x", trajectory_uid="y"), "step_uid"),
+        (RewardIn(reward=1.0, step_uid="x", source="oracle"), "source"),
+    ],
     ids=["nan", "inf", "no-target", "two-targets", "bad-source"],
 )
 def test_invalid_rewards_are_rejected_before_any_write(reward, field):
@@ -131,7 +152,9 @@ def test_complete_moves_is_last_to_the_last_step():
     traj = trajectory_complete(uid="mv")
     # then exactly the last step is is_last
     assert traj.status == Trajectory.Status.COMPLETED and traj.completed_at is not None
-    assert list(Step.objects.filter(trajectory=traj, is_last=True).values_list("step_index", flat=True)) == [2]
+    assert list(Step.objects.filter(trajectory=traj, is_last=True).values_list("step_index", flat=True)) == [
+        2
+    ]
 
 
 def test_complete_with_reward_is_audited_and_idempotent():
@@ -189,13 +212,19 @@ def test_group_completes_when_expected_rollouts_ended_and_enqueues_the_merge(
     assert len(enqueued) == 1
 
 
-def test_group_completed_by_is_last_steps_at_ingest_enqueues_the_merge(django_capture_on_commit_callbacks, enqueued):
+def test_group_completed_by_is_last_steps_at_ingest_enqueues_the_merge(
+    django_capture_on_commit_callbacks, enqueued
+):
     # given a group expecting two rollouts
     group = group_upsert(uid="gi", expected_rollouts=2)
     # when one batch carries both rollouts' final steps
     with django_capture_on_commit_callbacks(execute=True):
-        steps_ingest(steps=[step_in("gi-0", 0, prompt=[1, 2], response=[3], group="gi", is_last=True),
-                            step_in("gi-1", 0, prompt=[1, 2], response=[4], group="gi", is_last=True)])
+        steps_ingest(
+            steps=[
+                step_in("gi-0", 0, prompt=[1, 2], response=[3], group="gi", is_last=True),
+                step_in("gi-1", 0, prompt=[1, 2], response=[4], group="gi", is_last=True),
+            ]
+        )
     # then the group is complete and its merge enqueued once
     assert PromptGroup.objects.get(id=group.id).status == PromptGroup.Status.COMPLETE
     assert enqueued == [((group.id,), {})]
@@ -270,8 +299,12 @@ def test_events_need_existing_targets_and_are_atomic():
     before = pool_counts()
     # when a batch names a missing trajectory in its second event
     with pytest.raises(NotFound) as exc:
-        event_record(events=[EventIn(type="a", step_uid=step.uid, field_prefix="events[0]."),
-                             EventIn(type="b", trajectory_uid="nope", field_prefix="events[1].")])
+        event_record(
+            events=[
+                EventIn(type="a", step_uid=step.uid, field_prefix="events[0]."),
+                EventIn(type="b", trajectory_uid="nope", field_prefix="events[1]."),
+            ]
+        )
     # then 404 names the field and nothing was stored
     assert exc.value.field == "events[1].trajectory_uid"
     assert pool_counts() == before
@@ -298,7 +331,9 @@ def test_feedback_needs_exactly_one_existing_target():
         feedback_create(step_uid=step.uid, trajectory_uid="ft")
     assert Feedback.objects.count() == 0
     # when valid feedback is given
-    fb = feedback_create(step_uid=step.uid, rating=1.0, label="good", correction="c", comment="m", author="ann")
+    fb = feedback_create(
+        step_uid=step.uid, rating=1.0, label="good", correction="c", comment="m", author="ann"
+    )
     # then it is stored on the step
     assert Feedback.objects.get(id=fb.id).step_id == step.id
 

@@ -49,8 +49,15 @@ def test_ids_are_little_endian_int32():
 
 @pytest.mark.parametrize(
     ("a", "b", "n"),
-    [([], [], 0), ([1], [], 0), ([1, 2, 3], [1, 2, 3], 3), ([1, 2, 3], [1, 2], 2), ([1, 2], [1, 2, 3], 2),
-     ([5, 2], [1, 2], 0), ([1, 2, 3, 4], [1, 2, 9, 4], 2)],
+    [
+        ([], [], 0),
+        ([1], [], 0),
+        ([1, 2, 3], [1, 2, 3], 3),
+        ([1, 2, 3], [1, 2], 2),
+        ([1, 2], [1, 2, 3], 2),
+        ([5, 2], [1, 2], 0),
+        ([1, 2, 3, 4], [1, 2, 9, 4], 2),
+    ],
 )
 def test_common_prefix_len(a, b, n):
     assert tokens.common_prefix_len(np.array(a, dtype=np.int32), np.array(b, dtype=np.int32)) == n
@@ -85,7 +92,9 @@ def test_random_sequences_round_trip_exactly():
             ctx = list(group_prompt)
             for t in range(rng.randrange(1, 6)):
                 response = rng.choice([[], [0], [MAX_ID], random_ids(rng, rng.randrange(1, 40), high=2**31)])
-                s = step_in(traj, t, prompt=list(ctx), response=response, group=f"grp{g}" if g % 2 == 0 else None)
+                s = step_in(
+                    traj, t, prompt=list(ctx), response=response, group=f"grp{g}" if g % 2 == 0 else None
+                )
                 batches.append(s)
                 written[s.uid] = (list(ctx), list(response))
                 # sometimes the next prompt diverges (retokenised history), usually it extends
@@ -111,7 +120,9 @@ def test_random_sequences_round_trip_exactly():
 def test_logprobs_round_trip_bit_exact():
     # given logprobs including -0.0, subnormals and extreme magnitudes
     values = [-0.0, -5e-324, -1e-300, -1e300, -0.1, -123.456789012345678, 0.0]
-    steps_ingest(steps=[step_in("lp", 0, prompt=[1, 2], response=list(range(len(values))), rollout_logprobs=values)])
+    steps_ingest(
+        steps=[step_in("lp", 0, prompt=[1, 2], response=list(range(len(values))), rollout_logprobs=values)]
+    )
     # when read back
     got = selectors.steps_render(list(Step.objects.with_context()))[0]["rollout_logprobs"]
     # then the float64 bits are identical
@@ -154,7 +165,7 @@ def test_group_rollouts_store_the_shared_prompt_once(split):
         steps.append(step_in(f"roll{r}", 0, prompt=list(prompt), response=response, group="shared"))
         written[f"roll{r}:0"] = (list(prompt), response)
     # when stored
-    for chunk in ([[s] for s in steps] if split else [steps]):
+    for chunk in [[s] for s in steps] if split else [steps]:
         steps_ingest(steps=chunk)
     # then the stored bytes are exactly the unique tokens x 4, and reads are exact
     assert stored_token_bytes() == (300 + 6 * 20) * tokens.TOKEN_BYTES
@@ -193,8 +204,13 @@ def test_two_threads_submitting_the_same_batch():
     prompt = random_ids(rng, 64)
     for round_ in range(4):
         batch = [
-            step_in(f"race{round_}-{r}", t, prompt=prompt + random_ids(rng, 8 * t), response=random_ids(rng, 4),
-                    group=f"race{round_}")
+            step_in(
+                f"race{round_}-{r}",
+                t,
+                prompt=prompt + random_ids(rng, 8 * t),
+                response=random_ids(rng, 4),
+                group=f"race{round_}",
+            )
             for r in range(3)
             for t in range(2)
         ]

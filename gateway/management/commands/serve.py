@@ -56,10 +56,14 @@ class Command(BaseCommand):
                 local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
                 pace = float(os.environ.get("CLAW_DEMO_PACE_S") or 1.0)
                 threading.Thread(
-                    target=self._demo_traffic, args=(f"http://{local}:{port}", key, stop, pace),
-                    name="claw-demo-traffic", daemon=True,
+                    target=self._demo_traffic,
+                    args=(f"http://{local}:{port}", key, stop, pace),
+                    name="claw-demo-traffic",
+                    daemon=True,
                 ).start()
-            self.stdout.write(f"Claw-R1 listening on http://{host}:{port}/  (API docs: /api/v1/docs/, admin: /admin/)")
+            self.stdout.write(
+                f"Claw-R1 listening on http://{host}:{port}/  (API docs: /api/v1/docs/, admin: /admin/)"
+            )
             uvicorn.run(
                 "claw_site.asgi:application",
                 host=host,
@@ -78,7 +82,8 @@ class Command(BaseCommand):
         gateway's upstream (environment and settings, so uvicorn workers inherit it)."""
         proc = subprocess.Popen(
             [sys.executable, "-m", "gateway.demo.upstream", "--host", "127.0.0.1", "--port", str(port)],
-            cwd=settings.BASE_DIR, preexec_fn=_die_with_parent,  # safe: no threads are running yet
+            cwd=settings.BASE_DIR,
+            preexec_fn=_die_with_parent,  # safe: no threads are running yet
         )
         url = f"http://127.0.0.1:{port}/v1"
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -95,7 +100,9 @@ class Command(BaseCommand):
                 pass
             if time.monotonic() > deadline:
                 _terminate(proc)
-                raise CommandError(f"the demo upstream did not answer on {url} within {STARTUP_TIMEOUT_S:.0f} s")
+                raise CommandError(
+                    f"the demo upstream did not answer on {url} within {STARTUP_TIMEOUT_S:.0f} s"
+                )
             time.sleep(0.05)
         os.environ["CLAW_UPSTREAM_URL"] = url
         settings.CLAW_UPSTREAM_URL = url
@@ -136,7 +143,9 @@ def _demo_key() -> str:
         clear = path.read_text().strip()
         if clear and api_key_verify(clear) is not None:
             return clear
-    _, clear = api_key_create(name=DEMO_KEY_NAME, scopes=[Scope.INGEST, Scope.READ], source_name=DEMO_KEY_NAME)
+    _, clear = api_key_create(
+        name=DEMO_KEY_NAME, scopes=[Scope.INGEST, Scope.READ], source_name=DEMO_KEY_NAME
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:

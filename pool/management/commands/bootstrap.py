@@ -31,18 +31,29 @@ class Command(BaseCommand):
                 lines.append(f"operator login:  operator / {password}")
             if not ApiKey.objects.filter(name="default-ingest").exists():
                 _, key = api_key_create(
-                    name="default-ingest", scopes=[Scope.INGEST, Scope.READ], source_name="default", source_kind=Source.Kind.AGENT
+                    name="default-ingest",
+                    scopes=[Scope.INGEST, Scope.READ],
+                    source_name="default",
+                    source_kind=Source.Kind.AGENT,
                 )
                 lines.append(f"ingest API key:  {key}")
                 _, key = api_key_create(
-                    name="default-trainer", scopes=[Scope.CONSUME, Scope.READ], source_name="trainer", source_kind=Source.Kind.TRAINER
+                    name="default-trainer",
+                    scopes=[Scope.CONSUME, Scope.READ],
+                    source_name="trainer",
+                    source_kind=Source.Kind.TRAINER,
                 )
                 lines.append(f"trainer API key: {key}")
         if lines:
             creds.parent.mkdir(parents=True, exist_ok=True)
             creds.write_text("\n".join(lines) + "\n")
             os.chmod(creds, 0o600)
-            self.stdout.write("\n" + "=" * 72 + "\nFirst start: save these, they are shown once.\n" + "\n".join(lines))
-            self.stdout.write(f"(also written to {creds.relative_to(settings.BASE_DIR) if creds.is_relative_to(settings.BASE_DIR) else creds})\n" + "=" * 72)
+            self.stdout.write(
+                "\n" + "=" * 72 + "\nFirst start: save these, they are shown once.\n" + "\n".join(lines)
+            )
+            self.stdout.write(
+                f"(also written to {creds.relative_to(settings.BASE_DIR) if creds.is_relative_to(settings.BASE_DIR) else creds})\n"
+                + "=" * 72
+            )
         else:
             self.stdout.write(f"Operator and keys exist; first-start credentials are in {creds}")

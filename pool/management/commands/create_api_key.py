@@ -11,8 +11,12 @@ class Command(BaseCommand):
     help = "Create an API key for a source (created on first use). The key is printed once."
 
     def add_arguments(self, parser):
-        parser.add_argument("--name", required=True, help="key name; also the source name unless --source is given")
-        parser.add_argument("--scope", action="append", required=True, choices=Scope.values, help="repeatable")
+        parser.add_argument(
+            "--name", required=True, help="key name; also the source name unless --source is given"
+        )
+        parser.add_argument(
+            "--scope", action="append", required=True, choices=Scope.values, help="repeatable"
+        )
         parser.add_argument("--source", default=None, help="source name (default: --name)")
         parser.add_argument("--kind", default=Source.Kind.AGENT, choices=Source.Kind.values)
 
