@@ -144,8 +144,14 @@ class Trajectory(models.Model):
     channel = models.CharField(max_length=8, choices=Channel.choices, default=Channel.TRAIN)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
     reward = models.FloatField(null=True, blank=True)
-    # Next free step_index. Bumped with F()/Greatest so concurrent writers never lose a step.
+    # Next free step_index. Only ever raised: by the claim of a proxied call (step_count + n,
+    # under the row lock) and by the batch effects (the max of stored and written), both in
+    # pool/ingest/sql.py, so concurrent writers never lose or reuse an index.
     step_count = models.PositiveIntegerField(default=0)
+    # First step_index of the latest append: the steps one call wrote together (the n choices
+    # of one prompt). A next append is compared with them (parent choice, continuity), so
+    # [tail_index, step_count) is "the previous call" without reading step metadata.
+    tail_index = models.PositiveIntegerField(default=0)
     policy_version = models.ForeignKey(
         PolicyVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False
     )
