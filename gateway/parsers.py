@@ -1,14 +1,12 @@
-"""Request parsing: orjson for speed, a hard body limit (413), clear errors for bad JSON."""
+"""DRF request parsers over the gateway's one body reader (gateway/body.py)."""
 
 from __future__ import annotations
 
-import json
-
-import orjson
-from django.conf import settings
 from rest_framework import status
 from rest_framework.exceptions import APIException, ParseError
 from rest_framework.parsers import BaseParser
+
+from . import body
 
 
 class PayloadTooLarge(APIException):
@@ -17,26 +15,8 @@ class PayloadTooLarge(APIException):
     default_code = "payload_too_large"
 
 
-def read_limited(stream, content_length: int | None) -> bytes:
-    limit = settings.CLAW_MAX_BODY_BYTES
-    if content_length is not None and content_length > limit:
-        raise PayloadTooLarge(f"request body is {content_length} bytes; the limit is {limit}")
-    data = stream.read(limit + 1) if stream is not None else b""
-    if len(data) > limit:
-        raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-    return data
-
-
-def loads(data: bytes):
-    """Parse JSON. Non-standard NaN/Infinity literals are parsed (so the field validator can
-    name the field that holds them); anything else malformed is a ParseError."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        try:
-            return json.loads(data, parse_constant=float)
-        except (ValueError, UnicodeDecodeError):
-            raise ParseError(f"malformed JSON: {exc}") from None
+def _drf(exc: body.BodyError) -> APIException:
+    return PayloadTooLarge(exc.message) if exc.status == 413 else ParseError(exc.message)
 
 
 class _LimitedBodyParser(BaseParser):
@@ -53,7 +33,10 @@ class _LimitedBodyParser(BaseParser):
                 length = int(request.META.get("CONTENT_LENGTH") or 0) or None
             except ValueError:
                 length = None
-        return self.decode(read_limited(stream, length))
+        try:
+            return self.decode(body.read_limited(stream, length))
+        except body.BodyError as exc:
+            raise _drf(exc) from None
 
 
 class FastJSONParser(_LimitedBodyParser):
@@ -62,7 +45,7 @@ class FastJSONParser(_LimitedBodyParser):
     def decode(self, data: bytes):
         if not data:
             raise ParseError("empty body; expected JSON")
-        return loads(data)
+        return body.loads(data)
 
 
 class StepBatchParser(_LimitedBodyParser):

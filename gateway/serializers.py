@@ -1,19 +1,21 @@
 """Request/response serializers.
 
-Steps are validated by gateway/validation.py (bulk, numpy) for speed; StepWriteSerializer
-documents the same contract in the OpenAPI schema, and a test keeps the two in sync. The
-low-volume endpoints validate with these serializers directly.
+Steps are validated by the step contract's msgspec structs (pool/ingest/contract.py, in C)
+for speed; StepWriteSerializer is *derived* from that struct (``struct_serializer``), so the
+OpenAPI schema documents exactly what the decoder accepts. The low-volume endpoints validate
+with these serializers directly.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from rest_framework import serializers
 
+from pool.ingest.contract import StepWire
+from pool.ingest.rules import INT32_MAX, INT64_MAX, json_problem
 from pool.models import Channel, Step, Trajectory
-
-from .validation import INT32_MAX, INT64_MAX, json_problem
 
 
 class StrictSerializer(serializers.Serializer):
@@ -81,27 +83,47 @@ class FiniteFloatField(serializers.FloatField):
         return value
 
 
-# --- steps (schema only; validated in bulk by gateway.validation) ---------------------------
-class StepWriteSerializer(StrictSerializer):
-    uid = serializers.CharField(
-        required=False, max_length=128, help_text="Idempotency key. Default: '<trajectory_uid>:<step_index>'."
-    )
-    trajectory_uid = serializers.CharField(max_length=128)
-    prompt_group_uid = serializers.CharField(required=False, allow_null=True, max_length=128)
-    step_index = serializers.IntegerField(min_value=0)
-    prompt_ids = serializers.ListField(child=serializers.IntegerField(min_value=0, max_value=2**31 - 1))
-    response_ids = serializers.ListField(child=serializers.IntegerField(min_value=0, max_value=2**31 - 1))
-    rollout_logprobs = serializers.ListField(child=serializers.FloatField(), required=False, allow_null=True)
-    reward = FiniteFloatField(required=False, allow_null=True)
-    reward_source = serializers.ChoiceField(
-        choices=Step.RewardSource.choices, required=False, allow_null=True
-    )
-    policy_version = serializers.IntegerField(min_value=0, required=False, allow_null=True)
-    is_last = serializers.BooleanField(required=False, default=False)
-    finish_reason = serializers.CharField(required=False, allow_null=True, max_length=32)
-    messages = serializers.ListField(child=serializers.DictField(), required=False, allow_null=True)
-    response_text = serializers.CharField(required=False, allow_null=True, allow_blank=True)
-    metadata = serializers.DictField(required=False)
+# --- steps (schema only; derived from the contract's struct) ----------------------------------
+def struct_serializer(struct: type[msgspec.Struct], name: str) -> type[serializers.Serializer]:
+    """A DRF serializer documenting ``struct`` field by field: types, bounds, nullability,
+    defaults and descriptions come from msgspec's type info."""
+    fields: dict[str, serializers.Field] = {}
+    for f in msgspec.inspect.type_info(struct).fields:  # type: ignore[attr-defined]
+        tp, help_text = f.type, None
+        if isinstance(tp, msgspec.inspect.Metadata):
+            help_text = (tp.extra_json_schema or {}).get("description")
+            tp = tp.type
+        kwargs: dict[str, Any] = {"required": f.required, "help_text": help_text}
+        if isinstance(tp, msgspec.inspect.UnionType):
+            others = [t for t in tp.types if not isinstance(t, msgspec.inspect.NoneType)]
+            kwargs["allow_null"] = len(others) < len(tp.types)
+            tp = others[0]
+        if not f.required and f.default not in (None, msgspec.NODEFAULT):
+            kwargs["default"] = f.default
+        fields[f.name] = _field_for(tp, **kwargs)
+    return type(name, (StrictSerializer,), fields)
+
+
+def _field_for(tp: Any, **kwargs: Any) -> serializers.Field:
+    i = msgspec.inspect
+    if isinstance(tp, i.IntType):
+        return serializers.IntegerField(min_value=tp.ge, max_value=tp.le, **kwargs)
+    if isinstance(tp, i.FloatType):
+        return FiniteFloatField(**kwargs)
+    if isinstance(tp, i.BoolType):
+        return serializers.BooleanField(**kwargs)
+    if isinstance(tp, i.StrType):
+        return serializers.CharField(max_length=tp.max_length, allow_blank=not tp.min_length, **kwargs)
+    if isinstance(tp, i.LiteralType):
+        return serializers.ChoiceField(choices=list(tp.values), **kwargs)
+    if isinstance(tp, i.ListType):
+        return serializers.ListField(child=_field_for(tp.item_type), **kwargs)
+    if isinstance(tp, i.DictType):
+        return serializers.DictField(**kwargs)
+    raise TypeError(f"no serializer field for {tp!r}")
+
+
+StepWriteSerializer = struct_serializer(StepWire, "StepWriteSerializer")
 
 
 class StepBatchSerializer(serializers.Serializer):

@@ -27,10 +27,11 @@ import orjson
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from pool.errors import InvalidInput, PoolError
-from pool.services import steps_ingest
-from pool.services.proxy import proxy_trajectory_complete, proxy_trajectory_register
+from pool.errors import PoolError
+from pool.ingest import rules
+from pool.services import steps_ingest, trajectory_complete, trajectory_register
 
+from ..body import json_object
 from ..proxy.access import require_key
 from ..proxy.db import run_db
 from ..proxy.errors import ProxyError, error_response
@@ -83,12 +84,14 @@ async def init_trajectory(request: HttpRequest, source_id: int) -> HttpResponse:
     body = _body(request)
     traj_uid = uuid.uuid4().hex
     prompt_uid = body.get("prompt_uid") or uuid.uuid4().hex
-    if not isinstance(prompt_uid, str) or len(prompt_uid) > 128 or "/" in prompt_uid:
+    if not isinstance(prompt_uid, str) or len(prompt_uid) > rules.MAX_UID_LEN or "/" in prompt_uid:
         raise ProxyError(
-            400, "prompt_uid must be a string of at most 128 characters without '/'", param="prompt_uid"
+            400,
+            f"prompt_uid must be a string of at most {rules.MAX_UID_LEN} characters without '/'",
+            param="prompt_uid",
         )
     await run_db(
-        proxy_trajectory_register,
+        trajectory_register,
         uid=traj_uid,
         prompt_group_uid=prompt_uid,
         channel=body.get("channel"),
@@ -109,7 +112,7 @@ async def register_trajectory(
     if not isinstance(traj, str) or not traj:
         raise ProxyError(400, "trajectory_uid is required", param="trajectory_uid")
     await run_db(
-        proxy_trajectory_register,
+        trajectory_register,
         uid=traj,
         prompt_group_uid=prompt_uid if prompt_uid != "-" else None,
         channel=body.get("channel"),
@@ -129,10 +132,11 @@ async def complete_trajectory(
     if reward is not None and (isinstance(reward, bool) or not isinstance(reward, int | float)):
         raise ProxyError(400, "reward must be a number", param="reward")
     await run_db(
-        proxy_trajectory_complete,
+        trajectory_complete,
         uid=trajectory_uid,
         reward=float(reward) if reward is not None else None,
         channel=body.get("channel"),
+        reward_last_step=True,
         source_id=source_id,
     )
     return HttpResponse(_OK, content_type="application/json")
@@ -153,8 +157,6 @@ async def submit_steps(request: HttpRequest, source_id: int) -> HttpResponse:
 
 
 def _ingest(batch: list, source_id: int, channel: str) -> None:
-    if channel not in ("train", "val"):
-        raise InvalidInput(f"channel must be train or val; got {channel!r}", field="channel")
     steps_ingest(steps=batch, source_id=source_id, channel=channel)
 
 
@@ -180,17 +182,7 @@ def _our_step(step: Any, i: int) -> Any:
 
 
 def _body(request: HttpRequest) -> dict[str, Any]:
-    if not request.body.strip():
-        return {}
-    try:
-        body = orjson.loads(request.body)
-    except orjson.JSONDecodeError as exc:
-        raise ProxyError(400, f"malformed JSON body: {exc}", code="invalid_json") from None
-    if body is None:
-        return {}
-    if not isinstance(body, dict):
-        raise ProxyError(400, "the body must be a JSON object", code="invalid_json")
-    return body
+    return json_object(request.body, empty_ok=True)
 
 
 def _metadata(body: dict[str, Any]) -> dict[str, Any] | None:

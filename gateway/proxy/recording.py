@@ -2,7 +2,17 @@
 
 ``record_answer`` runs on a database thread (gateway/proxy/db.py): it turns the agent's
 request and the upstream's (whole or accumulated) answer into a ProxiedCall, one choice per
-step, and stores it with pool.services.proxy_step_record.
+step, and appends it to its trajectory through the pool's one write pipeline
+(pool.ingest.steps_append). OpenAI notions stay here: choices, n, and drift against the
+previous call (the trajectory's tail, which the pipeline hands to ``_steps_of``).
+
+Drift: a step's prompt ids should start with the previous call's prompt + response ids.
+When no step of the previous call is a prefix of the prompt, the step is stored with
+``drift=True`` and ``drift_offset`` = the first mismatching position (the longest common
+prefix with any previous choice). Nothing is repaired or truncated. n > 1: the choices are
+alternative answers to one prompt; they take consecutive indexes and carry
+``metadata.choice_index`` and ``metadata.n``, and the next call's reference is whichever of
+them its prompt extends.
 
 Token ids, in order of preference:
 1. the upstream's own (vLLM/SGLang ``return_token_ids``): token_source "upstream", exact;
@@ -19,15 +29,12 @@ from typing import Any
 
 import numpy as np
 
+from pool import tokens
 from pool.errors import InvalidInput
+from pool.ingest import AppendTarget, StepIn, steps_append
+from pool.ingest.claim import Tail
 from pool.models import Step
-from pool.services.proxy import (
-    ProxiedCall,
-    ProxiedChoice,
-    RecordedStep,
-    proxy_event_record,
-    proxy_step_record,
-)
+from pool.services import gateway_event_record
 
 from . import tokenizer
 
@@ -49,6 +56,41 @@ class Identity:
 
 
 @dataclass(slots=True)
+class ProxiedChoice:
+    """One choice of an upstream answer, with its exact token ids."""
+
+    prompt_ids: np.ndarray
+    response_ids: np.ndarray
+    rollout_logprobs: np.ndarray | None = None
+    finish_reason: str | None = None
+    response_text: str | None = None
+    metadata: dict = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ProxiedCall:
+    """A completed upstream call: who made it, what was asked, every choice."""
+
+    trajectory_uid: str
+    choices: list[ProxiedChoice]
+    token_source: str
+    prompt_group_uid: str | None = None
+    policy_version: int | None = None
+    messages: list | None = None
+    metadata: dict = field(default_factory=dict)
+    # The gateway minted the trajectory uid for this call: no row can exist yet.
+    new_trajectory: bool = False
+
+
+@dataclass(slots=True)
+class RecordedStep:
+    uid: str
+    step_index: int
+    drift: bool
+    drift_offset: int | None
+
+
+@dataclass(slots=True)
 class Outcome:
     steps: list[RecordedStep] = field(default_factory=list)
     event: str | None = None  # the Event type stored instead of steps, if any
@@ -61,7 +103,7 @@ def record_answer(
     docstring. Raises Conflict when the trajectory takes no steps (ended, other group)."""
     call = build_call(endpoint=endpoint, ident=ident, request=request, answer=answer)
     if call is None:
-        proxy_event_record(
+        gateway_event_record(
             type="untokenized_call",
             trajectory_uid=ident.trajectory_uid,
             source_id=source_id,
@@ -72,15 +114,77 @@ def record_answer(
         )
         return Outcome(event="untokenized_call")
     try:
-        return Outcome(steps=proxy_step_record(call=call, source_id=source_id))
+        return Outcome(steps=record_call(call=call, source_id=source_id))
     except InvalidInput as exc:  # e.g. longer than CLAW_MAX_TOKENS_PER_STEP: never truncated
-        proxy_event_record(
+        gateway_event_record(
             type="unrecorded_call",
             trajectory_uid=ident.trajectory_uid,
             source_id=source_id,
             payload={"reason": exc.message, "field": exc.field, **_text_of(endpoint, request, answer)},
         )
         return Outcome(event="unrecorded_call")
+
+
+def record_call(*, call: ProxiedCall, source_id: int | None) -> list[RecordedStep]:
+    """Append one step per choice of ``call`` to its trajectory (pool.ingest.steps_append):
+    atomic, committed before the agent gets its answer; not idempotent (every call is a new
+    generation). Raises Conflict when the trajectory has ended or belongs to another group,
+    InvalidInput when a step breaks a rule (e.g. CLAW_MAX_TOKENS_PER_STEP, never truncated)."""
+    target = AppendTarget(
+        trajectory_uid=call.trajectory_uid,
+        prompt_group_uid=call.prompt_group_uid,
+        policy_version=call.policy_version,
+        new=call.new_trajectory,
+    )
+    written = steps_append(
+        target=target, count=len(call.choices), build=lambda tail: _steps_of(call, tail), source_id=source_id
+    )
+    return [RecordedStep(s.uid, s.step_index, s.drift, s.drift_offset) for s in written]
+
+
+def _steps_of(call: ProxiedCall, tail: Tail) -> list[StepIn]:
+    """The call's steps, one per choice, with their drift against the previous call."""
+    n = len(call.choices)
+    out = []
+    for i, c in enumerate(call.choices):
+        drift, offset = _drift(c.prompt_ids, tail)
+        meta = dict(call.metadata)
+        meta.update(c.metadata)
+        if n > 1:
+            meta["choice_index"] = i
+            meta["n"] = n
+        out.append(
+            StepIn(
+                trajectory_uid=call.trajectory_uid,
+                step_index=0,  # numbered by the pipeline once claimed
+                prompt_ids=c.prompt_ids,
+                response_ids=c.response_ids,
+                rollout_logprobs=c.rollout_logprobs,
+                finish_reason=c.finish_reason[:32] if c.finish_reason else None,
+                messages=call.messages,
+                response_text=c.response_text,
+                metadata=meta,
+                token_source=call.token_source,
+                drift=drift,
+                drift_offset=offset,
+                field_prefix=f"choices[{i}]",
+            )
+        )
+    return out
+
+
+def _drift(prompt: np.ndarray, tail: Tail) -> tuple[bool, int | None]:
+    """(drift, first mismatching position) of ``prompt`` against the previous call: no drift
+    when the prompt starts with any previous choice's prompt + response."""
+    if not tail.steps:
+        return False, None
+    best = -1
+    for p in tail.steps:
+        shared = tokens.common_prefix_len(prompt, p.full)
+        if shared == len(p.full):
+            return False, None
+        best = max(best, shared)
+    return True, best
 
 
 def build_call(

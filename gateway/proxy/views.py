@@ -32,9 +32,10 @@ from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from pool.errors import PoolError
+from pool.services import gateway_event_record
 from pool.services.api_keys import VerifiedKey
-from pool.services.proxy import proxy_event_record
 
+from .. import body
 from . import upstream
 from .access import require_key
 from .db import run_db
@@ -149,19 +150,8 @@ def _identity(request: HttpRequest, path_trajectory: str | None, path_group: str
 
 def _json_body(request: HttpRequest) -> dict[str, Any]:
     length = request.META.get("CONTENT_LENGTH")
-    if length and length.isdigit() and int(length) > settings.CLAW_MAX_BODY_BYTES:
-        raise ProxyError(
-            413,
-            f"request body is {length} bytes; the limit is {settings.CLAW_MAX_BODY_BYTES}",
-            code="payload_too_large",
-        )
-    try:
-        body = orjson.loads(request.body)
-    except orjson.JSONDecodeError as exc:
-        raise ProxyError(400, f"malformed JSON body: {exc}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise ProxyError(400, "the body must be a JSON object", code="invalid_json")
-    return body
+    body.check_length(int(length) if length and length.isdigit() else None)
+    return body.json_object(request.body)
 
 
 async def _forward(
@@ -405,7 +395,7 @@ async def _fault_event(
     payload = {"status": status, "kind": kind, "endpoint": endpoint, "message": message}
     try:
         await run_db(
-            proxy_event_record,
+            gateway_event_record,
             type=event_type,
             payload=payload,
             trajectory_uid=ident.trajectory_uid if ident else None,

@@ -14,4 +14,9 @@ class Migration(migrations.Migration):
             name="tail_index",
             field=models.PositiveIntegerField(default=0),
         ),
+        # Existing trajectories: their last step is their latest append.
+        migrations.RunSQL(
+            "UPDATE pool_trajectory SET tail_index = step_count - 1 WHERE step_count > 0",
+            reverse_sql=migrations.RunSQL.noop,
+        ),
     ]

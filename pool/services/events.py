@@ -6,6 +6,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 
 from django.db import transaction
+from django.utils import timezone
 
 from ..errors import InvalidInput, NotFound
 from ..models import Event, Feedback, Step, Trajectory
@@ -89,4 +90,21 @@ def feedback_create(
         author=author,
         source_id=source_id,
         user_id=user_id,
+    )
+
+
+def gateway_event_record(
+    *, type: str, payload: dict, trajectory_uid: str | None = None, source_id: int | None = None
+) -> Event:
+    """Record a gateway event (an upstream fault, an untokenized or unrecorded call).
+
+    Links the trajectory when it exists (never creates one: a failed first call leaves no
+    empty trajectory behind); the uid is always in the payload. Not idempotent.
+    """
+    traj_id = None
+    if trajectory_uid:
+        payload = {"trajectory_uid": trajectory_uid, **payload}
+        traj_id = Trajectory.objects.filter(uid=trajectory_uid).values_list("id", flat=True).first()
+    return Event.objects.create(
+        type=type, payload=payload, trajectory_id=traj_id, source_id=source_id, occurred_at=timezone.now()
     )

@@ -13,8 +13,8 @@ from drf_spectacular.validation import validate_schema
 from rest_framework.test import APIClient
 
 from gateway import serializers as s
-from gateway.validation import STEP_FIELDS
 from pool import selectors
+from pool.ingest.contract import STEP_FIELDS
 from pool.models import Step
 from pool.services import steps_ingest
 from tests.pool.factories import step_in

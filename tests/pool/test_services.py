@@ -14,18 +14,30 @@ from django.utils import timezone
 
 from pool import tasks
 from pool.errors import Conflict, InvalidInput, NotFound
-from pool.models import ApiKey, Feedback, PolicyVersion, PromptGroup, RewardEvent, Scope, Step, Trajectory
+from pool.models import (
+    ApiKey,
+    Event,
+    Feedback,
+    PolicyVersion,
+    PromptGroup,
+    RewardEvent,
+    Scope,
+    Step,
+    Trajectory,
+)
 from pool.services import (
     RewardIn,
     api_key_create,
     api_key_verify,
     event_record,
     feedback_create,
+    gateway_event_record,
     policy_version_set,
     rewards_apply,
     steps_ingest,
     trajectory_complete,
     trajectory_create,
+    trajectory_register,
 )
 from pool.services.events import EventIn
 from pool.services.groups import group_upsert
@@ -431,3 +443,28 @@ def test_a_batch_of_rewards_costs_a_constant_number_of_queries(django_assert_max
     assert len(events) == 55
     assert Step.objects.filter(uid__startswith="bulk-r", reward=0.5, reward_status="final").count() == 50
     assert Trajectory.objects.filter(uid__startswith="bulk-r", reward=1.0).count() == 5
+
+
+# --- gateway events and Claw-R1 registration -------------------------------------------
+def test_events_link_existing_trajectories_only():
+    steps_ingest(steps=[step_in("ev", 0, prompt=[1, 2, 3], response=[4])])
+    linked = gateway_event_record(type="upstream_error", payload={"status": 502}, trajectory_uid="ev")
+    loose = gateway_event_record(type="upstream_error", payload={"status": 502}, trajectory_uid="nowhere")
+    assert linked.trajectory.uid == "ev" and loose.trajectory_id is None
+    assert Event.objects.get(id=loose.id).payload == {"trajectory_uid": "nowhere", "status": 502}
+    assert not Trajectory.objects.filter(uid="nowhere").exists()
+
+
+def test_register_merges_metadata_and_sets_the_policy_version():
+    trajectory_register(uid="reg", prompt_group_uid="rg", metadata={"a": 1})
+    t = trajectory_register(uid="reg", channel="val", metadata={"policy_version": 9})
+    assert (t.metadata, t.channel, t.policy_version_id, t.group.uid) == (
+        {"a": 1, "policy_version": 9},
+        "val",
+        9,
+        "rg",
+    )
+    with pytest.raises(Conflict):
+        trajectory_register(uid="reg", prompt_group_uid="another")
+    with pytest.raises(InvalidInput):
+        trajectory_register(uid="reg", metadata={"policy_version": "nine"})

@@ -1,27 +1,32 @@
-"""pool.services.proxy, in process on the test database: step indexes, drift against the
-previous call (from the in-process cache or from the pool), the one-statement fast path and
-its fallback, and the Claw-R1 trajectory services."""
+"""gateway.proxy.recording.record_call through the pool's pipeline (pool.ingest.steps_append),
+in process on the test database: step indexes, drift against the previous call (from the
+in-process hint or from the pool), the fused fast path and its fallback."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from gateway.proxy.recording import ProxiedCall, ProxiedChoice
+from gateway.proxy.recording import record_call as _record_call
 from pool.errors import Conflict, InvalidInput
-from pool.models import Event, Step, Trajectory
-from pool.services import proxy as svc
-from pool.services import steps_ingest
-from pool.services.proxy import ProxiedCall, ProxiedChoice, proxy_step_record
-from pool.services.steps import StepIn
+from pool.ingest import StepIn
+from pool.ingest.claim import recent
+from pool.models import Step, Trajectory
+from pool.services import steps_ingest, trajectory_complete
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
 def _fresh_cache():
-    svc._recent.clear()
+    recent.clear()
     yield
-    svc._recent.clear()
+    recent.clear()
+
+
+def proxy_step_record(*, call: ProxiedCall):
+    return _record_call(call=call, source_id=None)
 
 
 def ids(*values: int) -> np.ndarray:
@@ -71,7 +76,7 @@ def test_drift_is_measured_against_the_previous_call(django_capture_on_commit_ca
 def test_after_n_choices_the_next_call_may_extend_any_of_them():
     # given: a call with 3 choices (recorded, cache cleared: the pool is read)
     proxy_step_record(call=call("n", PROMPT, [1], [2, 2], [3, 3, 3], new=True))
-    svc._recent.clear()
+    recent.clear()
 
     # when: the next call continues choice 2
     [nxt] = proxy_step_record(call=call("n", [*PROMPT, 3, 3, 3, 8], [9]))
@@ -144,7 +149,7 @@ def test_policy_version_and_group_are_stamped():
 def test_an_ended_trajectory_takes_no_more_calls(django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=True):
         proxy_step_record(call=call("ended", PROMPT, [1], new=True))
-    svc.proxy_trajectory_complete(uid="ended", reward=1.0)
+    trajectory_complete(uid="ended", reward=1.0, reward_last_step=True)
 
     with pytest.raises(Conflict):
         proxy_step_record(call=call("ended", [*PROMPT, 1], [2]))
@@ -157,27 +162,3 @@ def test_oversized_calls_are_refused_not_truncated(settings):
     with pytest.raises(InvalidInput):
         proxy_step_record(call=call("big", PROMPT, [1, 2]))
     assert not Trajectory.objects.filter(uid="big").exists()
-
-
-def test_events_link_existing_trajectories_only():
-    proxy_step_record(call=call("ev", PROMPT, [1]))
-    linked = svc.proxy_event_record(type="upstream_error", payload={"status": 502}, trajectory_uid="ev")
-    loose = svc.proxy_event_record(type="upstream_error", payload={"status": 502}, trajectory_uid="nowhere")
-    assert linked.trajectory.uid == "ev" and loose.trajectory_id is None
-    assert Event.objects.get(id=loose.id).payload == {"trajectory_uid": "nowhere", "status": 502}
-    assert not Trajectory.objects.filter(uid="nowhere").exists()
-
-
-def test_register_merges_metadata_and_sets_the_policy_version():
-    svc.proxy_trajectory_register(uid="reg", prompt_group_uid="rg", metadata={"a": 1})
-    t = svc.proxy_trajectory_register(uid="reg", channel="val", metadata={"policy_version": 9})
-    assert (t.metadata, t.channel, t.policy_version_id, t.group.uid) == (
-        {"a": 1, "policy_version": 9},
-        "val",
-        9,
-        "rg",
-    )
-    with pytest.raises(Conflict):
-        svc.proxy_trajectory_register(uid="reg", prompt_group_uid="another")
-    with pytest.raises(InvalidInput):
-        svc.proxy_trajectory_register(uid="reg", metadata={"policy_version": "nine"})

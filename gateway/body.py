@@ -1,0 +1,69 @@
+"""The one JSON body reader of the gateway: size limit, parsing, error wording.
+
+Every door reads request bodies here: the REST API's parsers (gateway/parsers.py), the
+OpenAI-compatible endpoints (gateway/proxy/views.py) and the Claw-R1 layer
+(gateway/compat/claw_r1.py). Errors are BodyError (a ProxyError: 400 ``invalid_json`` or
+413 ``payload_too_large``); the DRF parsers turn it into their own exceptions.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+from django.conf import settings
+
+from .proxy.errors import ProxyError
+
+
+class BodyError(ProxyError):
+    """A body that is too large or not the JSON expected."""
+
+
+def check_length(content_length: int | None) -> None:
+    """413 before reading when the declared length is over CLAW_MAX_BODY_BYTES."""
+    limit = settings.CLAW_MAX_BODY_BYTES
+    if content_length is not None and content_length > limit:
+        raise BodyError(
+            413, f"request body is {content_length} bytes; the limit is {limit}", code="payload_too_large"
+        )
+
+
+def read_limited(stream: Any, content_length: int | None) -> bytes:
+    """The body of a request stream, at most CLAW_MAX_BODY_BYTES (413 beyond)."""
+    check_length(content_length)
+    limit = settings.CLAW_MAX_BODY_BYTES
+    data = stream.read(limit + 1) if stream is not None else b""
+    if len(data) > limit:
+        raise BodyError(413, f"request body exceeds the limit of {limit} bytes", code="payload_too_large")
+    return data
+
+
+def loads(data: bytes, *, lenient: bool = True) -> Any:
+    """Parse JSON; anything malformed is a 400. ``lenient``: non-standard NaN/Infinity
+    literals are parsed (so the REST API's validators can name the field that holds them);
+    bodies relayed as they are (OpenAI calls) are strict JSON."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        if not lenient:
+            raise BodyError(400, f"malformed JSON body: {exc}", code="invalid_json") from None
+        try:
+            return json.loads(data, parse_constant=float)
+        except (ValueError, UnicodeDecodeError):
+            raise BodyError(400, f"malformed JSON body: {exc}", code="invalid_json") from None
+
+
+def json_object(data: bytes, *, empty_ok: bool = False) -> dict[str, Any]:
+    """A strict JSON object body. ``empty_ok``: an empty body (or ``null``) reads as ``{}``."""
+    if not data.strip():
+        if empty_ok:
+            return {}
+        raise BodyError(400, "empty body; expected a JSON object", code="invalid_json")
+    body = loads(data, lenient=False)
+    if body is None and empty_ok:
+        return {}
+    if not isinstance(body, dict):
+        raise BodyError(400, "the body must be a JSON object", code="invalid_json")
+    return body

@@ -1,0 +1,96 @@
+"""Claim: step indexes for appended steps (proxied calls), and the tail they follow.
+
+An append takes the next ``n`` indexes of its trajectory. The database is the truth: the
+index is reserved by an UPDATE of ``step_count`` under the row lock (general path) or by a
+conditional UPDATE fused with the insert (fast path, pool/ingest/backends.py).
+
+``recent`` is a per-process hint: each trajectory's latest append (its end index and its
+steps' sequences), so the next call of a trajectory needs neither a lookup of the previous
+call nor its tokens. A hint is used only when the claim proves it current (its end index is
+still the trajectory's step_count, checked in the same statement); a stale hint, left by
+another process's write, makes the claim miss and the general path run.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from .. import tokens
+from ..models import Step
+from .plan import Stored
+
+
+@dataclass(slots=True)
+class Tail:
+    """The latest append of a trajectory before this one: indexes [start, end)."""
+
+    end: int
+    steps: list[Stored]
+
+
+EMPTY = Tail(end=0, steps=[])
+
+
+def tail_load(trajectory_id: int, start: int, end: int) -> Tail:
+    """The stored steps [start, end) of a trajectory with their full sequences (two
+    queries: the rows, then their delta chains)."""
+    if end <= 0:
+        return EMPTY
+    rows = list(
+        Step.objects.filter(
+            trajectory_id=trajectory_id, step_index__gte=min(start, end - 1), step_index__lt=end
+        )
+        .order_by("step_index")
+        .values_list("id", "seq_depth")
+    )
+    full = tokens.load_sequences(sid for sid, _ in rows)
+    return Tail(end=end, steps=[Stored(sid, depth, tokens.bytes_to_ids(full[sid])) for sid, depth in rows])
+
+
+class RecentAppends:
+    """LRU of each trajectory's latest append, bounded by the number of tokens held.
+    Thread-safe (the gateway records from a thread pool)."""
+
+    def __init__(self, max_tokens: int):
+        self.max_tokens = max_tokens
+        self._data: OrderedDict[str, tuple[Tail, int]] = OrderedDict()
+        self._tokens = 0
+        self._lock = threading.Lock()
+
+    def get(self, trajectory_uid: str, end: int) -> Tail | None:
+        """The hint for ``trajectory_uid`` if it ends exactly at ``end``."""
+        hit = self.latest(trajectory_uid)
+        return hit if hit is not None and hit.end == end else None
+
+    def latest(self, trajectory_uid: str) -> Tail | None:
+        with self._lock:
+            hit = self._data.get(trajectory_uid)
+            if hit is None:
+                return None
+            self._data.move_to_end(trajectory_uid)
+            return hit[0]
+
+    def put(self, trajectory_uid: str, tail: Tail) -> None:
+        size = sum(len(p.full) for p in tail.steps)
+        with self._lock:
+            old = self._data.pop(trajectory_uid, None)
+            if old is not None:
+                self._tokens -= old[1]
+            if size > self.max_tokens:
+                return
+            self._data[trajectory_uid] = (tail, size)
+            self._tokens += size
+            while self._tokens > self.max_tokens:
+                _, (_, dropped) = self._data.popitem(last=False)
+                self._tokens -= dropped
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+            self._tokens = 0
+
+
+# 16 M tokens = 64 MB of int32: the latest call of thousands of live trajectories.
+recent = RecentAppends(max_tokens=16_000_000)

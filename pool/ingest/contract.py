@@ -1,0 +1,231 @@
+"""The step contract: what a step is on the wire, in one definition.
+
+``StepWire`` (a msgspec struct) is the source. From it derive:
+
+* the JSON and MessagePack decoders of gateway/validation.py (types, ranges, unknown and
+  missing fields are checked in C while parsing, with the exact path of the first error);
+* the OpenAPI schema of the write and read shapes (gateway/serializers.py builds the
+  serializers from the struct's type info);
+* ``READ_FIELDS``, the keys a read returns (pool.selectors.steps_render);
+* ``CONTENT_FIELDS``, what the idempotency fingerprint covers (pool/ingest/plan.py).
+
+``StepIn`` is the same step once validated: token ids as int32 arrays, logprobs as float64,
+the uid defaulted. It cannot be derived from the struct (its arrays are numpy), so a test
+pins it to the struct field by field, types included (tests/pool/test_ingest_contract.py).
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+import msgspec
+import numpy as np
+
+from .. import tokens
+from ..errors import InvalidInput
+from ..models import Step
+from . import rules
+
+assert array("I").itemsize == 4, "token conversion assumes a 32-bit C unsigned int"
+
+TokenId = Annotated[int, msgspec.Meta(ge=0, le=rules.INT32_MAX)]
+Index = Annotated[int, msgspec.Meta(ge=0, le=rules.INT32_MAX)]  # Step.step_index is a 32-bit column
+Uid = Annotated[str, msgspec.Meta(min_length=1, max_length=rules.MAX_UID_LEN)]
+RewardSource = Literal["env", "rule", "model", "human"]
+PolicyVersion = Annotated[int, msgspec.Meta(ge=0, le=rules.INT64_MAX)]
+FinishReason = Annotated[str, msgspec.Meta(max_length=rules.MAX_FINISH_REASON_LEN)]
+
+
+def _doc(tp: Any, text: str) -> Any:
+    return Annotated[tp, msgspec.Meta(description=text)]
+
+
+def _step_wire(name: str, token_ids: Any, logprobs: Any, doc: str) -> type[msgspec.Struct]:
+    """A step struct; JSON and MessagePack differ only in how arrays may be encoded."""
+    cls = msgspec.defstruct(
+        name,
+        [
+            ("trajectory_uid", _doc(Uid, "The episode this step belongs to; created on first sight.")),
+            ("prompt_group_uid", _doc(Uid | None, "The prompt group (GRPO group) of the trajectory."), None),
+            ("step_index", _doc(Index, "Position of the step in its trajectory (0-based).")),
+            ("prompt_ids", _doc(token_ids, "State: the exact token ids the model saw.")),
+            ("response_ids", _doc(token_ids, "Action: the exact token ids the model produced.")),
+            ("uid", _doc(Uid | None, "Idempotency key. Default: '<trajectory_uid>:<step_index>'."), None),
+            ("rollout_logprobs", _doc(logprobs | None, "One logprob per response id, as sampled."), None),
+            ("reward", _doc(float | None, "A final reward, if known at submission."), None),
+            ("reward_source", _doc(RewardSource | None, "Who gave the reward (default env)."), None),
+            ("policy_version", _doc(PolicyVersion | None, "The policy version that generated it."), None),
+            ("is_last", _doc(bool, "The last step: completes the trajectory."), False),
+            ("finish_reason", _doc(FinishReason | None, "Why generation stopped (stop, length...)."), None),
+            ("messages", _doc(list[dict[str, Any]] | None, "The chat messages of the prompt, if any."), None),
+            ("response_text", _doc(str | None, "The response as text, if known."), None),
+            ("metadata", _doc(dict[str, Any] | None, "Free-form JSON object."), None),
+        ],
+        forbid_unknown_fields=True,
+        kw_only=True,  # field order is free: it is the fingerprint's order (CONTENT_FIELDS)
+    )
+    cls.__doc__ = doc
+    return cls
+
+
+def _batch_wire(name: str, step: type[msgspec.Struct]) -> type[msgspec.Struct]:
+    return msgspec.defstruct(
+        name,
+        [("steps", Annotated[list[step], msgspec.Meta(min_length=1)])],  # type: ignore[valid-type]
+        forbid_unknown_fields=True,
+    )
+
+
+StepWire = _step_wire(
+    "StepWire",
+    list[TokenId],
+    list[float],
+    "One step as submitted. The field names are the API's, for writes and reads.",
+)
+# MessagePack (``Content-Type: application/msgpack``): token ids may also be a bin of
+# little-endian int32 and logprobs a bin of little-endian float64, so arrays cross the wire
+# and the parser as raw buffers, never as per-id objects.
+PackedStepWire = _step_wire(
+    "PackedStepWire",
+    list[TokenId] | bytes,
+    list[float] | bytes,
+    "A step in MessagePack, arrays possibly packed.",
+)
+StepBatchWire = _batch_wire("StepBatchWire", StepWire)
+PackedStepBatchWire = _batch_wire("PackedStepBatchWire", PackedStepWire)
+
+# --- shapes derived from the struct ------------------------------------------------------------
+STEP_FIELDS: tuple[str, ...] = StepWire.__struct_fields__
+REQUIRED_FIELDS: frozenset[str] = frozenset(f.name for f in msgspec.structs.fields(StepWire) if f.required)
+# Set by the pool, never by the client: what a read adds to the write fields.
+SERVER_FIELDS: tuple[str, ...] = ("reward_status", "token_source", "drift", "drift_offset", "created_at")
+READ_FIELDS: tuple[str, ...] = STEP_FIELDS + SERVER_FIELDS
+# The idempotency fingerprint covers every submitted field but the uid (the key itself), in
+# struct order, with the token arrays as their lengths (their bytes are hashed after it,
+# logprobs last), plus where the ids came from.
+TOKEN_ARRAYS: tuple[str, ...] = ("prompt_ids", "response_ids")
+CONTENT_FIELDS: tuple[str, ...] = tuple(f for f in STEP_FIELDS if f not in ("uid", "rollout_logprobs")) + (
+    "token_source",
+)
+
+
+@dataclass(slots=True)
+class StepIn:
+    """A validated step, ready to plan: StepWire with arrays as numpy, defaults applied.
+
+    ``step_index`` and ``uid`` of an appended step (a proxied call) are set by the pipeline
+    once the index is claimed. ``token_source``, ``drift`` and ``drift_offset`` are set by
+    the door (the gateway knows where ids came from), never by a client.
+    """
+
+    trajectory_uid: str
+    step_index: int
+    prompt_ids: np.ndarray
+    response_ids: np.ndarray
+    uid: str = ""
+    prompt_group_uid: str | None = None
+    rollout_logprobs: np.ndarray | None = None
+    reward: float | None = None
+    reward_source: str | None = None
+    policy_version: int | None = None
+    is_last: bool = False
+    finish_reason: str | None = None
+    messages: list | None = None
+    response_text: str | None = None
+    metadata: dict = field(default_factory=dict)
+    token_source: str = Step.TokenSource.CLIENT
+    drift: bool = False
+    drift_offset: int | None = None
+    field_prefix: str = ""  # e.g. "steps[3]": how errors name this step's fields
+
+    def __post_init__(self) -> None:
+        if not self.uid:
+            self.uid = default_uid(self.trajectory_uid, self.step_index)
+
+    def full_ids(self) -> np.ndarray:
+        """prompt_ids + response_ids as one int32 array."""
+        if not len(self.response_ids):
+            return np.ascontiguousarray(self.prompt_ids, dtype=tokens.TOKEN_DTYPE)
+        return np.concatenate((self.prompt_ids, self.response_ids)).astype(tokens.TOKEN_DTYPE, copy=False)
+
+    def at(self, name: str) -> str:
+        """The name of one of this step's fields in an error (``steps[3].reward``)."""
+        return f"{self.field_prefix}.{name}" if self.field_prefix else name
+
+
+def default_uid(trajectory_uid: str, step_index: int) -> str:
+    return f"{trajectory_uid}:{step_index}"
+
+
+# --- wire -> StepIn ----------------------------------------------------------------------------
+def steps_from_wire(batch: Any) -> list[StepIn]:
+    """Validated StepIns of a decoded StepBatchWire/PackedStepBatchWire: the rules a schema
+    cannot state (lengths, finiteness, storable JSON), per step, never per token."""
+    rules.check_batch_size(len(batch.steps))
+    return [step_from_wire(s, f"steps[{i}]") for i, s in enumerate(batch.steps)]
+
+
+def step_from_wire(w: Any, where: str) -> StepIn:
+    prompt = _ids(w.prompt_ids, f"{where}.prompt_ids")
+    response = _ids(w.response_ids, f"{where}.response_ids")
+    rules.check_token_count(len(prompt), len(response), where)
+    logprobs = _logprobs(w.rollout_logprobs, len(response), f"{where}.rollout_logprobs")
+    rules.check_reward(w.reward, f"{where}.reward")
+    for name in ("trajectory_uid", "uid", "prompt_group_uid", "finish_reason", "response_text"):
+        rules.check_text(getattr(w, name), f"{where}.{name}")
+    if w.messages is not None:
+        rules.check_json(w.messages, f"{where}.messages")
+    metadata = w.metadata if w.metadata is not None else {}
+    rules.check_json(metadata, f"{where}.metadata")
+    return StepIn(
+        uid=w.uid or "",
+        trajectory_uid=w.trajectory_uid,
+        prompt_group_uid=w.prompt_group_uid,
+        step_index=w.step_index,
+        prompt_ids=prompt,
+        response_ids=response,
+        rollout_logprobs=logprobs,
+        reward=w.reward,
+        reward_source=w.reward_source,
+        policy_version=w.policy_version,
+        is_last=w.is_last,
+        finish_reason=w.finish_reason,
+        messages=w.messages,
+        response_text=w.response_text,
+        metadata=metadata,
+        field_prefix=where,
+    )
+
+
+def _ids(values: list[int] | bytes, where: str) -> np.ndarray:
+    if isinstance(values, bytes):  # packed little-endian int32 (MessagePack bodies)
+        if len(values) % 4:
+            raise InvalidInput("packed token ids must be little-endian int32 (4 bytes each)", field=where)
+        arr = np.frombuffer(values, dtype=tokens.TOKEN_DTYPE)
+        if len(arr) and int(arr.min()) < 0:
+            i = int(np.flatnonzero(arr < 0)[0])
+            raise InvalidInput("token ids must be in [0, 2**31)", field=f"{where}[{i}]")
+        return arr
+    # Ranges are already checked by the decoder; array('I') is the fastest C conversion.
+    return np.frombuffer(array("I", values), dtype=np.int32) if values else tokens.EMPTY_IDS
+
+
+def _logprobs(values: list[float] | bytes | None, n_response: int, where: str) -> np.ndarray | None:
+    if values is None:
+        return None
+    if isinstance(values, bytes):
+        if len(values) % 8:
+            raise InvalidInput("packed logprobs must be little-endian float64 (8 bytes each)", field=where)
+        arr = np.frombuffer(values, dtype=tokens.LOGPROB_DTYPE)
+    else:
+        arr = np.frombuffer(array("d", values), dtype=np.float64) if values else np.zeros(0)
+    if len(arr) != n_response:
+        raise InvalidInput(
+            f"rollout_logprobs has {len(arr)} values but response_ids has {n_response} tokens", field=where
+        )
+    if len(arr) and not np.isfinite(arr).all():
+        i = int(np.flatnonzero(~np.isfinite(arr))[0])
+        raise InvalidInput("must be a finite number", field=f"{where}[{i}]")
+    return arr

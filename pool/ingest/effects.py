@@ -1,0 +1,125 @@
+"""Effects: everything that follows "steps were stored", in one place.
+
+The pipeline calls ``apply`` once per write, inside the write's transaction, right after the
+rows are in. The pool's own effects run first:
+
+1. trajectory counters and status (step_count, tail_index, completion by an is_last step);
+   skipped when the write's own statement already moved them (a proxied call's claim);
+2. group anchors: the first step 0 stored in a prompt group;
+3. group completion, which enqueues the group's prefix-tree merge on commit.
+
+Other apps react to stored steps by registering an effect from their AppConfig.ready()
+(``register``); the pool never imports them. An effect receives the ``StepsWritten`` record,
+runs inside the transaction (so its writes commit or roll back with the steps) and must defer
+anything outside the database (tasks, live events) with ``transaction.on_commit``. Effects
+must not query when there is nothing for them to do: a proxied call on PostgreSQL is one
+statement, and the effects of a plain call add none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..models import PromptGroup
+from . import backends
+
+
+@dataclass(slots=True, frozen=True)
+class WrittenStep:
+    id: int
+    uid: str
+    trajectory_id: int
+    step_index: int
+    is_last: bool
+    reward_final: bool
+    policy_version: int | None
+
+
+@dataclass(slots=True, frozen=True)
+class WrittenTrajectory:
+    id: int
+    uid: str
+    group_id: int | None
+    created: bool  # inserted by this write
+
+
+@dataclass(slots=True, frozen=True)
+class StepsWritten:
+    """What one write stored. ``counted``: the trajectory counters are already final."""
+
+    steps: tuple[WrittenStep, ...]
+    trajectories: dict[int, WrittenTrajectory]
+    source_id: int | None
+    door: str  # "batch" (client-chosen indexes) or "append" (claimed indexes)
+    counted: bool = False
+    tails: dict[int, int] = field(default_factory=dict)  # trajectory id -> first index of this append
+
+
+Effect = Callable[[StepsWritten], None]
+_registry: list[Effect] = []
+
+
+def register(effect: Effect) -> Effect:
+    """Run ``effect`` after every step write (idempotent: registering twice is once)."""
+    if effect not in _registry:
+        _registry.append(effect)
+    return effect
+
+
+def unregister(effect: Effect) -> None:
+    if effect in _registry:
+        _registry.remove(effect)
+
+
+def apply(written: StepsWritten) -> None:
+    """Run the pool's effects, then every registered one (see the module docstring)."""
+    if not written.steps:
+        return
+    if not written.counted:
+        _count(written)
+    _anchor(written)
+    _complete_groups(written)
+    for effect in tuple(_registry):
+        effect(written)
+
+
+def _count(written: StepsWritten) -> None:
+    end: dict[int, int] = {}
+    tail: dict[int, int] = {}
+    last: set[int] = set()
+    for s in written.steps:
+        tid = s.trajectory_id
+        end[tid] = max(end.get(tid, 0), s.step_index + 1)
+        tail[tid] = max(tail.get(tid, 0), s.step_index)
+        if s.is_last:
+            last.add(tid)
+    tail.update(written.tails)  # an append's tail is its first index, not its last
+    backends.trajectories_after_write([(tid, n, tail[tid], tid in last) for tid, n in end.items()])
+
+
+def _anchor(written: StepsWritten) -> None:
+    """The first step 0 of a group becomes its anchor: the parent candidate of the other
+    rollouts' first steps, which share the group prompt."""
+    first: dict[int, int] = {}
+    for s in written.steps:
+        if s.step_index == 0:
+            gid = written.trajectories[s.trajectory_id].group_id
+            if gid is not None:
+                first.setdefault(gid, s.id)
+    for gid, sid in first.items():
+        PromptGroup.objects.filter(id=gid, anchor_step__isnull=True).update(anchor_step_id=sid)
+
+
+def _complete_groups(written: StepsWritten) -> None:
+    groups = {
+        written.trajectories[s.trajectory_id].group_id
+        for s in written.steps
+        if s.is_last and written.trajectories[s.trajectory_id].group_id is not None
+    }
+    if groups:
+        # Imported here: pool.services re-exports the pipeline, so a module-level import
+        # would be circular.
+        from ..services.groups import groups_check_complete
+
+        groups_check_complete(group_ids=groups)  # type: ignore[arg-type]

@@ -1,0 +1,579 @@
+"""The step-write pipeline: the one way a step enters the pool.
+
+Two entry points, one pipeline (plan -> claim -> write -> effects):
+
+* ``steps_ingest``: a batch whose steps carry their own indexes and uids (white-box agents,
+  Claw-R1's submit_steps). Atomic and idempotent by uid.
+* ``steps_append``: steps appended at the end of a trajectory, their indexes claimed by the
+  pool (proxied calls: one step per choice of an answer). Atomic, not idempotent (every call
+  is a new generation). The door's ``build`` callback turns the trajectory's tail (the
+  previous append, with its sequences) into the new steps, so notions of the door (choices,
+  drift against the previous call) stay with the door.
+
+Stages:
+
+* **plan** (pool/ingest/plan.py, rules.py): defaults and rules, parent choice for prefix
+  deltas, content hash;
+* **claim** (claim.py): step_index reservation for appends; the in-process hint of each
+  trajectory's latest append is checked by the claim itself, never trusted blindly;
+* **write** (backends.py): binary COPY for batches and a fused claim+insert statement for a
+  proxied call on PostgreSQL, bulk_create elsewhere;
+* **effects** (effects.py): trajectory counters and status, group anchors and completion,
+  the merge enqueued on commit, then every effect other apps registered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from .. import tokens
+from ..errors import Conflict, InvalidInput
+from ..models import Channel, PolicyVersion, PromptGroup, Step, Trajectory
+from . import backends, effects, rules
+from .backends import TRAJ_COLS, FusedClaim
+from .claim import EMPTY, Tail, recent, tail_load
+from .contract import StepIn, default_uid
+from .effects import StepsWritten, WrittenStep, WrittenTrajectory
+from .plan import Candidate, Packed, Planned, Stored, build_rows, choose_parents, pack, step_row
+
+# Concurrent batches racing on the same new uid: the loser's transaction fails on the unique
+# constraint and is replayed, and then sees the winner's row as a duplicate or a conflict.
+_MAX_ATTEMPTS = 3
+
+
+@dataclass(slots=True)
+class IngestResult:
+    created: list[Step]
+    duplicates: list[str]
+
+    @property
+    def created_uids(self) -> list[str]:
+        return [s.uid for s in self.created]
+
+
+# --- batches --------------------------------------------------------------------------------------
+def steps_ingest(
+    *, steps: Sequence[StepIn], source_id: int | None = None, channel: str | None = None
+) -> IngestResult:
+    """Store a batch of steps atomically and idempotently by uid.
+
+    Trajectories, prompt groups and policy versions are created on first sight; an identical
+    resubmission is reported as duplicates and writes nothing. Raises InvalidInput (400) or
+    Conflict (409: different content under an existing uid, a taken index, another group)
+    before anything is written. Costs a constant number of queries per batch (plus one
+    insert per in-batch parent level), never one per step.
+    """
+    if channel is not None:
+        rules.check_channel(channel)
+    _check_batch(steps)
+    packed = [pack(s) for s in steps]
+    for attempt in range(_MAX_ATTEMPTS):
+        try:
+            with transaction.atomic():
+                return _ingest(steps, packed, source_id=source_id, channel=channel or Channel.TRAIN)
+        except (IntegrityError, _Raced):
+            if attempt == _MAX_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+class _Raced(Exception):
+    """A concurrent batch committed some of our uids while we were checking: replay."""
+
+
+def _check_batch(steps: Sequence[StepIn]) -> None:
+    seen_uid: set[str] = set()
+    seen_pos: set[tuple[str, int]] = set()
+    for s in steps:
+        if s.uid in seen_uid:
+            raise InvalidInput(f"uid {s.uid!r} appears twice in the batch", field=s.at("uid"))
+        seen_uid.add(s.uid)
+        pos = (s.trajectory_uid, s.step_index)
+        if pos in seen_pos:
+            raise InvalidInput(
+                f"trajectory {s.trajectory_uid!r} has step_index {s.step_index} twice in the batch",
+                field=s.at("step_index"),
+            )
+        seen_pos.add(pos)
+        rules.check_uid(s.uid, s.at("uid"), max_len=rules.MAX_STEP_UID_LEN)
+        rules.check_reward(s.reward, s.at("reward"))
+
+
+def _ingest(
+    steps: Sequence[StepIn], packed: list[Packed], *, source_id: int | None, channel: str
+) -> IngestResult:
+    # 1. Idempotency: classify uids that already exist.
+    existing = dict(Step.objects.filter(uid__in=[s.uid for s in steps]).values_list("uid", "content_hash"))
+    duplicates: list[str] = []
+    new: list[tuple[StepIn, Packed]] = []
+    for s, h in zip(steps, packed, strict=True):
+        stored = existing.get(s.uid)
+        if stored is None:
+            new.append((s, h))
+        elif bytes(stored) == h.content_hash:
+            duplicates.append(s.uid)
+        else:
+            raise Conflict(f"step {s.uid!r} exists with different content", field=s.at("uid"))
+    if not new:
+        return IngestResult(created=[], duplicates=duplicates)
+    # Parents sort before children within a trajectory; the first step 0 of a group (in this
+    # order) is the batch's anchor for the others.
+    new.sort(key=lambda x: (x[0].trajectory_uid, x[0].step_index))
+    new_steps = [s for s, _ in new]
+
+    # 2. Context: groups, policy versions, trajectories (created on first sight).
+    groups = groups_ensure({s.prompt_group_uid for s in new_steps if s.prompt_group_uid})
+    policy_versions_ensure({s.policy_version for s in new_steps if s.policy_version is not None})
+    trajs = trajectory_ensure(
+        specs=[
+            TrajectorySpec(
+                uid=s.trajectory_uid,
+                group_uid=s.prompt_group_uid,
+                channel=channel,
+                policy_version=s.policy_version,
+                field=s.at("prompt_group_uid"),
+            )
+            for s in new_steps
+        ],
+        groups=groups,
+        source_id=source_id,
+    )
+    for s in new_steps:
+        # An ended trajectory still accepts late steps *inside* its known length (concurrent
+        # uploads may deliver the is_last step first), but nothing past its end.
+        t = trajs[s.trajectory_uid]
+        if t.status != Trajectory.Status.RUNNING and s.step_index >= t.step_count:
+            raise Conflict(
+                f"trajectory {s.trajectory_uid!r} is {t.status} with {t.step_count} steps; "
+                f"step_index {s.step_index} is past its end",
+                field=s.at("step_index"),
+            )
+
+    # 3. Neighbours already stored: index collisions and parent candidates. Trajectories this
+    # batch just created have none, so only older ones are queried.
+    old = {t.id for t in trajs.values() if not t.created}
+    stored: dict[tuple[int, int], tuple[int, str, int]] = {}
+    if old:
+        wanted = {s.step_index for s in new_steps} | {s.step_index - 1 for s in new_steps if s.step_index > 0}
+        stored = {
+            (tid, idx): (sid, uid, depth)
+            for sid, tid, idx, uid, depth in Step.objects.filter(
+                trajectory_id__in=old, step_index__in=wanted
+            ).values_list("id", "trajectory_id", "step_index", "uid", "seq_depth")
+        }
+    for s in new_steps:
+        taken = stored.get((trajs[s.trajectory_uid].id, s.step_index))
+        if taken is not None and taken[1] == s.uid:
+            # Our own uid, committed by a concurrent writer after our uid check: replay, and
+            # the replay classifies it (duplicate or conflict) like any existing uid.
+            raise _Raced()
+        if taken is not None:
+            raise Conflict(
+                f"trajectory {s.trajectory_uid!r} already has step_index {s.step_index} (uid {taken[1]!r})",
+                field=s.at("step_index"),
+            )
+
+    # 4. Parent candidates: the previous step (in the batch or stored), and for a first step
+    # the group anchor (stored, or the batch's first step 0 of that group).
+    anchor_of = {g.id: g.anchor_step_id for g in groups.values() if g.anchor_step_id}
+    position = {(s.trajectory_uid, s.step_index): i for i, s in enumerate(new_steps)}
+    batch_anchor: dict[int, int] = {}
+    for i, s in enumerate(new_steps):
+        gid = trajs[s.trajectory_uid].group_id
+        if s.step_index == 0 and gid is not None and gid not in anchor_of:
+            batch_anchor.setdefault(gid, i)
+    refs: list[list[int | tuple[str, int]]] = []  # batch index, or ("db", step id)
+    depth_of: dict[int, int] = {}
+    for i, s in enumerate(new_steps):
+        t = trajs[s.trajectory_uid]
+        mine: list[int | tuple[str, int]] = []
+        if s.step_index > 0:
+            j = position.get((s.trajectory_uid, s.step_index - 1))
+            if j is not None:
+                mine.append(j)
+            elif (prev := stored.get((t.id, s.step_index - 1))) is not None:
+                mine.append(("db", prev[0]))
+                depth_of[prev[0]] = prev[2]
+        elif t.group_id is not None:
+            if t.group_id in anchor_of:
+                mine.append(("db", anchor_of[t.group_id]))
+            elif batch_anchor.get(t.group_id, i) != i:
+                mine.append(batch_anchor[t.group_id])
+        refs.append(mine)
+    loaded = _load_stored({r[1] for mine in refs for r in mine if isinstance(r, tuple)}, depth_of)
+    candidates: list[list[Candidate]] = [
+        [r if isinstance(r, int) else loaded[r[1]] for r in mine if isinstance(r, int) or r[1] in loaded]
+        for mine in refs
+    ]
+
+    # 5. Write, parents before children; then the effects.
+    planned = choose_parents(new_steps, [h for _, h in new], candidates)
+    rows = build_rows(
+        planned,
+        trajectory_id_of=lambda s: trajs[s.trajectory_uid].id,
+        source_id=source_id,
+        insert=backends.backend().insert_steps,
+    )
+    effects.apply(_written(rows, trajs.values(), source_id=source_id, door="batch"))
+    return IngestResult(created=rows, duplicates=duplicates)
+
+
+def _load_stored(ids: set[int], depth_of: dict[int, int]) -> dict[int, Stored]:
+    """Stored parent candidates with their full sequences (one recursive query), and the
+    depths not known yet (group anchors: one query)."""
+    if not ids:
+        return {}
+    missing = ids - depth_of.keys()
+    if missing:
+        depth_of.update(Step.objects.filter(id__in=missing).values_list("id", "seq_depth"))
+    full = tokens.load_sequences(ids)
+    return {
+        sid: Stored(sid, depth_of.get(sid, 0), tokens.bytes_to_ids(full[sid])) for sid in ids if sid in full
+    }
+
+
+# --- appends (proxied calls) ----------------------------------------------------------------------
+@dataclass(slots=True)
+class AppendTarget:
+    """Where appended steps go. ``new``: the door minted the uid, so no row can exist yet."""
+
+    trajectory_uid: str
+    prompt_group_uid: str | None = None
+    policy_version: int | None = None
+    new: bool = False
+    channel: str = Channel.TRAIN
+
+
+Build = Callable[[Tail], list[StepIn]]
+
+
+def steps_append(
+    *, target: AppendTarget, count: int, build: Build, source_id: int | None = None
+) -> list[StepIn]:
+    """Append the ``count`` steps ``build(tail)`` returns at the end of the trajectory,
+    atomically.
+
+    ``tail`` is the trajectory's previous append (its steps' full sequences). The pipeline
+    numbers the steps (the next free indexes, uids ``<trajectory>:<index>``), stamps the
+    target's group and policy version (else the trajectory's), stores each as a delta
+    against the tail step it shares the longest prefix with, and returns them as written.
+    Creates the trajectory (and group, policy version) on first sight. Not idempotent: each
+    call takes new indexes. Raises Conflict when the trajectory has ended or belongs to
+    another group, InvalidInput when a step breaks a rule; nothing is written then.
+    """
+    if count < 1:
+        raise InvalidInput("nothing to append", field="choices")
+    if target.new and target.prompt_group_uid is None:
+        written = _append_fused(target, count, EMPTY, build, source_id)
+    elif not target.new and (hint := recent.latest(target.trajectory_uid)) is not None:
+        written = _append_fused(target, count, hint, build, source_id)
+    else:
+        written = None
+    return written if written is not None else _append_general(target, count, build, source_id)
+
+
+def _append_fused(
+    target: AppendTarget, count: int, tail: Tail, build: Build, source_id: int | None
+) -> list[StepIn] | None:
+    """The hot path: claim and insert in one statement (backends.Backend.append), trusting
+    the hint ``tail`` only as far as the claim proves it (step_count == tail.end). None when
+    the claim missed: nothing was written, the general path runs."""
+    if target.policy_version is not None and target.policy_version not in _known_versions:
+        return None
+    steps = _number(build(tail), count, target, tail.end, trajectory_version=None)
+    planned = choose_parents(steps, [pack(s) for s in steps], [tail.steps] * len(steps))
+    now = timezone.now()
+    rows = []
+    for p in planned:
+        parent = (p.parent.id, p.parent.full, p.parent.depth) if isinstance(p.parent, Stored) else None
+        row = step_row(p, trajectory_id=None, parent=parent, source_id=source_id)
+        row.created_at = row.updated_at = now
+        rows.append(row)
+    spec = TrajectorySpec(
+        uid=target.trajectory_uid, channel=target.channel, policy_version=target.policy_version
+    )
+    claim = FusedClaim(
+        uid=target.trajectory_uid,
+        expected=tail.end,
+        new=_trajectory_row(spec, None, source_id, n=count) if target.new else None,
+        group_uid=None if target.new else target.prompt_group_uid,
+    )
+    got = backends.backend().append(claim, rows)
+    if got is None:
+        return None
+    traj_id, group_id = got.trajectory_id, got.group_id
+    for row, s in zip(rows, steps, strict=True):
+        row.id, row.trajectory_id = got.ids[row.step_index], traj_id
+        row._state.adding = False
+        if row.policy_version_id is None:  # stamped by the statement: the trajectory's
+            row.policy_version_id = s.policy_version = got.policy_version_id
+    effects.apply(
+        StepsWritten(
+            steps=tuple(_written_step(r) for r in rows),
+            trajectories={traj_id: WrittenTrajectory(traj_id, target.trajectory_uid, group_id, target.new)},
+            source_id=source_id,
+            door="append",
+            counted=True,
+            tails={traj_id: tail.end},
+        )
+    )
+    _remember(target.trajectory_uid, tail.end, rows, planned)
+    return steps
+
+
+def _append_general(target: AppendTarget, n: int, build: Build, source_id: int | None) -> list[StepIn]:
+    """Claim under the row lock, read the tail (hint or database), plan, insert, effects."""
+    with transaction.atomic():
+        if target.policy_version is not None:
+            policy_versions_ensure({target.policy_version})
+            known = target.policy_version
+            transaction.on_commit(lambda: _known_versions.add(known))
+        row = None if target.new else backends.trajectory_claim(target.trajectory_uid, n)
+        groups = groups_ensure({target.prompt_group_uid} if target.prompt_group_uid else set())
+        if row is None:
+            trajectory_ensure(
+                specs=[
+                    TrajectorySpec(
+                        uid=target.trajectory_uid,
+                        group_uid=target.prompt_group_uid,
+                        channel=target.channel,
+                        policy_version=target.policy_version,
+                    )
+                ],
+                groups=groups,
+                source_id=source_id,
+            )
+            row = backends.trajectory_claim(target.trajectory_uid, n)
+        traj = TrajectoryRow(*row)
+        if traj.status != Trajectory.Status.RUNNING:
+            raise Conflict(
+                f"trajectory {target.trajectory_uid!r} is {traj.status}; it takes no new steps",
+                field="trajectory_uid",
+            )
+        if target.prompt_group_uid:
+            _bind_group(traj, groups[target.prompt_group_uid].id, "prompt_group_uid")
+        start = traj.step_count - n
+        tail = recent.get(target.trajectory_uid, start) or tail_load(traj.id, traj.tail_index, start)
+        steps = _number(build(tail), n, target, start, trajectory_version=traj.policy_version_id)
+        cands: list[Candidate] = list(tail.steps)
+        if start == 0 and traj.group_id is not None:
+            anchor = groups[target.prompt_group_uid].anchor_step_id if target.prompt_group_uid else None
+            if anchor is None:
+                anchor = PromptGroup.objects.filter(id=traj.group_id).values_list(
+                    "anchor_step_id", flat=True
+                )[0]
+            if anchor is not None:
+                cands.extend(_load_stored({anchor}, {}).values())
+        planned = choose_parents(steps, [pack(s) for s in steps], [cands] * n)
+        try:
+            with transaction.atomic():
+                rows = build_rows(
+                    planned,
+                    trajectory_id_of=lambda s: traj.id,
+                    source_id=source_id,
+                    insert=backends.backend().insert_steps,
+                )
+        except IntegrityError:
+            raise Conflict(
+                f"trajectory {target.trajectory_uid!r}: step uids {steps[0].uid!r}.. are taken by other steps",
+                field="trajectory_uid",
+            ) from None
+        traj_written = WrittenTrajectory(traj.id, traj.uid, traj.group_id, traj.created)
+        effects.apply(
+            StepsWritten(
+                steps=tuple(_written_step(r) for r in rows),
+                trajectories={traj.id: traj_written},
+                source_id=source_id,
+                door="append",
+                tails={traj.id: start},
+            )
+        )
+        _remember(target.trajectory_uid, start, rows, planned)
+    return steps
+
+
+def _number(
+    steps: list[StepIn], count: int, target: AppendTarget, start: int, *, trajectory_version: int | None
+) -> list[StepIn]:
+    """Indexes, uids, group and policy version of appended steps; the rules of a step."""
+    if len(steps) != count:
+        raise AssertionError(f"build returned {len(steps)} steps for an append of {count}")
+    for i, s in enumerate(steps):
+        s.step_index = start + i
+        s.uid = default_uid(target.trajectory_uid, s.step_index)
+        s.trajectory_uid = target.trajectory_uid
+        s.prompt_group_uid = target.prompt_group_uid
+        s.policy_version = target.policy_version if target.policy_version is not None else trajectory_version
+        rules.check_token_count(len(s.prompt_ids), len(s.response_ids), s.field_prefix)
+        rules.check_reward(s.reward, s.at("reward"))
+    return steps
+
+
+def _remember(trajectory_uid: str, start: int, rows: list[Step], planned: list[Planned]) -> None:
+    """After commit, this append is the trajectory's hint (claim.recent)."""
+    tail = Tail(
+        end=start + len(rows),
+        steps=[Stored(r.id, r.seq_depth, p.packed.full) for r, p in zip(rows, planned, strict=True)],
+    )
+    transaction.on_commit(lambda: recent.put(trajectory_uid, tail))
+
+
+# Policy versions known to exist (rows are never deleted while steps reference them), so the
+# fused path can stamp a version without a lookup; a wrong entry makes the insert fail and
+# the general path run.
+_known_versions: set[int] = set()
+
+
+# --- context: trajectories, groups, policy versions ---------------------------------------------------
+@dataclass(slots=True)
+class TrajectoryRow:
+    """The trajectory columns the pipeline needs (backends.TRAJ_COLS), no model instance."""
+
+    id: int
+    uid: str
+    group_id: int | None
+    status: str
+    step_count: int
+    tail_index: int
+    policy_version_id: int | None
+    created: bool = False  # inserted by this write
+
+
+@dataclass(slots=True)
+class TrajectorySpec:
+    """A trajectory as a write names it. ``field``: how errors name its group field."""
+
+    uid: str
+    group_uid: str | None = None
+    channel: str = Channel.TRAIN
+    policy_version: int | None = None
+    metadata: dict | None = None
+    field: str = "prompt_group_uid"
+
+
+def trajectory_ensure(
+    *,
+    specs: Sequence[TrajectorySpec],
+    source_id: int | None = None,
+    groups: dict[str, PromptGroup] | None = None,
+) -> dict[str, TrajectoryRow]:
+    """The trajectories ``specs`` name, inserted when missing (first spec of a uid wins).
+
+    Every write path creates trajectories here. A trajectory without a group adopts the
+    group of the first spec that names one; a spec naming another group raises Conflict.
+    The policy versions specs name must exist (policy_versions_ensure). Idempotent and
+    race-safe (INSERT ... ON CONFLICT DO NOTHING); call inside the writer's transaction."""
+    if groups is None:
+        groups = groups_ensure({s.group_uid for s in specs if s.group_uid})
+    first: dict[str, TrajectorySpec] = {}
+    for spec in specs:
+        rules.check_uid(spec.uid, "trajectory_uid")
+        first.setdefault(spec.uid, spec)
+    found = _trajectories_by_uid(first.keys())
+    missing = sorted(first.keys() - found.keys())
+    if missing:
+        rows = [
+            _trajectory_row(
+                first[u], groups[first[u].group_uid].id if first[u].group_uid else None, source_id
+            )
+            for u in missing
+        ]
+        found.update({r[1]: TrajectoryRow(*r, created=True) for r in backends.trajectories_insert(rows)})
+        late = [u for u in missing if u not in found]  # inserted concurrently by another writer
+        if late:
+            found.update(_trajectories_by_uid(late))
+    for spec in specs:
+        if spec.group_uid:
+            _bind_group(found[spec.uid], groups[spec.group_uid].id, spec.field)
+    return found
+
+
+def _bind_group(traj: TrajectoryRow, group_id: int, field: str) -> None:
+    """Adopt ``group_id`` when the trajectory has no group; Conflict when it has another."""
+    if traj.group_id is None:
+        Trajectory.objects.filter(id=traj.id, group__isnull=True).update(group_id=group_id)
+        traj.group_id = group_id
+    elif traj.group_id != group_id:
+        raise Conflict(f"trajectory {traj.uid!r} belongs to another prompt group", field=field)
+
+
+def _trajectories_by_uid(uids: Iterable[str]) -> dict[str, TrajectoryRow]:
+    return {
+        r[1]: TrajectoryRow(*r) for r in Trajectory.objects.filter(uid__in=list(uids)).values_list(*TRAJ_COLS)
+    }
+
+
+def _trajectory_row(
+    spec: TrajectorySpec, group_id: int | None, source_id: int | None, n: int = 0
+) -> Trajectory:
+    """A new trajectory's row (``n``: steps it is created with, by a fused append)."""
+    now = timezone.now()
+    return backends.new_instance(
+        Trajectory,
+        dict(
+            uid=spec.uid,
+            group_id=group_id,
+            source_id=source_id,
+            channel=spec.channel,
+            status=Trajectory.Status.RUNNING,
+            step_count=n,
+            tail_index=0,
+            policy_version_id=spec.policy_version,
+            metadata=spec.metadata or {},
+            created_at=now,
+            updated_at=now,
+        ),
+    )  # type: ignore[return-value]
+
+
+def groups_ensure(uids: set[str]) -> dict[str, PromptGroup]:
+    """The prompt groups named, created when missing. Idempotent, race-safe."""
+    if not uids:
+        return {}
+    for u in uids:
+        rules.check_uid(u, "prompt_group_uid")
+    found = {g.uid: g for g in PromptGroup.objects.filter(uid__in=uids)}
+    missing = uids - found.keys()
+    if missing:
+        PromptGroup.objects.bulk_create([PromptGroup(uid=u) for u in sorted(missing)], ignore_conflicts=True)
+        found.update({g.uid: g for g in PromptGroup.objects.filter(uid__in=missing)})
+    return found
+
+
+def policy_versions_ensure(versions: set[int]) -> None:
+    """The policy version rows named, created when missing. Idempotent, race-safe."""
+    if not versions:
+        return
+    known = set(PolicyVersion.objects.filter(version__in=versions).values_list("version", flat=True))
+    if versions - known:
+        PolicyVersion.objects.bulk_create(
+            [PolicyVersion(version=v) for v in versions - known], ignore_conflicts=True
+        )
+
+
+# --- effects' record ------------------------------------------------------------------------------
+def _written_step(r: Step) -> WrittenStep:
+    return WrittenStep(
+        id=r.id,
+        uid=r.uid,
+        trajectory_id=r.trajectory_id,
+        step_index=r.step_index,
+        is_last=r.is_last,
+        reward_final=r.reward_status == Step.RewardStatus.FINAL,
+        policy_version=r.policy_version_id,
+    )
+
+
+def _written(
+    rows: list[Step], trajs: Iterable[TrajectoryRow], *, source_id: int | None, door: str
+) -> StepsWritten:
+    return StepsWritten(
+        steps=tuple(_written_step(r) for r in rows),
+        trajectories={t.id: WrittenTrajectory(t.id, t.uid, t.group_id, t.created) for t in trajs},
+        source_id=source_id,
+        door=door,
+    )

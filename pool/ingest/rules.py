@@ -1,0 +1,134 @@
+"""The rules a step write must satisfy, in one place.
+
+Every door (white-box JSON and MessagePack, Claw-R1's submit_steps, proxied calls, the
+trajectory and reward endpoints) checks its input with these functions, so a limit or a
+value set is stated once. Each raises ``InvalidInput`` naming the offending field, before
+anything is written.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from django.conf import settings
+
+from ..errors import InvalidInput
+from ..models import Channel
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+# Trajectory and group uids (CharField(128)); step uids may be longer (CharField(160)) so
+# that the default "<trajectory_uid>:<step_index>" always fits.
+MAX_UID_LEN = 128
+MAX_STEP_UID_LEN = 160
+MAX_FINISH_REASON_LEN = 32
+CHANNELS: tuple[str, ...] = tuple(Channel.values)
+
+
+def max_tokens_per_step() -> int:
+    """prompt + response ids of one step (CLAW_MAX_TOKENS_PER_STEP). Never truncated."""
+    return settings.CLAW_MAX_TOKENS_PER_STEP
+
+
+def max_steps_per_batch() -> int:
+    return settings.CLAW_MAX_STEPS_PER_BATCH
+
+
+def check_token_count(n_prompt: int, n_response: int, field: str) -> None:
+    """A step holds at least one prompt id and at most max_tokens_per_step() ids."""
+    if n_prompt == 0:
+        raise InvalidInput(
+            "prompt_ids must not be empty", field=f"{field}.prompt_ids" if field else "prompt_ids"
+        )
+    limit = max_tokens_per_step()
+    if n_prompt + n_response > limit:
+        name = "response_ids" if n_response > limit else "prompt_ids"
+        raise InvalidInput(
+            f"prompt_ids + response_ids hold {n_prompt + n_response} tokens; the limit is {limit}",
+            field=f"{field}.{name}" if field else name,
+        )
+
+
+def check_batch_size(n: int, field: str = "steps") -> None:
+    limit = max_steps_per_batch()
+    if n > limit:
+        raise InvalidInput(f"a batch holds at most {limit} steps; got {n}", field=field)
+
+
+def check_reward(value: float | None, field: str) -> None:
+    """A reward is a finite number (or absent)."""
+    if value is not None and (isinstance(value, bool) or not math.isfinite(value)):
+        raise InvalidInput("reward must be a finite number", field=field)
+
+
+def check_uid(value: Any, field: str, *, max_len: int = MAX_UID_LEN) -> str:
+    """A uid is a non-blank string of at most ``max_len`` characters without NUL."""
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInput(f"{field} must be a non-empty string", field=field)
+    if len(value) > max_len:
+        raise InvalidInput(f"{field} must be at most {max_len} characters; got {len(value)}", field=field)
+    if "\x00" in value:
+        raise InvalidInput(f"{field} must not contain NUL characters", field=field)
+    return value
+
+
+def check_channel(value: Any, field: str = "channel") -> str:
+    if value not in CHANNELS:
+        raise InvalidInput(f"channel must be one of {list(CHANNELS)}; got {value!r}", field=field)
+    return value
+
+
+def check_policy_version(value: Any, field: str = "policy_version") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= INT64_MAX:
+        raise InvalidInput(f"{field} must be a non-negative 64-bit integer", field=field)
+    return value
+
+
+def check_text(value: str | None, field: str) -> None:
+    """Text columns: PostgreSQL cannot store NUL characters."""
+    if value is not None and "\x00" in value:
+        raise InvalidInput("must not contain NUL characters", field=field)
+
+
+def check_json(value: Any, field: str) -> None:
+    found = json_problem(value, field)
+    if found:
+        raise InvalidInput(found[1], field=found[0])
+
+
+def json_problem(value: Any, path: str = "") -> tuple[str, str] | None:
+    """The first value a JSON column cannot store or the renderer cannot write back, as
+    (path inside ``value``, reason), or None: the one rule for every JSON field (step
+    metadata and messages, payloads and metadata of the other endpoints).
+
+    The parser accepts NaN/Infinity (so validators can name the field); PostgreSQL's jsonb
+    rejects them and NUL characters; jsonb returns an integral float as an integer, and
+    orjson renders integers only within 64 bits."""
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        v, at = stack.pop()
+        if isinstance(v, dict):
+            items = []
+            for k, item in v.items():
+                sub = f"{at}.{k}" if at else str(k)
+                if "\x00" in str(k):
+                    return (sub, "keys must not contain NUL characters")
+                items.append((item, sub))
+            stack.extend(reversed(items))
+        elif isinstance(v, list):
+            stack.extend(reversed([(item, f"{at}[{i}]") for i, item in enumerate(v)]))
+        elif isinstance(v, str):
+            if "\x00" in v:
+                return (at, "must not contain NUL characters")
+        elif isinstance(v, bool) or v is None:
+            continue
+        elif isinstance(v, int):
+            if not -INT64_MAX - 1 <= v <= INT64_MAX:
+                return (at, "integers must fit in 64 bits")
+        elif isinstance(v, float):
+            if not math.isfinite(v):
+                return (at, "must be a finite number")
+            if abs(v) >= 2.0**63 and v == int(v):
+                return (at, "integral numbers must lie within 64 bits to be stored exactly")
+    return None
