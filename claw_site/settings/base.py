@@ -119,7 +119,6 @@ else:
             },
         }
     }
-IS_POSTGRES = DATABASES["default"]["ENGINE"].endswith("postgresql")
 
 # --- Cache, tasks and channel layer -------------------------------------------------------------
 REDIS_URL = os.environ.get("REDIS_URL", "")
@@ -228,7 +227,7 @@ LOGGING = {
     # Per-request client logs (the demo agents, upstream forwarding) drown the useful lines.
     "loggers": {
         name: {"level": "WARNING"}
-        for name in ("httpx", "httpx2", "httpcore", "openai", "celery.app.trace", "kombu.connection")
+        for name in ("httpx", "httpcore", "openai", "celery.app.trace", "kombu.connection")
     },
 }
 

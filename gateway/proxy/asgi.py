@@ -33,11 +33,26 @@ GATEWAY_PREFIXES = ("/v1/", "/t/", "/compat/claw-r1/")
 ROUTES = "gateway.proxy.routes"  # the gateway's routes only (same paths as in claw_site/urls.py)
 
 
+# Django has no public way to build a handler without settings.MIDDLEWARE, so
+# GatewayASGIHandler overrides load_middleware and sets the private attributes Django's own
+# load_middleware sets (BaseHandler: _view_middleware, _template_response_middleware,
+# _exception_middleware, _middleware_chain around _get_response_async). The alternatives
+# cost what this handler exists to save (an empty MIDDLEWARE for the whole site, or a second
+# settings module and process). Checked here at import, so a Django upgrade that renames them
+# fails at startup rather than at the first request, and by tests/gateway/test_asgi.py, which
+# serves a request through this handler and fails if any middleware ran.
+_DJANGO_PRIVATE = ("_get_response_async", "_middleware_chain")
+_missing = [name for name in _DJANGO_PRIVATE if not hasattr(ASGIHandler, name)]
+if _missing:  # pragma: no cover - only on a Django that changed its handler internals
+    raise ImportError(f"GatewayASGIHandler relies on BaseHandler.{_missing}, gone in this Django version")
+
+
 class GatewayASGIHandler(ASGIHandler):
     """Django's ASGI handler without middleware, per-request thread context or signals
     (see the module docstring). Only for async views that need none of them."""
 
     def load_middleware(self, is_async: bool = False) -> None:
+        # See _DJANGO_PRIVATE above: the attributes BaseHandler.load_middleware sets.
         self._view_middleware: list[Any] = []
         self._template_response_middleware: list[Any] = []
         self._exception_middleware: list[Any] = []

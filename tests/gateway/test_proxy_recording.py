@@ -25,7 +25,7 @@ def _fresh_cache():
     recent.clear()
 
 
-def proxy_step_record(*, call: ProxiedCall):
+def record(*, call: ProxiedCall):
     return _record_call(call=call, source_id=None)
 
 
@@ -57,14 +57,14 @@ PROMPT = list(range(10, 40))  # 30 tokens: enough to be stored as a delta (MIN_S
 def test_drift_is_measured_against_the_previous_call(django_capture_on_commit_callbacks, cached):
     # given: a first call, remembered in the process cache or not
     with django_capture_on_commit_callbacks(execute=cached):
-        proxy_step_record(call=call("t", PROMPT, [1, 2, 3], new=True))
+        record(call=call("t", PROMPT, [1, 2, 3], new=True))
 
     # when: a second call that extends it and a third that rewrites position 5
     with django_capture_on_commit_callbacks(execute=cached):
-        ok = proxy_step_record(call=call("t", [*PROMPT, 1, 2, 3, 7, 7], [4]))
+        ok = record(call=call("t", [*PROMPT, 1, 2, 3, 7, 7], [4]))
     edited = [*PROMPT, 1, 2, 3, 7, 7, 4, 9]
     edited[5] = 0
-    bad = proxy_step_record(call=call("t", edited, [5]))
+    bad = record(call=call("t", edited, [5]))
 
     # then
     assert [(r.step_index, r.drift, r.drift_offset) for r in ok + bad] == [(1, False, None), (2, True, 5)]
@@ -75,11 +75,11 @@ def test_drift_is_measured_against_the_previous_call(django_capture_on_commit_ca
 
 def test_after_n_choices_the_next_call_may_extend_any_of_them():
     # given: a call with 3 choices (recorded, cache cleared: the pool is read)
-    proxy_step_record(call=call("n", PROMPT, [1], [2, 2], [3, 3, 3], new=True))
+    record(call=call("n", PROMPT, [1], [2, 2], [3, 3, 3], new=True))
     recent.clear()
 
     # when: the next call continues choice 2
-    [nxt] = proxy_step_record(call=call("n", [*PROMPT, 3, 3, 3, 8], [9]))
+    [nxt] = record(call=call("n", [*PROMPT, 3, 3, 3, 8], [9]))
 
     # then: indexes 0..2 are the choices, 3 the continuation, without drift
     assert [s.step_index for s in Step.objects.filter(trajectory__uid="n").order_by("step_index")] == [
@@ -95,7 +95,7 @@ def test_after_n_choices_the_next_call_may_extend_any_of_them():
 def test_a_stale_cache_entry_falls_back_to_the_general_path(django_capture_on_commit_callbacks):
     # given: a proxied call the process remembers, then a white-box step written around it
     with django_capture_on_commit_callbacks(execute=True):
-        proxy_step_record(call=call("mixed", PROMPT, [1], new=True))
+        record(call=call("mixed", PROMPT, [1], new=True))
     steps_ingest(
         steps=[
             StepIn(
@@ -109,7 +109,7 @@ def test_a_stale_cache_entry_falls_back_to_the_general_path(django_capture_on_co
     )
 
     # when: the next proxied call (the cache still believes index 1 is next)
-    [rec] = proxy_step_record(call=call("mixed", [*PROMPT, 1, 6, 2, 5], [3]))
+    [rec] = record(call=call("mixed", [*PROMPT, 1, 6, 2, 5], [3]))
 
     # then: it takes index 2 and is checked against the white-box step
     assert (rec.step_index, rec.drift) == (2, False)
@@ -120,9 +120,9 @@ def test_a_stale_cache_entry_falls_back_to_the_general_path(django_capture_on_co
 def test_the_fast_path_stores_deltas_exactly_like_steps_ingest(django_capture_on_commit_callbacks):
     # given: two turns through the proxy, the second through the cached fast path
     with django_capture_on_commit_callbacks(execute=True):
-        proxy_step_record(call=call("delta", PROMPT, [1, 2], new=True))
+        record(call=call("delta", PROMPT, [1, 2], new=True))
     with django_capture_on_commit_callbacks(execute=True):
-        proxy_step_record(call=call("delta", [*PROMPT, 1, 2, 3], [4]))
+        record(call=call("delta", [*PROMPT, 1, 2, 3], [4]))
 
     # then: the second step is a delta on the first and reads back exactly
     s0, s1 = Step.objects.filter(trajectory__uid="delta").order_by("step_index")
@@ -133,8 +133,8 @@ def test_the_fast_path_stores_deltas_exactly_like_steps_ingest(django_capture_on
 
 def test_policy_version_and_group_are_stamped():
     # given / when: a call naming a group and a version, then one naming neither
-    proxy_step_record(call=call("pv", PROMPT, [1], prompt_group_uid="g", policy_version=4))
-    proxy_step_record(call=call("pv", [*PROMPT, 1], [2]))
+    record(call=call("pv", PROMPT, [1], prompt_group_uid="g", policy_version=4))
+    record(call=call("pv", [*PROMPT, 1], [2]))
 
     # then: both steps carry the version; the trajectory is in the group
     assert list(Step.objects.filter(trajectory__uid="pv").values_list("policy_version_id", flat=True)) == [
@@ -143,16 +143,16 @@ def test_policy_version_and_group_are_stamped():
     ]
     assert Trajectory.objects.get(uid="pv").group.uid == "g"
     with pytest.raises(Conflict):
-        proxy_step_record(call=call("pv", PROMPT, [1], prompt_group_uid="other"))
+        record(call=call("pv", PROMPT, [1], prompt_group_uid="other"))
 
 
 def test_an_ended_trajectory_takes_no_more_calls(django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=True):
-        proxy_step_record(call=call("ended", PROMPT, [1], new=True))
+        record(call=call("ended", PROMPT, [1], new=True))
     trajectory_complete(uid="ended", reward=1.0, reward_last_step=True)
 
     with pytest.raises(Conflict):
-        proxy_step_record(call=call("ended", [*PROMPT, 1], [2]))
+        record(call=call("ended", [*PROMPT, 1], [2]))
     last = Step.objects.get(uid="ended:0")
     assert (last.is_last, last.reward) == (True, 1.0)
 
@@ -160,5 +160,5 @@ def test_an_ended_trajectory_takes_no_more_calls(django_capture_on_commit_callba
 def test_oversized_calls_are_refused_not_truncated(settings):
     settings.CLAW_MAX_TOKENS_PER_STEP = 31
     with pytest.raises(InvalidInput):
-        proxy_step_record(call=call("big", PROMPT, [1, 2]))
+        record(call=call("big", PROMPT, [1, 2]))
     assert not Trajectory.objects.filter(uid="big").exists()
