@@ -16,7 +16,8 @@ from .models import Event, Feedback, MergeResult, PolicyVersion, PromptGroup, St
 def steps_render(steps: Sequence[Step]) -> list[dict[str, Any]]:
     """The API representation of steps, token ids rebuilt exactly (one query for all chains).
 
-    Field names are those of the write API, so a read returns what was written. Arrays are
+    Field names and order are the step contract's (pool.ingest.contract.READ_FIELDS): the
+    write fields, then what the pool sets, so a read returns what was written. Arrays are
     numpy (the JSON renderer serialises them natively, without a Python list per token).
     """
     full = tokens.load_sequences(s.id for s in steps)
@@ -25,20 +26,19 @@ def steps_render(steps: Sequence[Step]) -> list[dict[str, Any]]:
         ids = tokens.bytes_to_ids(full[s.id])
         traj = s.trajectory
         out.append(
-            {
-                "uid": s.uid,
+            {  # contract.READ_FIELDS, in order (tests/pool/test_ingest_contract.py)
                 "trajectory_uid": traj.uid,
                 "prompt_group_uid": traj.group.uid if traj.group_id else None,
                 "step_index": s.step_index,
                 "prompt_ids": ids[: s.prompt_len],
                 "response_ids": ids[s.prompt_len :],
+                "uid": s.uid,
                 "rollout_logprobs": (
                     np.frombuffer(bytes(s.rollout_logprobs), dtype=tokens.LOGPROB_DTYPE)
                     if s.rollout_logprobs is not None
                     else None
                 ),
                 "reward": s.reward,
-                "reward_status": s.reward_status,
                 "reward_source": s.reward_source,
                 "policy_version": s.policy_version_id,
                 "is_last": s.is_last,
@@ -46,6 +46,7 @@ def steps_render(steps: Sequence[Step]) -> list[dict[str, Any]]:
                 "messages": s.messages,
                 "response_text": s.response_text,
                 "metadata": s.metadata,
+                "reward_status": s.reward_status,
                 "token_source": s.token_source,
                 "drift": s.drift,
                 "drift_offset": s.drift_offset,

@@ -179,24 +179,22 @@ def step_from_wire(w: Any, where: str) -> StepIn:
         rules.check_json(w.messages, f"{where}.messages")
     metadata = w.metadata if w.metadata is not None else {}
     rules.check_json(metadata, f"{where}.metadata")
+    # Every other wire field passes through as decoded (the struct is the contract).
+    passed = {name: getattr(w, name) for name in _PASSED_THROUGH}
     return StepIn(
+        **passed,
         uid=w.uid or "",
-        trajectory_uid=w.trajectory_uid,
-        prompt_group_uid=w.prompt_group_uid,
-        step_index=w.step_index,
         prompt_ids=prompt,
         response_ids=response,
         rollout_logprobs=logprobs,
-        reward=w.reward,
-        reward_source=w.reward_source,
-        policy_version=w.policy_version,
-        is_last=w.is_last,
-        finish_reason=w.finish_reason,
-        messages=w.messages,
-        response_text=w.response_text,
         metadata=metadata,
         field_prefix=where,
     )
+
+
+_PASSED_THROUGH = tuple(
+    f for f in STEP_FIELDS if f not in ("uid", "prompt_ids", "response_ids", "rollout_logprobs", "metadata")
+)
 
 
 def _ids(values: list[int] | bytes, where: str) -> np.ndarray:

@@ -67,6 +67,14 @@ def register(effect: Effect) -> Effect:
     return effect
 
 
+def any_registered() -> bool:
+    """Whether effects beyond the pool's own are registered. The pool's own never query
+    after a fused append (its statement already moved the counters; it writes no step 0 of
+    a group and no last step), so without registered effects that append needs no
+    transaction of its own."""
+    return bool(_registry)
+
+
 def unregister(effect: Effect) -> None:
     if effect in _registry:
         _registry.remove(effect)

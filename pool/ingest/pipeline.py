@@ -25,6 +25,7 @@ Stages:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
@@ -302,25 +303,30 @@ def _append_fused(
         new=_trajectory_row(spec, None, source_id, n=count) if target.new else None,
         group_uid=None if target.new else target.prompt_group_uid,
     )
-    got = backends.backend().append(claim, rows)
-    if got is None:
-        return None
-    traj_id, group_id = got.trajectory_id, got.group_id
-    for row, s in zip(rows, steps, strict=True):
-        row.id, row.trajectory_id = got.ids[row.step_index], traj_id
-        row._state.adding = False
-        if row.policy_version_id is None:  # stamped by the statement: the trajectory's
-            row.policy_version_id = s.policy_version = got.policy_version_id
-    effects.apply(
-        StepsWritten(
-            steps=tuple(_written_step(r) for r in rows),
-            trajectories={traj_id: WrittenTrajectory(traj_id, target.trajectory_uid, group_id, target.new)},
-            source_id=source_id,
-            door="append",
-            counted=True,
-            tails={traj_id: tail.end},
+    # One statement in autocommit when nothing follows it; inside a transaction when
+    # registered effects must commit or roll back with the steps.
+    with transaction.atomic() if effects.any_registered() else nullcontext():
+        got = backends.backend().append(claim, rows)
+        if got is None:
+            return None
+        traj_id, group_id = got.trajectory_id, got.group_id
+        for row, s in zip(rows, steps, strict=True):
+            row.id, row.trajectory_id = got.ids[row.step_index], traj_id
+            row._state.adding = False
+            if row.policy_version_id is None:  # stamped by the statement: the trajectory's
+                row.policy_version_id = s.policy_version = got.policy_version_id
+        effects.apply(
+            StepsWritten(
+                steps=tuple(_written_step(r) for r in rows),
+                trajectories={
+                    traj_id: WrittenTrajectory(traj_id, target.trajectory_uid, group_id, target.new)
+                },
+                source_id=source_id,
+                door="append",
+                counted=True,
+                tails={traj_id: tail.end},
+            )
         )
-    )
     _remember(target.trajectory_uid, tail.end, rows, planned)
     return steps
 

@@ -11,11 +11,6 @@ from ..models import PolicyVersion
 _SWITCH_LOCK = 0x436C6177_5056
 
 
-def policy_version_ensure(*, version: int) -> None:
-    """Create the version row if missing. Idempotent."""
-    PolicyVersion.objects.get_or_create(version=version)
-
-
 @transaction.atomic
 def policy_version_set(*, version: int, current: bool = True, metadata: dict | None = None) -> PolicyVersion:
     """Register a version and (by default) mark it current, unmarking the previous one.
