@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 from rest_framework import serializers
 
+from pool.ingest import rules
 from pool.ingest.contract import StepWire
 from pool.ingest.rules import INT32_MAX, INT64_MAX, json_problem
 from pool.models import Channel, Step, Trajectory
@@ -146,9 +147,9 @@ class StepIngestResultSerializer(serializers.Serializer):
 
 # --- trajectories, groups -------------------------------------------------------------------
 class TrajectoryCreateSerializer(StrictSerializer):
-    uid = serializers.CharField(max_length=128, required=False)
-    prompt_group_uid = serializers.CharField(max_length=128, required=False, allow_null=True)
-    channel = serializers.ChoiceField(choices=Channel.choices, default=Channel.TRAIN)
+    uid = serializers.CharField(max_length=rules.MAX_UID_LEN, required=False)
+    prompt_group_uid = serializers.CharField(max_length=rules.MAX_UID_LEN, required=False, allow_null=True)
+    channel = serializers.ChoiceField(choices=rules.CHANNELS, default=Channel.TRAIN)
     policy_version = StrictIntegerField(min_value=0, max_value=INT64_MAX, required=False, allow_null=True)
     metadata = SafeDictField(required=False)
 
@@ -178,7 +179,7 @@ class TrajectoryCompleteSerializer(StrictSerializer):
 
 
 class GroupUpsertSerializer(StrictSerializer):
-    uid = serializers.CharField(max_length=128)
+    uid = serializers.CharField(max_length=rules.MAX_UID_LEN)
     expected_rollouts = StrictIntegerField(min_value=1, max_value=INT32_MAX, required=False, allow_null=True)
     dataset = serializers.CharField(max_length=128, required=False, allow_blank=True)
     ground_truth = SafeJSONField(required=False, allow_null=True)
@@ -198,8 +199,8 @@ class GroupSerializer(serializers.Serializer):
 
 # --- rewards, events, feedback, policy --------------------------------------------------------
 class RewardSerializer(StrictSerializer):
-    step_uid = serializers.CharField(required=False, max_length=160)
-    trajectory_uid = serializers.CharField(required=False, max_length=128)
+    step_uid = serializers.CharField(required=False, max_length=rules.MAX_STEP_UID_LEN)
+    trajectory_uid = serializers.CharField(required=False, max_length=rules.MAX_UID_LEN)
     reward = FiniteFloatField()
     source = serializers.ChoiceField(choices=Step.RewardSource.choices, default=Step.RewardSource.ENV)
     final = StrictBooleanField(default=True)
@@ -220,8 +221,8 @@ class RewardBatchSerializer(StrictSerializer):
 class EventSerializer(StrictSerializer):
     type = serializers.CharField(max_length=64)
     payload = SafeDictField(required=False)
-    trajectory_uid = serializers.CharField(required=False, max_length=128)
-    step_uid = serializers.CharField(required=False, max_length=160)
+    trajectory_uid = serializers.CharField(required=False, max_length=rules.MAX_UID_LEN)
+    step_uid = serializers.CharField(required=False, max_length=rules.MAX_STEP_UID_LEN)
     occurred_at = serializers.DateTimeField(required=False)
 
 
@@ -230,8 +231,8 @@ class EventBatchSerializer(StrictSerializer):
 
 
 class FeedbackSerializer(StrictSerializer):
-    step_uid = serializers.CharField(required=False, max_length=160)
-    trajectory_uid = serializers.CharField(required=False, max_length=128)
+    step_uid = serializers.CharField(required=False, max_length=rules.MAX_STEP_UID_LEN)
+    trajectory_uid = serializers.CharField(required=False, max_length=rules.MAX_UID_LEN)
     rating = FiniteFloatField(required=False, allow_null=True)
     label = serializers.CharField(required=False, allow_blank=True, max_length=64)
     correction = serializers.CharField(required=False, allow_blank=True)

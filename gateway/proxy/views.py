@@ -32,6 +32,7 @@ from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from pool.errors import PoolError
+from pool.ingest import rules
 from pool.services import gateway_event_record
 from pool.services.api_keys import VerifiedKey
 
@@ -46,7 +47,7 @@ from .stream import StreamAccumulator, sse_data
 log = logging.getLogger(__name__)
 
 TRAJECTORY_HEADER = "X-Claw-Trajectory"
-MAX_UID_LEN = 128
+MAX_UID_LEN = rules.MAX_UID_LEN
 _PATHS = {CHAT: "/v1/chat/completions", COMPLETIONS: "/v1/completions"}
 # Upstreams (by CLAW_UPSTREAM_URL) that rejected ``return_token_ids`` as an unknown field
 # (e.g. OpenAI's own API): later calls go without it and fall back to CLAW_TOKENIZER.

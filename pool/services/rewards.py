@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from django.db import transaction
 from django.utils import timezone
 
 from ..errors import InvalidInput, NotFound
+from ..ingest import rules
 from ..models import RewardEvent, Step, Trajectory
 
 
@@ -29,8 +29,7 @@ def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> l
     Re-applying the same reward with the same status writes nothing (idempotent)."""
     for r in rewards:
         p = r.field_prefix
-        if not math.isfinite(r.reward):
-            raise InvalidInput("reward must be a finite number", field=f"{p}reward")
+        rules.check_reward(r.reward, f"{p}reward")
         if (r.step_uid is None) == (r.trajectory_uid is None):
             raise InvalidInput("give exactly one of step_uid or trajectory_uid", field=f"{p}step_uid")
         if r.source not in Step.RewardSource.values:
