@@ -46,8 +46,9 @@ class FastTransport(httpx.AsyncBaseTransport):
         head = _request_head(request)
         body = request.content
         for attempt in (0, 1):
-            conn, reused = await self._acquire(key, timeouts.get("connect"), request)
-            conn.begin()
+            # The retry takes a new connection: the other idle ones may be just as stale.
+            conn, reused = await self._acquire(key, timeouts.get("connect"), request, fresh=attempt == 1)
+            conn.begin(head_only=request.method == "HEAD")
             conn.transport.write(head + body if len(body) < 65536 else head)
             if len(body) >= 65536:
                 conn.transport.write(body)
@@ -78,9 +79,9 @@ class FastTransport(httpx.AsyncBaseTransport):
 
     # --- pool ---------------------------------------------------------------------------------------
     async def _acquire(
-        self, key: tuple[str, str, int], timeout: float | None, request: httpx.Request
+        self, key: tuple[str, str, int], timeout: float | None, request: httpx.Request, *, fresh: bool
     ) -> tuple[_Conn, bool]:
-        idle = self._idle.get(key)
+        idle = None if fresh else self._idle.get(key)
         while idle:
             conn = idle.pop()
             if conn.usable():
@@ -165,10 +166,19 @@ class _Conn(asyncio.Protocol):
         self.keep_alive = False
         self.exc: Exception | None = None
         self._waiter: asyncio.Future | None = None
+        self._parser_spent = False
         self.begin()
 
-    def begin(self) -> None:
-        """Reset the per-response state before a request is written."""
+    def begin(self, *, head_only: bool = False) -> None:
+        """Reset the per-response state before a request is written; ``head_only`` for a HEAD
+        request, whose answer has headers only (its Content-Length describes a body not sent)."""
+        if self._parser_spent:
+            # httptools cannot be told that a HEAD answer has no body: it still waits for the
+            # announced bytes, so the next answer gets a parser of its own.
+            self.parser = httptools.HttpResponseParser(self)
+            self._parser_spent = False
+        self.head_only = head_only
+        self.informational = False
         self.status: int | None = None
         self.headers: list[tuple[bytes, bytes]] = []
         self.chunks: deque[bytes] = deque()
@@ -218,11 +228,23 @@ class _Conn(asyncio.Protocol):
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
+        status = self.parser.get_status_code()
+        if 100 <= status < 200 and status != 101:
+            # An interim answer (100 Continue, 103 Early Hints): the final one follows.
+            self.headers = []
+            self.informational = True
+            return
+        self.status = status
         self.head_done = True
+        if self.head_only:
+            self.complete = True
+            self.keep_alive = self.parser.should_keep_alive()
+            self._parser_spent = True
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        if self.head_only:
+            return
         self.chunks.append(body)
         self.buffered += len(body)
         if self.buffered > _HIGH_WATER and not self.paused and self.transport is not None:
@@ -231,6 +253,9 @@ class _Conn(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if self.informational:
+            self.informational = False
+            return
         self.complete = True
         self.keep_alive = self.parser.should_keep_alive()
         self._wake()
