@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 VAR_DIR = Path(os.environ.get("CLAW_VAR_DIR", BASE_DIR / "var"))
@@ -210,6 +211,13 @@ CLAW_API_KEY_CACHE_SECONDS = env_float("CLAW_API_KEY_CACHE_SECONDS", 10.0)
 CLAW_UPSTREAM_URL = os.environ.get("CLAW_UPSTREAM_URL", "")
 CLAW_UPSTREAM_API_KEY = os.environ.get("CLAW_UPSTREAM_API_KEY", "")
 CLAW_UPSTREAM_TIMEOUT = env_float("CLAW_UPSTREAM_TIMEOUT", 600.0)
+# HTTP client transport to the upstream: "fast" (gateway/proxy/transport.py) or "httpx" (httpx's
+# own httpcore pool, kept selectable so bench.transport can measure one against the other).
+CLAW_UPSTREAM_TRANSPORT = os.environ.get("CLAW_UPSTREAM_TRANSPORT", "fast")
+if CLAW_UPSTREAM_TRANSPORT not in ("fast", "httpx"):
+    raise ImproperlyConfigured(
+        f"CLAW_UPSTREAM_TRANSPORT must be fast or httpx, not {CLAW_UPSTREAM_TRANSPORT!r}"
+    )
 CLAW_TOKENIZER = os.environ.get("CLAW_TOKENIZER", "")
 # Database threads per process for the async gateway (0 = 8 on PostgreSQL, 1 on SQLite).
 CLAW_PROXY_DB_THREADS = env_int("CLAW_PROXY_DB_THREADS", 0)
