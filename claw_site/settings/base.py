@@ -15,21 +15,38 @@ BASE_DIR = Path(__file__).resolve().parent.parent.parent
 VAR_DIR = Path(os.environ.get("CLAW_VAR_DIR", BASE_DIR / "var"))
 
 
+# Typed environment variables. Unset or empty means the default; anything else must parse,
+# or the process stops at start with the variable named (a typo never silently turns a switch
+# off). Hand-written rather than environs or django-environ: see the README ("Hand-written
+# infrastructure, and why").
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+
+
 def env_bool(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    if value is None or value == "":
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
         return default
-    return value.strip().lower() in {"1", "true", "yes", "on"}
+    if value in _TRUE or value in _FALSE:
+        return value in _TRUE
+    raise ImproperlyConfigured(
+        f"{name}={os.environ[name]!r} is not a boolean (1/0, true/false, yes/no, on/off)"
+    )
 
 
 def env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    return int(value) if value not in (None, "") else default
+    value = os.environ.get(name, "").strip()
+    try:
+        return int(value) if value else default
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not an integer") from None
 
 
 def env_float(name: str, default: float) -> float:
-    value = os.environ.get(name)
-    return float(value) if value not in (None, "") else default
+    value = os.environ.get(name, "").strip()
+    try:
+        return float(value) if value else default
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a number") from None
 
 
 # --- Core -----------------------------------------------------------------------------------
