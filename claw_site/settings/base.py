@@ -9,26 +9,44 @@ import os
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 VAR_DIR = Path(os.environ.get("CLAW_VAR_DIR", BASE_DIR / "var"))
 
 
+# Typed environment variables. Unset or empty means the default; anything else must parse,
+# or the process stops at start with the variable named (a typo never silently turns a switch
+# off). Hand-written rather than environs or django-environ: see the README ("Hand-written
+# infrastructure, and why").
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+
+
 def env_bool(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    if value is None or value == "":
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
         return default
-    return value.strip().lower() in {"1", "true", "yes", "on"}
+    if value in _TRUE or value in _FALSE:
+        return value in _TRUE
+    raise ImproperlyConfigured(
+        f"{name}={os.environ[name]!r} is not a boolean (1/0, true/false, yes/no, on/off)"
+    )
 
 
 def env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    return int(value) if value not in (None, "") else default
+    value = os.environ.get(name, "").strip()
+    try:
+        return int(value) if value else default
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not an integer") from None
 
 
 def env_float(name: str, default: float) -> float:
-    value = os.environ.get(name)
-    return float(value) if value not in (None, "") else default
+    value = os.environ.get(name, "").strip()
+    try:
+        return float(value) if value else default
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a number") from None
 
 
 # --- Core -----------------------------------------------------------------------------------
@@ -209,6 +227,13 @@ CLAW_API_KEY_CACHE_SECONDS = env_float("CLAW_API_KEY_CACHE_SECONDS", 10.0)
 CLAW_UPSTREAM_URL = os.environ.get("CLAW_UPSTREAM_URL", "")
 CLAW_UPSTREAM_API_KEY = os.environ.get("CLAW_UPSTREAM_API_KEY", "")
 CLAW_UPSTREAM_TIMEOUT = env_float("CLAW_UPSTREAM_TIMEOUT", 600.0)
+# HTTP client transport to the upstream: "fast" (gateway/proxy/transport.py) or "httpx" (httpx's
+# own httpcore pool, kept selectable so bench.transport can measure one against the other).
+CLAW_UPSTREAM_TRANSPORT = os.environ.get("CLAW_UPSTREAM_TRANSPORT", "fast")
+if CLAW_UPSTREAM_TRANSPORT not in ("fast", "httpx"):
+    raise ImproperlyConfigured(
+        f"CLAW_UPSTREAM_TRANSPORT must be fast or httpx, not {CLAW_UPSTREAM_TRANSPORT!r}"
+    )
 CLAW_TOKENIZER = os.environ.get("CLAW_TOKENIZER", "")
 # Database threads per process for the async gateway (0 = 8 on PostgreSQL, 1 on SQLite).
 CLAW_PROXY_DB_THREADS = env_int("CLAW_PROXY_DB_THREADS", 0)

@@ -1,17 +1,21 @@
 """A fast HTTP/1.1 transport for httpx: keep-alive connections on asyncio protocols,
 responses parsed by httptools (the C parser uvicorn uses).
 
-Why: profiling the gateway (py-spy, bench.proxy) showed httpx's default transport
-(httpcore + h11 + anyio) holding the GIL for ~60% of a proxied call, ~2.5 ms of CPU per
-request on the 2-core bench machine; this transport does the same work in ~0.1 ms. It plugs
-into httpx's public transport interface, so requests, responses, streaming and exceptions
-are httpx's own (ConnectError, ConnectTimeout, ReadTimeout, RemoteProtocolError...).
+Why: bench.transport runs two gateways side by side that differ only in this transport vs
+httpx's default one (httpcore + h11 + anyio): on the 2.4k-token chat with a zero-latency
+upstream, gateway CPU per proxied call was 1.22 vs 2.58 ms (ratio 0.47) and c=32 throughput
+1.76x (README, "Hand-written infrastructure, and why"). It plugs into httpx's public
+transport interface, so requests, responses, streaming and exceptions are httpx's own
+(ConnectError, ConnectTimeout, ReadTimeout, RemoteProtocolError...), and
+CLAW_UPSTREAM_TRANSPORT=httpx swaps it out.
 
 Scope: what an OpenAI-compatible upstream needs. HTTP/1.1 only, one request at a time per
 connection, bodies given as bytes, responses with Content-Length, chunked encoding or
-(tolerated) connection close. A request on a reused keep-alive connection that the server
-closed before sending anything is retried once on a fresh connection (the server never saw
-it). Bound to the event loop that created it: make one per loop.
+(tolerated) connection close; HEAD answers and 1xx interim answers are handled. A body cut
+short raises RemoteProtocolError and its connection is never reused. A request on a reused
+keep-alive connection that the server closed before sending anything is retried once on a
+new connection (the server never answered it). Bound to the event loop that created it:
+make one per loop.
 """
 
 from __future__ import annotations
@@ -46,8 +50,9 @@ class FastTransport(httpx.AsyncBaseTransport):
         head = _request_head(request)
         body = request.content
         for attempt in (0, 1):
-            conn, reused = await self._acquire(key, timeouts.get("connect"), request)
-            conn.begin()
+            # The retry takes a new connection: the other idle ones may be just as stale.
+            conn, reused = await self._acquire(key, timeouts.get("connect"), request, fresh=attempt == 1)
+            conn.begin(head_only=request.method == "HEAD")
             conn.transport.write(head + body if len(body) < 65536 else head)
             if len(body) >= 65536:
                 conn.transport.write(body)
@@ -78,9 +83,9 @@ class FastTransport(httpx.AsyncBaseTransport):
 
     # --- pool ---------------------------------------------------------------------------------------
     async def _acquire(
-        self, key: tuple[str, str, int], timeout: float | None, request: httpx.Request
+        self, key: tuple[str, str, int], timeout: float | None, request: httpx.Request, *, fresh: bool
     ) -> tuple[_Conn, bool]:
-        idle = self._idle.get(key)
+        idle = None if fresh else self._idle.get(key)
         while idle:
             conn = idle.pop()
             if conn.usable():
@@ -165,10 +170,19 @@ class _Conn(asyncio.Protocol):
         self.keep_alive = False
         self.exc: Exception | None = None
         self._waiter: asyncio.Future | None = None
+        self._parser_spent = False
         self.begin()
 
-    def begin(self) -> None:
-        """Reset the per-response state before a request is written."""
+    def begin(self, *, head_only: bool = False) -> None:
+        """Reset the per-response state before a request is written; ``head_only`` for a HEAD
+        request, whose answer has headers only (its Content-Length describes a body not sent)."""
+        if self._parser_spent:
+            # httptools cannot be told that a HEAD answer has no body: it still waits for the
+            # announced bytes, so the next answer gets a parser of its own.
+            self.parser = httptools.HttpResponseParser(self)
+            self._parser_spent = False
+        self.head_only = head_only
+        self.informational = False
         self.status: int | None = None
         self.headers: list[tuple[bytes, bytes]] = []
         self.chunks: deque[bytes] = deque()
@@ -218,11 +232,23 @@ class _Conn(asyncio.Protocol):
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
+        status = self.parser.get_status_code()
+        if 100 <= status < 200 and status != 101:
+            # An interim answer (100 Continue, 103 Early Hints): the final one follows.
+            self.headers = []
+            self.informational = True
+            return
+        self.status = status
         self.head_done = True
+        if self.head_only:
+            self.complete = True
+            self.keep_alive = self.parser.should_keep_alive()
+            self._parser_spent = True
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        if self.head_only:
+            return
         self.chunks.append(body)
         self.buffered += len(body)
         if self.buffered > _HIGH_WATER and not self.paused and self.transport is not None:
@@ -231,6 +257,9 @@ class _Conn(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if self.informational:
+            self.informational = False
+            return
         self.complete = True
         self.keep_alive = self.parser.should_keep_alive()
         self._wake()

@@ -1,8 +1,9 @@
 """The upstream inference server (vLLM, SGLang, any OpenAI-compatible server).
 
-Requests are httpx requests sent through one FastTransport per event loop (its keep-alive
-pool belongs to the loop that made it; see transport.py for why not httpcore), with no limit
-on connections, so hundreds of calls stay in flight without a thread each. httpx's client
+Requests are httpx requests sent through one transport per event loop (its keep-alive pool
+belongs to the loop that made it), with no limit on connections, so hundreds of calls stay in
+flight without a thread each. The transport is FastTransport (transport.py; bench.transport
+measures why), or httpx's own with CLAW_UPSTREAM_TRANSPORT=httpx. httpx's client
 layer (cookies, auth flows, redirects) is skipped: a proxy wants none of it.
 
 Secrets: CLAW_UPSTREAM_API_KEY is sent to the upstream as its Bearer key and never logged,
@@ -45,7 +46,9 @@ _DROP_HEADERS = frozenset(
         "x-real-ip",
     }
 )
-_transports: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FastTransport] = weakref.WeakKeyDictionary()
+_transports: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncBaseTransport] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class UpstreamFault(Exception):
@@ -58,13 +61,21 @@ class UpstreamFault(Exception):
         self.message = message
 
 
-def transport() -> FastTransport:
-    """The shared transport of the running event loop (created on first use)."""
+def transport() -> httpx.AsyncBaseTransport:
+    """The shared transport of the running event loop (created on first use), of the kind
+    CLAW_UPSTREAM_TRANSPORT names."""
     loop = asyncio.get_running_loop()
     t = _transports.get(loop)
     if t is None:
-        t = _transports[loop] = FastTransport()
+        t = _transports[loop] = _new_transport(settings.CLAW_UPSTREAM_TRANSPORT)
     return t
+
+
+def _new_transport(kind: str) -> httpx.AsyncBaseTransport:
+    if kind == "httpx":
+        unlimited = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        return httpx.AsyncHTTPTransport(limits=unlimited)
+    return FastTransport()
 
 
 def url(path: str) -> str:
