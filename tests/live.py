@@ -23,10 +23,44 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def listening_socket() -> socket.socket:
+    """A TCP socket listening on 127.0.0.1, on a port the kernel picked (port 0).
+
+    A server process started by the tests inherits it (``pass_fds``, uvicorn ``--fd``) rather
+    than binding a port number picked earlier: between "this port is free" and the server's
+    bind, any other process (another test run, an outgoing connection) could take it."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(2048)  # uvicorn's own default backlog
+    return sock
+
+
+@contextmanager
+def refused_port() -> Iterator[int]:
+    """A port of 127.0.0.1 that refuses connections while the block runs: it is bound, so no
+    other process can listen there, but not listening, so Linux answers every SYN with RST."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
+def free_ports(n: int = 1) -> list[int]:
+    """``n`` distinct ports that were free a moment ago. Only for a server that can only be
+    given a port number (no inherited socket): it may find one taken, and its caller must
+    then start it again on new ports (see tests/gateway/test_demo_traffic.py)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """One port from free_ports() (same caveat)."""
+    return free_ports(1)[0]
 
 
 def stop_process(proc: subprocess.Popen, *, kill: bool = False, timeout: float = 20) -> None:
@@ -56,7 +90,9 @@ class LiveServer:
     ):
         self.app = app
         self.var_dir = var_dir
-        self.port = free_port()
+        # Held for the server's whole life, restarts included: the port can never be lost.
+        self._sock = listening_socket()
+        self.port: int = self._sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
         self._db_name: str | None = None
@@ -113,10 +149,8 @@ class LiveServer:
                 "-m",
                 "uvicorn",
                 self.app,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
+                "--fd",
+                str(self._sock.fileno()),
                 "--log-level",
                 "warning",
                 "--lifespan",
@@ -128,6 +162,7 @@ class LiveServer:
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
+            pass_fds=(self._sock.fileno(),),
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -152,6 +187,7 @@ class LiveServer:
 
     def close(self) -> None:
         self.stop()
+        self._sock.close()
         if self._db_name:
             _pg_admin(os.environ["DATABASE_URL"], f'DROP DATABASE IF EXISTS "{self._db_name}" WITH (FORCE)')
 

@@ -1,4 +1,5 @@
-"""Gateway fixtures: demo upstream processes (real HTTP servers answering like vLLM)."""
+"""Gateway fixtures: demo upstream processes (real HTTP servers answering like vLLM), with
+the test hooks of tests/gateway/upstream_harness.py."""
 
 from __future__ import annotations
 
@@ -11,21 +12,24 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.live import ROOT, free_port, stop_process
+from tests.live import ROOT, listening_socket, stop_process
 
 
 def start_upstream(*args: str) -> tuple[str, subprocess.Popen]:
-    """Start ``python -m gateway.demo.upstream`` on a free port with ``args``; return
-    ("http://127.0.0.1:PORT/v1", process) once GET /v1/models answers. The caller terminates it."""
-    port = free_port()
+    """Start the demo upstream (tests/gateway/upstream_harness.py) with ``args`` on a socket
+    listening on a free port; return ("http://127.0.0.1:PORT/v1", process) once GET /v1/models
+    answers. The caller terminates it."""
     # A file, not a pipe: a pipe nobody reads would block the server once its buffer fills.
     log = tempfile.TemporaryFile()  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.demo.upstream", "--port", str(port), *args],
-        cwd=ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    with listening_socket() as sock:  # the child keeps its own copy; the port dies with it
+        port = sock.getsockname()[1]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.gateway.upstream_harness", "--fd", str(sock.fileno()), *args],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            pass_fds=(sock.fileno(),),
+        )
     proc.stderr = log  # type: ignore[assignment] - kept so failures can show the output
     base = f"http://127.0.0.1:{port}/v1"
     deadline = time.monotonic() + 30

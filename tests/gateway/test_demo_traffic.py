@@ -11,28 +11,28 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
-from tests.live import ROOT, LiveServer, free_port
+from tests.live import ROOT, LiveServer, free_ports
 
-pytestmark = [
-    pytest.mark.live,
-    pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc for child pids"),
-]
+pytestmark = pytest.mark.live
 
 DEADLINE_S = 45
+# serve binds the port numbers it is given itself, so they are picked free beforehand and may
+# be taken by another process before it binds them; it is then started again on new ports.
+PORT_ATTEMPTS = 5
+PORT_TAKEN = "address already in use"  # uvicorn's words, from serve or from its demo upstream
 
 
 @pytest.fixture
 def demo_server(tmp_path: Path) -> Iterator[LiveServer]:
     """A migrated database and the environment of `make run` in demo mode, fast-paced."""
-    server = LiveServer(
-        tmp_path, {"CLAW_DEMO": "1", "CLAW_DEMO_PACE_S": "0.05", "CLAW_DEMO_UPSTREAM_PORT": str(free_port())}
-    )
-    server.env["PORT"] = str(server.port)
+    server = LiveServer(tmp_path, {"CLAW_DEMO": "1", "CLAW_DEMO_PACE_S": "0.05"})
     server.env.pop("CLAW_UPSTREAM_URL", None)
     server.manage("migrate", "--noinput", "-v", "0")
     try:
@@ -41,20 +41,64 @@ def demo_server(tmp_path: Path) -> Iterator[LiveServer]:
         server.close()
 
 
-def start_serve(server: LiveServer, log: Path) -> subprocess.Popen:
+@dataclass
+class Serve:
+    """A running `manage.py serve`: its process, its URL, its demo upstream's base URL, and
+    its log from the point this run of it started."""
+
+    proc: psutil.Popen
+    url: str
+    upstream: str
+    log: Path
+    log_start: int
+
+    def output(self) -> str:
+        with open(self.log, "rb") as f:
+            f.seek(self.log_start)
+            return f.read().decode(errors="replace")
+
+
+def start_serve(server: LiveServer, log: Path) -> Serve:
+    """Start `manage.py serve` and return once it listens on its port, in demo mode its demo
+    upstream child on its own, and /healthz answers."""
+    for _ in range(PORT_ATTEMPTS):
+        serve = _serve_on_free_ports(server, log)
+        if serve is not None:
+            return serve
+    raise AssertionError(f"serve found a port taken {PORT_ATTEMPTS} times:\n{log.read_text()[-4000:]}")
+
+
+def _serve_on_free_ports(server: LiveServer, log: Path) -> Serve | None:
+    """One try of start_serve; None (and serve stopped) when one of its ports was taken."""
+    port, upstream_port = free_ports(2)
+    server.env.update(PORT=str(port), CLAW_DEMO_UPSTREAM_PORT=str(upstream_port))
+    log_start = log.stat().st_size if log.exists() else 0
     with open(log, "ab") as out:
-        proc = subprocess.Popen(
+        proc = psutil.Popen(
             [sys.executable, "manage.py", "serve"],
             cwd=ROOT,
             env=server.env,
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-    wait_for(lambda: _healthy(server.url), proc, log, "serve to answer /healthz")
-    return proc
+    serve = Serve(proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{upstream_port}/v1", log, log_start)
+    ports = {port, upstream_port} if server.env["CLAW_DEMO"] == "1" else {port}
+    # Its own ports are checked first: another server on a port taken from it may answer too.
+    ready = wait_for(
+        lambda: ports <= listening_ports(proc) and _healthy(serve.url),
+        serve,
+        "serve to listen and answer /healthz",
+        give_up=lambda: PORT_TAKEN in serve.output().lower(),
+    )
+    if ready:
+        return serve
+    stop_serve(proc, signal.SIGTERM)
+    return None
 
 
 def stop_serve(proc: subprocess.Popen, sig: int) -> int:
+    if proc.poll() is not None:
+        return proc.returncode
     proc.send_signal(sig)
     try:
         return proc.wait(timeout=30)
@@ -64,30 +108,55 @@ def stop_serve(proc: subprocess.Popen, sig: int) -> int:
         raise AssertionError("serve did not exit within 30 s of the signal") from None
 
 
-def wait_for(cond: Callable[[], bool], proc: subprocess.Popen, log: Path, what: str) -> None:
+def wait_for(
+    cond: Callable[[], bool], serve: Serve, what: str, *, give_up: Callable[[], bool] | None = None
+) -> bool:
+    """Poll ``cond`` until it holds (True) or ``give_up`` does (False); fail when serve exits
+    or DEADLINE_S passes first."""
     deadline = time.monotonic() + DEADLINE_S
     while time.monotonic() < deadline:
+        exited = serve.proc.poll() is not None
+        if give_up is not None and give_up():
+            return False
+        if exited:
+            raise AssertionError(f"serve exited while waiting for {what}:\n{serve.output()}")
         if cond():
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"serve exited while waiting for {what}:\n{log.read_text()}")
+            return True
         time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()[-4000:]}")
+    raise AssertionError(f"timed out waiting for {what}:\n{serve.output()[-4000:]}")
 
 
-def children_of(pid: int) -> set[int]:
-    out: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        out |= {int(c) for c in (task / "children").read_text().split()}
-    return out
-
-
-def alive(pid: int) -> bool:
+def listening_ports(proc: psutil.Process) -> set[int]:
+    """The TCP ports ``proc`` and its children listen on. Processes come and go while this
+    reads /proc: one that is gone (or not yet readable) simply has no ports."""
+    ports: set[int] = set()
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
+        family = [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return ports
+    for p in family:
+        try:
+            ports |= {c.laddr.port for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            pass
+    return ports
+
+
+def children(proc: psutil.Process) -> list[psutil.Process]:
+    """The child processes of ``proc`` (none once it is gone)."""
+    try:
+        return proc.children()
+    except psutil.NoSuchProcess:
+        return []
+
+
+def alive(p: psutil.Process) -> bool:
+    """Whether ``p`` still runs: not exited, not a zombie, and its pid not reused since (psutil
+    compares the process's start time)."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    return state != "Z"
 
 
 def demo_steps(url: str, key: str) -> list[dict]:
@@ -120,23 +189,22 @@ def test_serve_runs_demo_upstream_and_agents_then_reaps_them(demo_server: LiveSe
     # given `manage.py serve` in demo mode with no upstream configured
     reader = demo_server.make_key("read")
     log = tmp_path / "serve.log"
-    proc = start_serve(demo_server, log)
-    upstream = f"http://127.0.0.1:{demo_server.env['CLAW_DEMO_UPSTREAM_PORT']}/v1"
+    serve = start_serve(demo_server, log)
     try:
         # then the demo upstream child answers like vLLM
-        kids = children_of(proc.pid)
+        kids = children(serve.proc)
         assert len(kids) == 1, kids
-        assert httpx.get(f"{upstream}/models").json()["data"][0]["id"] == "claw-demo"
+        assert httpx.get(f"{serve.upstream}/models").json()["data"][0]["id"] == "claw-demo"
 
         # and steps of both white-box and black-box demo agents appear
         def both_kinds() -> bool:
-            uids = {s["trajectory_uid"] for s in demo_steps(demo_server.url, reader)}
+            uids = {s["trajectory_uid"] for s in demo_steps(serve.url, reader)}
             bb = {u for u in uids if u.startswith("demo-bb-")}
             return any(u.startswith("demo-wb-") for u in uids) and len(bb) >= 2
 
-        wait_for(both_kinds, proc, log, "steps from the demo agents")
+        wait_for(both_kinds, serve, "steps from the demo agents")
         # and the black-box steps carry the upstream's own ids, with no drift across turns
-        steps = demo_steps(demo_server.url, reader)
+        steps = demo_steps(serve.url, reader)
         black = [s for s in steps if s["trajectory_uid"].startswith("demo-bb-")]
         white = [s for s in steps if s["trajectory_uid"].startswith("demo-wb-")]
         assert {s["token_source"] for s in black} == {"upstream"}
@@ -148,30 +216,28 @@ def test_serve_runs_demo_upstream_and_agents_then_reaps_them(demo_server: LiveSe
         assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
         key = key_file.read_text().strip()
         assert (
-            httpx.get(
-                f"{demo_server.url}/api/v1/stats", headers={"Authorization": f"Bearer {key}"}
-            ).status_code
+            httpx.get(f"{serve.url}/api/v1/stats", headers={"Authorization": f"Bearer {key}"}).status_code
             == 200
         )
     finally:
         # when serve gets SIGTERM
-        code = stop_serve(proc, signal.SIGTERM)
-    # then it exits and its children are gone
+        code = stop_serve(serve.proc, signal.SIGTERM)
+    # then it exits and its children are gone (serve waits for them before it exits)
     assert code in (0, 128 + signal.SIGTERM, -signal.SIGTERM), code
     assert not any(alive(k) for k in kids)
-    assert not _answers(f"{upstream}/models")
-    out = log.read_text()
+    assert not _answers(f"{serve.upstream}/models")
+    out = serve.output()
     for line in ("Demo upstream (answers like vLLM", "Claw-R1 listening on", "Demo traffic:"):
         assert line in out, out
     assert "Traceback" not in out, out
 
     # when serve starts again and is stopped with SIGINT (Ctrl-C)
-    proc = start_serve(demo_server, log)
+    serve = start_serve(demo_server, log)
     try:
-        kids = children_of(proc.pid)
-        wait_for(lambda: log.read_text().count("Demo traffic:") == 2, proc, log, "demo traffic to restart")
+        kids = children(serve.proc)
+        wait_for(lambda: "Demo traffic:" in serve.output(), serve, "demo traffic to restart")
     finally:
-        stop_serve(proc, signal.SIGINT)
+        stop_serve(serve.proc, signal.SIGINT)
     # then the stored key was reused, and the children are gone again
     assert (tmp_path / "demo-agent.key").read_text().strip() == key
     assert kids and not any(alive(k) for k in kids)
@@ -182,13 +248,13 @@ def test_claw_demo_0_starts_neither_upstream_nor_agents(demo_server: LiveServer,
     demo_server.env["CLAW_DEMO"] = "0"
     log = tmp_path / "serve.log"
     # when serve starts
-    proc = start_serve(demo_server, log)
+    serve = start_serve(demo_server, log)
     try:
-        # then it has no child process and no demo key
-        time.sleep(0.5)
-        assert children_of(proc.pid) == set()
+        # then it has no child process and no demo key (both would exist before serve answers
+        # /healthz: demo mode starts the upstream and writes the key before it serves)
+        assert children(serve.proc) == []
         assert not (tmp_path / "demo-agent.key").exists()
-        assert not _answers(f"http://127.0.0.1:{demo_server.env['CLAW_DEMO_UPSTREAM_PORT']}/v1/models")
+        assert not _answers(f"{serve.upstream}/models")
     finally:
-        stop_serve(proc, signal.SIGTERM)
+        stop_serve(serve.proc, signal.SIGTERM)
     assert "Demo" not in log.read_text()

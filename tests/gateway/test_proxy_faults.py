@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from tests.gateway.proxy_support import auth, events_of, steps_of, trajectory_of
-from tests.live import LiveServer, free_port, live_server
+from tests.live import LiveServer, live_server, refused_port
 
 pytestmark = pytest.mark.live
 
@@ -39,10 +39,12 @@ def gw(tmp_path_factory, demo_upstream) -> Iterator[Gateway]:
 
 @pytest.fixture(scope="module")
 def refused(tmp_path_factory) -> Iterator[Gateway]:
-    closed = free_port()  # nothing listens there
-    with live_server(
-        tmp_path_factory.mktemp("refused"), {"CLAW_UPSTREAM_URL": f"http://127.0.0.1:{closed}/v1"}
-    ) as server:
+    with (
+        refused_port() as closed,  # bound but not listening, for as long as the fixture lives
+        live_server(
+            tmp_path_factory.mktemp("refused"), {"CLAW_UPSTREAM_URL": f"http://127.0.0.1:{closed}/v1"}
+        ) as server,
+    ):
         yield Gateway(server, server.make_key("ingest", "read"))
 
 

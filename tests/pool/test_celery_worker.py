@@ -13,7 +13,7 @@ import uuid
 import httpx
 import pytest
 
-from tests.live import ROOT, live_server
+from tests.live import ROOT, live_server, refused_port
 
 pytestmark = pytest.mark.live
 
@@ -83,11 +83,11 @@ def test_group_completion_is_merged_by_a_real_worker(tmp_path):
 
 
 def test_writes_never_wait_on_a_broker_that_is_down(tmp_path):
-    # given a server whose broker (Redis) cannot be reached
-    from tests.live import free_port
-
-    dead = f"redis://127.0.0.1:{free_port()}/0"
-    with live_server(tmp_path, {"REDIS_URL": dead}) as server:
+    # given a server whose broker (Redis) refuses connections
+    with (
+        refused_port() as port,
+        live_server(tmp_path, {"REDIS_URL": f"redis://127.0.0.1:{port}/0"}) as server,
+    ):
         key = server.make_key("ingest", "read")
         h = {"Authorization": f"Bearer {key}"}
         with httpx.Client(base_url=server.url, headers=h, timeout=30) as c:

@@ -1,0 +1,160 @@
+"""The demo upstream as the gateway tests run it: ``gateway.demo.upstream``'s app, served on a
+listening socket made by the test process (``--fd``; no port picked first and bound later),
+plus two hooks that let a test wait on a condition instead of on the clock.
+
+The hooks are request headers, which the gateway forwards like any other agent header:
+
+- ``x-test-barrier: NAME:N`` holds the request until N requests of barrier NAME have arrived,
+  then all of them are answered. None is answered before, so the barrier opens only when N
+  are in flight at once; if that has not happened after BARRIER_TIMEOUT_S, the waiting
+  requests are answered 503, saying how many arrived.
+- ``x-test-hold: NAME`` is not answered: the request is held until its client (the gateway)
+  disconnects, and then NAME is recorded. ``GET /test/disconnected`` lists the names
+  recorded. A client still connected after HOLD_TIMEOUT_S gets the demo answer after all.
+
+``python -m tests.gateway.upstream_harness --fd N [demo upstream options]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+import orjson
+
+from gateway.demo.upstream import create_app
+
+# Both far beyond what the tests need (the barrier fills in well under a second; a
+# disconnect reaches the upstream in milliseconds) and below the clients' timeouts.
+BARRIER_TIMEOUT_S = 45.0
+HOLD_TIMEOUT_S = 60.0
+
+Message = dict[str, Any]
+
+
+def with_hooks(app: Any) -> Any:
+    """``app`` with the test hooks described in the module docstring."""
+    barriers: dict[str, _Barrier] = {}
+    disconnected: list[str] = []
+
+    async def hooked(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        if scope["path"] == "/test/disconnected":
+            await _answer(send, 200, disconnected)
+            return
+        headers = dict(scope["headers"])
+        barrier, hold = headers.get(b"x-test-barrier"), headers.get(b"x-test-hold")
+        if barrier is None and hold is None:
+            await app(scope, receive, send)
+            return
+        # Read the body now: from then on, the client's receive() returns only on disconnect.
+        body = await _read_body(receive)
+        if barrier is not None:
+            name, _, n = barrier.decode().rpartition(":")
+            gate = barriers.setdefault(name, _Barrier(int(n)))
+            if not await gate.pass_through():
+                message = (
+                    f"barrier {name}: {gate.arrived} of {gate.n} requests arrived in {BARRIER_TIMEOUT_S} s"
+                )
+                await _answer(send, 503, {"error": {"message": message, "type": "test_barrier"}})
+                return
+        if hold is not None:
+            try:
+                message = await asyncio.wait_for(receive(), HOLD_TIMEOUT_S)
+            except TimeoutError:
+                pass
+            else:
+                if message["type"] == "http.disconnect":
+                    disconnected.append(hold.decode())
+                    return
+        await app(scope, _replay(body, receive), send)
+
+    return hooked
+
+
+class _Barrier:
+    def __init__(self, n: int):
+        self.n = n
+        self.arrived = 0
+        self.full = asyncio.Event()
+
+    async def pass_through(self) -> bool:
+        """Wait until ``n`` requests arrived; False when BARRIER_TIMEOUT_S passed first."""
+        self.arrived += 1
+        if self.arrived >= self.n:
+            self.full.set()
+        try:
+            await asyncio.wait_for(self.full.wait(), BARRIER_TIMEOUT_S)
+        except TimeoutError:
+            return False
+        return True
+
+
+async def _read_body(receive: Any) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break  # the client went away while sending: the app sees an empty body
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Any) -> Any:
+    """A receive() that gives the app the body read already, then the client's messages."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replay() -> Message:
+        return pending.pop() if pending else await receive()
+
+    return replay
+
+
+async def _answer(send: Any, status: int, payload: Any) -> None:
+    body = orjson.dumps(payload)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve the hooked demo upstream on the inherited listening socket ``--fd``, with the
+    options and server settings of ``python -m gateway.demo.upstream``."""
+    import uvicorn
+
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--fd", type=int, required=True, help="a listening socket inherited from the parent")
+    p.add_argument("--latency-ms", type=float, default=0.0)
+    p.add_argument("--failure-rate", type=float, default=0.0)
+    p.add_argument("--no-token-ids", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    app = create_app(
+        latency_ms=args.latency_ms,
+        failure_rate=args.failure_rate,
+        token_ids=not args.no_token_ids,
+        seed=args.seed,
+    )
+    uvicorn.run(
+        with_hooks(app),
+        fd=args.fd,
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        lifespan="off",
+        access_log=False,
+    )
+
+
+if __name__ == "__main__":
+    main()
