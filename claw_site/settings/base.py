@@ -206,6 +206,9 @@ CLAW_MAX_BODY_BYTES = env_int("CLAW_MAX_BODY_BYTES", 256 * 1024 * 1024)
 # Django's own form-data limit does not apply to our parsers; the body limit above does.
 DATA_UPLOAD_MAX_MEMORY_SIZE = None
 CLAW_API_KEY_CACHE_SECONDS = env_float("CLAW_API_KEY_CACHE_SECONDS", 10.0)
+# Lifetime of a trajectory capability URL's token (init_trajectory, POST /api/v1/trajectories);
+# it also stops working as soon as its trajectory completes or is abandoned.
+CLAW_TRAJECTORY_TOKEN_LIFETIME_SECONDS = env_int("CLAW_TRAJECTORY_TOKEN_LIFETIME_SECONDS", 24 * 3600)
 
 CLAW_UPSTREAM_URL = os.environ.get("CLAW_UPSTREAM_URL", "")
 CLAW_UPSTREAM_API_KEY = os.environ.get("CLAW_UPSTREAM_API_KEY", "")
