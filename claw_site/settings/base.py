@@ -222,18 +222,44 @@ CLAW_PROXY_PREPARED_STATEMENTS = env_bool("CLAW_PROXY_PREPARED_STATEMENTS", True
 CLAW_DEMO = env_bool("CLAW_DEMO", True)
 
 # --- Logging --------------------------------------------------------------------------------
+# Every handler masks the secret of gateway and capability URL paths (/k/<api key>,
+# /c/<token>: claw_site/redaction.py). Django's and uvicorn's loggers are routed through these
+# handlers, replacing the ones they bring, which would print paths unmasked; levels of the
+# uvicorn loggers are left to uvicorn (--log-level, CLAW_UVICORN_LOG_LEVEL for `serve`, which
+# hands this same configuration to uvicorn).
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
+    "filters": {
+        "redact_secrets": {"()": "claw_site.redaction.RedactSecrets"},
+        "require_debug_false": {"()": "django.utils.log.RequireDebugFalse"},
+    },
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact_secrets"]},
+        "mail_admins": {
+            "class": "django.utils.log.AdminEmailHandler",
+            "level": "ERROR",
+            "filters": ["require_debug_false", "redact_secrets"],
+        },
+    },
     "root": {"handlers": ["console"], "level": os.environ.get("CLAW_LOG_LEVEL", "INFO")},
-    # Per-request client logs (the demo agents, upstream forwarding) drown the useful lines.
     "loggers": {
-        name: {"level": "WARNING"}
-        for name in ("httpx", "httpx2", "httpcore", "openai", "celery.app.trace", "kombu.connection")
+        "django": {"handlers": ["console", "mail_admins"], "level": "INFO", "propagate": False},
+        "django.server": {"handlers": ["console"], "level": "INFO", "propagate": False},
+        "uvicorn": {"handlers": ["console"], "propagate": False},
+        "uvicorn.error": {"propagate": True},  # named, so its level survives reconfiguration
+        "uvicorn.asgi": {"propagate": True},
+        "uvicorn.access": {"handlers": ["console"], "propagate": False},
+        # Per-request client logs (the demo agents, upstream forwarding) drown the useful lines.
+        **{
+            name: {"level": "WARNING"}
+            for name in ("httpx", "httpx2", "httpcore", "openai", "celery.app.trace", "kombu.connection")
+        },
     },
 }
+# Error reports (the DEBUG 500 page, mails to ADMINS) with the same secrets masked.
+DEFAULT_EXCEPTION_REPORTER = "claw_site.error_reports.RedactingExceptionReporter"
 
 # --- Operator sign-in -------------------------------------------------------------------------
 LOGIN_URL = "admin:login"

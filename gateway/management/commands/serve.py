@@ -12,6 +12,7 @@ The child is terminated when serve exits (SIGINT or SIGTERM), and by the kernel 
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import subprocess
@@ -70,6 +71,10 @@ class Command(BaseCommand):
                 port=port,
                 workers=workers,
                 log_level=os.environ.get("CLAW_UVICORN_LOG_LEVEL", "warning"),
+                # The project's logging (settings.LOGGING), not uvicorn's default: its handlers
+                # mask the keys and tokens in gateway and capability URL paths. A copy, because
+                # dictConfig consumes parts of the dict it is given.
+                log_config=copy.deepcopy(settings.LOGGING),
                 lifespan="off",
             )
         finally:
