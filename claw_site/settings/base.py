@@ -196,7 +196,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
-    "ENUM_NAME_OVERRIDES": {"RewardSourceEnum": "pool.models.Step.RewardSource"},
+    "ENUM_NAME_OVERRIDES": {
+        "RewardSourceEnum": "pool.models.Step.RewardSource",
+        # Shared by TrajectorySerializer and TrajectoryOpenedSerializer.
+        "TrajectoryStatusEnum": "pool.models.Trajectory.Status",
+    },
 }
 
 # --- Claw limits and gateway ----------------------------------------------------------------------
