@@ -6,6 +6,7 @@ Views are adapters: parse and validate input, call one pool service or selector,
 from __future__ import annotations
 
 import uuid
+from urllib.parse import quote
 
 from django.db import connection
 from django.http import JsonResponse
@@ -26,14 +27,14 @@ from pool.services import (
     rewards_apply,
     steps_ingest,
     trajectory_complete,
-    trajectory_create,
 )
+from pool.services.capabilities import trajectory_create_with_capability
 from pool.services.events import EventIn
 from pool.services.groups import group_upsert
 from pool.services.merge import group_merge_ensure, merge_tree_render
 
 from . import serializers as s
-from .auth import IngestScope, PolicyWriteScope, ReadScope, source_id_of, user_id_of
+from .auth import IngestScope, PolicyWriteScope, ReadScope, key_id_of, source_id_of, user_id_of
 from .filters import EventFilter, FeedbackFilter, GroupFilter, StepFilter, TrajectoryFilter
 from .parsers import StepBatchMsgpackParser, StepBatchParser
 
@@ -104,22 +105,34 @@ class TrajectoryListCreateApi(generics.GenericAPIView):
 
     @extend_schema(
         request=s.TrajectoryCreateSerializer,
-        responses={201: s.TrajectorySerializer, 200: s.TrajectorySerializer},
+        responses={201: s.TrajectoryOpenedSerializer, 200: s.TrajectoryOpenedSerializer},
+        summary="Create a trajectory (idempotent by uid) and get a capability base URL for its agent",
     )
     def post(self, request):
         ser = s.TrajectoryCreateSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
         d = ser.validated_data
-        traj, created = trajectory_create(
-            uid=d.get("uid") or uuid.uuid4().hex,
-            prompt_group_uid=d.get("prompt_group_uid"),
+        uid, group = d.get("uid") or uuid.uuid4().hex, d.get("prompt_group_uid")
+        # A capability URL holds the uids as path segments, which cannot contain '/'.
+        addressable = "/" not in uid and "/" not in (group or "")
+        traj, created, token = trajectory_create_with_capability(
+            uid=uid,
+            prompt_group_uid=group,
             channel=d["channel"],
             metadata=d.get("metadata"),
             policy_version=d.get("policy_version"),
             source_id=source_id_of(request),
+            api_key_id=key_id_of(request) if addressable else None,
         )
         traj = Trajectory.objects.select_related("group", "source").get(id=traj.id)
-        return Response(selectors.trajectory_render(traj), status=201 if created else 200)
+        body = selectors.trajectory_render(traj)
+        body["base_url"] = None
+        if token is not None:
+            segments = "/".join(
+                quote(part, safe="") for part in (token, traj.uid, body["prompt_group_uid"] or "-")
+            )
+            body["base_url"] = request.build_absolute_uri(f"/t/c/{segments}/v1")
+        return Response(body, status=201 if created else 200)
 
     @extend_schema(responses=s.TrajectorySerializer(many=True))
     def get(self, request):

@@ -88,6 +88,12 @@ def user_id_of(request) -> int | None:
     return user.pk
 
 
+def key_id_of(request) -> int | None:
+    """The id of the request's API key, or None for an operator session."""
+    user = getattr(request, "user", None)
+    return user.key.key_id if isinstance(user, KeyPrincipal) else None
+
+
 def source_id_of(request) -> int | None:
     user = getattr(request, "user", None)
     return user.source_id if isinstance(user, KeyPrincipal) else None

@@ -169,6 +169,23 @@ class TrajectorySerializer(serializers.Serializer):
     completed_at = serializers.DateTimeField(allow_null=True)
 
 
+class TrajectoryOpenedSerializer(TrajectorySerializer):
+    """The answer to POST /api/v1/trajectories: the trajectory plus its capability URL."""
+
+    base_url = serializers.CharField(
+        allow_null=True,
+        help_text=(
+            "A capability base URL for OpenAI-compatible agents, "
+            "`{site}/t/c/{token}/{trajectory_uid}/{prompt_group_uid or -}/v1`: its token alone "
+            "authorises chat/completions, completions and models on this trajectory (no API key "
+            "needed; an Authorization header is ignored), until the trajectory ends or "
+            "CLAW_TRAJECTORY_TOKEN_LIFETIME_SECONDS pass. A secret: every call mints a new one. "
+            "Null for an operator session (no issuing key), a trajectory that is no longer "
+            "running, or uids that cannot be URL path segments (containing '/')."
+        ),
+    )
+
+
 class TrajectoryCompleteSerializer(StrictSerializer):
     reward = FiniteFloatField(required=False, allow_null=True)
     status = serializers.ChoiceField(

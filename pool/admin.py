@@ -13,6 +13,7 @@ from .models import (
     Source,
     Step,
     Trajectory,
+    TrajectoryCapability,
 )
 
 
@@ -154,3 +155,17 @@ class MergeResultAdmin(admin.ModelAdmin):
     @admin.display(description="stored layout")
     def layout_size(self, obj: MergeResult) -> str:
         return f"{len(obj.layout):,} bytes" if obj.layout else "-"
+
+
+@admin.register(TrajectoryCapability)
+class TrajectoryCapabilityAdmin(admin.ModelAdmin):
+    """Tokens of capability URLs: which trajectory, which issuing key, until when. The clear
+    token is never stored, and its hash is not shown. Deleting a row revokes its URL."""
+
+    list_display = ("id", "trajectory", "api_key", "created_at", "expires_at")
+    exclude = ("token_hash",)
+    readonly_fields = ("trajectory", "api_key", "created_at")
+    list_select_related = ("trajectory", "api_key")
+
+    def has_add_permission(self, request) -> bool:
+        return False  # tokens are minted by init_trajectory / POST /api/v1/trajectories only

@@ -415,3 +415,34 @@ class MergeResult(models.Model):
     def savings(self) -> float:
         """Share of step tokens a tree-packed forward does not recompute: 1 - ratio."""
         return 1.0 - self.ratio
+
+
+class TrajectoryCapability(models.Model):
+    """The secret of a trajectory capability URL (gateway/compat, gateway/proxy): it alone
+    authorises the calls of ONE trajectory (record its steps, register it, complete it) for
+    the source of the API key that issued it, and nothing else. It stops working when the
+    trajectory ends (status not running), when ``expires_at`` passes, or when the issuing
+    key is revoked or deleted.
+
+    Only the SHA-256 of the token is stored, as for ApiKey (tokens are 192-bit random, so a
+    slow hash adds nothing); the clear token is handed out once, inside the base URL.
+    """
+
+    trajectory = models.ForeignKey(
+        Trajectory, on_delete=models.CASCADE, related_name="capabilities", db_index=False
+    )
+    # The issuing key: its source is the token's source; revoking or deleting it ends the token.
+    # No index: keys are deleted rarely (an admin action), so that cascade may scan.
+    api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="+", db_index=False)
+    token_hash = models.CharField(max_length=64, unique=True)  # unique => indexed: every call's lookup
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [
+            # "Tokens of a trajectory": the cascade of a trajectory delete (retention) and the admin.
+            models.Index(fields=["trajectory"], name="trajcap_trajectory"),
+        ]
+
+    def __str__(self) -> str:
+        return f"capability #{self.pk} of {self.trajectory_id}"

@@ -1,7 +1,8 @@
 """A real server process for end-to-end tests (real HTTP, real database, restartable).
 
-The process runs `uvicorn claw_site.asgi:application` with the local settings against its
-own database: a fresh PostgreSQL database when DATABASE_URL is set (CI's second run), else a
+The process runs `uvicorn claw_site.asgi:application` (or, with ``serve=True``, the
+production entry `manage.py serve`, which configures uvicorn's logging itself) with the
+local settings against its own database: a fresh PostgreSQL database when DATABASE_URL is set (CI's second run), else a
 SQLite file in a temporary folder. Keys are minted through the real management command.
 """
 
@@ -87,8 +88,10 @@ class LiveServer:
         extra_env: dict[str, str] | None = None,
         *,
         app: str = "claw_site.asgi:application",
+        serve: bool = False,
     ):
         self.app = app
+        self.serve = serve
         self.var_dir = var_dir
         # Held for the server's whole life, restarts included: the port can never be lost.
         self._sock = listening_socket()
@@ -144,20 +147,7 @@ class LiveServer:
             self.manage("migrate", "--noinput", "-v", "0")
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                self.app,
-                "--fd",
-                str(self._sock.fileno()),
-                "--log-level",
-                "warning",
-                "--lifespan",
-                "off",
-                "--no-access-log",
-                *self.extra_args,
-            ],
+            self._command(),
             cwd=ROOT,
             env=self.env,
             stdout=log,
@@ -176,6 +166,35 @@ class LiveServer:
             time.sleep(0.1)
         raise RuntimeError(f"server did not become healthy:\n{self.log_path.read_text()}")
 
+    def _command(self) -> list[str]:
+        if self.serve:
+            return [
+                sys.executable,
+                "manage.py",
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--fd",
+                str(self._sock.fileno()),
+                *self.extra_args,
+            ]
+        return [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            self.app,
+            "--fd",
+            str(self._sock.fileno()),
+            "--log-level",
+            "warning",
+            "--lifespan",
+            "off",
+            "--no-access-log",
+            *self.extra_args,
+        ]
+
     def stop(self, *, kill: bool = False) -> None:
         if self.proc is not None:
             stop_process(self.proc, kill=kill)
@@ -193,8 +212,10 @@ class LiveServer:
 
 
 @contextmanager
-def live_server(var_dir: Path, extra_env: dict[str, str] | None = None) -> Iterator[LiveServer]:
-    server = LiveServer(var_dir, extra_env)
+def live_server(
+    var_dir: Path, extra_env: dict[str, str] | None = None, *, serve: bool = False
+) -> Iterator[LiveServer]:
+    server = LiveServer(var_dir, extra_env, serve=serve)
     try:
         yield server.start()
     finally:

@@ -213,7 +213,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
-    "ENUM_NAME_OVERRIDES": {"RewardSourceEnum": "pool.models.Step.RewardSource"},
+    "ENUM_NAME_OVERRIDES": {
+        "RewardSourceEnum": "pool.models.Step.RewardSource",
+        # Shared by TrajectorySerializer and TrajectoryOpenedSerializer.
+        "TrajectoryStatusEnum": "pool.models.Trajectory.Status",
+    },
 }
 
 # --- Claw limits and gateway ----------------------------------------------------------------------
@@ -223,6 +227,9 @@ CLAW_MAX_BODY_BYTES = env_int("CLAW_MAX_BODY_BYTES", 256 * 1024 * 1024)
 # Django's own form-data limit does not apply to our parsers; the body limit above does.
 DATA_UPLOAD_MAX_MEMORY_SIZE = None
 CLAW_API_KEY_CACHE_SECONDS = env_float("CLAW_API_KEY_CACHE_SECONDS", 10.0)
+# Lifetime of a trajectory capability URL's token (init_trajectory, POST /api/v1/trajectories);
+# it also stops working as soon as its trajectory completes or is abandoned.
+CLAW_TRAJECTORY_TOKEN_LIFETIME_SECONDS = env_int("CLAW_TRAJECTORY_TOKEN_LIFETIME_SECONDS", 24 * 3600)
 
 CLAW_UPSTREAM_URL = os.environ.get("CLAW_UPSTREAM_URL", "")
 CLAW_UPSTREAM_API_KEY = os.environ.get("CLAW_UPSTREAM_API_KEY", "")
@@ -243,18 +250,44 @@ CLAW_PROXY_PREPARED_STATEMENTS = env_bool("CLAW_PROXY_PREPARED_STATEMENTS", True
 CLAW_DEMO = env_bool("CLAW_DEMO", True)
 
 # --- Logging --------------------------------------------------------------------------------
+# Every handler masks the secret of gateway and capability URL paths (/k/<api key>,
+# /c/<token>: claw_site/redaction.py). Django's and uvicorn's loggers are routed through these
+# handlers, replacing the ones they bring, which would print paths unmasked; levels of the
+# uvicorn loggers are left to uvicorn (--log-level, CLAW_UVICORN_LOG_LEVEL for `serve`, which
+# hands this same configuration to uvicorn).
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
+    "filters": {
+        "redact_secrets": {"()": "claw_site.redaction.RedactSecrets"},
+        "require_debug_false": {"()": "django.utils.log.RequireDebugFalse"},
+    },
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact_secrets"]},
+        "mail_admins": {
+            "class": "django.utils.log.AdminEmailHandler",
+            "level": "ERROR",
+            "filters": ["require_debug_false", "redact_secrets"],
+        },
+    },
     "root": {"handlers": ["console"], "level": os.environ.get("CLAW_LOG_LEVEL", "INFO")},
-    # Per-request client logs (the demo agents, upstream forwarding) drown the useful lines.
     "loggers": {
-        name: {"level": "WARNING"}
-        for name in ("httpx", "httpcore", "openai", "celery.app.trace", "kombu.connection")
+        "django": {"handlers": ["console", "mail_admins"], "level": "INFO", "propagate": False},
+        "django.server": {"handlers": ["console"], "level": "INFO", "propagate": False},
+        "uvicorn": {"handlers": ["console"], "propagate": False},
+        "uvicorn.error": {"propagate": True},  # named, so its level survives reconfiguration
+        "uvicorn.asgi": {"propagate": True},
+        "uvicorn.access": {"handlers": ["console"], "propagate": False},
+        # Per-request client logs (the demo agents, upstream forwarding) drown the useful lines.
+        **{
+            name: {"level": "WARNING"}
+            for name in ("httpx", "httpcore", "openai", "celery.app.trace", "kombu.connection")
+        },
     },
 }
+# Error reports (the DEBUG 500 page, mails to ADMINS) with the same secrets masked.
+DEFAULT_EXCEPTION_REPORTER = "claw_site.error_reports.RedactingExceptionReporter"
 
 # --- Operator sign-in -------------------------------------------------------------------------
 LOGIN_URL = "admin:login"

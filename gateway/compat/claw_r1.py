@@ -1,8 +1,8 @@
 """The Claw-R1 gateway protocol under ``/compat/claw-r1/``, so an agent written for Claw-R1
 works by changing only its gateway URL:
 
-* ``POST /init_trajectory`` -> ``{"trajectory_uid", "base_url"}``, base_url =
-  ``<scheme://host>/compat/claw-r1/<trajectory_uid>/<prompt_uid>/v1``;
+* ``POST /init_trajectory`` -> ``{"trajectory_uid", "base_url"}``, base_url = a capability
+  URL ``<scheme://host>/compat/claw-r1/c/<token>/<trajectory_uid>/<prompt_uid>/v1``;
 * ``POST {base_url}/register_trajectory`` ``{"channel"?, "metadata"?}`` -> ``{"status": "ok"}``
   (``metadata.policy_version`` is stamped on later steps);
 * ``POST {base_url}/chat/completions``: the OpenAI gateway (gateway/proxy) with the
@@ -14,8 +14,21 @@ works by changing only its gateway URL:
 Aliases of older Claw-R1 versions are served too (``{base}/trajectory/complete``,
 ``/complete_trajectory/<uid>``, ``/register_trajectory`` with ``trajectory_uid`` in the body).
 
-Unlike Claw-R1, every endpoint requires a Bearer API key with the ``ingest`` scope, and
-everything is durable.
+Unlike Claw-R1, every call is authorised, and everything is durable. Claw-R1's own flow sends
+no credentials (its trainer posts init_trajectory bare, its agents use the OpenAI client
+with ``api_key="not-needed"``), so the credential travels in the URLs:
+
+* a source's **gateway URL** ``/compat/claw-r1/k/<api key>`` serves every endpoint above,
+  authorised by the ingest key in its path (``Authorization: Bearer <key>`` on the plain
+  paths works too);
+* the **capability URL** that init_trajectory returns carries a fresh trajectory token
+  (pool.services.capabilities) that alone authorises register, chat/completions,
+  completions, models and complete on that one trajectory, until it ends or the token
+  expires; an Authorization header there is ignored.
+
+Prompt groups the Claw-R1 way: init_trajectory binds none (its base URL holds a default
+prompt uid, which Claw-R1's flow replaces with the real one); the prompt uid of the first
+call that uses the URL (register or chat) binds the group, another one later is a 409.
 """
 
 from __future__ import annotations
@@ -30,9 +43,11 @@ from django.views.decorators.csrf import csrf_exempt
 from pool.errors import PoolError
 from pool.ingest import rules
 from pool.services import steps_ingest, trajectory_complete, trajectory_register
+from pool.services.api_keys import VerifiedKey
+from pool.services.capabilities import trajectory_init
 
 from ..body import json_object
-from ..proxy.access import require_key
+from ..proxy.access import authorise
 from ..proxy.db import run_db
 from ..proxy.errors import ProxyError, error_response
 from ..validation import parse_step_batch
@@ -56,17 +71,22 @@ _KEPT = frozenset(
 
 
 def _view(handler):
-    """POST only, an ingest key, JSON errors in OpenAI's shape."""
+    """POST only, authorised (an ingest key in the path or header, or a capability URL's
+    token: see gateway/proxy/access.py), JSON errors in OpenAI's shape."""
 
     @csrf_exempt
-    async def view(request: HttpRequest, **kwargs: str) -> HttpResponse:
+    async def view(
+        request: HttpRequest, *, api_key: str | None = None, capability: str | None = None, **kwargs: str
+    ) -> HttpResponse:
         if request.method != "POST":
             return error_response(
                 405, f"method {request.method} not allowed; use POST", code="method_not_allowed"
             )
         try:
-            key = await require_key(request)
-            return await handler(request, key.source_id, **kwargs)
+            key = await authorise(
+                request, api_key=api_key, capability=capability, trajectory_uid=kwargs.get("trajectory_uid")
+            )
+            return await handler(request, key, **kwargs)
         except ProxyError as e:
             return error_response(e.status, e.message, code=e.code, param=e.param)
         except PoolError as e:
@@ -78,33 +98,37 @@ def _view(handler):
 
 
 @_view
-async def init_trajectory(request: HttpRequest, source_id: int) -> HttpResponse:
-    """Open a trajectory; optional body ``{"prompt_uid", "channel", "metadata"}`` (an
-    extension: Claw-R1 sends none). Without prompt_uid each trajectory gets its own group."""
+async def init_trajectory(request: HttpRequest, key: VerifiedKey) -> HttpResponse:
+    """Open a trajectory and return its capability URL; optional body ``{"prompt_uid",
+    "channel", "metadata"}`` (an extension: Claw-R1 sends none). A given prompt_uid binds the
+    group now; without one, the URL holds a fresh default uid and nothing is bound until the
+    first call names a prompt uid (Claw-R1's flow swaps in the real one)."""
     body = _body(request)
-    traj_uid = uuid.uuid4().hex
-    prompt_uid = body.get("prompt_uid") or uuid.uuid4().hex
-    if not isinstance(prompt_uid, str) or len(prompt_uid) > rules.MAX_UID_LEN or "/" in prompt_uid:
+    prompt_uid = body.get("prompt_uid") or None
+    if prompt_uid is not None and (
+        not isinstance(prompt_uid, str) or not 0 < len(prompt_uid) <= rules.MAX_UID_LEN or "/" in prompt_uid
+    ):
         raise ProxyError(
             400,
-            f"prompt_uid must be a string of at most {rules.MAX_UID_LEN} characters without '/'",
+            f"prompt_uid must be a string of 1 to {rules.MAX_UID_LEN} characters without '/'",
             param="prompt_uid",
         )
-    await run_db(
-        trajectory_register,
-        uid=traj_uid,
+    traj, token = await run_db(
+        trajectory_init,
+        api_key_id=key.key_id,
+        source_id=key.source_id,
         prompt_group_uid=prompt_uid,
         channel=body.get("channel"),
         metadata=_metadata(body),
-        source_id=source_id,
     )
-    base_url = request.build_absolute_uri(f"{PREFIX}/{traj_uid}/{prompt_uid}/v1")
-    return _json({"trajectory_uid": traj_uid, "base_url": base_url})
+    default_prompt_uid = prompt_uid or uuid.uuid4().hex
+    base_url = request.build_absolute_uri(f"{PREFIX}/c/{token}/{traj.uid}/{default_prompt_uid}/v1")
+    return _json({"trajectory_uid": traj.uid, "base_url": base_url})
 
 
 @_view
 async def register_trajectory(
-    request: HttpRequest, source_id: int, trajectory_uid: str | None = None, prompt_uid: str | None = None
+    request: HttpRequest, key: VerifiedKey, trajectory_uid: str | None = None, prompt_uid: str | None = None
 ) -> HttpResponse:
     """``{"channel": "train"|"val", "metadata": {...}}``, both optional."""
     body = _body(request)
@@ -117,14 +141,14 @@ async def register_trajectory(
         prompt_group_uid=prompt_uid if prompt_uid != "-" else None,
         channel=body.get("channel"),
         metadata=_metadata(body),
-        source_id=source_id,
+        source_id=key.source_id,
     )
     return HttpResponse(_OK, content_type="application/json")
 
 
 @_view
 async def complete_trajectory(
-    request: HttpRequest, source_id: int, trajectory_uid: str, prompt_uid: str | None = None
+    request: HttpRequest, key: VerifiedKey, trajectory_uid: str, prompt_uid: str | None = None
 ) -> HttpResponse:
     """``{"reward": float, "channel": str}``, both optional."""
     body = _body(request)
@@ -137,13 +161,13 @@ async def complete_trajectory(
         reward=float(reward) if reward is not None else None,
         channel=body.get("channel"),
         reward_last_step=True,
-        source_id=source_id,
+        source_id=key.source_id,
     )
     return HttpResponse(_OK, content_type="application/json")
 
 
 @_view
-async def submit_steps(request: HttpRequest, source_id: int) -> HttpResponse:
+async def submit_steps(request: HttpRequest, key: VerifiedKey) -> HttpResponse:
     """White-box steps in Claw-R1's shape; ``?channel=train|val`` names the channel of new
     trajectories. Atomic and idempotent (a step's uid is ``<trajectory_uid>:<step_index>``)."""
     body = _body(request)
@@ -152,7 +176,7 @@ async def submit_steps(request: HttpRequest, source_id: int) -> HttpResponse:
     if not isinstance(raw, list):
         raise ProxyError(400, "steps must be an array of step objects", param="steps")
     batch = parse_step_batch({"steps": [_our_step(s, i) for i, s in enumerate(raw)]})
-    await run_db(_ingest, batch, source_id, channel)
+    await run_db(_ingest, batch, key.source_id, channel)
     return _json({"accepted": len(batch)})
 
 

@@ -1,5 +1,6 @@
-"""OpenAI-compatible routes: ``/v1/...`` and the scoped base URL ``/t/<trajectory>/<group>/v1/...``
-(``-`` as the group means none)."""
+"""OpenAI-compatible routes: ``/v1/...``, the scoped base URL ``/t/<trajectory>/<group>/v1/...``
+(``-`` as the group means none) and the capability URL ``/t/c/<token>/<trajectory>/<group>/v1/...``
+(POST /api/v1/trajectories returns it: the token alone authorises, for that trajectory only)."""
 
 from django.urls import path, re_path
 
@@ -8,6 +9,7 @@ from . import views
 app_name = "proxy"
 
 _SCOPED = "t/<str:trajectory_uid>/<str:prompt_group_uid>/v1/"
+_CAPABILITY = "t/c/<str:capability>/<str:trajectory_uid>/<str:prompt_group_uid>/v1/"
 
 urlpatterns = [
     path("v1/chat/completions", views.chat_completions, name="chat_completions"),
@@ -16,6 +18,10 @@ urlpatterns = [
     path(_SCOPED + "chat/completions", views.chat_completions, name="scoped_chat_completions"),
     path(_SCOPED + "completions", views.completions, name="scoped_completions"),
     path(_SCOPED + "models", views.models, name="scoped_models"),
+    path(_CAPABILITY + "chat/completions", views.chat_completions, name="capability_chat_completions"),
+    path(_CAPABILITY + "completions", views.completions, name="capability_completions"),
+    path(_CAPABILITY + "models", views.models, name="capability_models"),
     # Anything else under a gateway base URL: an OpenAI-shaped 404, not an HTML page.
     re_path(r"^(?:t/[^/]+/[^/]+/)?v1/", views.unknown_endpoint, name="unknown"),
+    re_path(r"^t/c/", views.unknown_endpoint, name="capability_unknown"),
 ]

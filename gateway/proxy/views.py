@@ -1,10 +1,12 @@
 """OpenAI-compatible endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``,
-``GET /v1/models``, also under the scoped base URL ``/t/<trajectory>/<group>/v1/``.
+``GET /v1/models``, also under the scoped base URL ``/t/<trajectory>/<group>/v1/`` and the
+capability URL ``/t/c/<token>/<trajectory>/<group>/v1/`` (the token alone authorises).
 
 Plain async Django views (no DRF): under ASGI a call never holds a thread while the
 upstream works, so one process keeps hundreds of calls in flight. Per call:
 
-1. the agent's key (scope ingest) is checked (cached, see access.py);
+1. the agent's credential is checked: its key (scope ingest, cached) or the trajectory token
+   of a capability URL (see access.py);
 2. the trajectory is taken from the path, else X-Claw-Trajectory, else minted; its uid is
    returned in the X-Claw-Trajectory response header in every case;
 3. the body goes upstream with ``return_token_ids: true`` added;
@@ -31,6 +33,7 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
+from claw_site.redaction import redact
 from pool.errors import PoolError
 from pool.ingest import rules
 from pool.services import gateway_event_record
@@ -38,7 +41,7 @@ from pool.services.api_keys import VerifiedKey
 
 from .. import body
 from . import upstream
-from .access import require_key
+from .access import authorise
 from .db import run_db
 from .errors import ProxyError, error_response
 from .recording import CHAT, COMPLETIONS, Identity, Outcome, record_answer
@@ -56,29 +59,44 @@ _ids_unsupported: set[str] = set()
 
 @csrf_exempt
 async def chat_completions(
-    request: HttpRequest, trajectory_uid: str | None = None, prompt_group_uid: str | None = None
+    request: HttpRequest,
+    trajectory_uid: str | None = None,
+    prompt_group_uid: str | None = None,
+    *,
+    api_key: str | None = None,
+    capability: str | None = None,
 ) -> HttpResponseBase:
     """``POST /v1/chat/completions`` (streamed or not), recorded as one step per choice."""
-    return await _complete(request, CHAT, trajectory_uid, prompt_group_uid)
+    return await _complete(request, CHAT, trajectory_uid, prompt_group_uid, api_key, capability)
 
 
 @csrf_exempt
 async def completions(
-    request: HttpRequest, trajectory_uid: str | None = None, prompt_group_uid: str | None = None
+    request: HttpRequest,
+    trajectory_uid: str | None = None,
+    prompt_group_uid: str | None = None,
+    *,
+    api_key: str | None = None,
+    capability: str | None = None,
 ) -> HttpResponseBase:
     """``POST /v1/completions`` (streamed or not), recorded as one step per choice."""
-    return await _complete(request, COMPLETIONS, trajectory_uid, prompt_group_uid)
+    return await _complete(request, COMPLETIONS, trajectory_uid, prompt_group_uid, api_key, capability)
 
 
 @csrf_exempt
 async def models(
-    request: HttpRequest, trajectory_uid: str | None = None, prompt_group_uid: str | None = None
+    request: HttpRequest,
+    trajectory_uid: str | None = None,
+    prompt_group_uid: str | None = None,
+    *,
+    api_key: str | None = None,
+    capability: str | None = None,
 ) -> HttpResponseBase:
     """``GET /v1/models``: the upstream's model list, passed through."""
     if request.method != "GET":
         return error_response(405, f"method {request.method} not allowed; use GET", code="method_not_allowed")
     try:
-        key = await require_key(request)
+        key = await authorise(request, api_key=api_key, capability=capability, trajectory_uid=trajectory_uid)
     except ProxyError as e:
         return error_response(e.status, e.message, code=e.code, param=e.param)
     try:
@@ -98,20 +116,28 @@ async def models(
 
 @csrf_exempt
 async def unknown_endpoint(request: HttpRequest, **kwargs: str) -> HttpResponseBase:
-    """Any other path under a gateway base URL (embeddings, responses...): not proxied."""
-    return error_response(404, f"the gateway does not serve {request.path}", code="unknown_endpoint")
+    """Any other path under a gateway base URL (embeddings, responses...): not proxied. The
+    path is named with any key or token in it masked (claw_site/redaction.py)."""
+    return error_response(404, f"the gateway does not serve {redact(request.path)}", code="unknown_endpoint")
 
 
 # --- completions ------------------------------------------------------------------------------
 async def _complete(
-    request: HttpRequest, endpoint: str, path_trajectory: str | None, path_group: str | None
+    request: HttpRequest,
+    endpoint: str,
+    path_trajectory: str | None,
+    path_group: str | None,
+    api_key: str | None,
+    capability: str | None,
 ) -> HttpResponseBase:
     ident: Identity | None = None
     try:
         ident = _identity(request, path_trajectory, path_group)
         if request.method != "POST":
             raise ProxyError(405, f"method {request.method} not allowed; use POST", code="method_not_allowed")
-        key = await require_key(request)
+        key = await authorise(
+            request, api_key=api_key, capability=capability, trajectory_uid=ident.trajectory_uid
+        )
         body = _json_body(request)
         response = await _forward(request, endpoint, ident, key, body)
     except ProxyError as e:

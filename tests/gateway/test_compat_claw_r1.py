@@ -1,7 +1,9 @@
 """The Claw-R1 gateway protocol under /compat/claw-r1/, end to end against a live server and
 the demo upstream: init -> register -> chat through the official openai client at the
 returned base_url -> complete with a reward -> submit_steps; steps read back through the
-REST API with the upstream's exact ids. Unlike Claw-R1, every endpoint needs an ingest key."""
+REST API with the upstream's exact ids. Unlike Claw-R1, every endpoint needs an ingest key,
+except under the capability URL init_trajectory returns, whose token alone authorises its
+own trajectory (tests/gateway/test_capability_urls.py)."""
 
 from __future__ import annotations
 
@@ -43,7 +45,9 @@ def test_a_claw_r1_black_box_agent_works_by_changing_only_the_gateway_url(gw):
     assert init.status_code == 200
     traj, base_url = init.json()["trajectory_uid"], init.json()["base_url"]
     prompt_uid = base_url.rstrip("/").split("/")[-2]
-    assert base_url == f"{gw.server.url}/compat/claw-r1/{traj}/{prompt_uid}/v1"
+    token = base_url.split("/")[-4]
+    assert base_url == f"{gw.server.url}/compat/claw-r1/c/{token}/{traj}/{prompt_uid}/v1"
+    assert trajectory_of(gw.server, gw.key, traj).json()["prompt_group_uid"] is None  # bound by use
     assert gw.post(
         f"{base_url}/register_trajectory",
         {"channel": "train", "metadata": {"policy_version": 3, "task": "demo"}},
@@ -80,9 +84,10 @@ def test_a_claw_r1_black_box_agent_works_by_changing_only_the_gateway_url(gw):
         "demo",
     )
 
-    # and: the ended trajectory takes no more calls
-    with pytest.raises(openai.ConflictError):
+    # and: the ended trajectory takes no more calls (its capability URL stopped working)
+    with pytest.raises(openai.AuthenticationError, match="completed"):
         llm.chat.completions.create(model=MODEL, messages=messages)
+    assert len(steps_of(gw.server, gw.key, traj)) == 2
 
 
 def test_streaming_through_the_claw_r1_base_url(gw):
@@ -168,21 +173,28 @@ def test_older_claw_r1_routes_are_served(gw):
 
 
 def test_every_endpoint_requires_an_ingest_key(gw):
-    # given: a base URL of a real trajectory and a read-only key
-    base = gw.post("init_trajectory").json()["base_url"]
+    # given: the key-authorised base URL of a real trajectory (not its capability URL) and a
+    # read-only key
+    traj = gw.post("init_trajectory").json()["trajectory_uid"]
     reader = gw.server.make_key("read")
-    paths = [
-        f"{gw.server.url}/compat/claw-r1/init_trajectory",
-        f"{base}/register_trajectory",
-        f"{base}/chat/completions",
-        f"{base}/complete_trajectory",
-        f"{gw.server.url}/compat/claw-r1/submit_steps",
+    root = f"{gw.server.url}/compat/claw-r1"
+    endpoints = [
+        "init_trajectory",
+        f"{traj}/g/v1/register_trajectory",
+        f"{traj}/g/v1/chat/completions",
+        f"{traj}/g/v1/complete_trajectory",
+        "submit_steps",
     ]
 
-    # when / then
-    for url in paths:
+    # when / then: in the header or in the path (a gateway URL), a missing or unknown key is
+    # 401 and a key without the ingest scope 403
+    for endpoint in endpoints:
+        url = f"{root}/{endpoint}"
         assert httpx.post(url, json={}).status_code == 401, url
         assert httpx.post(url, json={}, headers=auth(reader)).status_code == 403, url
+        assert httpx.post(f"{root}/k/claw_0_nope/{endpoint}", json={}).status_code == 401, url
+        assert httpx.post(f"{root}/k/{reader}/{endpoint}", json={}).status_code == 403, url
+    assert trajectory_of(gw.server, gw.key, traj).json()["status"] == "running"
 
 
 def test_bad_input_is_answered_in_openai_error_shape(gw):

@@ -12,6 +12,7 @@ The child is terminated when serve exits (SIGINT or SIGTERM), and by the kernel 
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import subprocess
@@ -39,8 +40,14 @@ class Command(BaseCommand):
         parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
         parser.add_argument("--workers", type=int, default=int(os.environ.get("CLAW_WORKERS", "1")))
+        parser.add_argument(
+            "--fd",
+            type=int,
+            default=None,
+            help="serve on this inherited listening socket (socket activation, tests) instead of binding --port",
+        )
 
-    def handle(self, *args: Any, host: str, port: int, workers: int, **options: Any) -> None:
+    def handle(self, *args: Any, host: str, port: int, workers: int, fd: int | None, **options: Any) -> None:
         demo = bool(settings.CLAW_DEMO) and not settings.CLAW_UPSTREAM_URL
         children: list[subprocess.Popen] = []
         stop = threading.Event()
@@ -68,8 +75,13 @@ class Command(BaseCommand):
                 "claw_site.asgi:application",
                 host=host,
                 port=port,
+                fd=fd,
                 workers=workers,
                 log_level=os.environ.get("CLAW_UVICORN_LOG_LEVEL", "warning"),
+                # The project's logging (settings.LOGGING), not uvicorn's default: its handlers
+                # mask the keys and tokens in gateway and capability URL paths. A copy, because
+                # dictConfig consumes parts of the dict it is given.
+                log_config=copy.deepcopy(settings.LOGGING),
                 lifespan="off",
             )
         finally:
