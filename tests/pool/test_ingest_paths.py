@@ -10,6 +10,9 @@ rollout_logprobs) are never exempt: that is the prefix-dedup promise.
 
 A test marked xfail(strict=True) is a difference between doors found in the current code;
 the one ingest pipeline is to remove it (and the mark).
+
+Statement counts are taken at the database driver (tests/pool/statements.py), because
+Django's query log misses what goes over the raw psycopg connection (COPY, the proxy's CTE).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import Client
 
 from pool.models import ApiKey, Event, PolicyVersion, PromptGroup, Step, Trajectory
@@ -40,6 +43,7 @@ from tests.pool.ingest_doors import (
     snapshot,
     stored_ids,
 )
+from tests.pool.statements import sql_statements
 
 pytestmark = pytest.mark.django_db
 
@@ -619,3 +623,96 @@ def test_claw_r1_complete_rejects_a_non_finite_reward_and_changes_nothing(door_o
     # JSON. Reported; add the param check once the door names it.)
     assert resp.status_code == 400, resp.content
     assert snapshot(door, [s]) == before
+
+
+# --- 4. what a write costs ------------------------------------------------------------------------
+# Statements per white-box batch of one group's rollouts, 5 turns each (observed):
+#   SQLite 17: key lookup, uid check, group select/insert/select, trajectory select + insert,
+#     policy version select, 6 step INSERTs (one per in-batch parent level: the anchor, then
+#     one per turn), trajectory counters UPDATE, anchor UPDATE, group-complete check.
+#   PostgreSQL 23: the same with nextval + COPY per level instead of an INSERT.
+# Independent of the number of rollouts; one more level (two statements on PostgreSQL) per
+# extra turn of one trajectory inside the same batch.
+WHITE_BOX_BATCH_MAX = {"sqlite": 17, "postgresql": 23}
+
+
+@pytest.mark.parametrize("door_name", WHITE_BOX)
+def test_a_white_box_batch_costs_the_same_statements_for_10_and_50_steps(door_of, door_name):
+    # given: batches of 2 and of 10 five-turn rollouts of one group, and a warm process (the
+    # first batch of a process reads table metadata once; the policy version exists)
+    version = next(_versions)
+    prompt = group_prompt()
+
+    def batch(door: WhiteBoxDoor, n_rollouts: int) -> list[dict[str, Any]]:
+        rs = [
+            rollout(f"r{i}", group="g", prompt=prompt, turns=5, reward=1.0, versions=version, seed=i)
+            for i in range(n_rollouts)
+        ]
+        return [step for r in rs for step in door.steps(r, range(5), end=True)]
+
+    warm = door_of(door_name)
+    assert isinstance(warm, WhiteBoxDoor)
+    assert warm.post(batch(warm, 1)).status_code in (200, 201)  # Claw-R1 answers 200
+    counts = {}
+    for n_steps in (10, 50):
+        door = door_of(door_name)
+        assert isinstance(door, WhiteBoxDoor)
+        steps = batch(door, n_steps // 5)
+
+        # when: the batch is submitted
+        with sql_statements() as statements:
+            resp = door.post(steps)
+        assert resp.status_code in (200, 201), resp.content
+        counts[n_steps] = len(statements)
+
+    # then: both cost the same number of statements, within the observed bound
+    assert counts[10] == counts[50] <= WHITE_BOX_BATCH_MAX[connection.vendor], counts
+
+
+# Statements per proxied call on the fast path (observed): PostgreSQL 1 (claim or create the
+# trajectory and insert the steps in one CTE); SQLite 2 (INSERT or claiming UPDATE of the
+# trajectory, INSERT of the steps).
+FAST_CALL = {"sqlite": 2, "postgresql": 1}
+
+
+def test_a_proxied_call_on_the_fast_path_is_one_statement_on_postgresql(door_of):
+    # given: a trajectory the gateway mints (no group, no policy version)
+    [s] = scenario("solo")
+    door = door_of("proxy_fast")
+    counts = []
+
+    # when: its first call, then two more, are recorded
+    for k in range(3):
+        with sql_statements() as statements:
+            door.call(s, k)
+        counts.append(len(statements))
+
+    # then: every call costs the fast path's statements
+    assert counts == [FAST_CALL[connection.vendor]] * 3, counts
+
+
+# Statements per proxied call on the general path (observed, SQLite / PostgreSQL):
+#   first call of a trajectory: 7 / 8; a later call: 9 / 10 (reserve, previous call and its
+#   sequence, then steps_ingest's own uid check, neighbour lookup and sequence load, insert,
+#   counters); a group's first call: 13 / 14 (policy version and group rows, anchor).
+GENERAL_CALL_MAX = {"sqlite": (7, 9), "postgresql": (8, 10)}
+
+
+def test_a_proxied_call_on_the_general_path_costs_a_fixed_number_of_statements(door_of):
+    # given: a trajectory the gateway did not mint, recorded with no memory of earlier calls,
+    # and a warm process (the first COPY of a process reads table metadata once)
+    [s] = scenario("long_chain")
+    door_of("proxy_general").call(s, 0)
+    door = door_of("proxy_general")
+    counts = []
+
+    # when: its first five calls are recorded
+    for k in range(5):
+        with sql_statements() as statements:
+            door.call(s, k)
+        counts.append(len(statements))
+
+    # then: the first costs its bound, every later call the same number, within its bound
+    first, later = GENERAL_CALL_MAX[connection.vendor]
+    assert counts[0] <= first, counts
+    assert len(set(counts[1:])) == 1 and counts[1] <= later, counts
