@@ -55,13 +55,14 @@ def loads(data: bytes, *, lenient: bool = True) -> Any:
             raise BodyError(400, f"malformed JSON body: {exc}", code="invalid_json") from None
 
 
-def json_object(data: bytes, *, empty_ok: bool = False) -> dict[str, Any]:
-    """A strict JSON object body. ``empty_ok``: an empty body (or ``null``) reads as ``{}``."""
+def json_object(data: bytes, *, empty_ok: bool = False, lenient: bool = False) -> dict[str, Any]:
+    """A JSON object body. ``empty_ok``: an empty body (or ``null``) reads as ``{}``;
+    ``lenient``: see ``loads``."""
     if not data.strip():
         if empty_ok:
             return {}
         raise BodyError(400, "empty body; expected a JSON object", code="invalid_json")
-    body = loads(data, lenient=False)
+    body = loads(data, lenient=lenient)
     if body is None and empty_ok:
         return {}
     if not isinstance(body, dict):

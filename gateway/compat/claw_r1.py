@@ -175,9 +175,22 @@ async def submit_steps(request: HttpRequest, key: VerifiedKey) -> HttpResponse:
     raw = body.get("steps")
     if not isinstance(raw, list):
         raise ProxyError(400, "steps must be an array of step objects", param="steps")
-    batch = parse_step_batch({"steps": [_our_step(s, i) for i, s in enumerate(raw)]})
-    await run_db(_ingest, batch, key.source_id, channel)
+    try:
+        batch = parse_step_batch({"steps": [_our_step(s, i) for i, s in enumerate(raw)]})
+        await run_db(_ingest, batch, key.source_id, channel)
+    except PoolError as e:
+        e.field = _their_field(e.field)
+        raise
     return _json({"accepted": len(batch)})
+
+
+def _their_field(field: str | None) -> str | None:
+    """An error's field path in Claw-R1's names (``steps[2].prompt_uid``), as the client sent it."""
+    if field is None:
+        return None
+    for theirs, ours in _RENAMED.items():
+        field = field.replace(f".{ours}", f".{theirs}")
+    return field
 
 
 def _ingest(batch: list, source_id: int, channel: str) -> None:
@@ -206,7 +219,9 @@ def _our_step(step: Any, i: int) -> Any:
 
 
 def _body(request: HttpRequest) -> dict[str, Any]:
-    return json_object(request.body, empty_ok=True)
+    # Lenient: Python's json (Claw-R1's client) writes NaN for a NaN reward; parsed, it is
+    # refused by the rules naming its field instead of as malformed JSON.
+    return json_object(request.body, empty_ok=True, lenient=True)
 
 
 def _metadata(body: dict[str, Any]) -> dict[str, Any] | None:

@@ -285,8 +285,10 @@ def _append_fused(
     the claim missed: nothing was written, the general path runs."""
     if target.policy_version is not None and target.policy_version not in _known_versions:
         return None
+    if count > 1:  # its choices are stored against each other: their ids are needed in turn
+        return None
     steps = _number(build(tail), count, target, tail.end, trajectory_version=None)
-    planned = choose_parents(steps, [pack(s) for s in steps], [tail.steps] * len(steps))
+    planned = choose_parents(steps, [pack(s) for s in steps], _append_candidates(tail, len(steps), []))
     now = timezone.now()
     rows = []
     for p in planned:
@@ -365,7 +367,7 @@ def _append_general(target: AppendTarget, n: int, build: Build, source_id: int |
         start = traj.step_count - n
         tail = recent.get(target.trajectory_uid, start) or tail_load(traj.id, traj.tail_index, start)
         steps = _number(build(tail), n, target, start, trajectory_version=traj.policy_version_id)
-        cands: list[Candidate] = list(tail.steps)
+        anchors: list[Stored] = []
         if start == 0 and traj.group_id is not None:
             anchor = groups[target.prompt_group_uid].anchor_step_id if target.prompt_group_uid else None
             if anchor is None:
@@ -373,8 +375,8 @@ def _append_general(target: AppendTarget, n: int, build: Build, source_id: int |
                     "anchor_step_id", flat=True
                 )[0]
             if anchor is not None:
-                cands.extend(_load_stored({anchor}, {}).values())
-        planned = choose_parents(steps, [pack(s) for s in steps], [cands] * n)
+                anchors = list(_load_stored({anchor}, {}).values())
+        planned = choose_parents(steps, [pack(s) for s in steps], _append_candidates(tail, n, anchors))
         try:
             with transaction.atomic():
                 rows = build_rows(
@@ -400,6 +402,15 @@ def _append_general(target: AppendTarget, n: int, build: Build, source_id: int |
         )
         _remember(target.trajectory_uid, start, rows, planned)
     return steps
+
+
+def _append_candidates(tail: Tail, n: int, anchors: list[Stored]) -> list[list[Candidate]]:
+    """Parent candidates of appended steps, by the rule of every write: the previous index
+    (the tail's last step for the first, the preceding step of this append for the others)
+    and, for a step 0, the group anchor. A continuation of an n > 1 call is thus stored
+    against the last choice, exactly as a white-box batch of the same steps would be."""
+    first: list[Candidate] = [tail.steps[-1]] if tail.steps else list(anchors)
+    return [first] + [[i - 1] for i in range(1, n)]
 
 
 def _number(

@@ -107,23 +107,9 @@ def scenario(name: str) -> list[Rollout]:
     raise AssertionError(name)
 
 
-_CHOICES = (
-    "the fast path encodes a call's steps against the previous call's steps only (the best prefix "
-    "among its n choices), steps_ingest against step_index - 1: the n choices of one call and the "
-    "step after them get other seq_parent/seq_shared/seq_delta/seq_depth"
-)
-_POLICY = (
-    "a proxied call naming a newer policy version than its trajectory's is stored with the "
-    "trajectory's version: the general path (taken by the first call naming an unseen version) "
-    "prefers the trajectory's, the fast path the call's"
-)
-ROW_XFAIL = {
-    ("choices", "proxy_fast"): _CHOICES,
-    ("policy_bump", "proxy_fast"): _POLICY,
-    ("policy_bump", "proxy_general"): _POLICY,
-}
-# Reads rebuild the same ids whatever the parent; the policy version is read back as stored.
-READ_XFAIL = {("policy_bump", "proxy_fast"): _POLICY, ("policy_bump", "proxy_general"): _POLICY}
+# Differences between doors found in the code (none since the one pipeline).
+ROW_XFAIL: dict[tuple[str, str], str] = {}
+READ_XFAIL: dict[tuple[str, str], str] = {}
 
 
 def cases(xfail: dict[tuple[str, str], str]) -> list:
@@ -412,7 +398,7 @@ def test_a_proxied_call_over_the_token_limit_writes_no_step(door_of, door_name, 
     # then: no step, no index taken; the call is kept as an event naming the field
     assert (outcome.steps, outcome.event) == ([], "unrecorded_call")
     event = Event.objects.get(type="unrecorded_call", trajectory__uid=door.uid("s"))
-    assert event.payload["field"] == "choices[0]"
+    assert event.payload["field"] == "choices[0].prompt_ids"
     assert pool_counts() == {**before, "Event": before["Event"] + 1}
     assert Trajectory.objects.get(uid=door.uid("s")).step_count == 1
 
@@ -456,8 +442,9 @@ STEP_REJECTIONS: list[tuple[str, str, dict[str, Any], int | None, str]] = [
         ("prompt_group_uid", d, {"prompt_group_uid": LONG}, None, "steps[1].prompt_group_uid")
         for d in ("json", "msgpack")
     ],
-    # Not here, reported instead: Claw-R1 names a too-long prompt_uid "steps[1].prompt_group_uid"
-    # (our name, not the one it sent); its non-finite reward has a test of its own below.
+    # Claw-R1's errors name its own fields (prompt_uid, not prompt_group_uid); its non-finite
+    # reward has a test of its own below (NaN cannot cross msgpack/JSON the same way).
+    ("prompt_uid", "claw_r1", {"prompt_group_uid": LONG}, None, "steps[1].prompt_uid"),  # sent as prompt_uid
 ]
 
 
@@ -526,9 +513,9 @@ def test_claw_r1_non_finite_reward_is_rejected_and_nothing_is_written(door_of):
     # when: submitted
     resp = door.post(steps)
 
-    # then: 400 and nothing written. (The field is not named: the body is refused as malformed
-    # JSON before any field is read. Reported; add the param check once the door names it.)
+    # then: 400 naming the field, and nothing written
     assert resp.status_code == 400, resp.content
+    assert resp.json()["error"]["param"] == "steps[1].reward"
     assert pool_counts() == before
 
 
@@ -578,11 +565,6 @@ def test_claw_r1_init_rejects_a_prompt_uid_over_128_characters_naming_it(agent_k
     assert pool_counts() == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Claw-R1 register_trajectory does not check the uid length: SQLite stores a trajectory "
-    "with a 129-character uid, PostgreSQL answers 500; the white-box doors refuse it with a 400",
-)
 def test_claw_r1_register_rejects_a_trajectory_uid_over_128_characters(agent_key):
     before = pool_counts()
     resp = _gateway_post(f"/compat/claw-r1/{LONG}/g/v1/register_trajectory", agent_key, {})
@@ -619,9 +601,9 @@ def test_claw_r1_complete_rejects_a_non_finite_reward_and_changes_nothing(door_o
         f"/compat/claw-r1/{door.uid('s')}/-/v1/complete_trajectory", door.key, b'{"reward": NaN}'
     )
 
-    # then: 400 and nothing changed. (The field is not named: the body is refused as malformed
-    # JSON. Reported; add the param check once the door names it.)
+    # then: 400 naming the field, and nothing changed
     assert resp.status_code == 400, resp.content
+    assert resp.json()["error"]["param"] == "reward"
     assert snapshot(door, [s]) == before
 
 
