@@ -80,14 +80,14 @@ def trajectories_insert(rows: Sequence[Trajectory]) -> list[tuple]:
 
     ``INSERT ... ON CONFLICT (uid) DO NOTHING RETURNING``: one race-safe statement; a row
     another writer inserted first is simply not returned (the caller reads it)."""
-    cols = [f for f in Trajectory._meta.concrete_fields if not f.primary_key]
+    cols = _portable_columns(Trajectory)
     q = connection.ops.quote_name
     params: list[object] = []
     for row in rows:
-        params.extend(_param(f, column_converter_orm(f), row) for f in cols)
+        params.extend(_param(f, conv, row) for f, conv in cols)
     one = f"({', '.join(['%s'] * len(cols))})"
     sql = (
-        f"INSERT INTO {q(Trajectory._meta.db_table)} ({', '.join(q(f.column) for f in cols)}) "
+        f"INSERT INTO {q(Trajectory._meta.db_table)} ({', '.join(q(f.column) for f, _ in cols)}) "
         f"VALUES {', '.join([one] * len(rows))} ON CONFLICT (uid) DO NOTHING RETURNING {', '.join(TRAJ_COLS)}"
     )
     with connection.cursor() as cur:
@@ -208,10 +208,9 @@ class PostgresBackend:
         """Claim (or create) the trajectory and insert the steps in ONE statement, a
         data-modifying CTE::
 
-            WITH t AS (UPDATE trajectory SET step_count = step_count + n ... RETURNING id, ...),
-                 s AS (INSERT INTO step (...) SELECT ..., t.id, ... FROM t [UNION ALL ...]
-                       RETURNING id, step_index)
-            SELECT s.id, s.step_index, t.id, t.group_id, t.policy_version_id FROM s CROSS JOIN t
+            WITH t AS (UPDATE trajectory SET step_count = step_count + n ... RETURNING id, ...)
+            INSERT INTO step (...) SELECT ..., t.id, ... FROM t [UNION ALL ...]
+            RETURNING id, step_index, trajectory_id, (SELECT group_id FROM t), ...
 
         A claim that matches no row inserts nothing. Parameters are bound server-side (token
         blobs travel as binary bytea, not escaped hex), and the text depends only on the
@@ -269,9 +268,9 @@ def _fused_sql(shape: tuple) -> str:
             exprs.append(_placeholder(f))
     one = f"SELECT {', '.join(exprs)} FROM t"
     return (
-        f"WITH t AS ({claim}), s AS (INSERT INTO {q(Step._meta.db_table)} "
-        f"({', '.join(q(str(f.column)) for f in fields)}) {' UNION ALL '.join([one] * shape[1])} "
-        f"RETURNING id, step_index) SELECT s.id, s.step_index, t.id, t.group_id, t.policy_version_id FROM s CROSS JOIN t"
+        f"WITH t AS ({claim}) INSERT INTO {q(Step._meta.db_table)} ({', '.join(q(str(f.column)) for f in fields)}) "
+        f"{' UNION ALL '.join([one] * shape[1])} "
+        f"RETURNING id, step_index, trajectory_id, (SELECT group_id FROM t), (SELECT policy_version_id FROM t)"
     )
 
 
@@ -392,6 +391,20 @@ def _columns(model: type[models.Model]) -> list[tuple[models.Field, Callable[[An
     if cols is None:
         cols = _columns_cache[model] = [
             (f, column_converter(f)) for f in model._meta.concrete_fields if not f.primary_key
+        ]
+    return cols
+
+
+_portable: dict[tuple[str, type[models.Model]], list[tuple[models.Field, Callable[[Any], Any] | None]]] = {}
+
+
+def _portable_columns(model: type[models.Model]) -> list[tuple[models.Field, Callable[[Any], Any] | None]]:
+    """(field, portable value converter) of each column written, the primary key excepted."""
+    key = (connection.vendor, model)
+    cols = _portable.get(key)
+    if cols is None:
+        cols = _portable[key] = [
+            (f, column_converter_orm(f)) for f in model._meta.concrete_fields if not f.primary_key
         ]
     return cols
 

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..models import PromptGroup
 from . import backends
 
 
-@dataclass(slots=True, frozen=True)
-class WrittenStep:
+class WrittenStep(NamedTuple):  # a tuple: built once per stored step, on the hot path
     id: int
     uid: str
     trajectory_id: int
@@ -36,8 +36,7 @@ class WrittenStep:
     policy_version: int | None
 
 
-@dataclass(slots=True, frozen=True)
-class WrittenTrajectory:
+class WrittenTrajectory(NamedTuple):
     id: int
     uid: str
     group_id: int | None

@@ -100,8 +100,11 @@ def _check_batch(steps: Sequence[StepIn]) -> None:
                 field=s.at("step_index"),
             )
         seen_pos.add(pos)
-        rules.check_uid(s.uid, s.at("uid"), max_len=rules.MAX_STEP_UID_LEN)
-        rules.check_reward(s.reward, s.at("reward"))
+        # The wire contract checked these for decoded steps; StepIns built in Python too.
+        if len(s.uid) > rules.MAX_STEP_UID_LEN:
+            rules.check_uid(s.uid, s.at("uid"), max_len=rules.MAX_STEP_UID_LEN)
+        if s.reward is not None:
+            rules.check_reward(s.reward, s.at("reward"))
 
 
 def _ingest(

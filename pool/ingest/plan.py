@@ -9,6 +9,7 @@ has its id before its children's rows are built. Pure Python and numpy: no queri
 from __future__ import annotations
 
 import hashlib
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -40,13 +41,19 @@ def content_hash(s: StepIn, seq_hash: bytes) -> bytes:
     """Fingerprint of everything submitted (contract.CONTENT_FIELDS), for idempotency: the
     tokens enter through ``seq_hash``, so they are hashed once."""
     h = hashlib.blake2b(digest_size=16)
-    head = [len(getattr(s, f)) if f in TOKEN_ARRAYS else getattr(s, f) for f in CONTENT_FIELDS]
+    head = list(_content(s))
+    for i in _ARRAY_AT:
+        head[i] = len(head[i])
     h.update(orjson.dumps(head, option=orjson.OPT_SORT_KEYS))
     h.update(seq_hash)
     if s.rollout_logprobs is not None:
         h.update(b"lp")
         h.update(np.ascontiguousarray(s.rollout_logprobs, dtype=tokens.LOGPROB_DTYPE).tobytes())
     return h.digest()
+
+
+_content = operator.attrgetter(*CONTENT_FIELDS)
+_ARRAY_AT = [i for i, f in enumerate(CONTENT_FIELDS) if f in TOKEN_ARRAYS]
 
 
 @dataclass(slots=True)
