@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -68,6 +69,8 @@ class Command(BaseCommand):
                     name="claw-demo-traffic",
                     daemon=True,
                 ).start()
+            if fd is not None:
+                _no_delay(fd)
             self.stdout.write(
                 f"Claw-R1 listening on http://{host}:{port}/  (API docs: /api/v1/docs/, admin: /admin/)"
             )
@@ -188,3 +191,15 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass  # not Linux: the `finally` in handle() still terminates the child on a clean exit
+
+
+def _no_delay(fd: int) -> None:
+    """TCP_NODELAY on an inherited listening socket (accepted connections inherit it):
+    uvicorn wraps an fd as AF_UNIX, so asyncio would not set it, and Nagle's algorithm would
+    stall responses written in pieces."""
+    sock = socket.socket(fileno=os.dup(fd))  # family auto-detected from the fd
+    try:
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    finally:
+        sock.close()
