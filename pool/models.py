@@ -146,7 +146,7 @@ class Trajectory(models.Model):
     reward = models.FloatField(null=True, blank=True)
     # Next free step_index. Only ever raised: by the claim of a proxied call (step_count + n,
     # under the row lock) and by the batch effects (the max of stored and written), both in
-    # pool/ingest/sql.py, so concurrent writers never lose or reuse an index.
+    # pool/ingest/backends.py, so concurrent writers never lose or reuse an index.
     step_count = models.PositiveIntegerField(default=0)
     # First step_index of the latest append: the steps one call wrote together (the n choices
     # of one prompt). A next append is compared with them (parent choice, continuity), so
