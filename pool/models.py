@@ -149,7 +149,7 @@ class Trajectory(models.Model):
     # pool/ingest/backends.py, so concurrent writers never lose or reuse an index.
     step_count = models.PositiveIntegerField(default=0)
     # First step_index of the latest append: the steps one call wrote together (the n choices
-    # of one prompt). A next append is compared with them (parent choice, continuity), so
+    # of one prompt). The gateway checks a next call's continuity (drift) against them, so
     # [tail_index, step_count) is "the previous call" without reading step metadata.
     tail_index = models.PositiveIntegerField(default=0)
     policy_version = models.ForeignKey(
