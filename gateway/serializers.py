@@ -131,7 +131,7 @@ class StepBatchSerializer(serializers.Serializer):
     steps = StepWriteSerializer(many=True)
 
 
-class StepReadSerializer(StepWriteSerializer):
+class StepReadSerializer(StepWriteSerializer):  # type: ignore[valid-type,misc]
     reward_status = serializers.ChoiceField(choices=Step.RewardStatus.choices)
     token_source = serializers.ChoiceField(choices=Step.TokenSource.choices)
     drift = serializers.BooleanField()

@@ -82,12 +82,12 @@ def trajectories_insert(rows: Sequence[Trajectory]) -> list[tuple]:
     another writer inserted first is simply not returned (the caller reads it)."""
     cols = _portable_columns(Trajectory)
     q = connection.ops.quote_name
-    params: list[object] = []
+    params: list[Any] = []
     for row in rows:
         params.extend(_param(f, conv, row) for f, conv in cols)
     one = f"({', '.join(['%s'] * len(cols))})"
     sql = (
-        f"INSERT INTO {q(Trajectory._meta.db_table)} ({', '.join(q(f.column) for f, _ in cols)}) "
+        f"INSERT INTO {q(Trajectory._meta.db_table)} ({', '.join(q(str(f.column)) for f, _ in cols)}) "
         f"VALUES {', '.join([one] * len(rows))} ON CONFLICT (uid) DO NOTHING RETURNING {', '.join(TRAJ_COLS)}"
     )
     with connection.cursor() as cur:
@@ -105,7 +105,7 @@ def trajectories_after_write(updates: Sequence[tuple[int, int, int, bool]]) -> N
     running trajectory."""
     table = connection.ops.quote_name(Trajectory._meta.db_table)
     values = ", ".join(["(%s, %s, %s, %s)"] * len(updates))
-    params: list[object] = [x for row in updates for x in row]
+    params: list[Any] = [x for row in updates for x in row]
     now = connection.ops.adapt_datetimefield_value(timezone.now())
     sql = f"""
         WITH v(id, n, tail, last) AS (VALUES {values})
@@ -150,8 +150,8 @@ def _claim_sql(*, group: bool) -> str:
     return sql + " RETURNING id, policy_version_id, group_id"
 
 
-def _claim_params(claim: FusedClaim, n: int) -> list[object]:
-    params: list[object] = [
+def _claim_params(claim: FusedClaim, n: int) -> list[Any]:
+    params: list[Any] = [
         n,
         connection.ops.adapt_datetimefield_value(timezone.now()),
         claim.uid,
@@ -178,7 +178,7 @@ class PostgresBackend:
             cur.execute("SELECT nextval(%s) FROM generate_series(1, %s)", [seq, len(rows)])
             ids = [row[0] for row in cur.fetchall()]
         now = timezone.now()
-        columns = ", ".join(connection.ops.quote_name(f.column) for f in Step._meta.concrete_fields)
+        columns = ", ".join(connection.ops.quote_name(str(f.column)) for f in Step._meta.concrete_fields)
         raw = connection.connection  # the psycopg connection of Django's (atomic) transaction
         try:
             with (

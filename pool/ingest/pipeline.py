@@ -160,17 +160,17 @@ def _ingest(
     # 3. Neighbours already stored: index collisions and parent candidates. Trajectories this
     # batch just created have none, so only older ones are queried.
     old = {t.id for t in trajs.values() if not t.created}
-    stored: dict[tuple[int, int], tuple[int, str, int]] = {}
+    neighbours: dict[tuple[int, int], tuple[int, str, int]] = {}
     if old:
         wanted = {s.step_index for s in new_steps} | {s.step_index - 1 for s in new_steps if s.step_index > 0}
-        stored = {
+        neighbours = {
             (tid, idx): (sid, uid, depth)
             for sid, tid, idx, uid, depth in Step.objects.filter(
                 trajectory_id__in=old, step_index__in=wanted
             ).values_list("id", "trajectory_id", "step_index", "uid", "seq_depth")
         }
     for s in new_steps:
-        taken = stored.get((trajs[s.trajectory_uid].id, s.step_index))
+        taken = neighbours.get((trajs[s.trajectory_uid].id, s.step_index))
         if taken is not None and taken[1] == s.uid:
             # Our own uid, committed by a concurrent writer after our uid check: replay, and
             # the replay classifies it (duplicate or conflict) like any existing uid.
@@ -199,7 +199,7 @@ def _ingest(
             j = position.get((s.trajectory_uid, s.step_index - 1))
             if j is not None:
                 mine.append(j)
-            elif (prev := stored.get((t.id, s.step_index - 1))) is not None:
+            elif (prev := neighbours.get((t.id, s.step_index - 1))) is not None:
                 mine.append(("db", prev[0]))
                 depth_of[prev[0]] = prev[2]
         elif t.group_id is not None:
@@ -359,6 +359,7 @@ def _append_general(target: AppendTarget, n: int, build: Build, source_id: int |
                 source_id=source_id,
             )
             row = backends.trajectory_claim(target.trajectory_uid, n)
+        assert row is not None, "trajectory_ensure just made sure the row exists"
         traj = TrajectoryRow(*row)
         if traj.status != Trajectory.Status.RUNNING:
             raise Conflict(
@@ -496,13 +497,10 @@ def trajectory_ensure(
     found = _trajectories_by_uid(first.keys())
     missing = sorted(first.keys() - found.keys())
     if missing:
-        rows = [
-            _trajectory_row(
-                first[u], groups[first[u].group_uid].id if first[u].group_uid else None, source_id
-            )
-            for u in missing
-        ]
-        found.update({r[1]: TrajectoryRow(*r, created=True) for r in backends.trajectories_insert(rows)})
+        rows = [_trajectory_row(first[u], _group_id(groups, first[u].group_uid), source_id) for u in missing]
+        for r in backends.trajectories_insert(rows):
+            found[r[1]] = inserted = TrajectoryRow(*r)
+            inserted.created = True
         late = [u for u in missing if u not in found]  # inserted concurrently by another writer
         if late:
             found.update(_trajectories_by_uid(late))
@@ -510,6 +508,10 @@ def trajectory_ensure(
         if spec.group_uid:
             _bind_group(found[spec.uid], groups[spec.group_uid].id, spec.field)
     return found
+
+
+def _group_id(groups: dict[str, PromptGroup], uid: str | None) -> int | None:
+    return groups[uid].id if uid else None
 
 
 def _bind_group(traj: TrajectoryRow, group_id: int, field: str) -> None:

@@ -124,7 +124,7 @@ def step_row(
     full ids, depth) when given. Every write path builds its rows here."""
     s, packed = p.step, p.packed
     enc = tokens.encode_against(packed.full, parent[1] if parent else None, parent[2] if parent else 0)
-    return new_instance(
+    return new_instance(  # type: ignore[return-value]
         Step,
         dict(
             uid=s.uid,

@@ -130,9 +130,10 @@ def trajectory_complete(
     if traj.group_id:
         groups_check_complete(group_ids=[traj.group_id])
     if reward is not None and reward_last_step:
-        last = Step.objects.filter(trajectory=traj, is_last=True).values_list("uid", flat=True).first()
-        if last is not None:
+        last_uid = Step.objects.filter(trajectory=traj, is_last=True).values_list("uid", flat=True).first()
+        if last_uid is not None:
             rewards_apply(
-                rewards=[RewardIn(reward=reward, step_uid=last, source=reward_source)], source_id=source_id
+                rewards=[RewardIn(reward=reward, step_uid=last_uid, source=reward_source)],
+                source_id=source_id,
             )
     return traj
