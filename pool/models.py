@@ -61,6 +61,9 @@ class ApiKey(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
+    class Meta:
+        verbose_name = "API key"
+
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}, {','.join(self.scopes)})"
 
@@ -161,6 +164,7 @@ class Trajectory(models.Model):
     completed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        verbose_name_plural = "trajectories"
         indexes = [
             # "Rollouts of a group" (group detail, group-complete check, merge input).
             models.Index(fields=["group", "status"], name="traj_group_status"),
@@ -355,6 +359,7 @@ class Feedback(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
+        verbose_name_plural = "feedback"
         constraints = [
             models.CheckConstraint(
                 condition=Q(step__isnull=False) | Q(trajectory__isnull=False), name="feedback_has_target"
@@ -439,6 +444,7 @@ class TrajectoryCapability(models.Model):
     expires_at = models.DateTimeField()
 
     class Meta:
+        verbose_name_plural = "trajectory capabilities"
         indexes = [
             # "Tokens of a trajectory": the cascade of a trajectory delete (retention) and the admin.
             models.Index(fields=["trajectory"], name="trajcap_trajectory"),

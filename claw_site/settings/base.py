@@ -291,3 +291,10 @@ DEFAULT_EXCEPTION_REPORTER = "claw_site.error_reports.RedactingExceptionReporter
 
 # --- Operator sign-in -------------------------------------------------------------------------
 LOGIN_URL = "admin:login"
+# Passwords set through manage.py create_user (curation.services.user_create).
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 10}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
