@@ -222,7 +222,7 @@ def _ingest(
         source_id=source_id,
         insert=backends.backend().insert_steps,
     )
-    effects.apply(_written(rows, trajs.values(), source_id=source_id, door="batch"))
+    effects.apply(_written(rows, [_trajectory_written(t) for t in trajs.values()], source_id=source_id))
     return IngestResult(created=rows, duplicates=duplicates)
 
 
@@ -320,18 +320,8 @@ def _append_fused(
             row._state.adding = False
             if row.policy_version_id is None:  # stamped by the statement: the trajectory's
                 row.policy_version_id = s.policy_version = got.policy_version_id
-        effects.apply(
-            StepsWritten(
-                steps=tuple(_written_step(r) for r in rows),
-                trajectories={
-                    traj_id: WrittenTrajectory(traj_id, target.trajectory_uid, group_id, target.new)
-                },
-                source_id=source_id,
-                door="append",
-                counted=True,
-                tails={traj_id: tail.end},
-            )
-        )
+        written = WrittenTrajectory(traj_id, target.trajectory_uid, group_id, target.new)
+        effects.apply(_written(rows, [written], source_id=source_id, tails={traj_id: tail.end}, counted=True))
     _remember(target.trajectory_uid, tail.end, rows, planned)
     return steps
 
@@ -394,15 +384,8 @@ def _append_general(target: AppendTarget, n: int, build: Build, source_id: int |
                 f"trajectory {target.trajectory_uid!r}: step uids {steps[0].uid!r}.. are taken by other steps",
                 field="trajectory_uid",
             ) from None
-        traj_written = WrittenTrajectory(traj.id, traj.uid, traj.group_id, traj.created)
         effects.apply(
-            StepsWritten(
-                steps=tuple(_written_step(r) for r in rows),
-                trajectories={traj.id: traj_written},
-                source_id=source_id,
-                door="append",
-                tails={traj.id: start},
-            )
+            _written(rows, [_trajectory_written(traj)], source_id=source_id, tails={traj.id: start})
         )
         _remember(target.trajectory_uid, start, rows, planned)
     return steps
@@ -491,9 +474,13 @@ def trajectory_ensure(
     if groups is None:
         groups = groups_ensure({s.group_uid for s in specs if s.group_uid})
     first: dict[str, TrajectorySpec] = {}
-    for spec in specs:
-        rules.check_uid(spec.uid, "trajectory_uid")
-        first.setdefault(spec.uid, spec)
+    bindings: dict[tuple[str, str], str] = {}  # (trajectory uid, group uid) -> error field
+    for spec in specs:  # a batch names each trajectory once per step: the work is per uid
+        if spec.uid not in first:
+            rules.check_uid(spec.uid, "trajectory_uid")
+            first[spec.uid] = spec
+        if spec.group_uid:
+            bindings.setdefault((spec.uid, spec.group_uid), spec.field)
     found = _trajectories_by_uid(first.keys())
     missing = sorted(first.keys() - found.keys())
     if missing:
@@ -504,9 +491,8 @@ def trajectory_ensure(
         late = [u for u in missing if u not in found]  # inserted concurrently by another writer
         if late:
             found.update(_trajectories_by_uid(late))
-    for spec in specs:
-        if spec.group_uid:
-            _bind_group(found[spec.uid], groups[spec.group_uid].id, spec.field)
+    for (uid, group_uid), field in bindings.items():
+        _bind_group(found[uid], groups[group_uid].id, field)
     return found
 
 
@@ -517,9 +503,12 @@ def _group_id(groups: dict[str, PromptGroup], uid: str | None) -> int | None:
 def _bind_group(traj: TrajectoryRow, group_id: int, field: str) -> None:
     """Adopt ``group_id`` when the trajectory has no group; Conflict when it has another."""
     if traj.group_id is None:
-        Trajectory.objects.filter(id=traj.id, group__isnull=True).update(group_id=group_id)
-        traj.group_id = group_id
-    elif traj.group_id != group_id:
+        if not Trajectory.objects.filter(id=traj.id, group__isnull=True).update(group_id=group_id):
+            # A concurrent writer bound a group first (its row lock ordered us after it).
+            traj.group_id = Trajectory.objects.filter(id=traj.id).values_list("group_id", flat=True)[0]
+        else:
+            traj.group_id = group_id
+    if traj.group_id != group_id:
         raise Conflict(f"trajectory {traj.uid!r} belongs to another prompt group", field=field)
 
 
@@ -591,11 +580,24 @@ def _written_step(r: Step) -> WrittenStep:
 
 
 def _written(
-    rows: list[Step], trajs: Iterable[TrajectoryRow], *, source_id: int | None, door: str
+    rows: list[Step],
+    trajectories: Iterable[WrittenTrajectory],
+    *,
+    source_id: int | None,
+    tails: dict[int, int] | None = None,
+    counted: bool = False,
 ) -> StepsWritten:
+    """The effects' record of one write. ``tails`` (appends only): each trajectory's first
+    index of this append; ``counted``: the write's own statement moved the counters."""
     return StepsWritten(
         steps=tuple(_written_step(r) for r in rows),
-        trajectories={t.id: WrittenTrajectory(t.id, t.uid, t.group_id, t.created) for t in trajs},
+        trajectories={t.id: t for t in trajectories},
         source_id=source_id,
-        door=door,
+        door="batch" if tails is None else "append",
+        counted=counted,
+        tails=tails or {},
     )
+
+
+def _trajectory_written(t: TrajectoryRow) -> WrittenTrajectory:
+    return WrittenTrajectory(t.id, t.uid, t.group_id, t.created)

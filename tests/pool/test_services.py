@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
+import time
 
 import pytest
 from django.apps import apps
 from django.core import serializers
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from pool import tasks
@@ -468,3 +470,71 @@ def test_register_merges_metadata_and_sets_the_policy_version():
         trajectory_register(uid="reg", prompt_group_uid="another")
     with pytest.raises(InvalidInput):
         trajectory_register(uid="reg", metadata={"policy_version": "nine"})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_writers_binding_one_trajectory_to_two_groups_get_one_conflict():
+    # A trajectory without a group is bound by the first write that names one. A second
+    # writer that read it group-less while the first was still open must not bind it again.
+    if connection.vendor != "postgresql":
+        pytest.skip("concurrent writers need PostgreSQL")
+    trajectory_create(uid="race")
+    first_holds = threading.Event()
+    outcome: dict[str, BaseException | None] = {}
+
+    def first() -> None:
+        try:
+            with transaction.atomic():
+                steps_ingest(steps=[step_in("race", 0, prompt=[1, 2, 3], response=[4], group="ga")])
+                first_holds.set()
+                # keep the binding uncommitted until the second writer waits on its row lock
+                _wait_for(lambda: _lock_waiters() > 0, "the second writer to wait on the row lock")
+            outcome["first"] = None
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            outcome["first"] = exc
+            first_holds.set()
+        finally:
+            connections.close_all()
+
+    def second() -> None:
+        try:
+            first_holds.wait(timeout=60)
+            steps_ingest(steps=[step_in("race", 1, prompt=[1, 2, 3], response=[5], group="gb")])
+            outcome["second"] = None
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            outcome["second"] = exc
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert outcome["first"] is None
+    assert isinstance(outcome["second"], Conflict) and outcome["second"].field == "prompt_group_uid"
+    assert Trajectory.objects.get(uid="race").group.uid == "ga"
+    assert list(Step.objects.filter(trajectory__uid="race").values_list("step_index", flat=True)) == [0]
+
+
+def _lock_waiters() -> int:
+    """Sessions of this database waiting on a lock, seen from a connection of its own (a
+    transaction sees pg_stat_activity as it was when it first read it)."""
+    conn = connections.create_connection("default")
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+            return cur.fetchone()[0]
+    finally:
+        conn.close()
+
+
+def _wait_for(cond, what: str, deadline_s: float = 30) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
