@@ -80,7 +80,7 @@ def trajectories_insert(rows: Sequence[Trajectory]) -> list[tuple]:
 
     ``INSERT ... ON CONFLICT (uid) DO NOTHING RETURNING``: one race-safe statement; a row
     another writer inserted first is simply not returned (the caller reads it)."""
-    cols = _portable_columns(Trajectory)
+    cols = _columns(Trajectory)
     q = connection.ops.quote_name
     params: list[Any] = []
     for row in rows:
@@ -335,24 +335,14 @@ def new_instance(model: type[models.Model], values: dict[str, Any]) -> models.Mo
 
 
 def column_converter(field: models.Field) -> Callable[[Any], Any] | None:
-    """How a non-NULL attribute value becomes a psycopg parameter for ``field``'s column
-    (JSON as jsonb serialised with orjson, binary as bytes), or None when it goes as is."""
+    """How a non-NULL attribute value becomes a parameter for ``field``'s column, or None
+    when it goes as is: JSON serialised with orjson (as jsonb on PostgreSQL), binary as bytes,
+    and on other databases datetimes as their text form."""
     if isinstance(field, models.JSONField):
-        return _json
+        return _json if connection.vendor == "postgresql" else _orjson_dumps
     if isinstance(field, models.BinaryField):
         return _bytes
-    return None
-
-
-def column_converter_orm(field: models.Field) -> Callable[[Any], Any] | None:
-    """Portable parameters (any backend): JSON serialised by orjson, binary as bytes."""
-    if connection.vendor == "postgresql":
-        return column_converter(field)
-    if isinstance(field, models.JSONField):
-        return _json_text
-    if isinstance(field, models.BinaryField):
-        return _bytes
-    if isinstance(field, models.DateTimeField):
+    if isinstance(field, models.DateTimeField) and connection.vendor != "postgresql":
         return connection.ops.adapt_datetimefield_value
     return None
 
@@ -363,10 +353,6 @@ def _NOW(value: Any) -> Any:  # marker: auto_now / auto_now_add columns
 
 def _json(value: Any) -> Any:
     return Jsonb(value, dumps=_orjson_dumps)
-
-
-def _json_text(value: Any) -> str:
-    return orjson.dumps(value).decode()
 
 
 def _orjson_dumps(value: Any) -> str:
@@ -382,29 +368,18 @@ def _param(f: models.Field, conv: Callable[[Any], Any] | None, obj: models.Model
     return conv(value) if conv is not None and value is not None else value
 
 
-_columns_cache: dict[type[models.Model], list[tuple[models.Field, Callable[[Any], Any] | None]]] = {}
+_columns_cache: dict[
+    tuple[str, type[models.Model]], list[tuple[models.Field, Callable[[Any], Any] | None]]
+] = {}
 
 
 def _columns(model: type[models.Model]) -> list[tuple[models.Field, Callable[[Any], Any] | None]]:
-    """(field, PostgreSQL value converter) of each column written, the primary key excepted."""
-    cols = _columns_cache.get(model)
-    if cols is None:
-        cols = _columns_cache[model] = [
-            (f, column_converter(f)) for f in model._meta.concrete_fields if not f.primary_key
-        ]
-    return cols
-
-
-_portable: dict[tuple[str, type[models.Model]], list[tuple[models.Field, Callable[[Any], Any] | None]]] = {}
-
-
-def _portable_columns(model: type[models.Model]) -> list[tuple[models.Field, Callable[[Any], Any] | None]]:
-    """(field, portable value converter) of each column written, the primary key excepted."""
+    """(field, value converter) of each column written, the primary key excepted."""
     key = (connection.vendor, model)
-    cols = _portable.get(key)
+    cols = _columns_cache.get(key)
     if cols is None:
-        cols = _portable[key] = [
-            (f, column_converter_orm(f)) for f in model._meta.concrete_fields if not f.primary_key
+        cols = _columns_cache[key] = [
+            (f, column_converter(f)) for f in model._meta.concrete_fields if not f.primary_key
         ]
     return cols
 
