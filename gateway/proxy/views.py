@@ -39,7 +39,7 @@ from pool.ingest import rules
 from pool.services import gateway_event_record
 from pool.services.api_keys import VerifiedKey
 
-from .. import body
+from ..body import check_length, json_object
 from . import upstream
 from .access import authorise
 from .db import run_db
@@ -50,7 +50,6 @@ from .stream import StreamAccumulator, sse_data
 log = logging.getLogger(__name__)
 
 TRAJECTORY_HEADER = "X-Claw-Trajectory"
-MAX_UID_LEN = rules.MAX_UID_LEN
 _PATHS = {CHAT: "/v1/chat/completions", COMPLETIONS: "/v1/completions"}
 # Upstreams (by CLAW_UPSTREAM_URL) that rejected ``return_token_ids`` as an unknown field
 # (e.g. OpenAI's own API): later calls go without it and fall back to CLAW_TOKENIZER.
@@ -159,8 +158,10 @@ def _identity(request: HttpRequest, path_trajectory: str | None, path_group: str
     if group == "-":  # the scoped URL's "no group"
         group = None
     for name, value in (("trajectory", traj), ("prompt group", group)):
-        if value is not None and (not value.strip() or len(value) > MAX_UID_LEN):
-            raise ProxyError(400, f"the {name} uid must be 1 to {MAX_UID_LEN} characters", code="invalid_uid")
+        if value is not None and (not value.strip() or len(value) > rules.MAX_UID_LEN):
+            raise ProxyError(
+                400, f"the {name} uid must be 1 to {rules.MAX_UID_LEN} characters", code="invalid_uid"
+            )
     version = meta.get("HTTP_X_CLAW_POLICY_VERSION")
     policy_version = None
     if version not in (None, ""):
@@ -177,8 +178,8 @@ def _identity(request: HttpRequest, path_trajectory: str | None, path_group: str
 
 def _json_body(request: HttpRequest) -> dict[str, Any]:
     length = request.META.get("CONTENT_LENGTH")
-    body.check_length(int(length) if length and length.isdigit() else None)
-    return body.json_object(request.body)
+    check_length(int(length) if length and length.isdigit() else None)
+    return json_object(request.body)
 
 
 async def _forward(
