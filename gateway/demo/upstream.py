@@ -651,13 +651,17 @@ async def _lifespan(receive: Receive, send: Send) -> None:
 
 
 # --- CLI ----------------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> None:
-    """``python -m gateway.demo.upstream --port N``: serve the demo upstream with uvicorn."""
+def main(argv: list[str] | None = None, *, wrap: Callable[[Any], Any] | None = None) -> None:
+    """``python -m gateway.demo.upstream --port N``: serve the demo upstream with uvicorn.
+
+    ``--fd N`` serves on an inherited listening socket instead; ``wrap`` wraps the app (the
+    gateway tests add their hooks, tests/gateway/upstream_harness.py)."""
     import uvicorn
 
     p = argparse.ArgumentParser(description="Claw-R1 demo upstream (answers like vLLM, no model).")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8001)
+    p.add_argument("--fd", type=int, default=None, help="serve on this inherited listening socket")
     p.add_argument("--latency-ms", type=float, default=0.0, help="added to every request")
     p.add_argument(
         "--failure-rate", type=float, default=0.0, help="share of completion requests answered 500"
@@ -674,9 +678,10 @@ def main(argv: list[str] | None = None) -> None:
         seed=args.seed,
     )
     uvicorn.run(
-        app,
+        wrap(app) if wrap is not None else app,
         host=args.host,
         port=args.port,
+        fd=args.fd,
         loop="uvloop",
         http="httptools",
         log_level="warning",

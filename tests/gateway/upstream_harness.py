@@ -17,13 +17,13 @@ The hooks are request headers, which the gateway forwards like any other agent h
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import sys
 from typing import Any
 
 import orjson
 
-from gateway.demo.upstream import create_app
+from gateway.demo import upstream
 
 # Both far beyond what the tests need (the barrier fills in well under a second; a
 # disconnect reaches the upstream in milliseconds) and below the clients' timeouts.
@@ -128,32 +128,12 @@ async def _answer(send: Any, status: int, payload: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Serve the hooked demo upstream on the inherited listening socket ``--fd``, with the
-    options and server settings of ``python -m gateway.demo.upstream``."""
-    import uvicorn
-
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--fd", type=int, required=True, help="a listening socket inherited from the parent")
-    p.add_argument("--latency-ms", type=float, default=0.0)
-    p.add_argument("--failure-rate", type=float, default=0.0)
-    p.add_argument("--no-token-ids", action="store_true")
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    app = create_app(
-        latency_ms=args.latency_ms,
-        failure_rate=args.failure_rate,
-        token_ids=not args.no_token_ids,
-        seed=args.seed,
-    )
-    uvicorn.run(
-        with_hooks(app),
-        fd=args.fd,
-        loop="uvloop",
-        http="httptools",
-        log_level="warning",
-        lifespan="off",
-        access_log=False,
-    )
+    """Serve the demo upstream (``python -m gateway.demo.upstream``'s options, ``--fd``
+    required here) with the hooks."""
+    argv = sys.argv[1:] if argv is None else argv
+    if "--fd" not in argv:
+        raise SystemExit("upstream_harness serves on an inherited socket: pass --fd N")
+    upstream.main(argv, wrap=with_hooks)
 
 
 if __name__ == "__main__":
