@@ -226,19 +226,16 @@ def start_upstream() -> tuple[str, subprocess.Popen]:
     raise RuntimeError("the demo upstream did not start")
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--c1-requests", type=int, default=300)
-    p.add_argument("--c32-seconds", type=float, default=10.0)
+def load_arguments(p: argparse.ArgumentParser, *, c1_requests: int, c32_seconds: float) -> None:
+    """The load options every gateway benchmark takes (this one and bench.transport)."""
+    p.add_argument("--c1-requests", type=int, default=c1_requests)
+    p.add_argument("--c32-seconds", type=float, default=c32_seconds)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--prompt-chars", type=int, default=2400)
-    p.add_argument("--rounds", type=int, default=2, help="alternating direct/gateway blocks per phase")
-    p.add_argument(
-        "--app",
-        default="claw_site.asgi:application",
-        help="ASGI app the gateway process serves (default: the project's, gateway paths on the lean handler)",
-    )
-    args = p.parse_args(argv)
+
+
+def install_uvloop() -> None:
+    """The load client runs on uvloop, like the servers, so it is not the bottleneck."""
     try:
         import uvloop
 
@@ -246,6 +243,18 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError:  # pragma: no cover - uvicorn[standard] brings it
         pass
 
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    load_arguments(p, c1_requests=300, c32_seconds=10.0)
+    p.add_argument("--rounds", type=int, default=2, help="alternating direct/gateway blocks per phase")
+    p.add_argument(
+        "--app",
+        default="claw_site.asgi:application",
+        help="ASGI app the gateway process serves (default: the project's, gateway paths on the lean handler)",
+    )
+    args = p.parse_args(argv)
+    install_uvloop()
     upstream_url, upstream = start_upstream()
     print(f"demo upstream at {upstream_url} (zero latency)", flush=True)
     tmp = tempfile.TemporaryDirectory()

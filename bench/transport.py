@@ -26,7 +26,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.proxy import Target, cpu_seconds, make_bodies, pct, run_c1, run_concurrent, start_upstream
+from bench.proxy import (
+    Target,
+    cpu_seconds,
+    install_uvloop,
+    load_arguments,
+    make_bodies,
+    pct,
+    run_c1,
+    run_concurrent,
+    start_upstream,
+)
 from tests.live import LiveServer
 
 KINDS = ("httpx", "fast")
@@ -36,18 +46,9 @@ WARMUP = 100
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--c1-requests", type=int, default=200, help="per transport, split over its blocks")
-    p.add_argument("--c32-seconds", type=float, default=3.0, help="per transport, split over its blocks")
-    p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--prompt-chars", type=int, default=2400)
+    load_arguments(p, c1_requests=200, c32_seconds=3.0)  # per transport, split over its blocks
     args = p.parse_args(argv)
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:  # pragma: no cover - uvicorn[standard] brings it
-        pass
-
+    install_uvloop()
     upstream_url, upstream = start_upstream()
     log(f"demo upstream at {upstream_url} (zero latency)")
     tmp = tempfile.TemporaryDirectory()
