@@ -64,17 +64,7 @@ def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> l
                 raise NotFound(f"step {r.step_uid!r} does not exist", field=f"{p}step_uid")
             if step.reward == r.reward and step.reward_status == status and step.reward_source == r.source:
                 continue
-            events.append(
-                RewardEvent(
-                    step=step,
-                    old_reward=step.reward,
-                    new_reward=r.reward,
-                    reward_source=r.source,
-                    final=r.final,
-                    source_id=source_id,
-                    metadata=r.metadata,
-                )
-            )
+            events.append(RewardEvent(step=step, old_reward=step.reward, **_audit(r, source_id)))
             step.reward, step.reward_status, step.reward_source = r.reward, status, r.source
             changed_steps[step.id] = step
         else:
@@ -83,17 +73,7 @@ def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> l
                 raise NotFound(f"trajectory {r.trajectory_uid!r} does not exist", field=f"{p}trajectory_uid")
             if traj.reward == r.reward:
                 continue
-            events.append(
-                RewardEvent(
-                    trajectory=traj,
-                    old_reward=traj.reward,
-                    new_reward=r.reward,
-                    reward_source=r.source,
-                    final=r.final,
-                    source_id=source_id,
-                    metadata=r.metadata,
-                )
-            )
+            events.append(RewardEvent(trajectory=traj, old_reward=traj.reward, **_audit(r, source_id)))
             traj.reward = r.reward
             changed_trajs[traj.id] = traj
     # One UPDATE per table (not per row), then the audit rows.
@@ -106,3 +86,14 @@ def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> l
     Trajectory.objects.bulk_update(changed_trajs.values(), ["reward", "updated_at"], batch_size=500)
     RewardEvent.objects.bulk_create(events)
     return events
+
+
+def _audit(r: RewardIn, source_id: int | None) -> dict:
+    """The RewardEvent fields of ``r`` that a step's and a trajectory's audit row share."""
+    return {
+        "new_reward": r.reward,
+        "reward_source": r.source,
+        "final": r.final,
+        "source_id": source_id,
+        "metadata": r.metadata,
+    }
