@@ -299,13 +299,16 @@ def _append_fused(
         row = step_row(p, trajectory_id=None, parent=parent, source_id=source_id)
         row.created_at = row.updated_at = now
         rows.append(row)
-    spec = TrajectorySpec(
-        uid=target.trajectory_uid, channel=target.channel, policy_version=target.policy_version
-    )
+    new = None
+    if target.new:  # minted by the door: inserted by the statement itself
+        spec = TrajectorySpec(
+            uid=target.trajectory_uid, channel=target.channel, policy_version=target.policy_version
+        )
+        new = _trajectory_row(spec, None, source_id, n=count)
     claim = FusedClaim(
         uid=target.trajectory_uid,
         expected=tail.end,
-        new=_trajectory_row(spec, None, source_id, n=count) if target.new else None,
+        new=new,
         group_uid=None if target.new else target.prompt_group_uid,
     )
     # One statement in autocommit when nothing follows it; inside a transaction when
