@@ -162,3 +162,26 @@ def test_oversized_calls_are_refused_not_truncated(settings):
     with pytest.raises(InvalidInput):
         record(call=call("big", PROMPT, [1, 2]))
     assert not Trajectory.objects.filter(uid="big").exists()
+
+
+@pytest.mark.parametrize("new", [True, False], ids=["minted", "named"])
+def test_a_call_whose_step_uid_is_taken_is_a_conflict_and_writes_nothing(new):
+    # given: a white-box step that holds the uid the call's first step would get ("taken:0")
+    steps_ingest(
+        steps=[
+            StepIn(
+                uid="taken:0",
+                trajectory_uid="elsewhere",
+                step_index=0,
+                prompt_ids=ids(*PROMPT),
+                response_ids=ids(1),
+            )
+        ]
+    )
+    before = (Step.objects.count(), Trajectory.objects.count())
+    # when: the trajectory's first call is recorded (fused path for a minted uid, else general)
+    with pytest.raises(Conflict) as exc:
+        record(call=call("taken", PROMPT, [2], new=new))
+    # then: 409 naming the trajectory, and nothing written (not even the trajectory)
+    assert exc.value.field == "trajectory_uid"
+    assert (Step.objects.count(), Trajectory.objects.count()) == before
