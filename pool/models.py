@@ -18,6 +18,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from .flags import READY, READY_ANY_TOKENS
 from .querysets import StepQuerySet
 
 
@@ -112,11 +113,16 @@ class PromptGroup(models.Model):
     )
     created_at = models.DateTimeField(auto_now_add=True)
     completed_at = models.DateTimeField(null=True, blank=True)
+    # Set when the group is complete and every step of its completed rollouts has a final
+    # reward; cleared if a reward goes back to pending (pool/services/readiness.py).
+    ready_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [
             # Curation and merge queue: "open groups, oldest first" and "complete groups".
             models.Index(fields=["status", "created_at"], name="group_status_created"),
+            # Consumption: "ready groups, oldest-ready first" (partial: most groups in flight are not).
+            models.Index(fields=["ready_at"], condition=Q(ready_at__isnull=False), name="group_ready"),
         ]
 
     def __str__(self) -> str:
@@ -181,6 +187,12 @@ class Trajectory(models.Model):
 class Step(models.Model):
     """One agent step: state (prompt ids), action (response ids), reward."""
 
+    class Label(models.TextChoices):
+        NONE = "", "none"
+        ACCEPTED = "accepted", "accepted"
+        REJECTED = "rejected", "rejected"
+        QUARANTINED = "quarantined", "quarantined"
+
     class RewardStatus(models.TextChoices):
         PENDING = "pending", "pending"
         FINAL = "final", "final"
@@ -230,6 +242,14 @@ class Step(models.Model):
     drift = models.BooleanField(default=False)
     drift_offset = models.PositiveIntegerField(null=True, blank=True)  # first mismatching prompt position
 
+    # --- curation (pool/flags.py) ---
+    readiness = models.PositiveSmallIntegerField(default=0)  # Readiness bits
+    quality_flags = models.PositiveIntegerField(default=0)  # Quality bits
+    response_hash = models.BinaryField(max_length=8, null=True, blank=True)  # duplicate responses
+    # Operator label and note (curation/services/labels.py, audited as LabelEvents).
+    label = models.CharField(max_length=12, choices=Label.choices, blank=True, default=Label.NONE)
+    note = models.TextField(blank=True, default="")
+
     # --- text form, where known ---
     messages = models.JSONField(null=True, blank=True)
     response_text = models.TextField(null=True, blank=True)  # noqa: DJ001 - null = text form unknown
@@ -273,6 +293,15 @@ class Step(models.Model):
             models.Index(fields=["created_at"], name="step_created"),
             # Drift review: "steps whose tokens did not extend the previous step" (partial).
             models.Index(fields=["trajectory"], condition=Q(drift=True), name="step_drift"),
+            # Datasets and the admin: "ready steps" (readiness is READY, or READY_ANY_TOKENS
+            # where retokenized ids are allowed), partial so it holds only ready steps.
+            models.Index(
+                fields=["readiness", "trajectory"],
+                condition=Q(readiness__in=[READY, READY_ANY_TOKENS]),
+                name="step_ready",
+            ),
+            # Curation: "steps an operator labelled L" (partial: most steps carry no label).
+            models.Index(fields=["label", "created_at"], condition=~Q(label=""), name="step_labelled"),
         ]
 
     def __str__(self) -> str:

@@ -69,3 +69,18 @@ def enqueue_on_commit(task, *args) -> None:
             log.exception("could not enqueue %s%r; it will be recomputed on demand", task.name, args)
 
     transaction.on_commit(publish, robust=True)
+
+
+@shared_task(
+    name="pool.readiness_sweep",
+    autoretry_for=_TRANSIENT,
+    retry_backoff=True,
+    retry_backoff_max=300,
+    max_retries=5,
+)
+def readiness_sweep() -> dict[str, int]:
+    """Periodic (celery beat): abandon idle trajectories, complete groups, repair readiness
+    an effect missed. Idempotent and bounded per run (pool/services/readiness.py)."""
+    from .services.readiness import readiness_sweep as sweep
+
+    return sweep()

@@ -174,6 +174,13 @@ CELERY_TASK_DEFAULT_QUEUE = os.environ.get(
 )  # isolates deployments sharing a Redis
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
+# Periodic work (celery beat in production; `serve` runs the same tasks on a timer in
+# embedded mode): the readiness sweep catches what an effect missed and abandons idle
+# trajectories, so no group waits forever.
+CLAW_SWEEP_SECONDS = env_float("CLAW_SWEEP_SECONDS", 60.0)
+CELERY_BEAT_SCHEDULE = {
+    "readiness-sweep": {"task": "pool.readiness_sweep", "schedule": CLAW_SWEEP_SECONDS},
+}
 
 # --- Static files -----------------------------------------------------------------------------
 STATIC_URL = "/static/"
@@ -230,6 +237,15 @@ CLAW_API_KEY_CACHE_SECONDS = env_float("CLAW_API_KEY_CACHE_SECONDS", 10.0)
 # Lifetime of a trajectory capability URL's token (init_trajectory, POST /api/v1/trajectories);
 # it also stops working as soon as its trajectory completes or is abandoned.
 CLAW_TRAJECTORY_TOKEN_LIFETIME_SECONDS = env_int("CLAW_TRAJECTORY_TOKEN_LIFETIME_SECONDS", 24 * 3600)
+
+# --- Curation -------------------------------------------------------------------------------------
+# A running trajectory without a new step for this long is abandoned by the sweep (its group
+# then stops waiting for it).
+CLAW_TRAJECTORY_IDLE_TIMEOUT_SECONDS = env_int("CLAW_TRAJECTORY_IDLE_TIMEOUT_SECONDS", 3600)
+# Quality flag "too_long": responses longer than this many tokens.
+CLAW_QUALITY_MAX_RESPONSE_TOKENS = env_int("CLAW_QUALITY_MAX_RESPONSE_TOKENS", 8192)
+# How long a reviewer holds a claimed review item before another reviewer may take it.
+CLAW_REVIEW_CLAIM_SECONDS = env_int("CLAW_REVIEW_CLAIM_SECONDS", 15 * 60)
 
 CLAW_UPSTREAM_URL = os.environ.get("CLAW_UPSTREAM_URL", "")
 CLAW_UPSTREAM_API_KEY = os.environ.get("CLAW_UPSTREAM_API_KEY", "")

@@ -6,7 +6,11 @@ rows are in. The pool's own effects run first:
 1. trajectory counters and status (step_count, tail_index, completion by an is_last step);
    skipped when the write's own statement already moved them (a proxied call's claim);
 2. group anchors: the first step 0 stored in a prompt group;
-3. group completion, which enqueues the group's prefix-tree merge on commit.
+3. group completion, which enqueues the group's prefix-tree merge on commit;
+4. readiness (pool/services/readiness.py): the steps of trajectories that are ended after
+   the write get the bits their trajectory and group decide. A running trajectory's steps
+   cannot be ready whatever those bits say, and its completion refreshes them, so a write
+   into a running trajectory (every proxied call) adds no query.
 
 Other apps react to stored steps by registering an effect from their AppConfig.ready()
 (``register``); the pool never imports them. An effect receives the ``StepsWritten`` record,
@@ -41,6 +45,7 @@ class WrittenTrajectory(NamedTuple):
     uid: str
     group_id: int | None
     created: bool  # inserted by this write
+    ended: bool  # not running when the write began (late steps of an ended trajectory)
 
 
 @dataclass(slots=True, frozen=True)
@@ -86,6 +91,7 @@ def apply(written: StepsWritten) -> None:
     if not written.counted:
         _count(written)
     _anchor(written)
+    _readiness(written)
     _complete_groups(written)
     for effect in tuple(_registry):
         effect(written)
@@ -130,3 +136,12 @@ def _complete_groups(written: StepsWritten) -> None:
         from ..services.groups import groups_check_complete
 
         groups_check_complete(group_ids=groups)  # type: ignore[arg-type]
+
+
+def _readiness(written: StepsWritten) -> None:
+    ended = {s.trajectory_id for s in written.steps if s.is_last}
+    ended.update(t.id for t in written.trajectories.values() if t.ended)
+    if ended:
+        from ..services.readiness import trajectories_settle
+
+        trajectories_settle(trajectory_ids=ended)

@@ -323,7 +323,7 @@ def _append_fused(
             row._state.adding = False
             if row.policy_version_id is None:  # stamped by the statement: the trajectory's
                 row.policy_version_id = s.policy_version = got.policy_version_id
-        written = WrittenTrajectory(traj_id, target.trajectory_uid, group_id, target.new)
+        written = WrittenTrajectory(traj_id, target.trajectory_uid, group_id, target.new, ended=False)
         effects.apply(_written(rows, [written], source_id=source_id, tails={traj_id: tail.end}, counted=True))
     _remember(target.trajectory_uid, tail.end, rows, planned)
     return steps
@@ -603,4 +603,4 @@ def _written(
 
 
 def _trajectory_written(t: TrajectoryRow) -> WrittenTrajectory:
-    return WrittenTrajectory(t.id, t.uid, t.group_id, t.created)
+    return WrittenTrajectory(t.id, t.uid, t.group_id, t.created, ended=t.status != Trajectory.Status.RUNNING)

@@ -16,10 +16,13 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
-from .. import tokens
+from .. import quality, tokens
+from ..flags import Readiness
 from ..models import Step
 from .backends import new_instance
 from .contract import CONTENT_FIELDS, TOKEN_ARRAYS, StepIn
+
+EXACT_TOKEN_SOURCES = frozenset({Step.TokenSource.CLIENT, Step.TokenSource.UPSTREAM})
 
 
 @dataclass(slots=True)
@@ -124,6 +127,12 @@ def step_row(
     full ids, depth) when given. Every write path builds its rows here."""
     s, packed = p.step, p.packed
     enc = tokens.encode_against(packed.full, parent[1] if parent else None, parent[2] if parent else 0)
+    response = packed.full[len(s.prompt_ids) :]
+    # The readiness bits the step decides itself; its trajectory's and group's bits are set
+    # by the effects (pool/services/readiness.py) once they hold.
+    readiness = (Readiness.TOKENS_EXACT if s.token_source in EXACT_TOKEN_SOURCES else 0) | (
+        Readiness.REWARD_FINAL if s.reward is not None else 0
+    )
     return new_instance(  # type: ignore[return-value]
         Step,
         dict(
@@ -152,6 +161,14 @@ def step_row(
             token_source=s.token_source,
             drift=s.drift,
             drift_offset=s.drift_offset,
+            readiness=int(readiness),
+            quality_flags=quality.step_quality(
+                response,
+                finish_reason=s.finish_reason,
+                drift=s.drift,
+                has_logprobs=s.rollout_logprobs is not None,
+            ),
+            response_hash=quality.response_hash(response),
             messages=s.messages,
             response_text=s.response_text,
             metadata=s.metadata,

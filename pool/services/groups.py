@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from .. import tasks
 from ..models import PromptGroup, Trajectory
+from .readiness import trajectories_settle
 
 TERMINAL = (Trajectory.Status.COMPLETED, Trajectory.Status.FAILED, Trajectory.Status.ABANDONED)
 
@@ -61,6 +62,10 @@ def groups_check_complete(*, group_ids: Iterable[int]) -> list[int]:
     if ready:
         PromptGroup.objects.filter(id__in=ready, status=PromptGroup.Status.OPEN).update(
             status=PromptGroup.Status.COMPLETE, completed_at=timezone.now()
+        )
+        # Every rollout's steps now have their group; then the groups' own readiness.
+        trajectories_settle(
+            trajectory_ids=Trajectory.objects.filter(group_id__in=ready).values_list("id", flat=True)
         )
         for gid in ready:
             tasks.enqueue_on_commit(tasks.group_merge, gid)

@@ -10,6 +10,7 @@ from django.utils import timezone
 from ..errors import InvalidInput, NotFound
 from ..ingest import rules
 from ..models import RewardEvent, Step, Trajectory
+from .readiness import trajectories_settle
 
 
 @dataclass(slots=True)
@@ -42,7 +43,7 @@ def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> l
         s.uid: s
         for s in Step.objects.select_for_update()
         .filter(uid__in=step_uids)
-        .only("id", "uid", "reward", "reward_status", "reward_source")
+        .only("id", "uid", "trajectory_id", "reward", "reward_status", "reward_source")
         .order_by("id")
     }
     trajs = {
@@ -85,6 +86,8 @@ def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> l
     )
     Trajectory.objects.bulk_update(changed_trajs.values(), ["reward", "updated_at"], batch_size=500)
     RewardEvent.objects.bulk_create(events)
+    # Readiness follows the rewards (a step's own final reward, or its trajectory's).
+    trajectories_settle(trajectory_ids={s.trajectory_id for s in changed_steps.values()} | set(changed_trajs))
     return events
 
 

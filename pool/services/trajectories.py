@@ -10,6 +10,7 @@ from ..errors import Conflict, InvalidInput, NotFound
 from ..ingest import TrajectorySpec, policy_versions_ensure, rules, trajectory_ensure
 from ..models import Channel, RewardEvent, Step, Trajectory
 from .groups import groups_check_complete
+from .readiness import trajectories_settle
 from .rewards import RewardIn, rewards_apply
 
 
@@ -127,6 +128,7 @@ def trajectory_complete(
     if channel is not None:
         traj.channel = channel
     traj.save(update_fields=["status", "completed_at", "reward", "channel", "updated_at"])
+    trajectories_settle(trajectory_ids=[traj.id])
     if traj.group_id:
         groups_check_complete(group_ids=[traj.group_id])
     if reward is not None and reward_last_step:

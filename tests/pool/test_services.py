@@ -439,7 +439,9 @@ def test_a_batch_of_rewards_costs_a_constant_number_of_queries(django_assert_max
     batch = [RewardIn(step_uid=st.uid, reward=0.5, source="rule") for st in steps]
     batch += [RewardIn(trajectory_uid=f"bulk-r{t}", reward=1.0) for t in range(5)]
     # when they are applied at once
-    with django_assert_max_num_queries(8):  # 2 locked reads, 2 bulk updates, 1 audit insert, savepoints
+    # 2 locked reads, 2 bulk updates, 1 audit insert, savepoints, and readiness: the
+    # trajectories' state, one UPDATE per distinct state (here one)
+    with django_assert_max_num_queries(10):
         events = rewards_apply(rewards=batch)
     # then every change is applied and audited
     assert len(events) == 55

@@ -1,0 +1,158 @@
+"""Curation models: operator labels and their audit, datasets (versioned curation specs) and
+review queues with their claims.
+
+The label itself lives on the step (``pool.Step.label``/``note``) so dataset queries filter
+it without a join; tags are rows here (``StepTag``) so "steps tagged T" is an indexed
+lookup on every database. Every change of a label, a tag or a note is a ``LabelEvent``.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from pool.models import Feedback, Step, Trajectory
+
+
+class StepTag(models.Model):
+    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="tags", db_index=False)
+    tag = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            # One tag once per step; also serves "tags of a step" (the admin, exports).
+            models.UniqueConstraint(fields=["step", "tag"], name="steptag_step_tag_uniq"),
+        ]
+        indexes = [
+            # Datasets: "steps tagged T" (EXISTS on tag, step).
+            models.Index(fields=["tag", "step"], name="steptag_tag_step"),
+        ]
+
+    def __str__(self) -> str:
+        return self.tag
+
+
+class LabelEvent(models.Model):
+    """Audit of an operator's change to a step's label, tags or note: who, when, what."""
+
+    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="label_events", db_index=False)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    actor = models.CharField(max_length=160)  # username or "key:<source>": kept if the user goes
+    # {"label": [old, new], "note": [old, new], "tags_added": [...], "tags_removed": [...]}
+    changes = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [
+            # Step page and admin: "label history of a step, newest first".
+            models.Index(fields=["step", "created_at"], name="labelevent_step_created"),
+            # Audit listing: "label changes, newest first".
+            models.Index(fields=["created_at"], name="labelevent_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.actor}: {self.changes}"
+
+
+class Dataset(models.Model):
+    """A named curation spec. Its versions are immutable; editing adds one."""
+
+    name = models.CharField(max_length=64, unique=True)
+    description = models.TextField(blank=True, default="")
+    current = models.ForeignKey(
+        "DatasetVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class DatasetVersion(models.Model):
+    """One immutable version of a dataset's spec (filters and grouping rules, normalised by
+    curation/specs.py). What was served under it (batches, snapshots) points here."""
+
+    dataset = models.ForeignKey(Dataset, on_delete=models.CASCADE, related_name="versions", db_index=False)
+    version = models.PositiveIntegerField()
+    spec = models.JSONField()
+    created_by = models.CharField(max_length=160, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            # Version numbers of a dataset; also serves "versions of a dataset, in order".
+            models.UniqueConstraint(fields=["dataset", "version"], name="datasetversion_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.dataset.name} v{self.version}"
+
+
+class ReviewQueue(models.Model):
+    """A review queue: which trajectories (a dataset's, or those matching filters; the
+    default queue: every completed trajectory without feedback) and the score schema of
+    its form."""
+
+    name = models.CharField(max_length=64, unique=True)
+    description = models.TextField(blank=True, default="")
+    is_default = models.BooleanField(default=False)
+    dataset = models.ForeignKey(Dataset, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    filters = models.JSONField(default=dict, blank=True)  # a dataset filter spec, when no dataset
+    rating_min = models.FloatField(default=1.0)
+    rating_max = models.FloatField(default=5.0)
+    label_choices = models.JSONField(default=list, blank=True)
+    ask_correction = models.BooleanField(default=False)
+    # The rating, rescaled to [0, 1], becomes the trajectory's human reward (audited).
+    sets_reward = models.BooleanField(default=False)
+    claim_seconds = models.PositiveIntegerField(default=15 * 60)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["is_default"], condition=Q(is_default=True), name="reviewqueue_one_default"
+            ),
+            models.CheckConstraint(
+                condition=Q(rating_min__lt=models.F("rating_max")), name="reviewqueue_rating_range"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ReviewClaim(models.Model):
+    """A reviewer's hold on one trajectory of a queue, until ``expires_at`` or until done.
+
+    The unique (queue, trajectory) row is the lock: two reviewers can never hold the same
+    item, on any database; an expired claim is taken over by a conditional UPDATE."""
+
+    queue = models.ForeignKey(ReviewQueue, on_delete=models.CASCADE, related_name="claims", db_index=False)
+    trajectory = models.ForeignKey(Trajectory, on_delete=models.CASCADE, related_name="+", db_index=False)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
+    claimed_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    done_at = models.DateTimeField(null=True, blank=True)
+    feedback = models.ForeignKey(Feedback, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        constraints = [
+            # The claim lock; also serves "is this trajectory claimed or done in this queue".
+            models.UniqueConstraint(fields=["queue", "trajectory"], name="reviewclaim_queue_traj_uniq"),
+        ]
+        indexes = [
+            # "My open claim in this queue" (resume) and the progress counts.
+            models.Index(fields=["queue", "user", "done_at"], name="reviewclaim_queue_user"),
+            # Trajectory page and the cascade of a trajectory delete.
+            models.Index(fields=["trajectory"], name="reviewclaim_trajectory"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue.name}: {self.trajectory_id} by {self.user_id}"

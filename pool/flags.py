@@ -1,0 +1,71 @@
+"""The bit flags a step carries for curation: readiness and quality.
+
+Both are small integers on the step row (``Step.readiness``, ``Step.quality_flags``) so a
+dataset query filters them with plain comparisons, without joins.
+
+Readiness is stored state, kept up to date by pool/services/readiness.py from the write
+pipeline's effects, rewards, completions and a periodic sweep. Policy freshness is NOT a
+readiness bit: it is evaluated at query time against the current policy version, so a
+version bump rewrites nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Readiness(enum.IntFlag):
+    # ids from the client or the upstream (not re-encoded by a local tokenizer)
+    TOKENS_EXACT = 1
+    # the step's reward is final, or its trajectory has a reward
+    REWARD_FINAL = 2
+    # the trajectory ended as completed (failed and abandoned ones never are)
+    TRAJECTORY_COMPLETE = 4
+    # the prompt group has its rollouts (or the trajectory has no group)
+    GROUP_COMPLETE = 8
+
+
+READY = int(
+    Readiness.TOKENS_EXACT | Readiness.REWARD_FINAL | Readiness.TRAJECTORY_COMPLETE | Readiness.GROUP_COMPLETE
+)
+# What "ready" means for a dataset that admits retokenized ids.
+READY_ANY_TOKENS = READY & ~int(Readiness.TOKENS_EXACT)
+# The bits a trajectory and its group decide (set together by trajectories_refresh).
+TRAJECTORY_BITS = int(Readiness.TRAJECTORY_COMPLETE | Readiness.GROUP_COMPLETE)
+
+READINESS_NAMES: dict[str, int] = {
+    "tokens_exact": Readiness.TOKENS_EXACT,
+    "reward_final": Readiness.REWARD_FINAL,
+    "trajectory_complete": Readiness.TRAJECTORY_COMPLETE,
+    "group_complete": Readiness.GROUP_COMPLETE,
+}
+
+
+class Quality(enum.IntFlag):
+    EMPTY = 1  # no response tokens
+    TRUNCATED = 2  # finish_reason "length"
+    REPETITION = 4  # degenerate repetition (few distinct n-grams)
+    DRIFT = 8  # the prompt did not extend the previous step (retokenization drift)
+    MISSING_LOGPROBS = 16  # no rollout logprobs (importance sampling impossible)
+    TOO_LONG = 32  # response longer than CLAW_QUALITY_MAX_RESPONSE_TOKENS
+    # Group flags, set when the group's rewards are final (pool/services/readiness.py):
+    DUPLICATE = 64  # another rollout of the group gave exactly this response
+    ZERO_VARIANCE = 128  # every rollout of the group has the same reward: no GRPO signal
+
+
+QUALITY_NAMES: dict[str, int] = {
+    "empty": Quality.EMPTY,
+    "truncated": Quality.TRUNCATED,
+    "repetition": Quality.REPETITION,
+    "drift": Quality.DRIFT,
+    "missing_logprobs": Quality.MISSING_LOGPROBS,
+    "too_long": Quality.TOO_LONG,
+    "duplicate": Quality.DUPLICATE,
+    "zero_variance": Quality.ZERO_VARIANCE,
+}
+GROUP_QUALITY = int(Quality.DUPLICATE | Quality.ZERO_VARIANCE)
+
+
+def names(value: int, table: dict[str, int]) -> list[str]:
+    """The names of the bits set in ``value``, in the table's order."""
+    return [name for name, bit in table.items() if value & bit]
