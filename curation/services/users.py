@@ -9,7 +9,7 @@ from django.db import transaction
 
 from pool.errors import Conflict, InvalidInput
 
-from .roles import ADMIN, PERMISSIONS, ROLES
+from ..roles import ADMIN, PERMISSIONS, ROLES
 
 
 @transaction.atomic

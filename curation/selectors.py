@@ -1,0 +1,344 @@
+"""Reads of curation: what a dataset spec admits, and its preview.
+
+A spec (curation/specs.py) compiles to two step predicates:
+
+* the **scope**: channel, sources, time range, and (for "ready" datasets) membership:
+  only steps of completed trajectories are served;
+* the **pass** test: readiness bits, freshness, reward, quality flags, labels, tags,
+  token source, feedback.
+
+With ``keep_groups_whole`` the unit of admission is the prompt group (a trajectory without
+a group is its own unit). A rollout is *valid* when every one of its steps passes. A group
+is *eligible* when it is complete (stored) or, with the dataset's own n (min_rollouts), has
+n valid rollouts. An eligible group with at least n valid rollouts is admitted whole, its
+invalid rollouts masked; a short one is dropped, or admitted with its bad rollouts masked
+(``short_groups: mask``, needs one valid rollout). Without ``keep_groups_whole`` the unit
+is the step: every step that passes and whose group is complete.
+
+Everything is evaluated in the database, in one statement per question: the preview at
+200k steps is one aggregate over the step table (bench/curation.py measures it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+from django.db.models import (
+    Case,
+    Count,
+    Exists,
+    F,
+    IntegerField,
+    Min,
+    OuterRef,
+    Q,
+    QuerySet,
+    Sum,
+    Value,
+    When,
+)
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from pool.flags import QUALITY_NAMES, READY, Readiness
+from pool.models import Feedback, PolicyVersion, PromptGroup, Step, Trajectory
+
+from .models import ReviewClaim, ReviewQueue, StepTag
+from .specs import Filters, Spec, spec_parse
+
+_LABEL_VALUE = {"none": "", "accepted": "accepted", "rejected": "rejected", "quarantined": "quarantined"}
+
+
+@dataclass(frozen=True, slots=True)
+class Compiled:
+    """A spec compiled against the pool's current policy version."""
+
+    spec: Spec
+    scope: Q
+    passes: Q
+    current_version: int | None
+    needs_alias: bool  # passes refers to the aliases set by ``_aliased``
+
+
+def spec_compile(spec: Spec) -> Compiled:
+    f = spec.filters
+    current = PolicyVersion.objects.filter(is_current=True).values_list("version", flat=True).first()
+    scope = Q()
+    if f.channel is not None:
+        scope &= Q(trajectory__channel=f.channel)
+    if f.sources is not None:
+        scope &= Q(source__name__in=f.sources)
+    if f.created_after is not None:
+        scope &= Q(created_at__gte=f.created_after)
+    if f.created_before is not None:
+        scope &= Q(created_at__lt=f.created_before)
+    if f.readiness == "ready":
+        scope &= Q(trajectory__status=Trajectory.Status.COMPLETED)
+    return Compiled(spec, scope, _passes(spec, current), current, True)
+
+
+def _passes(spec: Spec, current: int | None) -> Q:
+    f = spec.filters
+    q = Q()
+    if f.readiness == "ready":
+        mask = READY
+        if f.allow_retokenized:
+            mask &= ~int(Readiness.TOKENS_EXACT)
+        if spec.grouping.keep_groups_whole:
+            mask &= ~int(Readiness.GROUP_COMPLETE)  # decided per group, with the dataset's n
+        # Every readiness value holding the mask's bits (an IN list the step_ready index serves).
+        q &= Q(readiness__in=[v for v in range(READY + 1) if v & mask == mask])
+    if f.max_staleness is not None and current is not None:
+        q &= Q(policy_version_id__gte=current - f.max_staleness)
+    if f.reward_status is not None:
+        q &= Q(reward_status=f.reward_status)
+    if f.reward_min is not None:
+        q &= Q(_reward__gte=f.reward_min)
+    if f.reward_max is not None:
+        q &= Q(_reward__lte=f.reward_max)
+    exclude = sum(QUALITY_NAMES[n] for n in set(f.exclude_flags))
+    if exclude:
+        q &= Q(_flags_excluded=0)
+    require = sum(QUALITY_NAMES[n] for n in set(f.require_flags))
+    if require:
+        q &= Q(_flags_required=require)
+    if f.labels is not None:
+        q &= Q(label__in=[_LABEL_VALUE[n] for n in f.labels])
+    if f.exclude_labels:
+        q &= ~Q(label__in=[_LABEL_VALUE[n] for n in f.exclude_labels])
+    if f.tags is not None:
+        q &= Q(Exists(StepTag.objects.filter(step_id=OuterRef("pk"), tag__in=f.tags)))
+    if f.exclude_tags:
+        q &= ~Q(Exists(StepTag.objects.filter(step_id=OuterRef("pk"), tag__in=f.exclude_tags)))
+    if f.token_sources is not None:
+        q &= Q(token_source__in=f.token_sources)
+    if f.feedback is not None or f.min_rating is not None:
+        about = Q(step_id=OuterRef("pk")) | Q(trajectory_id=OuterRef("trajectory_id"))
+        if f.feedback == "with":
+            q &= Q(Exists(Feedback.objects.filter(about)))
+        elif f.feedback == "without":
+            q &= ~Q(Exists(Feedback.objects.filter(about)))
+        if f.min_rating is not None:
+            q &= Q(Exists(Feedback.objects.filter(about, rating__gte=f.min_rating)))
+    return q
+
+
+def _aliased(qs: QuerySet, f: Filters) -> QuerySet:
+    """The computed columns the pass test compares (aliases: never selected or grouped)."""
+    aliases: dict[str, Any] = {}
+    if f.reward_min is not None or f.reward_max is not None:
+        aliases["_reward"] = Coalesce("reward", "trajectory__reward")
+    if f.exclude_flags:
+        aliases["_flags_excluded"] = F("quality_flags").bitand(
+            sum(QUALITY_NAMES[n] for n in set(f.exclude_flags))
+        )
+    if f.require_flags:
+        aliases["_flags_required"] = F("quality_flags").bitand(
+            sum(QUALITY_NAMES[n] for n in set(f.require_flags))
+        )
+    return qs.alias(**aliases) if aliases else qs
+
+
+def dataset_step_rows(c: Compiled) -> QuerySet:
+    """Steps in the spec's scope, with the aliases its pass test needs."""
+    return _aliased(Step.objects.filter(c.scope), c.spec.filters)
+
+
+def dataset_steps(c: Compiled) -> QuerySet:
+    """The steps a step-unit dataset admits (keep_groups_whole false): those that pass and
+    whose group is complete."""
+    qs = dataset_step_rows(c).filter(c.passes)
+    if c.spec.filters.readiness == "ready" and c.spec.grouping.keep_groups_whole is False:
+        qs = qs.alias(_group_bit=F("readiness").bitand(int(Readiness.GROUP_COMPLETE))).filter(
+            _group_bit=int(Readiness.GROUP_COMPLETE)
+        )
+    return qs
+
+
+def _per_rollout_sql(c: Compiled) -> tuple[str, list[Any]]:
+    """One row per trajectory in scope: (trajectory id, group id, valid 0/1, steps, prompt
+    tokens, sequence tokens), as SQL to wrap."""
+    ok = Min(Case(When(c.passes, then=Value(1)), default=Value(0), output_field=IntegerField()))
+    qs = (
+        dataset_step_rows(c)
+        .values(tid=F("trajectory_id"), gid=F("trajectory__group_id"))
+        .annotate(ok=ok, n=Count("id"), pt=Sum("prompt_len"), st=Sum("seq_len"))
+        .order_by()
+    )
+    sql, params = qs.query.sql_with_params()
+    return sql, list(params)
+
+
+def _units_sql(c: Compiled) -> tuple[str, list[Any]]:
+    """One row per unit (group, or trajectory without one) with its admission:
+    (unit key, group id, admitted 0/1, eligible 0/1, valid rollouts, rollouts, steps,
+    valid steps, prompt tokens, sequence tokens). Unit keys: a group's id, or minus the
+    trajectory id of a rollout without a group."""
+    inner, params = _per_rollout_sql(c)
+    g = c.spec.grouping
+    group_table = connection.ops.quote_name(PromptGroup._meta.db_table)
+    # Integers validated by the spec parser, inlined (no NULL parameters to type).
+    n = (
+        f"COALESCE({g.min_rollouts}, MAX(g.expected_rollouts), 1)"
+        if g.min_rollouts
+        else "COALESCE(MAX(g.expected_rollouts), 1)"
+    )
+    if c.spec.filters.readiness == "ready":
+        own_n = f"WHEN SUM(u.ok) >= {g.min_rollouts} THEN 1 " if g.min_rollouts else ""
+        eligible = (
+            f"(CASE WHEN MAX(u.gid) IS NULL THEN 1 WHEN MAX(g.status) = 'complete' THEN 1 {own_n}ELSE 0 END)"
+        )
+    else:
+        eligible = "1"
+    enough = f"SUM(u.ok) >= {n}" + (" OR SUM(u.ok) >= 1" if g.short_groups == "mask" else "")
+    unit = "CASE WHEN u.gid IS NULL THEN -u.tid ELSE u.gid END"
+    # The inner query's columns: tid, gid, ok, n, pt, st.
+    sql = f"""
+        SELECT
+            {unit} AS unit,
+            MAX(u.gid) AS gid,
+            CASE WHEN {eligible} = 1
+                  AND ((MAX(u.gid) IS NULL AND MIN(u.ok) = 1)
+                       OR (MAX(u.gid) IS NOT NULL AND ({enough})))
+                 THEN 1 ELSE 0 END AS admitted,
+            {eligible} AS eligible,
+            SUM(u.ok) AS valid, COUNT(*) AS rollouts, SUM(u.n) AS steps, SUM(u.ok * u.n) AS valid_steps,
+            SUM(u.pt) AS pt, SUM(u.st) AS st
+        FROM ({inner}) u LEFT JOIN {group_table} g ON g.id = u.gid
+        GROUP BY {unit}
+    """
+    return sql, params
+
+
+def dataset_preview(spec: Spec) -> dict[str, Any]:
+    """Counts and token statistics of what ``spec`` admits now (one statement)."""
+    c = spec_compile(spec)
+    if not spec.grouping.keep_groups_whole:
+        agg = dataset_steps(c).aggregate(
+            steps=Count("id"),
+            trajectories=Count("trajectory_id", distinct=True),
+            pt=Coalesce(Sum("prompt_len"), 0),
+            st=Coalesce(Sum("seq_len"), 0),
+        )
+        return _preview(c, agg["steps"], 0, agg["trajectories"], None, 0, 0, agg["pt"], agg["st"] - agg["pt"])
+    units, params = _units_sql(c)
+    sql = f"""
+        SELECT
+            COALESCE(SUM(admitted * steps), 0),
+            COALESCE(SUM(admitted * (steps - valid_steps)), 0),
+            COALESCE(SUM(admitted * rollouts), 0),
+            COALESCE(SUM(CASE WHEN admitted = 1 AND gid IS NOT NULL THEN 1 ELSE 0 END), 0),
+            COALESCE(SUM(CASE WHEN admitted = 0 AND eligible = 1 AND gid IS NOT NULL THEN 1 ELSE 0 END), 0),
+            COALESCE(SUM(CASE WHEN eligible = 0 THEN 1 ELSE 0 END), 0),
+            COALESCE(SUM(admitted * pt), 0),
+            COALESCE(SUM(admitted * (st - pt)), 0)
+        FROM ({units}) x
+    """
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        steps, masked, rollouts, groups, dropped, waiting, pt, rt = cur.fetchone()
+    return _preview(
+        c, int(steps), int(masked), int(rollouts), int(groups), int(dropped), int(waiting), int(pt), int(rt)
+    )
+
+
+def _preview(
+    c: Compiled,
+    steps: int,
+    masked: int,
+    rollouts: int,
+    groups: int | None,
+    dropped: int,
+    waiting: int,
+    pt: int,
+    rt: int,
+) -> dict[str, Any]:
+    return {
+        "steps": steps,
+        "masked_steps": masked,
+        "trajectories": rollouts,
+        "groups": groups,
+        "dropped_groups": dropped,
+        "waiting_units": waiting,
+        "prompt_tokens": pt,
+        "response_tokens": rt,
+        "mean_prompt_tokens": pt / steps if steps else 0.0,
+        "mean_response_tokens": rt / steps if steps else 0.0,
+        "current_policy_version": c.current_version,
+    }
+
+
+def dataset_admitted(spec: Spec) -> dict[int, bool]:
+    """Every admitted step id and whether it is masked (False: train on it). For tests,
+    pages and snapshots; consumption pages through units instead."""
+    c = spec_compile(spec)
+    if not spec.grouping.keep_groups_whole:
+        return dict.fromkeys(dataset_steps(c).values_list("id", flat=True), False)
+    units, params = _units_sql(c)
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT unit FROM ({units}) x WHERE admitted = 1", params)
+        admitted = {row[0] for row in cur.fetchall()}
+    groups = [u for u in admitted if u > 0]
+    lone = [-u for u in admitted if u < 0]
+    rollouts = dataset_step_rows(c).filter(Q(trajectory__group_id__in=groups) | Q(trajectory_id__in=lone))
+    valid = {
+        tid
+        for tid, ok in rollouts.values("trajectory_id")
+        .annotate(ok=Min(Case(When(c.passes, then=Value(1)), default=Value(0), output_field=IntegerField())))
+        .order_by()
+        .values_list("trajectory_id", "ok")
+        if ok == 1
+    }
+    return {sid: tid not in valid for sid, tid in rollouts.values_list("id", "trajectory_id")}
+
+
+# --- review queues ---------------------------------------------------------------------------
+def review_scope(queue: ReviewQueue) -> QuerySet:
+    """The trajectories a queue reviews, done or not: completed ones, and (default queue)
+    those without feedback, or (other queues) those with a step its dataset or filters
+    admit at step level."""
+    base = Trajectory.objects.filter(status=Trajectory.Status.COMPLETED)
+    if queue.is_default:
+        return base
+    if queue.dataset_id is not None and queue.dataset.current_id is not None:
+        spec = spec_parse(queue.dataset.current.spec)
+    else:
+        spec = spec_parse({"filters": queue.filters or {}})
+    c = spec_compile(spec)
+    steps = dataset_step_rows(c).filter(c.passes, trajectory_id=OuterRef("pk"))
+    return base.filter(Exists(steps))
+
+
+def _has_feedback() -> Q:
+    return Q(Exists(Feedback.objects.filter(trajectory_id=OuterRef("pk")))) | Q(
+        Exists(Feedback.objects.filter(step__trajectory_id=OuterRef("pk")))
+    )
+
+
+def review_candidates(queue: ReviewQueue, *, now: datetime) -> QuerySet:
+    """Items nobody holds and nobody finished, oldest completion first."""
+    held_or_done = ReviewClaim.objects.filter(queue=queue, trajectory_id=OuterRef("pk")).filter(
+        Q(done_at__isnull=False) | Q(expires_at__gt=now)
+    )
+    qs = review_scope(queue).filter(~Exists(held_or_done))
+    if queue.is_default:
+        qs = qs.filter(~_has_feedback())
+    return qs.order_by("completed_at", "id")
+
+
+def review_progress(queue: ReviewQueue) -> dict[str, int]:
+    """{"done", "total", "held"}: for the progress bar."""
+    scope = review_scope(queue)
+    if queue.is_default:
+        total = scope.count()
+        done = scope.filter(_has_feedback()).count()
+    else:
+        total = scope.count()
+        done = ReviewClaim.objects.filter(queue=queue, done_at__isnull=False).count()
+    held = ReviewClaim.objects.filter(
+        queue=queue, done_at__isnull=True, expires_at__gt=timezone.now()
+    ).count()
+    return {"done": done, "total": total, "held": held}

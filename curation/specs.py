@@ -1,0 +1,116 @@
+"""The dataset spec: what a dataset admits (filters) and how it keeps GRPO groups whole
+(grouping). Parsed strictly: an unknown or mistyped field is an InvalidInput naming it.
+
+    {"filters": {...}, "grouping": {...}}
+
+Empty filters admit every ready step except those an operator rejected or quarantined
+(``exclude_labels`` defaults to both; set it to [] to admit them). Every field is
+documented on its struct below; README "Curation" has the semantics.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any, Literal
+
+import msgspec
+
+from pool.errors import InvalidInput
+from pool.flags import QUALITY_NAMES
+from pool.models import Step
+
+QualityName = Literal[tuple(QUALITY_NAMES)]  # type: ignore[valid-type]
+LabelName = Literal["none", "accepted", "rejected", "quarantined"]
+TokenSource = Literal[tuple(Step.TokenSource.values)]  # type: ignore[valid-type]
+
+
+class Filters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=False):
+    # "ready": only ready steps (readiness.py); "any": every stored step (exploration).
+    readiness: Literal["ready", "any"] = "ready"
+    # Admit steps whose ids a local tokenizer re-encoded (token_source "retokenized").
+    allow_retokenized: bool = False
+    # Policy freshness, at query time: current version - step's version <= max_staleness.
+    # Steps without a policy version fail it; with no current version it admits all.
+    max_staleness: int | None = None
+    sources: list[str] | None = None  # source names
+    channel: Literal["train", "val"] | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    reward_status: Literal["final", "pending"] | None = None
+    # Reward range: the step's reward, else its trajectory's.
+    reward_min: float | None = None
+    reward_max: float | None = None
+    exclude_flags: list[QualityName] = msgspec.field(default_factory=list)
+    require_flags: list[QualityName] = msgspec.field(default_factory=list)
+    labels: list[LabelName] | None = None  # only these operator labels ("none": unlabelled)
+    exclude_labels: list[LabelName] = msgspec.field(default_factory=lambda: ["rejected", "quarantined"])
+    tags: list[str] | None = None  # any of these tags
+    exclude_tags: list[str] = msgspec.field(default_factory=list)
+    token_sources: list[TokenSource] | None = None
+    feedback: Literal["with", "without"] | None = None  # human feedback on the step or its trajectory
+    min_rating: float | None = None  # some feedback rated at least this
+
+
+class Grouping(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=False):
+    # Serve whole prompt groups (GRPO): a group is admitted, or none of it is.
+    keep_groups_whole: bool = True
+    # n of this dataset: a group counts as complete with n valid rollouts, and a group needs
+    # n valid rollouts (default: the group's expected_rollouts, else 1).
+    min_rollouts: int | None = None
+    # A group with fewer than n valid rollouts: "drop" it, or "mask" its bad rollouts (they
+    # are served with mask true, so the group stays whole).
+    short_groups: Literal["drop", "mask"] = "drop"
+
+
+class Spec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=False):
+    filters: Filters = msgspec.field(default_factory=Filters)
+    grouping: Grouping = msgspec.field(default_factory=Grouping)
+
+
+_AT = re.compile(r" - at `\$\.?(.*)`$")
+_UNKNOWN = re.compile(r"Object contains unknown field `([^`]*)`")
+
+
+def spec_parse(raw: Any, *, field: str = "") -> Spec:
+    """A Spec from JSON-shaped input, or InvalidInput naming the bad field (prefixed with
+    ``field``, e.g. "filters.max_staleness")."""
+    if raw is None:
+        raw = {}
+    try:
+        spec = msgspec.convert(raw, Spec)
+    except msgspec.ValidationError as exc:
+        raise InvalidInput(str(exc), field=_field_of(str(exc), field)) from None
+    f, g = spec.filters, spec.grouping
+    for name, value in (
+        ("filters.max_staleness", f.max_staleness),
+        ("grouping.min_rollouts", g.min_rollouts),
+    ):
+        if value is not None and value < (1 if name.startswith("grouping") else 0):
+            raise InvalidInput(
+                f"{name} must be >= {1 if name.startswith('grouping') else 0}", field=_join(field, name)
+            )
+    if f.reward_min is not None and f.reward_max is not None and f.reward_min > f.reward_max:
+        raise InvalidInput(
+            "filters.reward_min must be <= reward_max", field=_join(field, "filters.reward_min")
+        )
+    return spec
+
+
+def spec_dump(spec: Spec) -> dict[str, Any]:
+    """The normalised JSON form (every field, defaults included) stored on a version."""
+    return msgspec.to_builtins(spec)
+
+
+def _field_of(message: str, prefix: str) -> str:
+    at = _AT.search(message)
+    path = at.group(1) if at else ""
+    unknown = _UNKNOWN.search(message)
+    if unknown:
+        path = f"{path}.{unknown.group(1)}" if path else unknown.group(1)
+    path = re.sub(r"\[(\d+)\]", r"[\1]", path)
+    return _join(prefix, path or "spec")
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
