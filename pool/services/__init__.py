@@ -9,9 +9,16 @@ from .api_keys import api_key_create, api_key_verify
 from .events import event_record, feedback_create, gateway_event_record
 from .policy import policy_version_set
 from .rewards import RewardIn, rewards_apply
-from .trajectories import trajectory_complete, trajectory_create, trajectory_register
+from .trajectories import (
+    CompletionIn,
+    trajectories_complete,
+    trajectory_complete,
+    trajectory_create,
+    trajectory_register,
+)
 
 __all__ = [
+    "CompletionIn",
     "IngestResult",
     "RewardIn",
     "StepIn",
@@ -24,6 +31,7 @@ __all__ = [
     "rewards_apply",
     "steps_append",
     "steps_ingest",
+    "trajectories_complete",
     "trajectory_complete",
     "trajectory_create",
     "trajectory_register",

@@ -3,7 +3,10 @@ and completion (with an optional final reward)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from django.db import transaction
+from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from ..errors import Conflict, InvalidInput, NotFound
@@ -82,6 +85,90 @@ def trajectory_register(
     return traj
 
 
+@dataclass(slots=True)
+class CompletionIn:
+    """One trajectory to end (``trajectories_complete``)."""
+
+    uid: str
+    reward: float | None = None
+    status: str = Trajectory.Status.COMPLETED
+    reward_source: str = Step.RewardSource.ENV
+    field_prefix: str = ""
+
+
+ENDED = (Trajectory.Status.COMPLETED, Trajectory.Status.FAILED, Trajectory.Status.ABANDONED)
+
+
+@transaction.atomic
+def trajectories_complete(
+    *, completions: list[CompletionIn], source_id: int | None = None
+) -> list[Trajectory]:
+    """End trajectories at once (all or none): mark each one's last step ``is_last``, set
+    its reward (audited as a RewardEvent), then settle readiness and group completion once
+    for all. A constant number of statements for any batch size. Idempotent for the same
+    status and reward; ending an ended trajectory with another status raises Conflict, an
+    unknown one NotFound, both naming the item."""
+    for c in completions:
+        rules.check_reward(c.reward, f"{c.field_prefix}reward")
+        if c.status not in ENDED:
+            raise InvalidInput(
+                f"status must be completed, failed or abandoned; got {c.status!r}",
+                field=f"{c.field_prefix}status",
+            )
+        if c.reward_source not in Step.RewardSource.values:
+            raise InvalidInput(
+                f"reward_source must be one of {Step.RewardSource.values}",
+                field=f"{c.field_prefix}reward_source",
+            )
+    # Locked in primary-key order, so concurrent completers cannot deadlock.
+    trajs = {
+        t.uid: t
+        for t in Trajectory.objects.select_for_update()
+        .filter(uid__in=[c.uid for c in completions])
+        .order_by("id")
+    }
+    now = timezone.now()
+    ending: list[int] = []
+    events: list[RewardEvent] = []
+    for c in completions:
+        traj = trajs.get(c.uid)
+        if traj is None:
+            raise NotFound(f"trajectory {c.uid!r} does not exist", field=f"{c.field_prefix}uid")
+        if traj.status != Trajectory.Status.RUNNING and traj.status != c.status:
+            raise Conflict(
+                f"trajectory {c.uid!r} already ended as {traj.status}", field=f"{c.field_prefix}status"
+            )
+        if traj.status == Trajectory.Status.RUNNING:
+            traj.status, traj.completed_at = c.status, now
+            ending.append(traj.id)
+        if c.reward is not None and c.reward != traj.reward:
+            events.append(
+                RewardEvent(
+                    trajectory=traj,
+                    old_reward=traj.reward,
+                    new_reward=c.reward,
+                    reward_source=c.reward_source,
+                    source_id=source_id,
+                )
+            )
+            traj.reward = c.reward
+        traj.updated_at = now
+    if ending:
+        # The last stored step of each ending trajectory becomes its is_last step.
+        last_index = Step.objects.filter(trajectory_id=OuterRef("trajectory_id")).order_by("-step_index")
+        Step.objects.filter(trajectory_id__in=ending, is_last=True).update(is_last=False)
+        Step.objects.filter(
+            trajectory_id__in=ending, step_index=Subquery(last_index.values("step_index")[:1])
+        ).update(is_last=True, updated_at=now)
+    Trajectory.objects.bulk_update(
+        trajs.values(), ["status", "completed_at", "reward", "updated_at"], batch_size=500
+    )
+    RewardEvent.objects.bulk_create(events)
+    trajectories_settle(trajectory_ids=[t.id for t in trajs.values()])
+    groups_check_complete(group_ids={t.group_id for t in trajs.values() if t.group_id})
+    return [trajs[c.uid] for c in completions]
+
+
 @transaction.atomic
 def trajectory_complete(
     *,
@@ -93,44 +180,18 @@ def trajectory_complete(
     reward_last_step: bool = False,
     source_id: int | None = None,
 ) -> Trajectory:
-    """End a trajectory: mark its last step ``is_last``, set the trajectory reward (audited as
-    a RewardEvent) and check group completion. ``reward_last_step``: the reward is also the
-    last step's (Claw-R1's complete_trajectory), audited too. ``channel`` moves it. Idempotent
-    for the same reward; completing an already-ended trajectory with a different status
-    raises Conflict; an unknown trajectory NotFound."""
-    rules.check_reward(reward, "reward")
+    """End one trajectory (``trajectories_complete``). ``channel`` also moves it;
+    ``reward_last_step``: the reward is also the last step's (Claw-R1's
+    complete_trajectory), audited too."""
     if channel is not None:
         rules.check_channel(channel)
-    if status not in (Trajectory.Status.COMPLETED, Trajectory.Status.FAILED, Trajectory.Status.ABANDONED):
-        raise InvalidInput(f"status must be completed, failed or abandoned; got {status!r}", field="status")
-    traj = Trajectory.objects.select_for_update().filter(uid=uid).first()
-    if traj is None:
-        raise NotFound(f"trajectory {uid!r} does not exist", field="uid")
-    if traj.status != Trajectory.Status.RUNNING and traj.status != status:
-        raise Conflict(f"trajectory {uid!r} already ended as {traj.status}", field="status")
-    now = timezone.now()
-    if traj.status == Trajectory.Status.RUNNING:
-        traj.status = status
-        traj.completed_at = now
-        last = Step.objects.filter(trajectory=traj).order_by("-step_index").only("id").first()
-        if last is not None:
-            Step.objects.filter(trajectory=traj, is_last=True).exclude(id=last.id).update(is_last=False)
-            Step.objects.filter(id=last.id).update(is_last=True, updated_at=now)
-    if reward is not None and reward != traj.reward:
-        RewardEvent.objects.create(
-            trajectory=traj,
-            old_reward=traj.reward,
-            new_reward=reward,
-            reward_source=reward_source,
-            source_id=source_id,
-        )
-        traj.reward = reward
-    if channel is not None:
+    (traj,) = trajectories_complete(
+        completions=[CompletionIn(uid=uid, reward=reward, status=status, reward_source=reward_source)],
+        source_id=source_id,
+    )
+    if channel is not None and channel != traj.channel:
         traj.channel = channel
-    traj.save(update_fields=["status", "completed_at", "reward", "channel", "updated_at"])
-    trajectories_settle(trajectory_ids=[traj.id])
-    if traj.group_id:
-        groups_check_complete(group_ids=[traj.group_id])
+        traj.save(update_fields=["channel", "updated_at"])
     if reward is not None and reward_last_step:
         last_uid = Step.objects.filter(trajectory=traj, is_last=True).values_list("uid", flat=True).first()
         if last_uid is not None:
