@@ -6,6 +6,7 @@ from gateway.apis import healthz
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("api/v1/", include("gateway.urls")),
+    path("api/v1/", include("curation.api_urls")),
     # OpenAI-compatible gateway for black-box agents: /v1/... and /t/<traj>/<group>/v1/...
     path("", include("gateway.proxy.urls")),
     path("compat/claw-r1/", include("gateway.compat.urls")),

@@ -20,12 +20,14 @@ from pool import selectors
 from pool.errors import InvalidInput
 from pool.models import Event, Feedback, PolicyVersion, PromptGroup, Step, Trajectory
 from pool.services import (
+    CompletionIn,
     RewardIn,
     event_record,
     feedback_create,
     policy_version_set,
     rewards_apply,
     steps_ingest,
+    trajectories_complete,
     trajectory_complete,
 )
 from pool.services.capabilities import trajectory_create_with_capability
@@ -166,6 +168,31 @@ class TrajectoryCompleteApi(APIView):
         )
         traj = Trajectory.objects.select_related("group", "source").get(uid=uid)
         return Response(selectors.trajectory_render(traj))
+
+
+class TrajectoryCompletionsApi(APIView):
+    permission_classes = [IngestScope]
+
+    @extend_schema(
+        request=s.TrajectoryCompletionBatchSerializer,
+        responses=inline_serializer("CompletionsResult", {"completed": serializers.IntegerField()}),
+        summary="End many trajectories at once (all or none), with optional rewards",
+    )
+    def post(self, request):
+        ser = s.TrajectoryCompletionBatchSerializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        items = [
+            CompletionIn(
+                uid=c["uid"],
+                reward=c.get("reward"),
+                status=c["status"],
+                reward_source=c["reward_source"],
+                field_prefix=f"completions[{i}].",
+            )
+            for i, c in enumerate(ser.validated_data["completions"])
+        ]
+        done = trajectories_complete(completions=items, source_id=source_id_of(request))
+        return Response({"completed": len(done)})
 
 
 # --- groups ---------------------------------------------------------------------------------

@@ -195,6 +195,14 @@ class TrajectoryCompleteSerializer(StrictSerializer):
     reward_source = serializers.ChoiceField(choices=Step.RewardSource.choices, default=Step.RewardSource.ENV)
 
 
+class TrajectoryCompletionSerializer(TrajectoryCompleteSerializer):
+    uid = serializers.CharField(max_length=rules.MAX_UID_LEN)
+
+
+class TrajectoryCompletionBatchSerializer(StrictSerializer):
+    completions = TrajectoryCompletionSerializer(many=True, allow_empty=False, max_length=10_000)
+
+
 class GroupUpsertSerializer(StrictSerializer):
     uid = serializers.CharField(max_length=rules.MAX_UID_LEN)
     expected_rollouts = StrictIntegerField(min_value=1, max_value=INT32_MAX, required=False, allow_null=True)

@@ -9,6 +9,7 @@ urlpatterns = [
     path("steps", apis.StepListCreateApi.as_view(), name="steps"),
     re_path(r"^steps/(?P<uid>.+)$", apis.StepDetailApi.as_view(), name="step-detail"),
     path("trajectories", apis.TrajectoryListCreateApi.as_view(), name="trajectories"),
+    path("trajectory-completions", apis.TrajectoryCompletionsApi.as_view(), name="trajectory-completions"),
     re_path(
         r"^trajectories/(?P<uid>.+)/complete$",
         apis.TrajectoryCompleteApi.as_view(),

@@ -1,0 +1,208 @@
+"""REST API v1 of curation: datasets (versioned specs and their preview) and operator
+labels. Views are adapters: parse, call one service or selector, render."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from gateway.auth import ReadScope, _ScopePermission, key_id_of, user_id_of
+from pool.errors import InvalidInput, NotFound
+from pool.models import Scope, Step, Trajectory
+
+from . import selectors, services
+from .models import Dataset
+from .specs import spec_parse
+
+DATASET_FIELDS = {"name", "description", "filters", "grouping"}
+MAX_LABEL_TARGETS = 10_000
+
+
+class CurateScope(_ScopePermission):
+    """Curation writes: admin keys, and signed-in operators (staff sessions)."""
+
+    scopes = (Scope.ADMIN,)
+
+
+def _actor(request) -> str:
+    user = request.user
+    if user_id_of(request) is not None:
+        return user.get_username()
+    return str(user) if key_id_of(request) is not None else ""
+
+
+def _body(request, allowed: set[str]) -> dict[str, Any]:
+    data = request.data
+    if not isinstance(data, dict):
+        raise InvalidInput("the body must be a JSON object", field="body")
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise InvalidInput(f"unknown field {unknown[0]!r}", field=unknown[0])
+    return data
+
+
+def _spec_of(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: data[k] for k in ("filters", "grouping") if data.get(k) is not None}
+
+
+def dataset_render(ds: Dataset, *, versions: bool = False) -> dict[str, Any]:
+    current = ds.current
+    out: dict[str, Any] = {
+        "name": ds.name,
+        "description": ds.description,
+        "version": current.version if current else None,
+        "filters": current.spec["filters"] if current else None,
+        "grouping": current.spec["grouping"] if current else None,
+        "created_at": ds.created_at,
+        "updated_at": ds.updated_at,
+    }
+    if versions:
+        out["versions"] = [
+            {"version": v.version, "spec": v.spec, "created_by": v.created_by, "created_at": v.created_at}
+            for v in ds.versions.order_by("version")
+        ]
+    return out
+
+
+class DatasetListCreateApi(APIView):
+    def get_permissions(self):
+        return [CurateScope()] if self.request.method == "POST" else [ReadScope()]
+
+    @extend_schema(
+        summary="Datasets and their current version", responses=OpenApiResponse(description="list")
+    )
+    def get(self, request):
+        rows = Dataset.objects.select_related("current").order_by("name")[:1000]
+        return Response([dataset_render(d) for d in rows])
+
+    @extend_schema(
+        summary='Create a dataset: {"name", "description", "filters": {...}, "grouping": {...}}',
+        request=None,
+        responses=OpenApiResponse(description="the dataset at version 1"),
+    )
+    def post(self, request):
+        data = _body(request, DATASET_FIELDS)
+        ds = services.dataset_create(
+            name=data.get("name"),  # type: ignore[arg-type]
+            spec=_spec_of(data),
+            description=data.get("description") or "",
+            actor=_actor(request),
+        )
+        return Response(dataset_render(ds, versions=True), status=status.HTTP_201_CREATED)
+
+
+class DatasetDetailApi(APIView):
+    def get_permissions(self):
+        return [CurateScope()] if self.request.method in ("PUT", "PATCH") else [ReadScope()]
+
+    def _get(self, name: str) -> Dataset:
+        ds = Dataset.objects.select_related("current").filter(name=name).first()
+        if ds is None:
+            raise NotFound(f"dataset {name!r} does not exist", field="name")
+        return ds
+
+    @extend_schema(summary="A dataset with every version", responses=OpenApiResponse(description="dataset"))
+    def get(self, request, name: str):
+        return Response(dataset_render(self._get(name), versions=True))
+
+    @extend_schema(
+        summary="Edit a dataset: a changed spec adds a version (older ones stay as they were)",
+        request=None,
+        responses=OpenApiResponse(description="dataset"),
+    )
+    def patch(self, request, name: str):
+        data = _body(request, DATASET_FIELDS - {"name"})
+        spec = None
+        if "filters" in data or "grouping" in data:
+            current = self._get(name).current
+            base = current.spec if current else {}
+            # PATCH: a part not given keeps the current version's.
+            spec = {
+                "filters": data.get("filters", base.get("filters")),
+                "grouping": data.get("grouping", base.get("grouping")),
+            }
+        ds = services.dataset_update(
+            name=name, spec=spec, description=data.get("description"), actor=_actor(request)
+        )
+        return Response(dataset_render(ds, versions=True))
+
+    @extend_schema(summary="Replace a dataset's spec (a new version when it changes)", request=None)
+    def put(self, request, name: str):
+        data = _body(request, DATASET_FIELDS - {"name"})
+        ds = services.dataset_update(
+            name=name, spec=_spec_of(data), description=data.get("description"), actor=_actor(request)
+        )
+        return Response(dataset_render(ds, versions=True))
+
+
+class DatasetPreviewApi(APIView):
+    permission_classes = [ReadScope]
+
+    @extend_schema(summary="What a saved dataset admits now: counts and token statistics")
+    def get(self, request, name: str):
+        ds = Dataset.objects.select_related("current").filter(name=name).first()
+        if ds is None or ds.current is None:
+            raise NotFound(f"dataset {name!r} does not exist", field="name")
+        preview = selectors.dataset_preview(spec_parse(ds.current.spec))
+        return Response({"dataset": ds.name, "version": ds.current.version, **preview})
+
+
+class SpecPreviewApi(APIView):
+    permission_classes = [ReadScope]
+
+    @extend_schema(summary='Preview an unsaved spec: {"filters": {...}, "grouping": {...}}', request=None)
+    def post(self, request):
+        data = _body(request, {"filters", "grouping"})
+        return Response(selectors.dataset_preview(spec_parse(_spec_of(data))))
+
+
+class LabelApi(APIView):
+    permission_classes = [CurateScope]
+
+    @extend_schema(
+        summary="Operator labels: {step_uids | trajectory_uids, label, tags_add, tags_remove, note}",
+        request=None,
+    )
+    def post(self, request):
+        data = _body(request, {"step_uids", "trajectory_uids", "label", "tags_add", "tags_remove", "note"})
+        if ("step_uids" in data) == ("trajectory_uids" in data):
+            raise InvalidInput("give exactly one of step_uids or trajectory_uids", field="step_uids")
+        key = "step_uids" if "step_uids" in data else "trajectory_uids"
+        uids = data[key]
+        if (
+            not isinstance(uids, list)
+            or not all(isinstance(u, str) for u in uids)
+            or len(uids) > MAX_LABEL_TARGETS
+        ):
+            raise InvalidInput(f"{key} must be a list of at most {MAX_LABEL_TARGETS} uids", field=key)
+        model = Step if key == "step_uids" else Trajectory
+        found = dict(model.objects.filter(uid__in=uids).values_list("uid", "id"))
+        missing = [u for u in uids if u not in found]
+        if missing:
+            raise NotFound(
+                f"{model._meta.verbose_name} {missing[0]!r} does not exist",
+                field=f"{key}[{uids.index(missing[0])}]",
+            )
+        for name in ("tags_add", "tags_remove"):
+            if not isinstance(data.get(name, []), list):
+                raise InvalidInput(f"{name} must be a list of tags", field=name)
+        for name in ("label", "note"):
+            if data.get(name) is not None and not isinstance(data[name], str):
+                raise InvalidInput(f"{name} must be a string", field=name)
+        change = dict(
+            actor=_actor(request),
+            user_id=user_id_of(request),
+            label=data.get("label"),
+            tags_add=data.get("tags_add", []),
+            tags_remove=data.get("tags_remove", []),
+            note=data.get("note"),
+        )
+        if key == "step_uids":
+            changed = services.steps_label(step_ids=found.values(), **change)
+        else:
+            changed = services.trajectories_label(trajectory_ids=found.values(), **change)
+        return Response({"changed": changed})

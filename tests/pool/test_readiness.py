@@ -1,0 +1,134 @@
+"""Readiness bits and quality flags (pool/services/readiness.py, pool/quality.py): each
+condition, each flag, the sweep that abandons idle trajectories and repairs missed bits."""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+
+import numpy as np
+import pytest
+from django.utils import timezone
+
+from pool.flags import READY, Quality, Readiness
+from pool.models import PromptGroup, Step, Trajectory
+from pool.quality import is_repetitive
+from pool.services import CompletionIn, RewardIn, rewards_apply, steps_ingest, trajectories_complete
+from pool.services.groups import group_upsert
+from pool.services.readiness import readiness_sweep
+from tests.pool.factories import step_in
+
+pytestmark = pytest.mark.django_db
+
+
+def bits(uid: str) -> int:
+    return Step.objects.get(uid=uid).readiness
+
+
+def test_each_condition_sets_its_own_bit():
+    group_upsert(uid="g", expected_rollouts=2)
+    steps_ingest(steps=[step_in("a", 0, prompt=[1, 2], response=[3], group="g")])
+    assert bits("a:0") == Readiness.TOKENS_EXACT
+    rewards_apply(rewards=[RewardIn(step_uid="a:0", reward=1.0)])
+    assert bits("a:0") == Readiness.TOKENS_EXACT | Readiness.REWARD_FINAL
+    trajectories_complete(completions=[CompletionIn(uid="a")])
+    assert bits("a:0") == Readiness.TOKENS_EXACT | Readiness.REWARD_FINAL | Readiness.TRAJECTORY_COMPLETE
+    steps_ingest(steps=[step_in("b", 0, prompt=[1, 2], response=[4], group="g", reward=0.0, is_last=True)])
+    assert bits("a:0") == bits("b:0") == READY
+    assert PromptGroup.objects.get(uid="g").ready_at is not None
+
+
+def test_a_pending_reward_undoes_readiness_and_the_group_waits_again():
+    group_upsert(uid="g", expected_rollouts=1)
+    steps_ingest(steps=[step_in("a", 0, prompt=[1], response=[2], group="g", reward=1.0, is_last=True)])
+    assert bits("a:0") == READY and PromptGroup.objects.get(uid="g").ready_at is not None
+    rewards_apply(rewards=[RewardIn(step_uid="a:0", reward=0.5, final=False)])
+    assert bits("a:0") == READY & ~Readiness.REWARD_FINAL
+    assert PromptGroup.objects.get(uid="g").ready_at is None
+
+
+def test_retokenized_steps_lack_only_the_exact_bit():
+    steps_ingest(
+        steps=[
+            step_in("r", 0, prompt=[1], response=[2], reward=1.0, is_last=True, token_source="retokenized")
+        ]
+    )
+    assert bits("r:0") == READY & ~Readiness.TOKENS_EXACT
+
+
+def test_failed_trajectories_never_become_ready_but_still_end_their_group():
+    group_upsert(uid="g", expected_rollouts=2)
+    steps_ingest(steps=[step_in("ok", 0, prompt=[1], response=[2], group="g", reward=1.0, is_last=True)])
+    steps_ingest(steps=[step_in("bad", 0, prompt=[1], response=[3], group="g", reward=1.0)])
+    trajectories_complete(completions=[CompletionIn(uid="bad", status="failed")])
+    assert PromptGroup.objects.get(uid="g").status == "complete"
+    assert bits("ok:0") == READY and not bits("bad:0") & Readiness.TRAJECTORY_COMPLETE
+
+
+def test_the_sweep_abandons_idle_trajectories_so_their_group_stops_waiting(settings):
+    settings.CLAW_TRAJECTORY_IDLE_TIMEOUT_SECONDS = 60
+    group_upsert(uid="g", expected_rollouts=2)
+    steps_ingest(steps=[step_in("ok", 0, prompt=[1], response=[2], group="g", reward=1.0, is_last=True)])
+    steps_ingest(steps=[step_in("stuck", 0, prompt=[1], response=[3], group="g", reward=1.0)])
+    assert readiness_sweep()["abandoned"] == 0  # not idle yet
+    later = timezone.now() + timedelta(seconds=61)
+    out = readiness_sweep(now=later)
+    assert out["abandoned"] == 1 and out["groups_completed"] == 1
+    assert Trajectory.objects.get(uid="stuck").status == "abandoned"
+    assert bits("ok:0") == READY and PromptGroup.objects.get(uid="g").ready_at is not None
+    assert readiness_sweep(now=later) == {
+        "abandoned": 0,
+        "groups_completed": 0,
+        "trajectories_refreshed": 0,
+        "groups_settled": 0,
+    }
+
+
+def test_the_sweep_repairs_bits_an_effect_missed():
+    steps_ingest(steps=[step_in("a", 0, prompt=[1], response=[2], reward=1.0, is_last=True)])
+    assert bits("a:0") == READY
+    # as if a crash had lost the effect after the commit: the bits are wrong
+    Step.objects.filter(uid="a:0").update(readiness=Readiness.TOKENS_EXACT)
+    out = readiness_sweep()
+    assert out["trajectories_refreshed"] == 1 and bits("a:0") == READY
+
+
+def test_step_quality_flags_at_ingest(settings):
+    settings.CLAW_QUALITY_MAX_RESPONSE_TOKENS = 50
+    rng = random.Random(0)
+    healthy = [rng.randrange(150_000) for _ in range(40)]
+    steps_ingest(
+        steps=[
+            step_in("q", 0, prompt=[1], response=healthy, rollout_logprobs=[-0.1] * 40),
+            step_in("q", 1, prompt=[1, *healthy, 9], response=[], rollout_logprobs=[]),
+            step_in("q", 2, prompt=[2], response=[7, 8] * 30, finish_reason="length"),
+            step_in("q", 3, prompt=[3], response=[5], drift=True),
+        ]
+    )
+    flags = dict(Step.objects.values_list("uid", "quality_flags"))
+    assert flags["q:0"] == 0
+    assert flags["q:1"] == Quality.EMPTY
+    assert (
+        flags["q:2"] == Quality.TRUNCATED | Quality.REPETITION | Quality.TOO_LONG | Quality.MISSING_LOGPROBS
+    )
+    assert flags["q:3"] == Quality.DRIFT | Quality.MISSING_LOGPROBS
+
+
+def test_repetition_detector():
+    rng = np.random.default_rng(0)
+    assert not is_repetitive(rng.integers(0, 150_000, 500))
+    loop = np.tile(rng.integers(0, 150_000, 8), 50)
+    assert is_repetitive(loop)
+    # a sound start, then a long loop
+    assert is_repetitive(np.concatenate([rng.integers(0, 150_000, 100), loop]))
+    assert not is_repetitive(np.array([1, 1, 1, 1]))  # too short to judge
+
+
+def test_group_flags_follow_the_rewards():
+    group_upsert(uid="g", expected_rollouts=2)
+    steps_ingest(steps=[step_in("a", 0, prompt=[1], response=[5, 6], group="g", reward=1.0, is_last=True)])
+    steps_ingest(steps=[step_in("b", 0, prompt=[1], response=[7, 8], group="g", reward=1.0, is_last=True)])
+    assert all(f & Quality.ZERO_VARIANCE for f in Step.objects.values_list("quality_flags", flat=True))
+    rewards_apply(rewards=[RewardIn(step_uid="b:0", reward=0.0), RewardIn(trajectory_uid="b", reward=0.0)])
+    assert not any(f & Quality.ZERO_VARIANCE for f in Step.objects.values_list("quality_flags", flat=True))
+    assert not any(f & Quality.DUPLICATE for f in Step.objects.values_list("quality_flags", flat=True))
