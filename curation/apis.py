@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework import status
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -15,6 +15,7 @@ from pool.errors import InvalidInput, NotFound
 from pool.models import Scope, Step, Trajectory
 
 from . import selectors, services
+from . import serializers as cs
 from .models import Dataset
 from .specs import spec_parse
 
@@ -73,7 +74,9 @@ class DatasetListCreateApi(APIView):
         return [CurateScope()] if self.request.method == "POST" else [ReadScope()]
 
     @extend_schema(
-        summary="Datasets and their current version", responses=OpenApiResponse(description="list")
+        summary="Datasets and their current version",
+        responses=cs.DatasetSerializer(many=True),
+        operation_id="datasets_list",
     )
     def get(self, request):
         rows = Dataset.objects.select_related("current").order_by("name")[:1000]
@@ -81,8 +84,8 @@ class DatasetListCreateApi(APIView):
 
     @extend_schema(
         summary='Create a dataset: {"name", "description", "filters": {...}, "grouping": {...}}',
-        request=None,
-        responses=OpenApiResponse(description="the dataset at version 1"),
+        request=cs.DatasetWriteSerializer,
+        responses={201: cs.DatasetSerializer},
     )
     def post(self, request):
         data = _body(request, DATASET_FIELDS)
@@ -105,14 +108,14 @@ class DatasetDetailApi(APIView):
             raise NotFound(f"dataset {name!r} does not exist", field="name")
         return ds
 
-    @extend_schema(summary="A dataset with every version", responses=OpenApiResponse(description="dataset"))
+    @extend_schema(summary="A dataset with every version", responses=cs.DatasetSerializer)
     def get(self, request, name: str):
         return Response(dataset_render(self._get(name), versions=True))
 
     @extend_schema(
         summary="Edit a dataset: a changed spec adds a version (older ones stay as they were)",
-        request=None,
-        responses=OpenApiResponse(description="dataset"),
+        request=cs.DatasetSpecSerializer,
+        responses=cs.DatasetSerializer,
     )
     def patch(self, request, name: str):
         data = _body(request, DATASET_FIELDS - {"name"})
@@ -130,7 +133,11 @@ class DatasetDetailApi(APIView):
         )
         return Response(dataset_render(ds, versions=True))
 
-    @extend_schema(summary="Replace a dataset's spec (a new version when it changes)", request=None)
+    @extend_schema(
+        summary="Replace a dataset's spec (a new version when it changes)",
+        request=cs.DatasetSpecSerializer,
+        responses=cs.DatasetSerializer,
+    )
     def put(self, request, name: str):
         data = _body(request, DATASET_FIELDS - {"name"})
         ds = services.dataset_update(
@@ -142,7 +149,9 @@ class DatasetDetailApi(APIView):
 class DatasetPreviewApi(APIView):
     permission_classes = [ReadScope]
 
-    @extend_schema(summary="What a saved dataset admits now: counts and token statistics")
+    @extend_schema(
+        summary="What a saved dataset admits now: counts and token statistics", responses=cs.PreviewSerializer
+    )
     def get(self, request, name: str):
         ds = Dataset.objects.select_related("current").filter(name=name).first()
         if ds is None or ds.current is None:
@@ -154,7 +163,11 @@ class DatasetPreviewApi(APIView):
 class SpecPreviewApi(APIView):
     permission_classes = [ReadScope]
 
-    @extend_schema(summary='Preview an unsaved spec: {"filters": {...}, "grouping": {...}}', request=None)
+    @extend_schema(
+        summary='Preview an unsaved spec: {"filters": {...}, "grouping": {...}}',
+        request=cs.DatasetSpecSerializer,
+        responses=cs.PreviewSerializer,
+    )
     def post(self, request):
         data = _body(request, {"filters", "grouping"})
         return Response(selectors.dataset_preview(spec_parse(_spec_of(data))))
@@ -165,7 +178,8 @@ class LabelApi(APIView):
 
     @extend_schema(
         summary="Operator labels: {step_uids | trajectory_uids, label, tags_add, tags_remove, note}",
-        request=None,
+        request=cs.LabelSerializer,
+        responses=inline_serializer("LabelResult", {"changed": serializers.IntegerField()}),
     )
     def post(self, request):
         data = _body(request, {"step_uids", "trajectory_uids", "label", "tags_add", "tags_remove", "note"})

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 from rest_framework import serializers
 
+from pool.flags import QUALITY_NAMES, READINESS_NAMES
 from pool.ingest import rules
 from pool.ingest.contract import StepWire
 from pool.ingest.rules import INT32_MAX, INT64_MAX, json_problem
@@ -113,6 +114,8 @@ def _field_for(tp: Any, **kwargs: Any) -> serializers.Field:
         return FiniteFloatField(**kwargs)
     if isinstance(tp, i.BoolType):
         return serializers.BooleanField(**kwargs)
+    if isinstance(tp, i.DateTimeType):
+        return serializers.DateTimeField(**kwargs)
     if isinstance(tp, i.StrType):
         return serializers.CharField(max_length=tp.max_length, allow_blank=not tp.min_length, **kwargs)
     if isinstance(tp, i.LiteralType):
@@ -137,6 +140,12 @@ class StepReadSerializer(StepWriteSerializer):  # type: ignore[valid-type,misc]
     drift = serializers.BooleanField()
     drift_offset = serializers.IntegerField(allow_null=True)
     created_at = serializers.DateTimeField()
+    ready = serializers.BooleanField(help_text="every readiness condition holds")
+    readiness = serializers.ListField(
+        child=serializers.ChoiceField(choices=list(READINESS_NAMES)), help_text="the conditions that hold"
+    )
+    quality_flags = serializers.ListField(child=serializers.ChoiceField(choices=list(QUALITY_NAMES)))
+    label = serializers.ChoiceField(choices=[v for v in Step.Label.values if v], allow_null=True)
 
 
 class StepIngestResultSerializer(serializers.Serializer):

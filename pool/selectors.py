@@ -9,7 +9,8 @@ import numpy as np
 from django.db.models import Count, Q, Sum
 from django.db.models.functions import Length
 
-from . import tokens
+from . import flags, tokens
+from .flags import READY
 from .models import Event, Feedback, MergeResult, PolicyVersion, PromptGroup, Step, Trajectory
 
 
@@ -51,6 +52,10 @@ def steps_render(steps: Sequence[Step]) -> list[dict[str, Any]]:
                 "drift": s.drift,
                 "drift_offset": s.drift_offset,
                 "created_at": s.created_at,
+                "ready": s.readiness == READY,
+                "readiness": flags.names(s.readiness, flags.READINESS_NAMES),
+                "quality_flags": flags.names(s.quality_flags, flags.QUALITY_NAMES),
+                "label": s.label or None,
             }
         )
     return out

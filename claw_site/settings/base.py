@@ -224,6 +224,12 @@ SPECTACULAR_SETTINGS = {
         "RewardSourceEnum": "pool.models.Step.RewardSource",
         # Shared by TrajectorySerializer and TrajectoryOpenedSerializer.
         "TrajectoryStatusEnum": "pool.models.Trajectory.Status",
+        # Ending a trajectory (complete, trajectory-completions).
+        "TrajectoryEndStatusEnum": ["completed", "failed", "abandoned"],
+        # Dataset filters (curation/specs.py) and step reads share these.
+        "TokenSourceEnum": "pool.models.Step.TokenSource",
+        "QualityFlagEnum": "pool.flags.QUALITY_NAMES",
+        "OperatorLabelEnum": ["none", "accepted", "rejected", "quarantined"],
     },
 }
 

@@ -100,7 +100,18 @@ PackedStepBatchWire = _batch_wire("PackedStepBatchWire", PackedStepWire)
 STEP_FIELDS: tuple[str, ...] = StepWire.__struct_fields__
 REQUIRED_FIELDS: frozenset[str] = frozenset(f.name for f in msgspec.structs.fields(StepWire) if f.required)
 # Set by the pool, never by the client: what a read adds to the write fields.
-SERVER_FIELDS: tuple[str, ...] = ("reward_status", "token_source", "drift", "drift_offset", "created_at")
+SERVER_FIELDS: tuple[str, ...] = (
+    "reward_status",
+    "token_source",
+    "drift",
+    "drift_offset",
+    "created_at",
+    # curation (pool/flags.py): readiness and quality flags as names, the operator label
+    "ready",
+    "readiness",
+    "quality_flags",
+    "label",
+)
 READ_FIELDS: tuple[str, ...] = STEP_FIELDS + SERVER_FIELDS
 # The idempotency fingerprint covers every submitted field but the uid (the key itself), in
 # struct order, with the token arrays as their lengths (their bytes are hashed after it,

@@ -1,5 +1,6 @@
 """/api/v1/datasets, /api/v1/datasets/preview, /api/v1/labels and
-/api/v1/trajectory-completions: behaviour, bad input named by field, and the scope matrix."""
+/api/v1/trajectory-completions: behaviour and bad input named by field (who may call them:
+tests/gateway/test_auth_scopes.py)."""
 
 from __future__ import annotations
 
@@ -116,35 +117,3 @@ def test_trajectory_completions_end_many_at_once(agent):
         "/api/v1/trajectory-completions", {"completions": [{"uid": "a"}, {"uid": "zz"}]}, format="json"
     )
     assert resp.status_code == 404 and resp.json()["error"]["param"] == "completions[1].uid"
-
-
-# --- who may do what ---------------------------------------------------------------------------
-ENDPOINTS = [
-    ("get", "/api/v1/datasets", None),
-    ("post", "/api/v1/datasets", {"name": "m"}),
-    ("get", "/api/v1/datasets/d0", None),
-    ("patch", "/api/v1/datasets/d0", {"description": "x"}),
-    ("get", "/api/v1/datasets/d0/preview", None),
-    ("post", "/api/v1/datasets/preview", {}),
-    ("post", "/api/v1/labels", {"step_uids": [], "label": "accepted"}),
-]
-# role -> the endpoints (by index) it may use; others answer 401 (no key) or 403.
-ALLOWED = {
-    None: set(),
-    Scope.INGEST: {0, 2, 4, 5},
-    Scope.READ: {0, 2, 4, 5},
-    Scope.CONSUME: {0, 2, 4, 5},
-    Scope.ADMIN: {0, 1, 2, 3, 4, 5, 6},
-}
-
-
-@pytest.mark.parametrize("scope", list(ALLOWED))
-def test_scope_matrix(make_key, curator, scope):
-    assert curator.post("/api/v1/datasets", {"name": "d0"}, format="json").status_code == 201
-    client = client_for(make_key(scope) if scope else None)
-    for i, (method, url, body) in enumerate(ENDPOINTS):
-        resp = getattr(client, method)(url, body, format="json")
-        if i in ALLOWED[scope]:
-            assert resp.status_code < 300, (scope, method, url, resp.content)
-        else:
-            assert resp.status_code == (401 if scope is None else 403), (scope, method, url, resp.status_code)

@@ -1,8 +1,9 @@
 """The scopes matrix: every /api/v1 endpoint against every kind of caller.
 
-Writes need the ingest scope; reads are open to ingest, consume, read and admin keys; admin
-keys and staff signed in to the admin (session) may do everything; anonymous callers get 401
-with a Bearer challenge; a signed-in non-staff user gets 403.
+Writes need the ingest scope; curation writes (datasets, labels) the admin scope; reads are
+open to ingest, consume, read and admin keys; admin keys and staff signed in (operators)
+may do everything; anonymous callers get 401 with a Bearer challenge; a signed-in non-staff
+user (a reviewer) gets 403: reviewers work in the pages, not the API.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
+from curation.models import Dataset, DatasetVersion, LabelEvent
+from curation.services import dataset_create
 from pool.models import Scope, Step
 from pool.services import api_key_create, steps_ingest
 from tests.conftest import client_for, make_step
@@ -17,7 +20,7 @@ from tests.pool.factories import pool_counts, step_in
 
 pytestmark = pytest.mark.django_db
 
-S, T, G = "seed-t:0", "seed-t", "seed-g"
+S, T, G, D = "seed-t:0", "seed-t", "seed-g", "seed-ds"
 
 WRITES = [
     ("steps", {"steps": [make_step("new-t", 0, prompt=[1, 2, 3], response=[4])]}),
@@ -28,7 +31,17 @@ WRITES = [
     ("events", {"type": "tool_call", "step_uid": S}),
     ("feedback", {"step_uid": S, "rating": 1.0, "label": "good"}),
     ("policy-versions", {"version": 5}),
+    ("trajectory-completions", {"completions": [{"uid": T}]}),
 ]
+# Curation writes: admin keys and operators only. (method, endpoint, body)
+CURATE = [
+    ("post", "datasets", {"name": "new-ds", "filters": {"channel": "val"}}),
+    ("patch", f"datasets/{D}", {"filters": {"max_staleness": 3}}),
+    ("put", f"datasets/{D}", {"filters": {"max_staleness": 4}}),
+    ("post", "labels", {"step_uids": [S], "label": "accepted"}),
+]
+# Reads sent as POST (a spec in the body).
+READ_POSTS = [("datasets/preview", {"filters": {}})]
 READS = [
     "steps",
     f"steps/{S}",
@@ -41,6 +54,9 @@ READS = [
     "policy-versions",
     "stats",
     f"groups/{G}/prefix-tree",
+    "datasets",
+    f"datasets/{D}",
+    f"datasets/{D}/preview",
 ]
 
 # caller -> (may write, may read)
@@ -58,6 +74,11 @@ CALLERS = {
 @pytest.fixture
 def seeded(db) -> None:
     steps_ingest(steps=[step_in(T, 0, prompt=[1, 2, 3], response=[4, 5], group=G)])
+    dataset_create(name=D)
+
+
+def curation_counts() -> dict[str, int]:
+    return {m.__name__: m.objects.count() for m in (Dataset, DatasetVersion, LabelEvent)}
 
 
 def caller_client(kind: str, django_user_model) -> APIClient:
@@ -97,6 +118,35 @@ def test_write_matrix(seeded, django_user_model, caller, endpoint, body):
 
 
 @pytest.mark.parametrize("caller", list(CALLERS))
+@pytest.mark.parametrize(("method", "endpoint", "body"), CURATE, ids=[f"{c[0]} {c[1]}" for c in CURATE])
+def test_curate_matrix(seeded, django_user_model, caller, method, endpoint, body):
+    # given a caller of this kind
+    client = caller_client(caller, django_user_model)
+    may_curate = caller in ("admin", "operator")
+    before = curation_counts()
+    # when it writes a dataset or a label
+    resp = getattr(client, method)(f"/api/v1/{endpoint}", body, format="json")
+    # then only admin keys and operators may; others change nothing
+    if may_curate:
+        assert resp.status_code in (200, 201), resp.content
+        assert curation_counts() != before
+    else:
+        assert resp.status_code == (401 if caller == "anonymous" else 403), resp.content
+        assert curation_counts() == before
+
+
+@pytest.mark.parametrize("caller", list(CALLERS))
+@pytest.mark.parametrize(("endpoint", "body"), READ_POSTS, ids=[r[0] for r in READ_POSTS])
+def test_read_by_post_matrix(seeded, django_user_model, caller, endpoint, body):
+    client = caller_client(caller, django_user_model)
+    resp = client.post(f"/api/v1/{endpoint}", body, format="json")
+    if CALLERS[caller][1]:
+        assert resp.status_code == 200, resp.content
+    else:
+        assert resp.status_code == (401 if caller == "anonymous" else 403), resp.content
+
+
+@pytest.mark.parametrize("caller", list(CALLERS))
 @pytest.mark.parametrize("endpoint", READS)
 def test_read_matrix(seeded, django_user_model, caller, endpoint):
     # given a caller of this kind
@@ -118,13 +168,17 @@ def test_the_matrix_covers_every_api_route():
     def template(endpoint: str) -> str:
         for value in (S, T, G):
             endpoint = endpoint.replace(value, "{uid}")
-        return f"/api/v1/{endpoint}"
+        return f"/api/v1/{endpoint.replace(D, '{name}')}"
 
     covered: dict[str, set[str]] = {}
     for endpoint, _ in WRITES:
         covered.setdefault(template(endpoint), set()).add("post")
     for endpoint in READS:
         covered.setdefault(template(endpoint), set()).add("get")
+    for method, endpoint, _ in CURATE:
+        covered.setdefault(template(endpoint), set()).add(method)
+    for endpoint, _ in READ_POSTS:
+        covered.setdefault(template(endpoint), set()).add("post")
     # then each one is exercised above (a new endpoint must join the matrix)
     assert covered == api_routes()
 

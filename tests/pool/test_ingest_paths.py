@@ -68,6 +68,7 @@ _PROXIED_EXEMPT = {
     ("Step", "metadata"): "the proxy records the call (endpoint, model, params)",
     ("Trajectory", "reward"): "complete_trajectory rewards the trajectory too; an is_last step only itself",
     ("Step", "readiness"): "a trajectory reward makes every step's reward final (the Trajectory.reward line)",
+    ("Step", "ready"): "read form of readiness (the line above)",
 }
 EXEMPT: dict[str, dict[tuple[str, str], str]] = {
     "json": {},
