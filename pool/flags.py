@@ -30,6 +30,14 @@ READY = int(
 )
 # What "ready" means for a dataset that admits retokenized ids.
 READY_ANY_TOKENS = READY & ~int(Readiness.TOKENS_EXACT)
+# Every readiness value with a final reward and a completed trajectory (6, 7, 14, 15): what
+# any dataset query may ask for, and the condition of the partial index step_ready.
+TRAINABLE_VALUES = [
+    v
+    for v in range(READY + 1)
+    if v & (Readiness.REWARD_FINAL | Readiness.TRAJECTORY_COMPLETE)
+    == (Readiness.REWARD_FINAL | Readiness.TRAJECTORY_COMPLETE)
+]
 # The bits a trajectory and its group decide (set together by trajectories_refresh).
 TRAJECTORY_BITS = int(Readiness.TRAJECTORY_COMPLETE | Readiness.GROUP_COMPLETE)
 

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from .flags import READY, READY_ANY_TOKENS
+from .flags import TRAINABLE_VALUES
 from .querysets import StepQuerySet
 
 
@@ -293,11 +293,13 @@ class Step(models.Model):
             models.Index(fields=["created_at"], name="step_created"),
             # Drift review: "steps whose tokens did not extend the previous step" (partial).
             models.Index(fields=["trajectory"], condition=Q(drift=True), name="step_drift"),
-            # Datasets and the admin: "ready steps" (readiness is READY, or READY_ANY_TOKENS
-            # where retokenized ids are allowed), partial so it holds only ready steps.
+            # Admin and step-unit datasets: "ready steps, in id order" (readiness = READY, or
+            # READY_ANY_TOKENS where retokenized ids are allowed; a group-whole dataset asks for
+            # the values without GROUP_COMPLETE too). Partial: only steps whose reward is final
+            # and whose trajectory completed, the values those queries list.
             models.Index(
-                fields=["readiness", "trajectory"],
-                condition=Q(readiness__in=[READY, READY_ANY_TOKENS]),
+                fields=["readiness", "id"],
+                condition=Q(readiness__in=TRAINABLE_VALUES),
                 name="step_ready",
             ),
             # Curation: "steps an operator labelled L" (partial: most steps carry no label).

@@ -79,8 +79,8 @@ class Migration(migrations.Migration):
         migrations.AddIndex(
             model_name="step",
             index=models.Index(
-                condition=models.Q(("readiness__in", [15, 14])),
-                fields=["readiness", "trajectory"],
+                condition=models.Q(("readiness__in", [6, 7, 14, 15])),
+                fields=["readiness", "id"],
                 name="step_ready",
             ),
         ),
