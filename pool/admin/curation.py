@@ -16,6 +16,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ActionForm
+from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.db.models.functions import Substr
 from django.forms.models import BaseInlineFormSet
@@ -31,6 +32,8 @@ from ..models import PromptGroup, RewardEvent, Step, Trajectory
 from ..services import RewardIn, rewards_apply
 from .filters import FeedbackFilter, GroupReadyFilter, LabelFilter, QualityFilter, ReadinessFilter, TagFilter
 
+# Longest tag (curation.services.labels.MAX_TAG_LEN; curation imports pool, not the reverse).
+MAX_TAG_LEN = 64
 # Never read by a page: token blobs and hashes (ids are rebuilt with pool.tokens).
 STEP_BLOBS = ("seq_delta", "rollout_logprobs", "seq_hash", "content_hash", "response_hash")
 # Not shown in the step list either: JSON and free text can each be megabytes.
@@ -48,11 +51,19 @@ HISTORY_ROWS = 50
 
 
 class StepActionForm(ActionForm):
-    """The values the step actions take; each action reads only the one it needs."""
+    """The values the step actions take; each action checks only the one it needs
+    (ACTION_VALUES), so a stray value in another box never blocks an action."""
 
-    tag = forms.CharField(required=False, max_length=64, label="tag")
-    note = forms.CharField(required=False, label="note")
-    reward = forms.FloatField(required=False, label="reward")
+    tag = forms.CharField(required=False, label="tag", widget=forms.TextInput(attrs={"size": 12}))
+    note = forms.CharField(required=False, label="note", widget=forms.TextInput(attrs={"size": 24}))
+    reward = forms.CharField(required=False, label="reward", widget=forms.TextInput(attrs={"size": 6}))
+
+
+ACTION_VALUES: dict[str, forms.Field] = {
+    "tag": forms.CharField(max_length=MAX_TAG_LEN),
+    "note": forms.CharField(),
+    "reward": forms.FloatField(),  # rejects nan and infinities too
+}
 
 
 @admin.register(Step)
@@ -242,19 +253,19 @@ class StepAdmin(admin.ModelAdmin):
 
     @admin.action(description="Add tag (give a tag) to selected steps", permissions=["change"])
     def add_tag(self, request: HttpRequest, queryset: QuerySet) -> None:
-        tag = self._value(request, "tag", "Give a tag to add.", required=True)
+        tag = self._value(request, "tag", "Give a tag to add.")
         if tag is not None:
             self._label(request, queryset, f"tagged {tag!r}", tags_add=[tag])
 
     @admin.action(description="Remove tag (give a tag) from selected steps", permissions=["change"])
     def remove_tag(self, request: HttpRequest, queryset: QuerySet) -> None:
-        tag = self._value(request, "tag", "Give a tag to remove.", required=True)
+        tag = self._value(request, "tag", "Give a tag to remove.")
         if tag is not None:
             self._label(request, queryset, f"untagged {tag!r}", tags_remove=[tag])
 
     @admin.action(description="Set note (give a note) on selected steps", permissions=["change"])
     def set_note(self, request: HttpRequest, queryset: QuerySet) -> None:
-        note = self._value(request, "note", "Give a note to set (or use “clear note”).", required=True)
+        note = self._value(request, "note", "Give a note to set (or use “clear note”).")
         if note is not None:
             self._label(request, queryset, "set the note of", note=note)
 
@@ -266,7 +277,7 @@ class StepAdmin(admin.ModelAdmin):
         description="Set final human reward (give a reward) on selected steps", permissions=["change"]
     )
     def set_reward(self, request: HttpRequest, queryset: QuerySet) -> None:
-        reward = self._value(request, "reward", "Give a reward (a finite number) to set.", required=True)
+        reward = self._value(request, "reward", "Give a reward (a finite number) to set.")
         if reward is None:
             return
         uids = list(queryset.order_by().values_list("uid", flat=True))
@@ -285,20 +296,15 @@ class StepAdmin(admin.ModelAdmin):
             return
         self.message_user(request, f"Set reward {reward} on {len(uids)} steps ({len(events)} changed).")
 
-    def _value(self, request: HttpRequest, name: str, missing: str, *, required: bool) -> Any:
+    def _value(self, request: HttpRequest, name: str, missing: str) -> Any:
         """The action form's ``name`` value, or None after telling the user what is wrong."""
-        form = self.action_form(request.POST)
-        form.is_valid()  # the action field's own choices are checked by the admin, not here
-        if name in form.errors:
-            self.message_user(request, f"{missing} {' '.join(form.errors[name])}", messages.ERROR)
+        try:
+            return ACTION_VALUES[name].clean(request.POST.get(name, ""))
+        except ValidationError as exc:
+            self.message_user(
+                request, f"{missing} {' '.join(exc.messages)} Nothing was changed.", messages.ERROR
+            )
             return None
-        value = form.cleaned_data.get(name)
-        if isinstance(value, str):
-            value = value.strip()
-        if required and value in (None, ""):
-            self.message_user(request, f"{missing} Nothing was changed.", messages.ERROR)
-            return None
-        return value
 
     def _label(self, request: HttpRequest, queryset: QuerySet, verb: str, **change: Any) -> None:
         _label_with(
