@@ -77,3 +77,15 @@ GROUP_QUALITY = int(Quality.DUPLICATE | Quality.ZERO_VARIANCE)
 def names(value: int, table: dict[str, int]) -> list[str]:
     """The names of the bits set in ``value``, in the table's order."""
     return [name for name, bit in table.items() if value & bit]
+
+
+def readiness_text(value: int) -> str:
+    """ "ready", or the readiness conditions a step still misses (for people: the admin)."""
+    if value == READY:
+        return "ready"
+    return "missing " + ", ".join(names(READY & ~value, READINESS_NAMES))
+
+
+def quality_text(value: int) -> str:
+    """The quality flags set, comma-separated ("" for a clean step)."""
+    return ", ".join(names(value, QUALITY_NAMES))

@@ -1,18 +1,18 @@
-"""Admin for the pool: read-mostly views with the filters operators use."""
+"""Admin for the pool's operational rows: sources, keys, policy versions, reward and event
+audit, feedback, merge results and capability tokens."""
 
 from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
 
-from .models import (
+from ..models import (
     ApiKey,
     Event,
     Feedback,
     MergeResult,
     PolicyVersion,
-    PromptGroup,
     RewardEvent,
     Source,
-    Step,
-    Trajectory,
     TrajectoryCapability,
 )
 
@@ -35,54 +35,6 @@ class PolicyVersionAdmin(admin.ModelAdmin):
     list_display = ("version", "is_current", "created_at")
 
 
-@admin.register(PromptGroup)
-class PromptGroupAdmin(admin.ModelAdmin):
-    list_display = ("uid", "status", "expected_rollouts", "dataset", "created_at", "completed_at")
-    list_filter = ("status", "dataset")
-    search_fields = ("uid",)
-    raw_id_fields = ("anchor_step",)
-
-
-@admin.register(Trajectory)
-class TrajectoryAdmin(admin.ModelAdmin):
-    list_display = (
-        "uid",
-        "group",
-        "status",
-        "channel",
-        "reward",
-        "step_count",
-        "policy_version",
-        "created_at",
-    )
-    list_filter = ("status", "channel", "policy_version")
-    search_fields = ("uid", "group__uid")
-    raw_id_fields = ("group", "source")
-    list_select_related = ("group",)
-
-
-@admin.register(Step)
-class StepAdmin(admin.ModelAdmin):
-    list_display = (
-        "uid",
-        "trajectory",
-        "step_index",
-        "seq_len",
-        "reward",
-        "reward_status",
-        "token_source",
-        "drift",
-        "policy_version",
-        "created_at",
-    )
-    list_filter = ("reward_status", "reward_source", "token_source", "drift", "is_last", "policy_version")
-    search_fields = ("uid", "trajectory__uid")
-    raw_id_fields = ("trajectory", "seq_parent", "source")
-    exclude = ("seq_delta", "rollout_logprobs", "seq_hash", "content_hash")
-    list_select_related = ("trajectory",)
-    show_full_result_count = False
-
-
 @admin.register(RewardEvent)
 class RewardEventAdmin(admin.ModelAdmin):
     list_display = (
@@ -95,7 +47,14 @@ class RewardEventAdmin(admin.ModelAdmin):
         "final",
         "created_at",
     )
+    list_filter = ("reward_source", "final")
     raw_id_fields = ("step", "trajectory", "source")
+    list_select_related = ("step", "trajectory")
+    list_per_page = 100
+    show_full_result_count = False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return with_targets(super().get_queryset(request))
 
 
 @admin.register(Event)
@@ -103,13 +62,26 @@ class EventAdmin(admin.ModelAdmin):
     list_display = ("id", "type", "trajectory", "step", "created_at")
     list_filter = ("type",)
     raw_id_fields = ("trajectory", "step", "source")
+    list_select_related = ("step", "trajectory")
+    list_per_page = 100
+    show_full_result_count = False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return with_targets(super().get_queryset(request))
 
 
 @admin.register(Feedback)
 class FeedbackAdmin(admin.ModelAdmin):
     list_display = ("id", "step", "trajectory", "rating", "label", "author", "created_at")
     list_filter = ("label",)
+    search_fields = ("step__uid", "trajectory__uid", "author")
     raw_id_fields = ("trajectory", "step", "source", "user")
+    list_select_related = ("step", "trajectory")
+    list_per_page = 100
+    show_full_result_count = False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return with_targets(super().get_queryset(request))
 
 
 @admin.register(MergeResult)
@@ -169,3 +141,27 @@ class TrajectoryCapabilityAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False  # tokens are minted by init_trajectory / POST /api/v1/trajectories only
+
+
+# Columns of a step or trajectory a row about it never shows (blobs, JSON, free text).
+_TARGET_HEAVY = (
+    *(
+        f"step__{f}"
+        for f in (
+            "seq_delta",
+            "rollout_logprobs",
+            "seq_hash",
+            "content_hash",
+            "messages",
+            "response_text",
+            "metadata",
+        )
+    ),
+    "trajectory__metadata",
+)
+
+
+def with_targets(qs: QuerySet) -> QuerySet:
+    """Rows about a step or a trajectory (rewards, events, feedback) with their target in the
+    same query, its heavy columns left behind: a list page costs the same for 10 or 100 rows."""
+    return qs.select_related("step", "trajectory").defer(*_TARGET_HEAVY)
