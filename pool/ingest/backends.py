@@ -29,6 +29,7 @@ from django.db.models.base import ModelState
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
+from ..flags import Readiness
 from ..models import PromptGroup, Step, Trajectory
 
 # The trajectory columns the pipeline reads back from its writes (no model instance on the
@@ -119,6 +120,81 @@ def trajectories_after_write(updates: Sequence[tuple[int, int, int, bool]]) -> N
     """
     with connection.cursor() as cur:
         cur.execute(sql, [*params, now, now])
+
+
+# --- follow-up writes of the pool's services: rewards, completion, readiness ------------------
+# Set-based statements (one per call, whatever the batch size): ``WITH v(...) AS (VALUES ...)
+# UPDATE ... FROM v`` runs on PostgreSQL and on SQLite >= 3.33. Rows whose value does not
+# change are not rewritten (a rewrite copies the whole row and its index entries).
+def steps_reward_set(rows: Sequence[tuple[int, float, str, str]]) -> None:
+    """(step id, reward, reward_status, reward_source) in one statement. A final reward
+    also sets the step's REWARD_FINAL readiness bit; the caller recomputes the readiness of
+    steps whose reward went back to pending (their trajectory may still supply the bit)."""
+    if not rows:
+        return
+    table = connection.ops.quote_name(Step._meta.db_table)
+    values = _values(len(rows), ("bigint", "double precision", "varchar(8)", "varchar(8)"))
+    sql = f"""
+        WITH v(id, reward, status, source) AS (VALUES {values})
+        UPDATE {table} SET
+            reward = v.reward, reward_status = v.status, reward_source = v.source, updated_at = %s,
+            readiness = CASE WHEN v.status = 'final' THEN {table}.readiness | {int(Readiness.REWARD_FINAL)}
+                             ELSE {table}.readiness END
+        FROM v WHERE {table}.id = v.id
+    """
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    with connection.cursor() as cur:
+        cur.execute(sql, [x for row in rows for x in row] + [now])
+
+
+def trajectories_end(rows: Sequence[tuple[int, str, bool, float | None]], now: Any) -> None:
+    """(trajectory id, status, ends now, reward) in one statement; ``completed_at`` is
+    ``now`` for those that end now."""
+    if not rows:
+        return
+    table = connection.ops.quote_name(Trajectory._meta.db_table)
+    values = _values(len(rows), ("bigint", "varchar(16)", "boolean", "double precision"))
+    sql = f"""
+        WITH v(id, status, ends, reward) AS (VALUES {values})
+        UPDATE {table} SET
+            status = v.status, reward = v.reward, updated_at = %s,
+            completed_at = CASE WHEN v.ends THEN %s ELSE {table}.completed_at END
+        FROM v WHERE {table}.id = v.id
+    """
+    now = connection.ops.adapt_datetimefield_value(now)
+    with connection.cursor() as cur:
+        cur.execute(sql, [x for row in rows for x in row] + [now, now])
+
+
+def steps_readiness_set(rows: Sequence[tuple[int, int]]) -> None:
+    """(trajectory id, the bits the trajectory decides) in one statement: every step of
+    those trajectories keeps its TOKENS_EXACT bit, takes the trajectory's bits, and its own
+    final reward's REWARD_FINAL. Steps whose readiness does not change are not written."""
+    if not rows:
+        return
+    table = connection.ops.quote_name(Step._meta.db_table)
+    values = _values(len(rows), ("bigint", "integer"))
+    new = (
+        f"(({table}.readiness & {int(Readiness.TOKENS_EXACT)}) | v.bits"
+        f" | CASE WHEN {table}.reward_status = 'final' THEN {int(Readiness.REWARD_FINAL)} ELSE 0 END)"
+    )
+    sql = f"""
+        WITH v(tid, bits) AS (VALUES {values})
+        UPDATE {table} SET readiness = {new}
+        FROM v WHERE {table}.trajectory_id = v.tid AND {table}.readiness <> {new}
+    """
+    with connection.cursor() as cur:
+        cur.execute(sql, [x for row in rows for x in row])
+
+
+def _values(n: int, types: Sequence[str]) -> str:
+    """``n`` VALUES rows of placeholders; typed on PostgreSQL, where a column of NULLs
+    would otherwise be text."""
+    if connection.vendor == "postgresql":
+        one = "(" + ", ".join(f"CAST(%s AS {t})" for t in types) + ")"
+    else:
+        one = "(" + ", ".join(["%s"] * len(types)) + ")"
+    return ", ".join([one] * n)
 
 
 def trajectory_claim(uid: str, n: int) -> tuple | None:

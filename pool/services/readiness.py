@@ -25,20 +25,20 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Case, F, Q, Value, When
+from django.db.models import F, Q
 from django.utils import timezone
 
 from ..flags import GROUP_QUALITY, Quality, Readiness
+from ..ingest import backends
 from ..models import PromptGroup, Step, Trajectory
 
-# Ids per UPDATE ... WHERE id IN (...): bounded statements on every database (SQLite caps
-# the number of parameters), about 10 ms per chunk on PostgreSQL.
-CHUNK = 500
+# Ids per statement: bounded statements on every database (SQLite caps the number of
+# parameters at 32,766); a chunk of trajectories is one SELECT and one UPDATE.
+CHUNK = 1000
 # Trajectories the sweep repairs per round; the sweep stops after MAX_SWEEP_ROUNDS rounds and
 # the next run goes on, so one run stays short however far behind it is.
 SWEEP_CHUNK = 2000
 MAX_SWEEP_ROUNDS = 50
-_ALL_QUALITY = sum(int(q) for q in Quality)
 
 
 def trajectories_settle(*, trajectory_ids: Iterable[int]) -> None:
@@ -53,16 +53,15 @@ def trajectories_settle(*, trajectory_ids: Iterable[int]) -> None:
 
 def trajectories_refresh(*, trajectory_ids: Iterable[int]) -> set[int]:
     """Rewrite the trajectory-decided readiness bits of every step of these trajectories
-    from their current state (one UPDATE per distinct state, not per row). Returns the ids
-    of their complete groups (to settle). Idempotent."""
+    from their current state (one statement per chunk; steps whose bits do not change are
+    not written). Returns the ids of their complete groups (to settle). Idempotent."""
     ids = list(set(trajectory_ids))
-    by_bits: dict[int, list[int]] = defaultdict(list)
     complete_groups: set[int] = set()
     for chunk in _chunks(ids):
-        rows = Trajectory.objects.filter(id__in=chunk).values_list(
-            "id", "status", "reward", "group_id", "group__status"
-        )
-        for tid, status, reward, group_id, group_status in rows:
+        rows = []
+        for tid, status, reward, group_id, group_status in Trajectory.objects.filter(
+            id__in=chunk
+        ).values_list("id", "status", "reward", "group_id", "group__status"):
             bits = 0
             if reward is not None:
                 bits |= Readiness.REWARD_FINAL
@@ -72,19 +71,26 @@ def trajectories_refresh(*, trajectory_ids: Iterable[int]) -> set[int]:
                 bits |= Readiness.GROUP_COMPLETE
             if group_id is not None and group_status == PromptGroup.Status.COMPLETE:
                 complete_groups.add(group_id)
-            by_bits[int(bits)].append(tid)
-    own_reward = Case(
-        When(reward_status=Step.RewardStatus.FINAL, then=Value(int(Readiness.REWARD_FINAL))), default=Value(0)
-    )
-    for bits, tids in by_bits.items():
-        for chunk in _chunks(tids):
-            Step.objects.filter(trajectory_id__in=chunk).update(
-                readiness=F("readiness")
-                .bitand(int(Readiness.TOKENS_EXACT))
-                .bitor(Value(bits))
-                .bitor(own_reward)
-            )
+            rows.append((tid, int(bits)))
+        backends.steps_readiness_set(rows)
     return complete_groups
+
+
+def rewards_settle(*, rewarded: Iterable[int], refresh: Iterable[int]) -> None:
+    """Readiness after rewards (rewards_apply): the steps' own final rewards already set
+    their bit in the reward statement; ``refresh``: trajectories whose reward changed, or
+    with a step whose reward went back to pending, are recomputed; the complete groups of
+    all of them are settled."""
+    refresh = set(refresh)
+    groups = trajectories_refresh(trajectory_ids=refresh)
+    rest = list(set(rewarded) - refresh)
+    for chunk in _chunks(rest):
+        groups.update(
+            Trajectory.objects.filter(id__in=chunk, group__status=PromptGroup.Status.COMPLETE).values_list(
+                "group_id", flat=True
+            )
+        )
+    groups_settle(group_ids=groups)
 
 
 def groups_settle(*, group_ids: Iterable[int]) -> None:
@@ -115,42 +121,51 @@ def groups_settle(*, group_ids: Iterable[int]) -> None:
 
 def _group_quality(group_ids: set[int]) -> None:
     """Duplicate responses across a group's completed rollouts, and zero reward variance
-    (every rollout rewarded the same: no GRPO advantage)."""
+    (every rollout rewarded the same: no GRPO advantage). One read of the groups' steps;
+    only steps whose flags change are written, one UPDATE per resulting value."""
     if not group_ids:
         return
-    members: dict[int, dict[int, float | None]] = defaultdict(dict)  # group -> trajectory -> reward
+    rewards: dict[int, dict[int, float | None]] = defaultdict(dict)  # group -> trajectory -> reward
     for tid, gid, reward in Trajectory.objects.filter(
         group_id__in=group_ids, status=Trajectory.Status.COMPLETED
     ).values_list("id", "group_id", "reward"):
-        members[gid][tid] = reward
-    by_response: dict[tuple[int, bytes], set[int]] = defaultdict(set)  # (group, hash) -> trajectories
-    steps_of: dict[tuple[int, bytes], list[int]] = defaultdict(list)
+        rewards[gid][tid] = reward
+    steps = list(
+        Step.objects.filter(trajectory__group_id__in=group_ids).values_list(
+            "id",
+            "trajectory_id",
+            "trajectory__group_id",
+            "response_hash",
+            "is_last",
+            "reward",
+            "quality_flags",
+        )
+    )
+    holders: dict[tuple[int, bytes], set[int]] = defaultdict(set)  # (group, response) -> trajectories
     last_reward: dict[int, float | None] = {}
-    for sid, tid, gid, rhash, is_last, reward in Step.objects.filter(
-        trajectory__group_id__in=group_ids, trajectory__status=Trajectory.Status.COMPLETED
-    ).values_list("id", "trajectory_id", "trajectory__group_id", "response_hash", "is_last", "reward"):
-        if rhash is not None:
-            key = (gid, bytes(rhash))
-            by_response[key].add(tid)
-            steps_of[key].append(sid)
-        if is_last:
-            last_reward[tid] = reward
-    duplicate = [sid for key, tids in by_response.items() if len(tids) > 1 for sid in steps_of[key]]
-    flat = []
-    for gid, rewards in members.items():
-        values = [r if r is not None else last_reward.get(tid) for tid, r in rewards.items()]
+    for _sid, tid, gid, rhash, is_last, reward, _flags in steps:
+        if tid in rewards[gid]:
+            if rhash is not None:
+                holders[(gid, bytes(rhash))].add(tid)
+            if is_last:
+                last_reward[tid] = reward
+    flat = set()
+    for gid, members in rewards.items():
+        values = [r if r is not None else last_reward.get(tid) for tid, r in members.items()]
         if len(values) > 1 and None not in values and max(values) - min(values) <= 1e-12:  # type: ignore[type-var,operator]
-            flat.append(gid)
-    in_groups = Step.objects.filter(trajectory__group_id__in=group_ids)
-    in_groups.update(quality_flags=F("quality_flags").bitand(_ALL_QUALITY & ~GROUP_QUALITY))
-    for chunk in _chunks(duplicate):
-        Step.objects.filter(id__in=chunk).update(
-            quality_flags=F("quality_flags").bitor(int(Quality.DUPLICATE))
-        )
-    if flat:
-        Step.objects.filter(trajectory__group_id__in=flat).update(
-            quality_flags=F("quality_flags").bitor(int(Quality.ZERO_VARIANCE))
-        )
+            flat.add(gid)
+    changes: dict[int, list[int]] = defaultdict(list)  # new flags -> step ids
+    for sid, tid, gid, rhash, _last, _reward, flags in steps:
+        new = flags & ~GROUP_QUALITY
+        if tid in rewards[gid] and rhash is not None and len(holders[(gid, bytes(rhash))]) > 1:
+            new |= Quality.DUPLICATE
+        if gid in flat:
+            new |= Quality.ZERO_VARIANCE
+        if new != flags:
+            changes[int(new)].append(sid)
+    for value, ids in changes.items():
+        for chunk in _chunks(ids):
+            Step.objects.filter(id__in=chunk).update(quality_flags=value)
 
 
 def readiness_sweep(*, now=None) -> dict[str, int]:

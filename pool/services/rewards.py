@@ -8,9 +8,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from ..errors import InvalidInput, NotFound
-from ..ingest import rules
+from ..ingest import backends, rules
 from ..models import RewardEvent, Step, Trajectory
-from .readiness import trajectories_settle
+from .readiness import rewards_settle
 
 
 @dataclass(slots=True)
@@ -77,18 +77,28 @@ def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> l
             events.append(RewardEvent(trajectory=traj, old_reward=traj.reward, **_audit(r, source_id)))
             traj.reward = r.reward
             changed_trajs[traj.id] = traj
-    # One UPDATE per table (not per row), then the audit rows.
+    # One statement per table (not per row), then the audit rows.
     now = timezone.now()
-    for row in (*changed_steps.values(), *changed_trajs.values()):
-        row.updated_at = now
-    Step.objects.bulk_update(
-        changed_steps.values(), ["reward", "reward_status", "reward_source", "updated_at"], batch_size=500
-    )
+    for chunk in _chunks(list(changed_steps.values())):
+        backends.steps_reward_set([(st.id, st.reward, st.reward_status, st.reward_source) for st in chunk])
+    for traj in changed_trajs.values():
+        traj.updated_at = now
     Trajectory.objects.bulk_update(changed_trajs.values(), ["reward", "updated_at"], batch_size=500)
-    RewardEvent.objects.bulk_create(events)
-    # Readiness follows the rewards (a step's own final reward, or its trajectory's).
-    trajectories_settle(trajectory_ids={s.trajectory_id for s in changed_steps.values()} | set(changed_trajs))
+    RewardEvent.objects.bulk_create(events, batch_size=1000)
+    # Readiness follows: a final step reward set its own bit in the statement above; a
+    # trajectory reward, or a reward back to pending, needs its trajectory recomputed.
+    rewards_settle(
+        rewarded={st.trajectory_id for st in changed_steps.values()},
+        refresh=set(changed_trajs)
+        | {st.trajectory_id for st in changed_steps.values() if st.reward_status != Step.RewardStatus.FINAL},
+    )
     return events
+
+
+def _chunks(rows: list[Step], size: int = 1000):
+    # 4 parameters a row: within SQLite's 32,766 per statement.
+    for i in range(0, len(rows), size):
+        yield rows[i : i + size]
 
 
 def _audit(r: RewardIn, source_id: int | None) -> dict:

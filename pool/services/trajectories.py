@@ -10,7 +10,7 @@ from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from ..errors import Conflict, InvalidInput, NotFound
-from ..ingest import TrajectorySpec, policy_versions_ensure, rules, trajectory_ensure
+from ..ingest import TrajectorySpec, backends, policy_versions_ensure, rules, trajectory_ensure
 from ..models import Channel, RewardEvent, Step, Trajectory
 from .groups import groups_check_complete
 from .readiness import trajectories_settle
@@ -129,6 +129,7 @@ def trajectories_complete(
     }
     now = timezone.now()
     ending: list[int] = []
+    changed: dict[int, Trajectory] = {}
     events: list[RewardEvent] = []
     for c in completions:
         traj = trajs.get(c.uid)
@@ -141,6 +142,7 @@ def trajectories_complete(
         if traj.status == Trajectory.Status.RUNNING:
             traj.status, traj.completed_at = c.status, now
             ending.append(traj.id)
+            changed[traj.id] = traj
         if c.reward is not None and c.reward != traj.reward:
             events.append(
                 RewardEvent(
@@ -152,20 +154,23 @@ def trajectories_complete(
                 )
             )
             traj.reward = c.reward
-        traj.updated_at = now
+            changed[traj.id] = traj
     if ending:
         # The last stored step of each ending trajectory becomes its is_last step.
         last_index = Step.objects.filter(trajectory_id=OuterRef("trajectory_id")).order_by("-step_index")
-        Step.objects.filter(trajectory_id__in=ending, is_last=True).update(is_last=False)
+        Step.objects.filter(trajectory_id__in=ending, is_last=True).exclude(
+            step_index=Subquery(last_index.values("step_index")[:1])
+        ).update(is_last=False)
         Step.objects.filter(
-            trajectory_id__in=ending, step_index=Subquery(last_index.values("step_index")[:1])
+            trajectory_id__in=ending, is_last=False, step_index=Subquery(last_index.values("step_index")[:1])
         ).update(is_last=True, updated_at=now)
-    Trajectory.objects.bulk_update(
-        trajs.values(), ["status", "completed_at", "reward", "updated_at"], batch_size=500
-    )
-    RewardEvent.objects.bulk_create(events)
-    trajectories_settle(trajectory_ids=[t.id for t in trajs.values()])
-    groups_check_complete(group_ids={t.group_id for t in trajs.values() if t.group_id})
+    rows = [(t.id, t.status, t.id in set(ending), t.reward) for t in changed.values()]
+    for i in range(0, len(rows), 1000):  # 4 parameters a row: within SQLite's limit
+        backends.trajectories_end(rows[i : i + 1000], now)
+    RewardEvent.objects.bulk_create(events, batch_size=1000)
+    if changed:
+        trajectories_settle(trajectory_ids=changed)
+        groups_check_complete(group_ids={t.group_id for t in changed.values() if t.group_id})
     return [trajs[c.uid] for c in completions]
 
 
