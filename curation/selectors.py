@@ -360,10 +360,11 @@ def trajectories_browse(
     group: str = "",
     has_ready: bool = False,
     before: int | None = None,
-    limit: int = TRAJECTORY_PAGE,
+    limit: int | None = None,
 ) -> tuple[list[Trajectory], int | None]:
     """One page of trajectories, newest first, and the ``before`` cursor of the next page
     (None on the last). One query: source and group are joined, never fetched per row."""
+    limit = limit or TRAJECTORY_PAGE
     qs = Trajectory.objects.select_related("source", "group").order_by("-id")
     if status:
         qs = qs.filter(status=status)

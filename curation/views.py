@@ -216,7 +216,8 @@ def dataset(request: HttpRequest, name: str) -> HttpResponse:
 def review(request: HttpRequest, queue: str | None = None) -> HttpResponse:
     """The queue's next item, claimed at once, with its feedback form. POST: submit (then
     the next item) or skip (give it back and move on)."""
-    q = services.review_queue_default() if queue is None else selectors.review_queue_get(queue)
+    default = services.review_queue_default()  # idempotent: the default queue always exists
+    q = default if queue in (None, default.name) else selectors.review_queue_get(queue)
     if q is None:
         raise Http404("no such review queue")
     skipped_key = f"review-skipped-{q.pk}"
@@ -290,6 +291,7 @@ def _int(value: Any) -> int | None:
 @allowed(REVIEW)
 def review_queues(request: HttpRequest) -> HttpResponse:
     """Every queue with its progress; operators create queues here."""
+    services.review_queue_default()  # listed even before anyone reviewed
     datasets = [(d.id, d.name) for d in selectors.datasets_list()]
     form = QueueForm(datasets=datasets)
     if request.method == "POST":
