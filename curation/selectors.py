@@ -21,6 +21,7 @@ Everything is evaluated in the database, in one statement per question: the prev
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -43,10 +44,12 @@ from django.db.models import (
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from pool.flags import QUALITY_NAMES, READY, Readiness
-from pool.models import Feedback, PolicyVersion, PromptGroup, Step, Trajectory
+from pool.flags import QUALITY_NAMES, READINESS_NAMES, READY, READY_ANY_TOKENS, Readiness
+from pool.flags import names as flag_names
+from pool.models import Feedback, PolicyVersion, PromptGroup, RewardEvent, Step, Trajectory
+from pool.selectors import steps_render
 
-from .models import ReviewClaim, ReviewQueue, StepTag
+from .models import Dataset, DatasetVersion, LabelEvent, ReviewClaim, ReviewQueue, StepTag
 from .specs import Filters, Spec, spec_parse
 
 _LABEL_VALUE = {"none": "", "accepted": "accepted", "rejected": "rejected", "quarantined": "quarantined"}
@@ -342,3 +345,163 @@ def review_progress(queue: ReviewQueue) -> dict[str, int]:
         queue=queue, done_at__isnull=True, expires_at__gt=timezone.now()
     ).count()
     return {"done": done, "total": total, "held": held}
+
+
+# --- pages ------------------------------------------------------------------------------------
+# Rows per page of the trajectory browser (keyset on id: one bounded query per page).
+TRAJECTORY_PAGE = 50
+
+
+def trajectories_browse(
+    *,
+    status: str = "",
+    channel: str = "",
+    source: str = "",
+    group: str = "",
+    has_ready: bool = False,
+    before: int | None = None,
+    limit: int | None = None,
+) -> tuple[list[Trajectory], int | None]:
+    """One page of trajectories, newest first, and the ``before`` cursor of the next page
+    (None on the last). One query: source and group are joined, never fetched per row."""
+    limit = limit or TRAJECTORY_PAGE
+    qs = Trajectory.objects.select_related("source", "group").order_by("-id")
+    if status:
+        qs = qs.filter(status=status)
+    if channel:
+        qs = qs.filter(channel=channel)
+    if source:
+        qs = qs.filter(source__name=source)
+    if group:
+        qs = qs.filter(group__uid=group)
+    if has_ready:
+        # The step_ready partial index holds exactly these readiness values.
+        ready = Step.objects.filter(trajectory_id=OuterRef("pk"), readiness__in=[READY, READY_ANY_TOKENS])
+        qs = qs.filter(Exists(ready))
+    if before is not None:
+        qs = qs.filter(id__lt=before)
+    rows = list(qs[: limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, (rows[-1].id if more else None)
+
+
+@dataclass(slots=True)
+class StepView:
+    """A step as the trajectory and review pages show it."""
+
+    step: Step
+    messages: list[dict[str, str]]
+    response_text: str | None
+    readiness: list[str]
+    quality: list[str]
+    tags: list[str]
+    label_events: list[Any]
+    reward_events: list[Any]
+    feedback: list[Feedback]
+
+
+def trajectory_timeline(uid: str | None = None, *, trajectory_id: int | None = None) -> dict[str, Any] | None:
+    """A trajectory (by uid or id) with every step's text, flags, labels, rewards and
+    feedback, or None.
+    Six queries whatever the step count (no per-step reads); token ids stay in the
+    database (step_token_ids loads one step's on demand)."""
+    key = {"uid": uid} if uid is not None else {"id": trajectory_id}
+    traj = Trajectory.objects.select_related("source", "group").filter(**key).first()
+    if traj is None:
+        return None
+    steps = list(
+        Step.objects.filter(trajectory=traj)
+        .defer("seq_delta", "rollout_logprobs", "seq_hash", "content_hash", "response_hash")
+        .order_by("step_index")
+    )
+    ids = [s.id for s in steps]
+    tags: dict[int, list[str]] = {i: [] for i in ids}
+    for sid, tag in StepTag.objects.filter(step_id__in=ids).order_by("tag").values_list("step_id", "tag"):
+        tags[sid].append(tag)
+    labels: dict[int, list[Any]] = {i: [] for i in ids}
+    for ev in LabelEvent.objects.filter(step_id__in=ids).order_by("-created_at", "-id"):
+        labels[ev.step_id].append(ev)
+    rewards: dict[int | None, list[Any]] = {i: [] for i in ids} | {None: []}
+    for ev in RewardEvent.objects.filter(Q(step_id__in=ids) | Q(trajectory=traj)).order_by(
+        "-created_at", "-id"
+    ):
+        rewards[ev.step_id if ev.step_id in labels else None].append(ev)
+    feedback: dict[int | None, list[Feedback]] = {i: [] for i in ids} | {None: []}
+    for fb in Feedback.objects.filter(Q(step_id__in=ids) | Q(trajectory=traj)).order_by("-created_at", "-id"):
+        feedback[fb.step_id if fb.step_id in labels else None].append(fb)
+    views = [
+        StepView(
+            step=s,
+            messages=_messages_text(s.messages),
+            response_text=s.response_text,
+            readiness=flag_names(s.readiness, READINESS_NAMES),
+            quality=flag_names(s.quality_flags, QUALITY_NAMES),
+            tags=tags[s.id],
+            label_events=labels[s.id],
+            reward_events=rewards[s.id],
+            feedback=feedback[s.id],
+        )
+        for s in steps
+    ]
+    return {
+        "trajectory": traj,
+        "steps": views,
+        "reward_events": rewards[None],
+        "feedback": feedback[None],
+    }
+
+
+def _messages_text(messages: Any) -> list[dict[str, str]]:
+    """Chat messages as (role, text) pairs; content parts that are not text are shown as
+    JSON, so nothing is hidden."""
+    if not isinstance(messages, list):
+        return []
+    out = []
+    for m in messages:
+        if isinstance(m, dict):
+            content = m.get("content")
+            text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+            out.append({"role": str(m.get("role", "")), "text": text})
+        else:
+            out.append({"role": "", "text": json.dumps(m, ensure_ascii=False)})
+    return out
+
+
+def step_token_ids(step_id: int) -> dict[str, Any] | None:
+    """One step's exact token ids (rebuilt by steps_render), as plain lists, or None."""
+    step = Step.objects.select_related("trajectory__group").filter(id=step_id).first()
+    if step is None:
+        return None
+    r = steps_render([step])[0]
+    return {
+        "uid": r["uid"],
+        "token_source": r["token_source"],
+        "drift_offset": r["drift_offset"],
+        "prompt_ids": r["prompt_ids"].tolist(),
+        "response_ids": r["response_ids"].tolist(),
+    }
+
+
+def datasets_list() -> list[Dataset]:
+    """Every dataset with its current version (one query)."""
+    return list(Dataset.objects.select_related("current").order_by("name"))
+
+
+def dataset_versions(name: str) -> tuple[Dataset, list[DatasetVersion]] | None:
+    """A dataset and its versions, newest first, or None."""
+    dataset = Dataset.objects.select_related("current").filter(name=name).first()
+    if dataset is None:
+        return None
+    return dataset, list(dataset.versions.order_by("-version"))
+
+
+def review_queues_list() -> list[tuple[ReviewQueue, dict[str, int]]]:
+    """Every review queue (default first) with its progress: three counts per queue, and
+    queues are few (an operator creates each by hand)."""
+    queues = ReviewQueue.objects.select_related("dataset__current").order_by("-is_default", "name")
+    return [(q, review_progress(q)) for q in queues]
+
+
+def review_queue_get(name: str) -> ReviewQueue | None:
+    return ReviewQueue.objects.select_related("dataset__current").filter(name=name).first()

@@ -6,4 +6,16 @@ app_name = "curation"
 
 urlpatterns = [
     path("", views.home, name="home"),
+    path("login/", views.login, name="login"),
+    path("logout/", views.logout, name="logout"),
+    path("trajectories/", views.trajectories, name="trajectories"),
+    # <path:>: a trajectory uid is any string, slashes included.
+    path("trajectories/<path:uid>/", views.trajectory, name="trajectory"),
+    path("steps/<int:step_id>/tokens", views.step_tokens, name="step_tokens"),
+    path("curation/", views.curation, name="curation"),
+    path("curation/preview", views.curation_preview, name="curation_preview"),
+    path("curation/datasets/<str:name>/", views.dataset, name="dataset"),
+    path("review/", views.review, name="review"),
+    path("review/queues/", views.review_queues, name="review_queues"),
+    path("review/<str:queue>/", views.review, name="review_queue"),
 ]

@@ -311,8 +311,11 @@ LOGGING = {
 # Error reports (the DEBUG 500 page, mails to ADMINS) with the same secrets masked.
 DEFAULT_EXCEPTION_REPORTER = "claw_site.error_reports.RedactingExceptionReporter"
 
-# --- Operator sign-in -------------------------------------------------------------------------
-LOGIN_URL = "admin:login"
+# --- Sign-in -----------------------------------------------------------------------------------
+# The pages' own sign-in page: reviewers are not staff, so the admin's would refuse them.
+LOGIN_URL = "curation:login"
+LOGIN_REDIRECT_URL = "curation:home"
+LOGOUT_REDIRECT_URL = "curation:login"
 # Passwords set through manage.py create_user (curation.services.user_create).
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

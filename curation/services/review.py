@@ -8,6 +8,7 @@ default queue (every completed trajectory without feedback) always exists.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import timedelta
 
 from django.conf import settings
@@ -83,10 +84,13 @@ def review_queue_create(
     )
 
 
-def review_claim_next(*, queue: ReviewQueue, user_id: int) -> ReviewClaim | None:
+def review_claim_next(
+    *, queue: ReviewQueue, user_id: int, exclude: Collection[int] = ()
+) -> ReviewClaim | None:
     """The reviewer's item: the open claim they already hold in this queue, else a new
     claim on the oldest unclaimed item, else None (the queue is empty for now). Safe under
-    concurrency: a lost race moves on to the next candidate."""
+    concurrency: a lost race moves on to the next candidate. ``exclude``: trajectory ids
+    not to claim anew (those the reviewer skipped, so Skip moves on)."""
     from ..selectors import review_candidates
 
     now = timezone.now()
@@ -98,7 +102,7 @@ def review_claim_next(*, queue: ReviewQueue, user_id: int) -> ReviewClaim | None
     if held is not None:
         return held
     expires = now + timedelta(seconds=queue.claim_seconds)
-    skip: list[int] = []
+    skip: list[int] = list(exclude)
     for _ in range(CLAIM_ATTEMPTS):
         candidate = (
             review_candidates(queue, now=now).exclude(id__in=skip).values_list("id", flat=True).first()

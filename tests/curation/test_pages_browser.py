@@ -1,9 +1,11 @@
 """Operator pages in a real browser: Playwright driving the system Chromium against a live
-server process (sign in through the admin, pool home, admin step filter, Swagger UI)."""
+server process (sign in through the admin, pool home, admin step filter, Swagger UI; the
+curation builder's live preview and save)."""
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
@@ -129,3 +131,36 @@ def test_operator_pages_in_a_browser(server, browser_page, tmp_path: Path):
     # and the browser never contacted anything but the local server (assets are vendored)
     hosts = {urlparse(u).hostname for u in requested if urlparse(u).scheme in ("http", "https", "ws", "wss")}
     assert hosts and hosts <= LOCAL_HOSTS, hosts
+
+
+def test_curation_builder_previews_live_and_saves(server, browser_page):
+    from playwright.sync_api import expect
+
+    page, _ = browser_page
+    # given the operator signs in on the pages' own sign-in page
+    page.goto(f"{server.url}/curation/")
+    page.wait_for_url("**/login/?next=/curation/")
+    page.fill("#id_username", "op")
+    page.fill("#id_password", "browser-pw-1")
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(f"{server.url}/curation/")
+    # the three steps' trajectory is still running: nothing is ready
+    expect(page.locator('[data-preview="steps"]')).to_have_text("0")
+    # when the builder admits any stored step, per step
+    page.select_option("#id_readiness", "any")
+    page.uncheck("#id_keep_groups_whole")
+    # then the counts follow without a reload
+    expect(page.locator('[data-preview="steps"]')).to_have_text("3")
+    expect(page.locator("#id_spec")).to_have_value(re.compile('"readiness": "any"'))
+    # and a bad value is named by its field
+    page.fill("#id_min_rollouts", "0")
+    expect(page.locator("#preview-error")).to_contain_text("grouping.min_rollouts")
+    page.fill("#id_min_rollouts", "")
+    expect(page.locator("#preview-error")).to_be_hidden()
+    # when it is saved as a dataset
+    page.fill("#id_name", "explore")
+    page.get_by_role("button", name="Save dataset").click()
+    # then the dataset page shows version 1 and the same numbers
+    page.wait_for_url(f"{server.url}/curation/datasets/explore/")
+    expect(page.locator('[data-version="1"]')).to_contain_text("created by op")
+    expect(page.locator('[data-preview="steps"]')).to_have_text("3")

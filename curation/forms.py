@@ -1,0 +1,264 @@
+"""Forms of the pages: they validate what a person typed and hand services plain values.
+
+The dataset builder's common fields each map to one spec field (``SPEC_FIELDS``); the page's
+script reads the same mapping from the fields' data attributes, so the JSON it previews is
+the JSON the server saves.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import forms
+
+from pool.errors import InvalidInput
+from pool.flags import QUALITY_NAMES
+from pool.models import Channel, Step, Trajectory
+
+from .models import ReviewQueue
+
+_BLANK = [("", "any")]
+_LABELS = [
+    ("none", "none"),
+    ("accepted", "accepted"),
+    ("rejected", "rejected"),
+    ("quarantined", "quarantined"),
+]
+_FLAGS = [(name, name.replace("_", " ")) for name in QUALITY_NAMES]
+
+
+def _csv(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+class TrajectoryFilterForm(forms.Form):
+    status = forms.ChoiceField(choices=_BLANK + Trajectory.Status.choices, required=False)
+    channel = forms.ChoiceField(choices=_BLANK + Channel.choices, required=False)
+    source = forms.CharField(max_length=128, required=False)
+    group = forms.CharField(max_length=128, required=False, label="Group uid")
+    has_ready = forms.BooleanField(required=False, label="Has ready steps")
+    before = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
+
+
+class LabelForm(forms.Form):
+    """An operator's change to every step of a trajectory. Blank fields change nothing."""
+
+    ACTIONS = [
+        ("", "keep label"),
+        ("accepted", "accept"),
+        ("rejected", "reject"),
+        ("quarantined", "quarantine"),
+        ("clear", "clear label"),
+    ]
+    action = forms.ChoiceField(choices=ACTIONS, required=False, label="Label")
+    tag_add = forms.CharField(max_length=64, required=False, label="Add tag")
+    tag_remove = forms.CharField(max_length=64, required=False, label="Remove tag")
+    note = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), required=False, label="Note")
+
+    def change(self) -> dict[str, Any]:
+        """The keyword arguments of trajectories_label for this change."""
+        d = self.cleaned_data
+        label = {"": None, "clear": Step.Label.NONE}.get(d["action"], d["action"])
+        return {
+            "label": label,
+            "tags_add": [d["tag_add"].strip()] if d["tag_add"].strip() else [],
+            "tags_remove": [d["tag_remove"].strip()] if d["tag_remove"].strip() else [],
+            "note": d["note"] if d["note"].strip() else None,
+        }
+
+
+# Builder field -> (spec section, kind). Kinds: str (blank = unset), int, float, bool (always
+# set), csv (comma-separated list, blank = unset), multi (checked names, none = unset), list
+# (checked names, always set: an empty list means something).
+SPEC_FIELDS: dict[str, tuple[str, str]] = {
+    "readiness": ("filters", "str"),
+    "allow_retokenized": ("filters", "bool"),
+    "max_staleness": ("filters", "int"),
+    "channel": ("filters", "str"),
+    "sources": ("filters", "csv"),
+    "reward_status": ("filters", "str"),
+    "reward_min": ("filters", "float"),
+    "reward_max": ("filters", "float"),
+    "exclude_flags": ("filters", "multi"),
+    "require_flags": ("filters", "multi"),
+    "labels": ("filters", "multi"),
+    "exclude_labels": ("filters", "list"),
+    "tags": ("filters", "csv"),
+    "exclude_tags": ("filters", "csv"),
+    "feedback": ("filters", "str"),
+    "min_rating": ("filters", "float"),
+    "keep_groups_whole": ("grouping", "bool"),
+    "min_rollouts": ("grouping", "int"),
+    "short_groups": ("grouping", "str"),
+}
+
+
+class DatasetForm(forms.Form):
+    """The filter builder and "save as dataset". The spec is the JSON textarea when
+    ``advanced`` is checked, else the common fields."""
+
+    readiness = forms.ChoiceField(
+        choices=[("ready", "ready steps only"), ("any", "any stored step")], initial="ready"
+    )
+    allow_retokenized = forms.BooleanField(required=False, label="Allow retokenized ids")
+    max_staleness = forms.IntegerField(required=False, min_value=0, label="Max policy staleness")
+    channel = forms.ChoiceField(choices=_BLANK + Channel.choices, required=False)
+    sources = forms.CharField(required=False, help_text="comma-separated source names")
+    reward_status = forms.ChoiceField(
+        choices=_BLANK + [("final", "final"), ("pending", "pending")], required=False
+    )
+    reward_min = forms.FloatField(required=False)
+    reward_max = forms.FloatField(required=False)
+    exclude_flags = forms.MultipleChoiceField(
+        choices=_FLAGS, required=False, widget=forms.CheckboxSelectMultiple, label="Exclude quality flags"
+    )
+    require_flags = forms.MultipleChoiceField(
+        choices=_FLAGS, required=False, widget=forms.CheckboxSelectMultiple, label="Require quality flags"
+    )
+    labels = forms.MultipleChoiceField(
+        choices=_LABELS, required=False, widget=forms.CheckboxSelectMultiple, label="Only labels"
+    )
+    exclude_labels = forms.MultipleChoiceField(
+        choices=_LABELS,
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        initial=["rejected", "quarantined"],
+        label="Exclude labels",
+    )
+    tags = forms.CharField(required=False, help_text="any of these tags, comma-separated")
+    exclude_tags = forms.CharField(required=False, help_text="comma-separated")
+    feedback = forms.ChoiceField(
+        choices=_BLANK + [("with", "with feedback"), ("without", "without feedback")], required=False
+    )
+    min_rating = forms.FloatField(required=False)
+    keep_groups_whole = forms.BooleanField(required=False, initial=True, label="Keep groups whole")
+    min_rollouts = forms.IntegerField(required=False, min_value=1, label="Min rollouts (n)")
+    short_groups = forms.ChoiceField(
+        choices=[("drop", "drop short groups"), ("mask", "mask bad rollouts")], initial="drop"
+    )
+    advanced = forms.BooleanField(required=False, label="Edit the JSON spec directly")
+    spec = forms.CharField(widget=forms.Textarea(attrs={"rows": 12, "spellcheck": "false"}), required=False)
+    name = forms.CharField(max_length=64, required=False, help_text="an existing name gets a new version")
+    description = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), required=False)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name, (section, kind) in SPEC_FIELDS.items():
+            self.fields[name].widget.attrs.update({"data-spec": f"{section}.{name}", "data-kind": kind})
+
+    def builder_fields(self) -> list[forms.BoundField]:
+        """The common fields, in the spec's order (the template lays them out)."""
+        return [self[name] for name in SPEC_FIELDS]
+
+    @staticmethod
+    def initial_from_spec(spec: dict[str, Any]) -> dict[str, Any]:
+        """Initial field values showing a stored (normalised) spec."""
+        initial: dict[str, Any] = {"spec": json.dumps(spec, indent=2)}
+        for name, (section, kind) in SPEC_FIELDS.items():
+            value = spec.get(section, {}).get(name)
+            if value is None:
+                continue
+            initial[name] = ", ".join(value) if kind == "csv" else value
+        return initial
+
+    def spec_raw(self) -> dict[str, Any]:
+        """The spec as JSON-shaped data (not yet parsed), or InvalidInput naming the field."""
+        d = self.cleaned_data
+        if d["advanced"]:
+            try:
+                raw = json.loads(d["spec"] or "{}")
+            except json.JSONDecodeError as exc:
+                raise InvalidInput(f"the spec is not JSON: {exc}", field="spec") from None
+            return raw
+        raw: dict[str, dict[str, Any]] = {"filters": {}, "grouping": {}}
+        for name, (section, kind) in SPEC_FIELDS.items():
+            value = d.get(name)
+            if kind == "csv":
+                value = _csv(value or "") or None
+            elif kind == "multi":
+                value = list(value) or None
+            elif kind == "list":
+                value = list(value or [])
+            elif kind == "bool":
+                value = bool(value)
+            elif value == "":
+                value = None
+            if value is not None:
+                raw[section][name] = value
+        return raw
+
+
+class ReviewForm(forms.Form):
+    """A reviewer's feedback on one claimed item, shaped by its queue."""
+
+    claim = forms.IntegerField(widget=forms.HiddenInput)
+    rating = forms.FloatField(required=False)
+    label = forms.CharField(max_length=64, required=False)
+    correction = forms.CharField(widget=forms.Textarea(attrs={"rows": 4}), required=False)
+    comment = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), required=False)
+
+    def __init__(self, *args: Any, queue: ReviewQueue, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        rating = self.fields["rating"]
+        rating.required = queue.sets_reward
+        rating.widget.attrs.update({"min": queue.rating_min, "max": queue.rating_max, "step": "any"})
+        # The range itself is checked by review_submit, whose error names the queue's bounds.
+        rating.help_text = f"{queue.rating_min:g} to {queue.rating_max:g}"
+        if queue.label_choices:
+            self.fields["label"] = forms.ChoiceField(
+                choices=[("", "no label")] + [(c, c) for c in queue.label_choices],
+                required=False,
+                widget=forms.RadioSelect,
+            )
+        if not queue.ask_correction:
+            del self.fields["correction"]
+
+
+class QueueForm(forms.Form):
+    """A new review queue: over a dataset, or over a filter spec (JSON)."""
+
+    name = forms.CharField(max_length=64)
+    description = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), required=False)
+    dataset = forms.ChoiceField(required=False)
+    filters = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false"}),
+        required=False,
+        help_text='dataset filters as JSON, e.g. {"channel": "val"}; ignored with a dataset',
+    )
+    rating_min = forms.FloatField(initial=1.0)
+    rating_max = forms.FloatField(initial=5.0)
+    label_choices = forms.CharField(required=False, help_text="comma-separated; blank: free text")
+    ask_correction = forms.BooleanField(required=False)
+    sets_reward = forms.BooleanField(required=False, help_text="the rating becomes the human reward")
+
+    def __init__(self, *args: Any, datasets: list[tuple[int, str]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["dataset"].choices = [("", "none: use the filters")] + [(str(i), n) for i, n in datasets]
+
+    def clean_filters(self) -> dict[str, Any]:
+        text = self.cleaned_data["filters"].strip()
+        if not text:
+            return {}
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(f"not JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise forms.ValidationError("filters must be a JSON object")
+        return value
+
+    def queue_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of review_queue_create."""
+        d = self.cleaned_data
+        return {
+            "name": d["name"],
+            "description": d["description"],
+            "dataset_id": int(d["dataset"]) if d["dataset"] else None,
+            "filters": d["filters"],
+            "rating_min": d["rating_min"],
+            "rating_max": d["rating_max"],
+            "label_choices": _csv(d["label_choices"]),
+            "ask_correction": d["ask_correction"],
+            "sets_reward": d["sets_reward"],
+        }
