@@ -302,6 +302,27 @@ class Step(models.Model):
                 condition=Q(readiness__in=TRAINABLE_VALUES),
                 name="step_ready",
             ),
+            # Dataset previews and admission (curation/selectors.py): steps aggregated per
+            # trajectory read only this narrow index (an index-only scan in trajectory order),
+            # never the wide rows with their token deltas. PostgreSQL; elsewhere a plain index.
+            models.Index(
+                fields=["trajectory"],
+                include=[
+                    "id",
+                    "readiness",
+                    "quality_flags",
+                    "policy_version",
+                    "label",
+                    "reward",
+                    "reward_status",
+                    "token_source",
+                    "prompt_len",
+                    "seq_len",
+                    "created_at",
+                    "source",
+                ],
+                name="step_curation",
+            ),
             # Curation: "steps an operator labelled L" (partial: most steps carry no label).
             models.Index(fields=["label", "created_at"], condition=~Q(label=""), name="step_labelled"),
         ]

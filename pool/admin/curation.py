@@ -17,11 +17,13 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ActionForm
 from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.db.models.functions import Substr
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest
 from django.urls import reverse
+from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
@@ -48,6 +50,19 @@ EXCERPT_CHARS = 120
 INLINE_STEPS = 200
 # History rows on a step page.
 HISTORY_ROWS = 50
+
+
+class CappedCountPaginator(Paginator):
+    """Counts a filtered list only up to COUNT_CAP rows (``SELECT COUNT(*) FROM (... LIMIT
+    n)``): an exact count of a filter matching most of 200k wide rows is a full scan on every
+    page view, and nobody pages past the first hundred pages of steps (they filter instead).
+    The list then reads "10001 steps" at most; the pool's totals are on the pool page."""
+
+    COUNT_CAP = 10_000
+
+    @cached_property
+    def count(self) -> int:
+        return self.object_list[: self.COUNT_CAP + 1].count()
 
 
 class StepActionForm(ActionForm):
@@ -101,6 +116,7 @@ class StepAdmin(admin.ModelAdmin):
     search_fields = ("uid", "trajectory__uid", "response_text")
     list_select_related = ("trajectory",)
     list_per_page = 100
+    paginator = CappedCountPaginator
     show_full_result_count = False
     # Facet counts would count every filter option over the whole table on each page view.
     show_facets = admin.ShowFacets.NEVER

@@ -92,6 +92,27 @@ class Migration(migrations.Migration):
                 name="step_labelled",
             ),
         ),
+        migrations.AddIndex(
+            model_name="step",
+            index=models.Index(
+                fields=["trajectory"],
+                include=(
+                    "id",
+                    "readiness",
+                    "quality_flags",
+                    "policy_version",
+                    "label",
+                    "reward",
+                    "reward_status",
+                    "token_source",
+                    "prompt_len",
+                    "seq_len",
+                    "created_at",
+                    "source",
+                ),
+                name="step_curation",
+            ),
+        ),
         # Existing steps: the bits their own columns and their trajectory decide (portable
         # SQL; tokens are not decoded here, so "repetition" and the group flags are left to
         # new writes and the readiness sweep, which also settles group readiness).

@@ -411,3 +411,18 @@ def test_the_step_page_shows_text_beside_bounded_ids(op_client):
     assert "math" in texty and "otto" in texty and "ready" in texty
     bare = op_client.get(f"{STEPS}{ids_of('bare')[0]}/change/").content.decode()
     assert "text unknown" in bare and "4 5 6" in bare
+
+
+def test_the_step_list_counts_a_filter_only_up_to_its_cap(op_client, monkeypatch):
+    # given more matching steps than the count cap (lowered from 10,000 for the test)
+    from pool.admin.curation import CappedCountPaginator
+
+    monkeypatch.setattr(CappedCountPaginator, "COUNT_CAP", 3)
+    for i in range(5):
+        finished(f"cap{i}")
+    # when the filtered list is shown
+    resp = op_client.get("/admin/pool/step/?reward_status__exact=final")
+    # then the count stops at cap + 1 (no full scan), and the first page still lists them all
+    assert resp.status_code == 200
+    assert resp.context["cl"].result_count == 4
+    assert listed(op_client, "?reward_status__exact=final") == {f"cap{i}" for i in range(5)}
