@@ -169,8 +169,11 @@ def trajectories_complete(
         backends.trajectories_end(rows[i : i + 1000], now)
     RewardEvent.objects.bulk_create(events, batch_size=1000)
     if changed:
-        trajectories_settle(trajectory_ids=changed)
+        # Groups first: a group these completions fill settles all its rollouts at once, so
+        # each step's readiness is rewritten once, not once for its trajectory and again for
+        # its group; the settle after it then finds those rows already right.
         groups_check_complete(group_ids={t.group_id for t in changed.values() if t.group_id})
+        trajectories_settle(trajectory_ids=changed)
     return [trajs[c.uid] for c in completions]
 
 
