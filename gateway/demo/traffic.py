@@ -134,25 +134,19 @@ def run_demo_traffic(base_url: str, api_key: str, *, stop: threading.Event, pace
         httpx.Client(timeout=30, headers={"Authorization": f"Bearer {api_key}"}) as http,
         openai.OpenAI(base_url=f"{base_url}/v1", api_key=api_key, max_retries=0, timeout=30) as llm,
     ):
-        rounds = itertools.count()
         wb_groups, bb_groups = itertools.count(), itertools.count()
+
+        def white_box() -> Agent:
+            return _white_box_group(base_url, http, GroupPlan.of(next(wb_groups)), late, late_s)
+
+        def black_box() -> Agent:
+            n = next(bb_groups)
+            plan = GroupPlan.of(n)
+            return _black_box_group(base_url, llm, http, plan, late, late_s, stream_first=n % 3 == 1)
+
         makers: list[tuple[str, Callable[[], Agent]]] = [
-            (
-                "white-box",
-                lambda: _white_box_group(base_url, http, GroupPlan.of(next(wb_groups)), late, late_s),
-            ),
-            (
-                "black-box",
-                lambda: _black_box_group(
-                    base_url,
-                    llm,
-                    http,
-                    GroupPlan.of(next(bb_groups)),
-                    late,
-                    late_s,
-                    stream_first=next(rounds) % 3 == 1,
-                ),
-            ),
+            ("white-box", white_box),
+            ("black-box", black_box),
             ("judge", lambda: _judge(base_url, http, late)),
         ]
         agents: list[Agent | None] = [None] * len(makers)
