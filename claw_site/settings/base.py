@@ -304,7 +304,7 @@ LOGGING = {
         # Per-request client logs (the demo agents, upstream forwarding) drown the useful lines.
         **{
             name: {"level": "WARNING"}
-            for name in ("httpx", "httpcore", "openai", "celery.app.trace", "kombu.connection")
+            for name in ("httpx", "httpx2", "httpcore", "openai", "celery.app.trace", "kombu.connection")
         },
     },
 }

@@ -1,15 +1,26 @@
-"""Demo traffic: agents that keep a fresh install showing live data.
+"""Demo traffic: agents that keep a fresh install showing live data, curation included.
 
-Two kinds of agents take turns, one HTTP call at a time, ``pace_s`` apart:
+Three agents take turns, one HTTP call at a time, ``pace_s`` apart:
 
 - **black-box**: an unmodified agent using the official ``openai`` client, pointed at the
   gateway's scoped base URL ``{base}/t/{trajectory_uid}/{group_uid}/v1``. A group of 4 rollouts
-  shares one task; each rollout runs 3-5 turns with a tool (the reply, and its tool call, is
-  appended to the messages, then a ``tool`` observation or a user nudge), then completes its
-  trajectory with a reward. Every third group's first rollout streams.
+  shares one task, declared with ``expected_rollouts`` through ``POST /api/v1/groups``; each
+  rollout runs 3-5 turns with a tool (the reply, and its tool call, is appended to the messages,
+  then a ``tool`` observation or a user nudge), then completes its trajectory with
+  ``POST /api/v1/trajectories/<uid>/complete``. Every third group's first rollout streams.
 - **white-box**: an agent that runs its own (toy) inference and posts exact steps to
   ``POST /api/v1/steps`` with ``prompt_group_uid``, ``rollout_logprobs`` and a reward on the
-  last step, after declaring ``expected_rollouts`` through ``POST /api/v1/groups``.
+  last step (``is_last``), after declaring its group the same way.
+- **judge**: a slow verifier. Rollouts of some groups complete without a reward; the judge
+  posts it ``LATE_REWARD_PACES`` paces later through ``POST /api/v1/rewards``, and only then
+  do their steps and group become ready.
+
+So that the curation pages have something to show, each group follows a plan chosen by its
+number (``GroupPlan.of``): within every four groups of a kind there are late rewards, an easy
+task (every rollout rewarded 1.0: zero reward variance), a degenerate rollout (its text answers
+loop until max_tokens: truncated and repetition flags), a rollout whose sandbox crashes
+(completed as ``failed``), one that gives up (``abandoned``), and user feedback on a rollout.
+Everything goes through the public HTTP API and the gateway, as real agents would.
 
 Errors are logged and never end the loop: the gateway may be restarting. A rollout that fails
 midway is marked ``failed`` (best effort) so its group can still complete.
@@ -24,6 +35,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -36,8 +48,12 @@ logger = logging.getLogger(__name__)
 
 ROLLOUTS_PER_GROUP = 4
 MIN_TURNS, MAX_TURNS = 3, 5
+# Turns a rollout that crashes or gives up runs before it ends.
+SHORT_TURNS = 2
 MAX_TOKENS = 64
 MAX_BACKOFF_S = 30.0
+# A late reward arrives this many paces (5 s at the default pace) after its rollout completed.
+LATE_REWARD_PACES = 5
 TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
@@ -58,42 +74,98 @@ SYSTEM = "You are a coding agent. Use run_shell to inspect and change the reposi
 OBSERVATIONS = ("exit 0", "2 passed, 1 failed", "No such file or directory", "OK", "real 0m1.204s")
 
 _tok = ToyTokenizer()
-# An agent is a generator making one HTTP call per step; it yields True after a call that
-# worked and False after one that failed (and was handled), which drives the back-off.
+# An agent is a generator making at most one HTTP call per step; it yields True after a call
+# that worked (or when it had nothing to do) and False after one that failed (and was
+# handled), which drives the back-off.
 Agent = Iterator[bool]
 
 
+@dataclass(frozen=True)
+class GroupPlan:
+    """What one demo group shows on the curation pages."""
+
+    late_rewards: bool  # rollouts complete without a reward; the judge posts it later
+    easy: bool  # every rollout is rewarded 1.0: zero reward variance, no GRPO signal
+    degenerate: int | None  # this rollout's text answers loop: truncated, repetition
+    crashes: int | None  # this rollout's sandbox crashes: completed as failed
+    gives_up: int | None  # this rollout stops early: completed as abandoned
+    feedback: bool  # a user rates rollout 0
+
+    @classmethod
+    def of(cls, n: int) -> GroupPlan:
+        """The plan of a kind's ``n``-th group (from 0): every case within four groups."""
+        return cls(
+            late_rewards=n % 2 == 0,
+            easy=n % 3 == 1,
+            degenerate=1 if n % 2 == 1 else None,
+            crashes=3 if n % 4 == 2 else None,
+            gives_up=2 if n % 4 == 3 else None,
+            feedback=n % 3 == 0,
+        )
+
+    def ending(self, k: int) -> str:
+        """How rollout ``k`` ends: "completed", "failed" or "abandoned"."""
+        if k == self.crashes:
+            return "failed"
+        if k == self.gives_up:
+            return "abandoned"
+        return "completed"
+
+    def reward(self, rng: random.Random) -> float:
+        return 1.0 if self.easy else round(rng.random(), 3)
+
+
+@dataclass
+class LateReward:
+    due: float  # time.monotonic() at which the judge posts it
+    trajectory_uid: str
+    reward: float
+
+
 def run_demo_traffic(base_url: str, api_key: str, *, stop: threading.Event, pace_s: float = 1.0) -> None:
-    """Drive black-box and white-box demo agents against the gateway at ``base_url`` (its
-    root, e.g. ``http://127.0.0.1:8000``) with the ingest key ``api_key`` until ``stop`` is
-    set. Never raises: every failure is logged, and an agent whose calls keep failing (the
-    gateway is restarting, or has no upstream) backs off exponentially, up to MAX_BACKOFF_S."""
+    """Drive black-box and white-box demo agents and the judge against the gateway at
+    ``base_url`` (its root, e.g. ``http://127.0.0.1:8000``) with the ingest key ``api_key``
+    until ``stop`` is set. Never raises: every failure is logged, and an agent whose calls keep
+    failing (the gateway is restarting, or has no upstream) backs off exponentially, up to
+    MAX_BACKOFF_S."""
+    late: list[LateReward] = []  # shared by the agents and the judge, all on this thread
+    late_s = LATE_REWARD_PACES * pace_s
     with (
         httpx.Client(timeout=30, headers={"Authorization": f"Bearer {api_key}"}) as http,
         openai.OpenAI(base_url=f"{base_url}/v1", api_key=api_key, max_retries=0, timeout=30) as llm,
     ):
-        rounds = itertools.count()
-        makers: list[Callable[[], Agent]] = [
-            lambda: _white_box_group(base_url, http),
-            lambda: _black_box_group(base_url, llm, http, stream_first=next(rounds) % 3 == 1),
+        wb_groups, bb_groups = itertools.count(), itertools.count()
+
+        def white_box() -> Agent:
+            return _white_box_group(base_url, http, GroupPlan.of(next(wb_groups)), late, late_s)
+
+        def black_box() -> Agent:
+            n = next(bb_groups)
+            plan = GroupPlan.of(n)
+            return _black_box_group(base_url, llm, http, plan, late, late_s, stream_first=n % 3 == 1)
+
+        makers: list[tuple[str, Callable[[], Agent]]] = [
+            ("white-box", white_box),
+            ("black-box", black_box),
+            ("judge", lambda: _judge(base_url, http, late)),
         ]
-        names = ("white-box", "black-box")
-        agents: list[Agent | None] = [None, None]
-        failures = [0, 0]
-        due = [0.0, 0.0]
+        agents: list[Agent | None] = [None] * len(makers)
+        failures = [0] * len(makers)
+        due = [0.0] * len(makers)
         while not stop.is_set():
             i = min(range(len(makers)), key=due.__getitem__)
             if stop.wait(max(0.0, due[i] - time.monotonic())):
                 break
+            name, make = makers[i]
             ok = False
             try:
-                agent = agents[i] or makers[i]()
+                agent = agents[i] or make()
                 agents[i] = agent
                 ok = next(agent)
             except StopIteration:
                 agents[i], ok = None, True
             except Exception as e:  # noqa: BLE001 - demo traffic must survive anything
-                logger.warning("demo traffic: %s agent error: %s", names[i], _describe(e))
+                logger.warning("demo traffic: %s agent error: %s", name, _describe(e))
                 agents[i] = None
             failures[i] = 0 if ok else failures[i] + 1
             backoff = min(MAX_BACKOFF_S, pace_s * 2 ** min(failures[i], 16)) if failures[i] else pace_s
@@ -101,7 +173,16 @@ def run_demo_traffic(base_url: str, api_key: str, *, stop: threading.Event, pace
 
 
 # --- black-box agents ---------------------------------------------------------------------------
-def _black_box_group(base_url: str, llm: openai.OpenAI, http: httpx.Client, *, stream_first: bool) -> Agent:
+def _black_box_group(
+    base_url: str,
+    llm: openai.OpenAI,
+    http: httpx.Client,
+    plan: GroupPlan,
+    late: list[LateReward],
+    late_s: float,
+    *,
+    stream_first: bool,
+) -> Agent:
     """One prompt group of black-box rollouts; yields after each HTTP call."""
     rng = random.Random()
     group = f"demo-bb-g-{uuid.uuid4().hex[:12]}"
@@ -110,15 +191,18 @@ def _black_box_group(base_url: str, llm: openai.OpenAI, http: httpx.Client, *, s
     yield True
     for k in range(ROLLOUTS_PER_GROUP):
         traj = f"demo-bb-{uuid.uuid4().hex[:12]}"
-        # The scoped base URL is all a black-box agent is told; the copy shares the connection pool.
-        client = llm.with_options(base_url=f"{base_url}/t/{traj}/{group}/v1")
+        # The scoped base URL is all a black-box agent is told; the copy shares the connection
+        # pool. x-demo-reply asks the demo upstream for a degenerate (looping) model.
+        headers = {"x-demo-reply": "loop"} if k == plan.degenerate else {}
+        client = llm.with_options(base_url=f"{base_url}/t/{traj}/{group}/v1", default_headers=headers)
+        ending = plan.ending(k)
+        turns = rng.randint(MIN_TURNS, MAX_TURNS) if ending == "completed" else SHORT_TURNS
         turns_done = 0
         try:
-            for _ in _black_box_rollout(client, task, rng, stream=stream_first and k == 0):
+            for _ in _black_box_rollout(client, task, rng, turns, stream=stream_first and k == 0):
                 turns_done += 1
                 yield True
-            _post(http, f"{base_url}/api/v1/trajectories/{traj}/complete", {"reward": round(rng.random(), 3)})
-            yield True
+            yield from _end_rollout(base_url, http, plan, traj, k, rng, late, late_s)
         except Exception as e:  # noqa: BLE001 - one failed rollout must not stall its group
             logger.warning("demo traffic: black-box rollout %s failed: %s", traj, _describe(e))
             if turns_done:  # the gateway recorded the trajectory: end it so the group can complete
@@ -127,12 +211,12 @@ def _black_box_group(base_url: str, llm: openai.OpenAI, http: httpx.Client, *, s
 
 
 def _black_box_rollout(
-    client: openai.OpenAI, task: str, rng: random.Random, *, stream: bool
+    client: openai.OpenAI, task: str, rng: random.Random, turns: int, *, stream: bool
 ) -> Iterator[None]:
-    """The turns of one rollout; yields after each chat call."""
+    """The ``turns`` turns of one rollout; yields after each chat call."""
     # Any: plain dicts, as apps build them, rather than the SDK's TypedDict unions.
     messages: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
-    for _ in range(rng.randint(MIN_TURNS, MAX_TURNS)):
+    for _ in range(turns):
         if stream:
             reply = _streamed_reply(client, messages)
         else:
@@ -149,6 +233,34 @@ def _black_box_rollout(
                 )
         else:
             messages.append({"role": "user", "content": "Go on."})
+
+
+def _end_rollout(
+    base_url: str,
+    http: httpx.Client,
+    plan: GroupPlan,
+    traj: str,
+    k: int,
+    rng: random.Random,
+    late: list[LateReward],
+    late_s: float,
+) -> Agent:
+    """Complete rollout ``k`` of a black-box group as its plan says (with its reward, or
+    without and the reward queued for the judge, or as failed or abandoned), then the user's
+    feedback; yields after each call."""
+    ending = plan.ending(k)
+    body: dict[str, Any] = {"status": ending}
+    if ending == "completed":
+        reward = plan.reward(rng)
+        if plan.late_rewards:
+            late.append(LateReward(time.monotonic() + late_s, traj, reward))
+        else:
+            body["reward"] = reward
+    _post(http, f"{base_url}/api/v1/trajectories/{traj}/complete", body)
+    yield True
+    if plan.feedback and k == 0:
+        _post(http, f"{base_url}/api/v1/feedback", _feedback(traj, rng))
+        yield True
 
 
 def _streamed_reply(client: openai.OpenAI, messages: list[Any]) -> dict[str, Any]:
@@ -183,7 +295,9 @@ def _streamed_reply(client: openai.OpenAI, messages: list[Any]) -> dict[str, Any
 
 
 # --- white-box agents ---------------------------------------------------------------------------
-def _white_box_group(base_url: str, http: httpx.Client) -> Agent:
+def _white_box_group(
+    base_url: str, http: httpx.Client, plan: GroupPlan, late: list[LateReward], late_s: float
+) -> Agent:
     """One prompt group of white-box rollouts posting exact steps; yields after each call."""
     rng = random.Random()
     group = f"demo-wb-g-{uuid.uuid4().hex[:12]}"
@@ -196,15 +310,17 @@ def _white_box_group(base_url: str, http: httpx.Client) -> Agent:
             {"role": "system", "content": SYSTEM},
             {"role": "user", "content": task},
         ]
-        turns = rng.randint(MIN_TURNS, MAX_TURNS)
+        ending = plan.ending(k)
+        turns = rng.randint(MIN_TURNS, MAX_TURNS) if ending == "completed" else SHORT_TURNS
         posted = False
         try:
             for t in range(turns):
                 prompt = _tok.apply_chat_template(messages, [TOOL])
                 tool = TOOL["function"]["name"] if messages[-1]["role"] == "user" else None
                 # Rollouts of a group differ through the choice index, as n>1 sampling would.
-                reply = generate_reply(prompt, 0, k, MAX_TOKENS, tool=tool)
-                last = t == turns - 1
+                reply = generate_reply(prompt, 0, k, MAX_TOKENS, tool=tool, loop=k == plan.degenerate)
+                # A completed rollout ends with an is_last step; the others end below.
+                last = t == turns - 1 and ending == "completed"
                 step: dict[str, Any] = {
                     "trajectory_uid": traj,
                     "prompt_group_uid": group,
@@ -219,7 +335,11 @@ def _white_box_group(base_url: str, http: httpx.Client) -> Agent:
                 if reply.content is not None:
                     step["response_text"] = reply.content
                 if last:
-                    step["reward"] = round(rng.random(), 3)
+                    reward = plan.reward(rng)
+                    if plan.late_rewards:
+                        late.append(LateReward(time.monotonic() + late_s, traj, reward))
+                    else:
+                        step["reward"] = reward
                 _post(http, f"{base_url}/api/v1/steps", {"steps": [step]})
                 posted = True
                 yield True
@@ -237,6 +357,9 @@ def _white_box_group(base_url: str, http: httpx.Client) -> Agent:
                 else:
                     messages.append(message)
                     messages.append({"role": "user", "content": "Go on."})
+            if ending != "completed":
+                _post(http, f"{base_url}/api/v1/trajectories/{traj}/complete", {"status": ending})
+                yield True
         except Exception as e:  # noqa: BLE001 - one failed rollout must not stall its group
             logger.warning("demo traffic: white-box rollout %s failed: %s", traj, _describe(e))
             if posted:
@@ -244,12 +367,48 @@ def _white_box_group(base_url: str, http: httpx.Client) -> Agent:
             yield False
 
 
+# --- the judge ----------------------------------------------------------------------------------
+def _judge(base_url: str, http: httpx.Client, late: list[LateReward]) -> Agent:
+    """Post the late rewards that are due, in one batch per turn; yields after each turn
+    (True when nothing was due). A batch the gateway refuses (a 4xx: its trajectory is
+    gone) is dropped; one that could not be sent, or met a 5xx, stays queued for the next turn."""
+    while True:
+        now = time.monotonic()
+        due = [r for r in late if r.due <= now]
+        if not due:
+            yield True
+            continue
+        body = {"rewards": [{"trajectory_uid": r.trajectory_uid, "reward": r.reward} for r in due]}
+        try:
+            _post(http, f"{base_url}/api/v1/rewards", body)
+        except Refused as e:
+            if e.status < 500:
+                late[:] = [r for r in late if r.due > now]
+            raise
+        late[:] = [r for r in late if r.due > now]  # the agents run on this thread: nothing new is due
+        yield True
+
+
 # --- helpers ------------------------------------------------------------------------------------
+class Refused(Exception):
+    """The gateway answered a request with an error status."""
+
+    def __init__(self, message: str, *, status: int):
+        super().__init__(message)
+        self.status = status
+
+
 def _post(http: httpx.Client, url: str, body: dict[str, Any]) -> httpx.Response:
     r = http.post(url, json=body)
     if r.status_code >= 400:
-        raise RuntimeError(f"POST {url} -> {r.status_code}: {r.text[:300]}")
+        raise Refused(f"POST {url} -> {r.status_code}: {r.text[:300]}", status=r.status_code)
     return r
+
+
+def _feedback(traj: str, rng: random.Random) -> dict[str, Any]:
+    rating = rng.choice((2.0, 4.0, 5.0))
+    comment = {2.0: "Went in circles.", 4.0: "Fine, a bit slow.", 5.0: "Exactly what I asked for."}[rating]
+    return {"trajectory_uid": traj, "rating": rating, "comment": comment, "author": "demo-user"}
 
 
 def _abandon(http: httpx.Client, base_url: str, traj: str) -> None:

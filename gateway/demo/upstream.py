@@ -24,6 +24,10 @@ Contract:
   body; ``x-demo-delay-ms: <ms>`` adds latency; ``x-demo-drop: 1`` starts the response (a
   partial JSON body, or a stream's first chunk) and then closes the connection. ``failure_rate``
   turns that share of completion requests into 500s. Any Authorization header is accepted.
+- Degenerate output: header ``x-demo-reply: loop`` makes every text answer a loop of one word
+  cut at max_tokens (finish_reason "length"), as a model stuck in repetition would answer; the
+  demo traffic uses it to show the truncated and repetition quality flags. Tool calls are
+  unchanged.
 """
 
 from __future__ import annotations
@@ -146,6 +150,7 @@ def create_app(
                 seed=seed,
                 request_id=f"{ids_prefix}{next(counter):08x}",
                 drop=headers.get(b"x-demo-drop", b"") not in (b"", b"0"),
+                loop=headers.get(b"x-demo-reply") == b"loop",
             )
             await handler(ctx, body, send)
         except HttpError as e:
@@ -156,13 +161,14 @@ def create_app(
 
 # --- request context and routing ------------------------------------------------------------
 class _Ctx:
-    __slots__ = ("token_ids", "seed", "request_id", "drop", "created")
+    __slots__ = ("token_ids", "seed", "request_id", "drop", "loop", "created")
 
-    def __init__(self, *, token_ids: bool, seed: int, request_id: str, drop: bool):
+    def __init__(self, *, token_ids: bool, seed: int, request_id: str, drop: bool, loop: bool = False):
         self.token_ids = token_ids
         self.seed = seed
         self.request_id = request_id
         self.drop = drop
+        self.loop = loop
         self.created = int(time.time())
 
 
@@ -198,7 +204,7 @@ async def _chat(ctx: _Ctx, body: dict, send: Send) -> None:
     messages = body["messages"]
     tool = _tool_to_call(body.get("tools"), body.get("tool_choice"), messages)
     choices = [
-        generate_reply(prompt, ctx.seed, i, opts.max_tokens, tool=tool if i == 0 else None)
+        generate_reply(prompt, ctx.seed, i, opts.max_tokens, tool=tool if i == 0 else None, loop=ctx.loop)
         for i in range(opts.n)
     ]
     if opts.stream:
@@ -338,7 +344,9 @@ async def _completions(ctx: _Ctx, body: dict, send: Send) -> None:
         raise HttpError(400, "prompt is required", param="prompt")
     prompt = _text_prompt(body["prompt"], add_special_tokens=True)
     opts = _Options(body, ctx)
-    choices = [generate_reply(prompt, ctx.seed, i, opts.max_tokens, tool=None) for i in range(opts.n)]
+    choices = [
+        generate_reply(prompt, ctx.seed, i, opts.max_tokens, tool=None, loop=ctx.loop) for i in range(opts.n)
+    ]
     base = {
         "id": f"cmpl-{ctx.request_id}",
         "object": "text_completion",
@@ -409,10 +417,12 @@ class DemoReply:
 
 
 def generate_reply(
-    prompt: list[int], seed: int, index: int, max_tokens: int | None, *, tool: str | None
+    prompt: list[int], seed: int, index: int, max_tokens: int | None, *, tool: str | None, loop: bool = False
 ) -> DemoReply:
     """The deterministic reply for (prompt, seed, index, max_tokens); see the module docstring.
-    ``tool`` names a function to call instead of answering text. Pure: no I/O, no state."""
+    ``tool`` names a function to call instead of answering text; ``loop`` makes a text answer
+    degenerate (one word repeated up to max_tokens, finish_reason "length"). Pure: no I/O, no
+    state."""
     # orjson serialises a long int list ~10x faster than array("i", ...) converts it.
     h = hashlib.blake2b(orjson.dumps(prompt), digest_size=16)
     h.update(seed.to_bytes(8, "little", signed=True))
@@ -429,6 +439,13 @@ def generate_reply(
         ]
         ids = _tok.encode(compact_json(canonical_tool_calls(calls))) + [END]
         return DemoReply(ids, _logprobs(rng, len(ids)), None, calls, "tool_calls")
+    budget = max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS
+    if loop:
+        # A period of at most 8 byte tokens: few distinct 4-grams, so pool/quality.py flags
+        # it as repetition from 32 tokens on (its minimum length).
+        word = WORDS[rng.randrange(len(WORDS))] + " "
+        ids = _tok.encode(word * (budget // len(word) + 1))[:budget]
+        return DemoReply(ids, _logprobs(rng, len(ids)), _tok.decode(ids), None, "length")
     natural = rng.randint(MIN_NATURAL, MAX_NATURAL)
     words: list[str] = []
     length = -1
@@ -438,7 +455,6 @@ def generate_reply(
         length += len(w) + 1
     text = " ".join(words)
     text = text[0].upper() + text[1 : natural - 1] + "."
-    budget = max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS
     ids = _tok.encode(text)
     if natural + 1 <= budget:
         ids.append(END)

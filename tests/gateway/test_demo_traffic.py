@@ -1,14 +1,18 @@
-"""`manage.py serve` in demo mode: the demo upstream child, demo agents writing steps, cleanup.
+"""`manage.py serve` in demo mode: the demo upstream child, demo agents writing steps, the
+curation state they leave (readiness, ready groups, quality flags, the review queue), cleanup;
+and the readiness sweep serve runs in embedded mode.
 
 Each test runs the real command in a subprocess against its own database (see tests/live.py).
 """
 
 from __future__ import annotations
 
+import json
 import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -18,7 +22,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.live import ROOT, LiveServer, free_ports
+from tests.live import ROOT, LiveServer, free_ports, live_server
 
 pytestmark = pytest.mark.live
 
@@ -170,6 +174,43 @@ def demo_steps(url: str, key: str) -> list[dict]:
     return steps
 
 
+# Run in the server's own environment (its database) by `manage.py shell`: the curation state
+# the demo traffic left, read through the same selectors as the pages.
+CURATION_STATE = """
+import json
+from collections import Counter
+from datetime import timedelta
+from django.db.models import F
+from django.utils import timezone
+from curation.selectors import review_candidates, review_progress
+from curation.services import review_queue_default
+from pool.flags import QUALITY_NAMES, READY, names
+from pool.models import PromptGroup, RewardEvent, Step, Trajectory
+
+flags = Counter()
+for value in Step.objects.exclude(quality_flags=0).values_list("quality_flags", flat=True):
+    flags.update(names(value, QUALITY_NAMES))
+queue = review_queue_default()
+print(json.dumps({
+    "ready_steps": Step.objects.filter(readiness=READY).count(),
+    "ready_groups": PromptGroup.objects.filter(ready_at__isnull=False).count(),
+    "flags": flags,
+    "statuses": Counter(Trajectory.objects.values_list("status", flat=True)),
+    # rewards set on a trajectory after it completed (the judge's)
+    "late_rewards": RewardEvent.objects.filter(
+        trajectory__completed_at__lt=F("created_at") - timedelta(milliseconds=100),
+        trajectory__status="completed",
+    ).count(),
+    "review_candidates": review_candidates(queue, now=timezone.now()).count(),
+    "review_progress": review_progress(queue),
+}))
+"""
+
+
+def curation_state(server: LiveServer) -> dict:
+    return json.loads(server.manage("shell", "-c", CURATION_STATE).strip().splitlines()[-1])
+
+
 def _healthy(url: str) -> bool:
     try:
         return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
@@ -258,3 +299,114 @@ def test_claw_demo_0_starts_neither_upstream_nor_agents(demo_server: LiveServer,
     finally:
         stop_serve(serve.proc, signal.SIGTERM)
     assert "Demo" not in log.read_text()
+
+
+def test_demo_traffic_fills_the_curation_pages(demo_server: LiveServer, tmp_path: Path):
+    # given `manage.py serve` in demo mode
+    serve = start_serve(demo_server, tmp_path / "serve.log")
+    try:
+        # when its demo agents have run a few groups of each kind
+        state: dict = {}
+
+        def shows_every_case() -> bool:
+            state.update(curation_state(demo_server))
+            flags, statuses = state["flags"], state["statuses"]
+            return (
+                state["ready_steps"] > 0
+                and state["ready_groups"] > 0
+                and {"truncated", "repetition", "zero_variance"} <= flags.keys()
+                and {"completed", "failed", "abandoned"} <= statuses.keys()
+                and state["late_rewards"] > 0
+                and state["review_progress"]["done"] > 0
+            )
+
+        wait_for(shows_every_case, serve, "the demo traffic to show every curation case")
+    finally:
+        stop_serve(serve.proc, signal.SIGTERM)
+    # then steps are ready to train on, and groups are ready
+    assert state["ready_steps"] > 0 and state["ready_groups"] > 0, state
+    # and quality flags fired: a degenerate rollout (truncated, repetitive), an easy group
+    assert {"truncated", "repetition", "zero_variance"} <= state["flags"].keys(), state
+    # and some rollouts failed or gave up, and some rewards came after their completion
+    assert state["statuses"]["failed"] > 0 and state["statuses"]["abandoned"] > 0, state
+    assert state["late_rewards"] > 0, state
+    # and the default review queue has items to review, and some user feedback
+    assert state["review_candidates"] > 0, state
+    progress = state["review_progress"]
+    assert progress["total"] > progress["done"] > 0, state
+    assert "Traceback" not in serve.output(), serve.output()
+
+
+def test_serve_sweeps_in_process_without_redis(tmp_path: Path):
+    # given serve in embedded mode (no REDIS_URL) with a fast sweep and a short idle timeout
+    env = {"CLAW_SWEEP_SECONDS": "0.2", "CLAW_TRAJECTORY_IDLE_TIMEOUT_SECONDS": "1", "REDIS_URL": ""}
+    with live_server(tmp_path, env, serve=True) as server:
+        key = server.make_key("ingest", "read")
+        h = {"Authorization": f"Bearer {key}"}
+        # and a group waiting for one rollout whose agent went silent after one step
+        r = httpx.post(f"{server.url}/api/v1/groups", json={"uid": "g", "expected_rollouts": 1}, headers=h)
+        assert r.status_code in (200, 201), r.text
+        step = {
+            "trajectory_uid": "silent",
+            "prompt_group_uid": "g",
+            "step_index": 0,
+            "prompt_ids": [1, 2],
+            "response_ids": [3],
+        }
+        r = httpx.post(f"{server.url}/api/v1/steps", json={"steps": [step]}, headers=h)
+        assert r.status_code == 201, r.text
+
+        # when the idle timeout passes, then the sweep abandons it and its group completes
+        def status(path: str) -> str:
+            return httpx.get(f"{server.url}/api/v1/{path}", headers=h, timeout=5).json()["status"]
+
+        deadline = time.monotonic() + DEADLINE_S
+        while status("trajectories/silent") != "abandoned":
+            assert time.monotonic() < deadline, server.log_path.read_text()[-4000:]
+            assert server.proc is not None and server.proc.poll() is None, server.log_path.read_text()
+            time.sleep(0.1)
+        assert status("groups/g") == "complete"
+        proc = server.proc
+    # and serve still exits cleanly, sweep thread included
+    assert proc is not None and proc.returncode in (0, 128 + signal.SIGTERM, -signal.SIGTERM)
+    out = server.log_path.read_text()
+    assert "Readiness sweep in-process every 0.2 s" in out, out
+    assert "Traceback" not in out, out
+
+
+def test_serve_leaves_the_schedule_to_celery_beat_with_redis(tmp_path: Path):
+    # given REDIS_URL (beat runs CELERY_BEAT_SCHEDULE); nothing needs to listen there to serve
+    with live_server(tmp_path, {"REDIS_URL": "redis://127.0.0.1:9/0"}, serve=True) as server:
+        # when serve answers, then it started no sweep of its own
+        out = server.log_path.read_text()
+    assert "Claw-R1 listening on" in out and "Readiness sweep" not in out, out
+
+
+def test_sweep_forever_outlives_a_failed_run(monkeypatch):
+    # given a sweep whose first run fails
+    from gateway.management.commands import serve
+    from pool import tasks
+
+    calls: list[int] = []
+    second = threading.Event()
+
+    def flaky() -> dict[str, int]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("database restarting")
+        second.set()
+        return {"abandoned": 0}
+
+    monkeypatch.setattr(tasks, "readiness_sweep", flaky)
+    stop = threading.Event()
+    thread = threading.Thread(target=serve.sweep_forever, args=(stop, 0.01), daemon=True)
+    # when the loop runs
+    thread.start()
+    try:
+        # then it runs again after the error
+        assert second.wait(DEADLINE_S), calls
+    finally:
+        # and stops when told
+        stop.set()
+        thread.join(DEADLINE_S)
+    assert not thread.is_alive()

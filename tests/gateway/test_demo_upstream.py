@@ -6,10 +6,12 @@ import json
 import time
 
 import httpx
+import numpy as np
 import openai
 import pytest
 
 from gateway.demo.toy_tokenizer import BOS, END, ToyTokenizer, canonical_tool_calls
+from pool.quality import is_repetitive
 from tests.live import stop_process
 
 from .conftest import start_upstream
@@ -295,6 +297,28 @@ def test_fault_headers_force_status_delay_and_drop(demo_upstream):
             pass
     # and the server is still fine afterwards
     assert c.chat.completions.create(model="claw-demo", messages=MESSAGES).choices[0].message.content
+
+
+def test_reply_loop_header_makes_text_answers_degenerate(demo_upstream):
+    c = client(demo_upstream)
+    loop = {"x-demo-reply": "loop"}
+    # x-demo-reply: loop answers text as one word repeated up to max_tokens, cut ("length")
+    r = c.chat.completions.create(
+        model="claw-demo", messages=MESSAGES, max_tokens=40, extra_headers=loop, extra_body=IDS
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "length" and len(choice.token_ids) == 40
+    assert len(set(choice.message.content.split())) == 1
+    # which pool/quality.py flags as repetition
+    assert is_repetitive(np.array(choice.token_ids))
+    # and text completions too
+    t = c.completions.create(model="claw-demo", prompt="hi", max_tokens=40, extra_headers=loop)
+    assert t.choices[0].finish_reason == "length" and len(set(t.choices[0].text.split())) == 1
+    # while a tool call is unchanged, and without the header answers are natural
+    tool = c.chat.completions.create(model="claw-demo", messages=MESSAGES, tools=TOOLS, extra_headers=loop)
+    assert tool.choices[0].finish_reason == "tool_calls"
+    plain = c.chat.completions.create(model="claw-demo", messages=MESSAGES, max_tokens=40)
+    assert plain.choices[0].finish_reason == "stop"
 
 
 def test_bad_requests_get_openai_error_bodies(demo_upstream):

@@ -8,11 +8,18 @@ Demo mode (CLAW_DEMO on, the default, and no CLAW_UPSTREAM_URL): the demo upstre
 (gateway.demo.traffic) run in a daemon thread with the API key "demo-agent", whose clear key is
 kept in var/demo-agent.key (mode 0600) so restarts reuse it. CLAW_DEMO=0 turns both off.
 The child is terminated when serve exits (SIGINT or SIGTERM), and by the kernel if serve dies.
+
+Periodic work: in embedded mode (no REDIS_URL, so no celery beat) serve runs the beat schedule's
+task itself, pool.readiness_sweep every CLAW_SWEEP_SECONDS, in a daemon thread (``sweep_forever``)
+that logs and survives errors and is stopped and joined on exit. With REDIS_URL set, run
+``celery -A claw_site beat`` (settings.CELERY_BEAT_SCHEDULE) next to the workers; serve then
+sweeps nothing, so two schedulers never race.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import signal
 import socket
@@ -29,9 +36,13 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections, connections
 
+log = logging.getLogger(__name__)
+
 DEMO_KEY_NAME = "demo-agent"
 DEMO_KEY_FILE = "demo-agent.key"
 STARTUP_TIMEOUT_S = 60.0
+# How long exit waits for a sweep in progress (each one is bounded, pool/services/readiness.py).
+SWEEP_JOIN_TIMEOUT_S = 10.0
 
 
 class Command(BaseCommand):
@@ -51,6 +62,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, host: str, port: int, workers: int, fd: int | None, **options: Any) -> None:
         demo = bool(settings.CLAW_DEMO) and not settings.CLAW_UPSTREAM_URL
         children: list[subprocess.Popen] = []
+        threads: list[threading.Thread] = []
         stop = threading.Event()
         # uvicorn re-raises a captured SIGTERM after its graceful shutdown; with the default
         # handler that would kill this process before the `finally` below reaps the children.
@@ -69,6 +81,19 @@ class Command(BaseCommand):
                     name="claw-demo-traffic",
                     daemon=True,
                 ).start()
+            if not settings.REDIS_URL:
+                connections.close_all()  # the sweep thread opens its own
+                sweeper = threading.Thread(
+                    target=sweep_forever,
+                    args=(stop, float(settings.CLAW_SWEEP_SECONDS)),
+                    name="claw-sweep",
+                    daemon=True,
+                )
+                sweeper.start()
+                threads.append(sweeper)
+                self.stdout.write(
+                    f"Readiness sweep in-process every {settings.CLAW_SWEEP_SECONDS:g} s (no REDIS_URL: no celery beat)"
+                )
             if fd is not None:
                 _no_delay(fd)
             self.stdout.write(
@@ -91,6 +116,8 @@ class Command(BaseCommand):
             stop.set()
             for child in children:
                 _terminate(child)
+            for thread in threads:
+                thread.join(timeout=SWEEP_JOIN_TIMEOUT_S)
 
     def _start_demo_upstream(self, port: int) -> subprocess.Popen:
         """Start the demo upstream on ``port``, wait until it answers, and make it the
@@ -144,6 +171,26 @@ class Command(BaseCommand):
         )
         close_old_connections()
         run_demo_traffic(base_url, key, stop=stop, pace_s=pace_s)
+
+
+def sweep_forever(stop: threading.Event, interval_s: float) -> None:
+    """Run the readiness sweep (task pool.readiness_sweep, called in-process) every
+    ``interval_s`` seconds until ``stop`` is set: celery beat's schedule for embedded mode.
+    Never raises: an error is logged and the next run comes on time. The thread's database
+    connections are closed after every run, so none is left idle (or holding SQLite's WAL)
+    between runs, nor open at exit."""
+    from pool.tasks import readiness_sweep
+
+    while not stop.wait(interval_s):
+        try:
+            close_old_connections()
+            changed = readiness_sweep()
+            if any(changed.values()):
+                log.info("readiness sweep: %s", changed)
+        except Exception:  # noqa: BLE001 - the loop must outlive a failed run (the DB restarting)
+            log.exception("readiness sweep failed; the next run is in %g s", interval_s)
+        finally:
+            connections.close_all()
 
 
 def _demo_key() -> str:
