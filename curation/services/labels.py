@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from django.db import transaction
 
 from pool.errors import InvalidInput
+from pool.ingest import backends
 from pool.models import Step
 
 from ..models import LabelEvent, StepTag
@@ -81,8 +82,8 @@ def steps_label(
             Step.objects.filter(id__in=note_to).update(note=note)
         if remove:
             StepTag.objects.filter(step_id__in=chunk, tag__in=remove).delete()
-        StepTag.objects.bulk_create(new_tags)
-        LabelEvent.objects.bulk_create(events)
+        backends.rows_insert(new_tags)
+        backends.rows_insert(events)
         changed += len(events)
     return changed
 

@@ -37,14 +37,14 @@ def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> l
             raise InvalidInput(f"source must be one of {Step.RewardSource.values}", field=f"{p}source")
     step_uids = [r.step_uid for r in rewards if r.step_uid]
     traj_uids = [r.trajectory_uid for r in rewards if r.trajectory_uid]
-    # Lock in primary-key order so concurrent reward writers cannot deadlock; load only the
-    # reward columns (not the token blobs).
+    # Lock in primary-key order so concurrent reward writers cannot deadlock; read only the
+    # reward columns, as tuples (model instances cost ~70 us each here).
     steps = {
-        s.uid: s
-        for s in Step.objects.select_for_update()
+        row[1]: _StepReward(*row)
+        for row in Step.objects.select_for_update()
         .filter(uid__in=step_uids)
-        .only("id", "uid", "trajectory_id", "reward", "reward_status", "reward_source")
         .order_by("id")
+        .values_list("id", "uid", "trajectory_id", "reward", "reward_status", "reward_source")
     }
     trajs = {
         t.uid: t
@@ -54,7 +54,7 @@ def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> l
         .order_by("id")
     }
     events: list[RewardEvent] = []
-    changed_steps: dict[int, Step] = {}
+    changed_steps: dict[int, _StepReward] = {}
     changed_trajs: dict[int, Trajectory] = {}
     for r in rewards:
         p = r.field_prefix
@@ -65,7 +65,7 @@ def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> l
                 raise NotFound(f"step {r.step_uid!r} does not exist", field=f"{p}step_uid")
             if step.reward == r.reward and step.reward_status == status and step.reward_source == r.source:
                 continue
-            events.append(RewardEvent(step=step, old_reward=step.reward, **_audit(r, source_id)))
+            events.append(RewardEvent(step_id=step.id, old_reward=step.reward, **_audit(r, source_id)))
             step.reward, step.reward_status, step.reward_source = r.reward, status, r.source
             changed_steps[step.id] = step
         else:
@@ -74,17 +74,18 @@ def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> l
                 raise NotFound(f"trajectory {r.trajectory_uid!r} does not exist", field=f"{p}trajectory_uid")
             if traj.reward == r.reward:
                 continue
-            events.append(RewardEvent(trajectory=traj, old_reward=traj.reward, **_audit(r, source_id)))
+            events.append(RewardEvent(trajectory_id=traj.id, old_reward=traj.reward, **_audit(r, source_id)))
             traj.reward = r.reward
             changed_trajs[traj.id] = traj
     # One statement per table (not per row), then the audit rows.
     now = timezone.now()
-    for chunk in _chunks(list(changed_steps.values())):
-        backends.steps_reward_set([(st.id, st.reward, st.reward_status, st.reward_source) for st in chunk])
+    rows = [(st.id, st.reward, st.reward_status, st.reward_source) for st in changed_steps.values()]
+    for start in range(0, len(rows), 1000):  # 4 parameters a row on SQLite: within its limit
+        backends.steps_reward_set(rows[start : start + 1000])
     for traj in changed_trajs.values():
         traj.updated_at = now
     Trajectory.objects.bulk_update(changed_trajs.values(), ["reward", "updated_at"], batch_size=500)
-    RewardEvent.objects.bulk_create(events, batch_size=1000)
+    backends.rows_insert(events)
     # Readiness follows: a final step reward set its own bit in the statement above; a
     # trajectory reward, or a reward back to pending, needs its trajectory recomputed.
     rewards_settle(
@@ -95,10 +96,16 @@ def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> l
     return events
 
 
-def _chunks(rows: list[Step], size: int = 1000):
-    # 4 parameters a row: within SQLite's 32,766 per statement.
-    for i in range(0, len(rows), size):
-        yield rows[i : i + size]
+@dataclass(slots=True)
+class _StepReward:
+    """The reward columns of a locked step row."""
+
+    id: int
+    uid: str
+    trajectory_id: int
+    reward: float | None
+    reward_status: str
+    reward_source: str | None
 
 
 def _audit(r: RewardIn, source_id: int | None) -> dict:

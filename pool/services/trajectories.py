@@ -167,13 +167,13 @@ def trajectories_complete(
     rows = [(t.id, t.status, t.id in set(ending), t.reward) for t in changed.values()]
     for i in range(0, len(rows), 1000):  # 4 parameters a row: within SQLite's limit
         backends.trajectories_end(rows[i : i + 1000], now)
-    RewardEvent.objects.bulk_create(events, batch_size=1000)
+    backends.rows_insert(events)
     if changed:
         # Groups first: a group these completions fill settles all its rollouts at once, so
         # each step's readiness is rewritten once, not once for its trajectory and again for
-        # its group; the settle after it then finds those rows already right.
-        groups_check_complete(group_ids={t.group_id for t in changed.values() if t.group_id})
-        trajectories_settle(trajectory_ids=changed)
+        # its group; only the other trajectories are settled after.
+        filled = set(groups_check_complete(group_ids={t.group_id for t in changed.values() if t.group_id}))
+        trajectories_settle(trajectory_ids=[t.id for t in changed.values() if t.group_id not in filled])
     return [trajs[c.uid] for c in completions]
 
 
