@@ -62,7 +62,7 @@ import numpy as np
 from tests.live import _pg_admin, _with_db
 
 # The admin changelist measured (one constant, so the filter can be switched).
-ADMIN_STEP_URL = "/admin/pool/step/?reward_status__exact=final&token_source__exact=client"
+ADMIN_STEP_URL = "/admin/pool/step/?readiness=ready&quality=truncated"
 ADMIN_FLOOR_URL = "/admin/pool/policyversion/"
 SPEC = {"filters": {"max_staleness": 2, "exclude_flags": ["truncated"]}}
 TARGETS = {"preview_ms": 200.0, "admin_list_ms": 300.0, "readiness_steps_per_s": 5_000.0}

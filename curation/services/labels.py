@@ -35,8 +35,8 @@ def steps_label(
     labels are read at query time."""
     if label is not None and label not in Step.Label.values:
         raise InvalidInput(f"label must be one of {[v for v in Step.Label.values if v]} or ''", field="label")
-    for name, tags in (("tags_add", tags_add), ("tags_remove", tags_remove)):
-        for i, tag in enumerate(tags):
+    for name, given in (("tags_add", tags_add), ("tags_remove", tags_remove)):
+        for i, tag in enumerate(given):
             if not isinstance(tag, str) or not tag.strip() or len(tag) > MAX_TAG_LEN:
                 raise InvalidInput(
                     f"a tag is a non-empty string of at most {MAX_TAG_LEN} characters", field=f"{name}[{i}]"
@@ -58,7 +58,10 @@ def steps_label(
             "step_id", "tag"
         ):
             tags[sid].add(tag)
-        events, new_tags, label_to, note_to = [], [], [], []
+        events: list[LabelEvent] = []
+        new_tags: list[StepTag] = []
+        label_to: list[int] = []
+        note_to: list[int] = []
         for sid, old_label, old_note in rows:
             change: dict = {}
             if label is not None and label != old_label:

@@ -126,7 +126,7 @@ def trajectories_after_write(updates: Sequence[tuple[int, int, int, bool]]) -> N
 # Set-based statements (one per call, whatever the batch size): ``WITH v(...) AS (VALUES ...)
 # UPDATE ... FROM v`` runs on PostgreSQL and on SQLite >= 3.33. Rows whose value does not
 # change are not rewritten (a rewrite copies the whole row and its index entries).
-def steps_reward_set(rows: Sequence[tuple[int, float, str, str]]) -> None:
+def steps_reward_set(rows: Sequence[tuple[int, float | None, str, str | None]]) -> None:
     """(step id, reward, reward_status, reward_source) in one statement. A final reward
     also sets the step's REWARD_FINAL readiness bit; the caller recomputes the readiness of
     steps whose reward went back to pending (their trajectory may still supply the bit)."""
