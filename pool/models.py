@@ -210,7 +210,9 @@ class Step(models.Model):
         NONE = "none", "none"
 
     uid = models.CharField(max_length=160, unique=True)  # client idempotency key
-    trajectory = models.ForeignKey(Trajectory, on_delete=models.CASCADE, related_name="steps")
+    # No index of its own: "steps of a trajectory" is served by step_traj_index_uniq
+    # (trajectory, step_index) and step_curation (trajectory, covering).
+    trajectory = models.ForeignKey(Trajectory, on_delete=models.CASCADE, related_name="steps", db_index=False)
     step_index = models.PositiveIntegerField()
 
     # --- token storage (see module docstring and pool/tokens.py) ---
