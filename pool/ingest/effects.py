@@ -10,7 +10,8 @@ rows are in. The pool's own effects run first:
 4. readiness (pool/services/readiness.py): the steps of trajectories that are ended after
    the write get the bits their trajectory and group decide. A running trajectory's steps
    cannot be ready whatever those bits say, and its completion refreshes them, so a write
-   into a running trajectory (every proxied call) adds no query.
+   into a running trajectory (every proxied call) adds no query; nor does a batch that
+   creates and completes a trajectory (its rows are written with the bits).
 
 Other apps react to stored steps by registering an effect from their AppConfig.ready()
 (``register``); the pool never imports them. An effect receives the ``StepsWritten`` record,
@@ -139,7 +140,13 @@ def _complete_groups(written: StepsWritten) -> None:
 
 
 def _readiness(written: StepsWritten) -> None:
-    ended = {s.trajectory_id for s in written.steps if s.is_last}
+    # A trajectory this write created has no steps but these, and a batch writes their rows
+    # with the bits it knows (pipeline._known_readiness): only older rows need a rewrite.
+    ended = {
+        s.trajectory_id
+        for s in written.steps
+        if s.is_last and not written.trajectories[s.trajectory_id].created
+    }
     ended.update(t.id for t in written.trajectories.values() if t.ended)
     if ended:
         from ..services.readiness import trajectories_settle

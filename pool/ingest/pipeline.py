@@ -33,6 +33,7 @@ from django.utils import timezone
 
 from .. import tokens
 from ..errors import Conflict, InvalidInput
+from ..flags import Readiness
 from ..models import Channel, PolicyVersion, PromptGroup, Step, Trajectory
 from . import backends, effects, rules
 from .backends import TRAJ_COLS, FusedClaim
@@ -221,9 +222,30 @@ def _ingest(
         trajectory_id_of=lambda s: trajs[s.trajectory_uid].id,
         source_id=source_id,
         insert=backends.backend().insert_steps,
+        readiness_of=_known_readiness(new_steps, trajs, groups),
     )
     effects.apply(_written(rows, [_trajectory_written(t) for t in trajs.values()], source_id=source_id))
     return IngestResult(created=rows, duplicates=duplicates)
+
+
+def _known_readiness(
+    steps: Sequence[StepIn], trajs: dict[str, TrajectoryRow], groups: dict[str, PromptGroup]
+) -> Callable[[StepIn], int]:
+    """The readiness bits a batch already knows for its steps: those of a trajectory that is
+    completed, or that this batch completes (an is_last step), with its group's when the
+    group is complete or absent. The rows are then written with them, and the effects'
+    refresh rewrites only older rows (a step row rewrite costs as much as its insert)."""
+    ending = {s.trajectory_uid for s in steps if s.is_last}
+    complete_groups = {g.id for g in groups.values() if g.status == PromptGroup.Status.COMPLETE}
+    bits: dict[str, int] = {}
+    for uid, t in trajs.items():
+        done = t.status == Trajectory.Status.COMPLETED or (
+            t.status == Trajectory.Status.RUNNING and uid in ending
+        )
+        if done:
+            group_done = t.group_id is None or t.group_id in complete_groups
+            bits[uid] = Readiness.TRAJECTORY_COMPLETE | (Readiness.GROUP_COMPLETE if group_done else 0)
+    return lambda s: bits.get(s.trajectory_uid, 0)
 
 
 def _load_stored(ids: set[int], depth_of: dict[int, int]) -> dict[int, Stored]:

@@ -122,15 +122,18 @@ def step_row(
     trajectory_id: int | None,
     parent: tuple[int, np.ndarray, int] | None,
     source_id: int | None,
+    readiness: int = 0,
 ) -> Step:
     """The unsaved Step row of a planned step, its tokens encoded against ``parent`` (id,
-    full ids, depth) when given. Every write path builds its rows here."""
+    full ids, depth) when given. Every write path builds its rows here. ``readiness``: the
+    bits its trajectory and group already decide (a batch that completes the trajectory),
+    so the row is written once with them rather than rewritten by the effects."""
     s, packed = p.step, p.packed
     enc = tokens.encode_against(packed.full, parent[1] if parent else None, parent[2] if parent else 0)
     response = packed.full[len(s.prompt_ids) :]
     # The readiness bits the step decides itself; its trajectory's and group's bits are set
     # by the effects (pool/services/readiness.py) once they hold.
-    readiness = (Readiness.TOKENS_EXACT if s.token_source in EXACT_TOKEN_SOURCES else 0) | (
+    readiness |= (Readiness.TOKENS_EXACT if s.token_source in EXACT_TOKEN_SOURCES else 0) | (
         Readiness.REWARD_FINAL if s.reward is not None else 0
     )
     return new_instance(  # type: ignore[return-value]
@@ -183,6 +186,7 @@ def build_rows(
     trajectory_id_of: Callable[[StepIn], int | None],
     source_id: int | None,
     insert: Callable[[list[Step]], None],
+    readiness_of: Callable[[StepIn], int] = lambda s: 0,
 ) -> list[Step]:
     """Build and insert the rows wave by wave (a parent's id is known before its children's
     rows are built); returns the rows in write order."""
@@ -197,7 +201,13 @@ def build_rows(
                 parent = (row.id, planned[p.parent].packed.full, row.seq_depth)
             elif p.parent is not None:
                 parent = (p.parent.id, p.parent.full, p.parent.depth)
-            built[i] = step_row(p, trajectory_id=trajectory_id_of(p.step), parent=parent, source_id=source_id)
+            built[i] = step_row(
+                p,
+                trajectory_id=trajectory_id_of(p.step),
+                parent=parent,
+                source_id=source_id,
+                readiness=readiness_of(p.step),
+            )
             rows.append(built[i])
         insert(rows)
     return [built[i] for i in range(len(planned))]

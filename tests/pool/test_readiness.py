@@ -132,3 +132,13 @@ def test_group_flags_follow_the_rewards():
     rewards_apply(rewards=[RewardIn(step_uid="b:0", reward=0.0), RewardIn(trajectory_uid="b", reward=0.0)])
     assert not any(f & Quality.ZERO_VARIANCE for f in Step.objects.values_list("quality_flags", flat=True))
     assert not any(f & Quality.DUPLICATE for f in Step.objects.values_list("quality_flags", flat=True))
+
+
+def test_a_batch_that_ends_an_older_trajectory_refreshes_its_earlier_steps():
+    # given a trajectory whose first step came in an earlier batch
+    steps_ingest(steps=[step_in("two", 0, prompt=[1], response=[2], reward=1.0)])
+    assert bits("two:0") == Readiness.TOKENS_EXACT | Readiness.REWARD_FINAL
+    # when a later batch ends it
+    steps_ingest(steps=[step_in("two", 1, prompt=[1, 2, 3], response=[4], reward=1.0, is_last=True)])
+    # then both steps are ready: the new one as written, the old one refreshed
+    assert bits("two:0") == bits("two:1") == READY
