@@ -3,20 +3,23 @@ labels. Views are adapters: parse, call one service or selector, render."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from django.http import HttpResponse
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from gateway.auth import ReadScope, _ScopePermission, key_id_of, user_id_of
+from gateway.auth import ConsumeScope, ReadScope, _ScopePermission, key_id_of, user_id_of
 from pool.errors import InvalidInput, NotFound
 from pool.models import Scope, Step, Trajectory
 
 from . import selectors, services
 from . import serializers as cs
-from .models import Dataset
+from .models import Dataset, Lease
+from .services import consume
 from .specs import spec_parse
 
 DATASET_FIELDS = {"name", "description", "filters", "grouping"}
@@ -220,3 +223,92 @@ class LabelApi(APIView):
         else:
             changed = services.trajectories_label(trajectory_ids=found.values(), **change)
         return Response({"changed": changed})
+
+
+# --- consumption ------------------------------------------------------------------------------
+PULL_FIELDS = {"dataset", "batch_size", "unit", "format", "lease_seconds", "wait"}
+MAX_WAIT_SECONDS = 30.0
+# Long-poll re-check period: a pull is one indexed query when nothing is ready.
+WAIT_POLL_SECONDS = 0.25
+EMPTY_PULL = b'{"lease_id":null,"manifest":null,"batch":null}'
+
+
+class PullApi(APIView):
+    permission_classes = [ConsumeScope]
+
+    @extend_schema(
+        summary="Lease the next batch of a dataset to this consumer (exactly once per consumer)",
+        request=cs.PullSerializer,
+        responses=cs.PullResultSerializer,
+    )
+    def post(self, request, name: str):
+        data = _body(request, PULL_FIELDS)
+        wait = data.get("wait", 0)
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= MAX_WAIT_SECONDS:
+            raise InvalidInput(f"wait must be a number of seconds in [0, {MAX_WAIT_SECONDS:g}]", field="wait")
+        pull = consume.PullIn(
+            dataset=data.get("dataset"),  # type: ignore[arg-type]
+            batch_size=data.get("batch_size", 64),
+            unit=data.get("unit", "groups"),
+            format=data.get("format", "steps"),
+            lease_seconds=data.get("lease_seconds", 300),
+        )
+        deadline = time.monotonic() + wait
+        while True:
+            lease = consume.consumer_pull(consumer=name, pull=pull)
+            if lease is not None:
+                return HttpResponse(bytes(lease.body), content_type="application/json")
+            if time.monotonic() >= deadline:
+                return HttpResponse(EMPTY_PULL, content_type="application/json")
+            time.sleep(min(WAIT_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+
+
+class LeaseAckApi(APIView):
+    permission_classes = [ConsumeScope]
+
+    @extend_schema(
+        summary="The batch was consumed: its units are done for this consumer",
+        request=None,
+        responses=cs.LeaseSerializer,
+    )
+    def post(self, request, lease_id):
+        return Response(lease_render(consume.lease_ack(lease_id=lease_id)))
+
+
+class LeaseNackApi(APIView):
+    permission_classes = [ConsumeScope]
+
+    @extend_schema(
+        summary="Give the batch back: its units are deliverable again",
+        request=None,
+        responses=cs.LeaseSerializer,
+    )
+    def post(self, request, lease_id):
+        return Response(lease_render(consume.lease_nack(lease_id=lease_id)))
+
+
+class LeaseBatchApi(APIView):
+    permission_classes = [ConsumeScope]
+
+    @extend_schema(
+        summary="Replay: the batch exactly as first served, byte for byte (after ack too)",
+        responses=cs.PullResultSerializer,
+    )
+    def get(self, request, lease_id):
+        lease = Lease.objects.filter(id=lease_id).only("body").first()
+        if lease is None:
+            raise NotFound(f"lease {lease_id} does not exist", field="lease")
+        return HttpResponse(bytes(lease.body), content_type="application/json")
+
+
+def lease_render(lease: Lease) -> dict[str, Any]:
+    return {
+        "lease_id": str(lease.id),
+        "status": lease.status,
+        "units": lease.n_units,
+        "steps": lease.n_steps,
+        "content_hash": lease.content_hash,
+        "created_at": lease.created_at,
+        "expires_at": lease.expires_at,
+        "acked_at": lease.acked_at,
+    }

@@ -156,3 +156,79 @@ class ReviewClaim(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue.name}: {self.trajectory_id} by {self.user_id}"
+
+
+class Consumer(models.Model):
+    """A trainer (or any reader) that pulls batches; it gets each unit of a dataset once."""
+
+    name = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Lease(models.Model):
+    """One batch handed to one consumer: its units are the consumer's until it acks (then
+    for good), nacks or lets the lease expire (then they are deliverable again). The batch
+    is kept byte for byte (``body``), so it can be replayed after ack too."""
+
+    class Status(models.TextChoices):
+        LEASED = "leased", "leased"
+        ACKED = "acked", "acked"
+        RELEASED = "released", "released (nack)"
+        EXPIRED = "expired", "expired"
+
+    id = models.UUIDField(primary_key=True)
+    consumer = models.ForeignKey(Consumer, on_delete=models.CASCADE, related_name="leases", db_index=False)
+    dataset_version = models.ForeignKey(DatasetVersion, on_delete=models.PROTECT, related_name="leases")
+    unit = models.CharField(max_length=8)  # "groups" or "steps"
+    format = models.CharField(max_length=8)
+    status = models.CharField(max_length=8, choices=Status.choices, default=Status.LEASED)
+    n_units = models.PositiveIntegerField()
+    n_steps = models.PositiveIntegerField()
+    content_hash = models.CharField(max_length=64)  # sha256 of the batch payload
+    body = models.BinaryField()  # the response, byte for byte (replay)
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    acked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            # Pull: "this consumer's leases that expired" (partial: only open ones).
+            models.Index(
+                fields=["consumer", "expires_at"], condition=Q(status="leased"), name="lease_open_expiry"
+            ),
+            # Consumption page: "leases, newest first".
+            models.Index(fields=["created_at"], name="lease_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"lease {self.id} ({self.status})"
+
+
+class Delivery(models.Model):
+    """A unit (a prompt group, a trajectory without a group, or a step) held by a consumer
+    for a dataset: leased or acked. The unique row is what makes delivery exactly once per
+    consumer, on every database: two pullers can never both insert it."""
+
+    class Kind(models.IntegerChoices):
+        GROUP = 1, "group"
+        TRAJECTORY = 2, "trajectory"
+        STEP = 3, "step"
+
+    consumer = models.ForeignKey(Consumer, on_delete=models.CASCADE, related_name="+", db_index=False)
+    dataset = models.ForeignKey(Dataset, on_delete=models.CASCADE, related_name="+", db_index=False)
+    kind = models.PositiveSmallIntegerField(choices=Kind.choices)
+    key = models.BigIntegerField()  # the group, trajectory or step id
+    lease = models.ForeignKey(Lease, on_delete=models.CASCADE, related_name="deliveries")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            # Exactly once per consumer and dataset; also serves "was this unit delivered".
+            models.UniqueConstraint(fields=["consumer", "dataset", "kind", "key"], name="delivery_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} {self.key} -> consumer {self.consumer_id}"

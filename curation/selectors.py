@@ -168,7 +168,7 @@ def dataset_steps(c: Compiled) -> QuerySet:
     return qs
 
 
-def _per_rollout_sql(c: Compiled) -> tuple[str, list[Any]]:
+def _per_rollout_sql(c: Compiled, restrict: Q | None = None) -> tuple[str, list[Any]]:
     """One row per trajectory in scope: (trajectory id, group id, valid 0/1, steps, prompt
     tokens, sequence tokens), as SQL to wrap.
 
@@ -177,7 +177,7 @@ def _per_rollout_sql(c: Compiled) -> tuple[str, list[Any]]:
     conditions are joined after, on one row per trajectory instead of one per step."""
     ok = Min(Case(When(c.passes, then=Value(1)), default=Value(0), output_field=IntegerField()))
     per_rollout = (
-        _aliased(Step.objects.filter(c.step_scope), c.spec.filters)
+        _aliased(Step.objects.filter(c.step_scope & (restrict or Q())), c.spec.filters)
         .values(tid=F("trajectory_id"))
         .annotate(ok=ok, n=Count("id"), pt=Sum("prompt_len"), st=Sum("seq_len"))
         .order_by()
@@ -211,12 +211,12 @@ def _analytic() -> Iterator[None]:
         yield
 
 
-def _units_sql(c: Compiled) -> tuple[str, list[Any]]:
+def _units_sql(c: Compiled, restrict: Q | None = None) -> tuple[str, list[Any]]:
     """One row per unit (group, or trajectory without one) with its admission:
     (unit key, group id, admitted 0/1, eligible 0/1, valid rollouts, rollouts, steps,
     valid steps, prompt tokens, sequence tokens). Unit keys: a group's id, or minus the
     trajectory id of a rollout without a group."""
-    inner, params = _per_rollout_sql(c)
+    inner, params = _per_rollout_sql(c, restrict)
     g = c.spec.grouping
     group_table = connection.ops.quote_name(PromptGroup._meta.db_table)
     # Integers validated by the spec parser, inlined (no NULL parameters to type).
@@ -312,16 +312,27 @@ def _preview(
 
 def dataset_admitted(spec: Spec) -> dict[int, bool]:
     """Every admitted step id and whether it is masked (False: train on it). For tests,
-    pages and snapshots; consumption pages through units instead."""
+    pages and snapshots; consumption asks about a few candidate units (``units_admitted``)."""
     c = spec_compile(spec)
     if not spec.grouping.keep_groups_whole:
         return dict.fromkeys(dataset_steps(c).values_list("id", flat=True), False)
-    units, params = _units_sql(c)
+    out: dict[int, bool] = {}
+    for steps in units_admitted(c).values():
+        out.update(steps)
+    return out
+
+
+def units_admitted(c: Compiled, restrict: Q | None = None) -> dict[int, dict[int, bool]]:
+    """The admitted units among the steps ``restrict`` selects (all when None): unit key
+    (a group's id, or minus a lone trajectory's id) -> {step id: masked}, in step order."""
+    units, params = _units_sql(c, restrict)
     with _analytic(), connection.cursor() as cur:
         cur.execute(f"SELECT unit FROM ({units}) x WHERE admitted = 1", params)
         admitted = {row[0] for row in cur.fetchall()}
     groups = [u for u in admitted if u > 0]
     lone = [-u for u in admitted if u < 0]
+    if not admitted:
+        return {}
     rollouts = dataset_step_rows(c).filter(Q(trajectory__group_id__in=groups) | Q(trajectory_id__in=lone))
     valid = {
         tid
@@ -331,7 +342,12 @@ def dataset_admitted(spec: Spec) -> dict[int, bool]:
         .values_list("trajectory_id", "ok")
         if ok == 1
     }
-    return {sid: tid not in valid for sid, tid in rollouts.values_list("id", "trajectory_id")}
+    out: dict[int, dict[int, bool]] = {}
+    for sid, tid, gid in rollouts.order_by("trajectory_id", "step_index").values_list(
+        "id", "trajectory_id", "trajectory__group_id"
+    ):
+        out.setdefault(gid if gid is not None else -tid, {})[sid] = tid not in valid
+    return out
 
 
 # --- review queues ---------------------------------------------------------------------------

@@ -65,3 +65,55 @@ class LabelSerializer(StrictSerializer):
     tags_add = serializers.ListField(child=serializers.CharField(max_length=64), required=False)
     tags_remove = serializers.ListField(child=serializers.CharField(max_length=64), required=False)
     note = serializers.CharField(required=False, allow_blank=True, allow_null=True)
+
+
+class PullSerializer(StrictSerializer):
+    dataset = serializers.CharField(help_text="the dataset's name; its current version is served")
+    batch_size = serializers.IntegerField(
+        min_value=1, max_value=4096, default=64, help_text="units per batch"
+    )
+    unit = serializers.ChoiceField(choices=["groups", "steps"], default="groups")
+    format = serializers.ChoiceField(choices=["steps"], default="steps")
+    lease_seconds = serializers.IntegerField(min_value=1, max_value=86400, default=300)
+    wait = serializers.FloatField(
+        min_value=0, max_value=30, default=0, help_text="long-poll: seconds to wait for a batch"
+    )
+
+
+class ManifestSerializer(serializers.Serializer):
+    lease_id = serializers.UUIDField()
+    consumer = serializers.CharField()
+    dataset = serializers.CharField()
+    dataset_version = serializers.IntegerField()
+    unit = serializers.CharField()
+    format = serializers.CharField()
+    units = serializers.IntegerField()
+    step_uids = serializers.ListField(child=serializers.CharField())
+    masked_steps = serializers.IntegerField()
+    policy_versions = serializers.DictField(child=serializers.IntegerField(), help_text="version -> steps")
+    current_policy_version = serializers.IntegerField(allow_null=True)
+    staleness = serializers.DictField(
+        allow_null=True, help_text="{min, max}: current version minus the steps'"
+    )
+    content_hash = serializers.CharField(help_text="sha256 of the batch bytes")
+    created_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField()
+
+
+class PullResultSerializer(serializers.Serializer):
+    lease_id = serializers.UUIDField(allow_null=True, help_text="null: nothing ready for this consumer")
+    manifest = ManifestSerializer(allow_null=True)
+    batch = serializers.DictField(
+        allow_null=True, help_text='{"steps": [...]}: each step read, with mask and staleness'
+    )
+
+
+class LeaseSerializer(serializers.Serializer):
+    lease_id = serializers.UUIDField()
+    status = serializers.CharField()
+    units = serializers.IntegerField()
+    steps = serializers.IntegerField()
+    content_hash = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField()
+    acked_at = serializers.DateTimeField(allow_null=True)

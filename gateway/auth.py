@@ -125,6 +125,12 @@ class ReadScope(_ScopePermission):
     scopes = (Scope.READ, Scope.INGEST, Scope.CONSUME)
 
 
+class ConsumeScope(_ScopePermission):
+    """Pulling batches under leases: trainers (consume keys)."""
+
+    scopes = (Scope.CONSUME,)
+
+
 class PolicyWriteScope(_ScopePermission):
     """Policy versions are published by trainers (consume) or by agents that sample (ingest)."""
 

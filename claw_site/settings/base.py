@@ -180,6 +180,7 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CLAW_SWEEP_SECONDS = env_float("CLAW_SWEEP_SECONDS", 60.0)
 CELERY_BEAT_SCHEDULE = {
     "readiness-sweep": {"task": "pool.readiness_sweep", "schedule": CLAW_SWEEP_SECONDS},
+    "leases-expire": {"task": "curation.leases_expire", "schedule": CLAW_SWEEP_SECONDS},
 }
 
 # --- Static files -----------------------------------------------------------------------------

@@ -11,8 +11,9 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from curation.models import Dataset, DatasetVersion, LabelEvent
+from curation.models import Dataset, DatasetVersion, LabelEvent, Lease
 from curation.services import dataset_create
+from curation.services.consume import PullIn, consumer_pull
 from pool.models import Scope, Step
 from pool.services import api_key_create, steps_ingest
 from tests.conftest import client_for, make_step
@@ -39,6 +40,14 @@ CURATE = [
     ("patch", f"datasets/{D}", {"filters": {"max_staleness": 3}}),
     ("put", f"datasets/{D}", {"filters": {"max_staleness": 4}}),
     ("post", "labels", {"step_uids": [S], "label": "accepted"}),
+]
+# Consumption: consume keys (trainers), admin keys and operators only. The lease is the
+# seeded one (LEASE is filled in by the seeded fixture).
+CONSUME = [
+    ("post", "consumers/trainer-x/pull", {"dataset": D}),
+    ("post", "leases/{lease}/ack", None),
+    ("post", "leases/{lease}/nack", None),
+    ("get", "leases/{lease}/batch", None),
 ]
 # Reads sent as POST (a spec in the body).
 READ_POSTS = [("datasets/preview", {"filters": {}})]
@@ -72,9 +81,14 @@ CALLERS = {
 
 
 @pytest.fixture
-def seeded(db) -> None:
+def seeded(db) -> str:
+    """The pool every caller meets; returns the id of a lease on one ready trajectory."""
     steps_ingest(steps=[step_in(T, 0, prompt=[1, 2, 3], response=[4, 5], group=G)])
     dataset_create(name=D)
+    steps_ingest(steps=[step_in("seed-ready", 0, prompt=[1], response=[2], reward=1.0, is_last=True)])
+    lease = consumer_pull(consumer="seed", pull=PullIn(dataset=D))
+    assert lease is not None
+    return str(lease.id)
 
 
 def curation_counts() -> dict[str, int]:
@@ -136,6 +150,23 @@ def test_curate_matrix(seeded, django_user_model, caller, method, endpoint, body
 
 
 @pytest.mark.parametrize("caller", list(CALLERS))
+@pytest.mark.parametrize(("method", "endpoint", "body"), CONSUME, ids=[f"{c[0]} {c[1]}" for c in CONSUME])
+def test_consume_matrix(seeded, django_user_model, caller, method, endpoint, body):
+    # given a caller of this kind and a leased batch
+    client = caller_client(caller, django_user_model)
+    may_consume = caller in ("consume", "admin", "operator")
+    leases = Lease.objects.count()
+    # when it pulls, acks, nacks or replays
+    resp = getattr(client, method)(f"/api/v1/{endpoint.format(lease=seeded)}", body, format="json")
+    # then only trainers (and admin keys, operators) may; others lease nothing
+    if may_consume:
+        assert resp.status_code == 200, resp.content
+    else:
+        assert resp.status_code == (401 if caller == "anonymous" else 403), resp.content
+        assert Lease.objects.count() == leases
+
+
+@pytest.mark.parametrize("caller", list(CALLERS))
 @pytest.mark.parametrize(("endpoint", "body"), READ_POSTS, ids=[r[0] for r in READ_POSTS])
 def test_read_by_post_matrix(seeded, django_user_model, caller, endpoint, body):
     client = caller_client(caller, django_user_model)
@@ -177,6 +208,9 @@ def test_the_matrix_covers_every_api_route():
         covered.setdefault(template(endpoint), set()).add("get")
     for method, endpoint, _ in CURATE:
         covered.setdefault(template(endpoint), set()).add(method)
+    for method, endpoint, _ in CONSUME:
+        path = endpoint.replace("{lease}", "{lease_id}").replace("trainer-x", "{name}")
+        covered.setdefault(f"/api/v1/{path}", set()).add(method)
     for endpoint, _ in READ_POSTS:
         covered.setdefault(template(endpoint), set()).add("post")
     # then each one is exercised above (a new endpoint must join the matrix)

@@ -174,19 +174,23 @@ class Command(BaseCommand):
 
 
 def sweep_forever(stop: threading.Event, interval_s: float) -> None:
-    """Run the readiness sweep (task pool.readiness_sweep, called in-process) every
-    ``interval_s`` seconds until ``stop`` is set: celery beat's schedule for embedded mode.
+    """Run the periodic tasks (pool.readiness_sweep, curation.leases_expire, called
+    in-process) every ``interval_s`` seconds until ``stop`` is set: celery beat's schedule for embedded mode.
     Never raises: an error is logged and the next run comes on time. The thread's database
     connections are closed after every run, so none is left idle (or holding SQLite's WAL)
     between runs, nor open at exit."""
-    from pool.tasks import readiness_sweep
+    from curation import tasks as curation_tasks
+    from pool import tasks as pool_tasks
 
     while not stop.wait(interval_s):
         try:
             close_old_connections()
-            changed = readiness_sweep()
+            changed = pool_tasks.readiness_sweep()
             if any(changed.values()):
                 log.info("readiness sweep: %s", changed)
+            expired = curation_tasks.leases_expire()
+            if expired:
+                log.info("expired %d leases", expired)
         except Exception:  # noqa: BLE001 - the loop must outlive a failed run (the DB restarting)
             log.exception("readiness sweep failed; the next run is in %g s", interval_s)
         finally:

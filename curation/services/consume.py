@@ -1,0 +1,330 @@
+"""Consumption: trainers pull batches of what a dataset admits, under leases.
+
+A pull claims units (whole prompt groups, lone trajectories, or steps) for one consumer by
+inserting ``Delivery`` rows, unique per (consumer, dataset, unit): concurrent pullers of one
+consumer can never both claim a unit, on PostgreSQL or SQLite, and a unit lost to another
+puller is simply replaced by the next candidate. Ready units are offered oldest-ready first;
+a unit that is not ready is never a candidate, so it blocks nothing.
+
+A lease ends by ack (its units are consumed by that consumer for good), nack or expiry (its
+Delivery rows go, the units are candidates again). The batch is stored byte for byte with
+its manifest, so ``GET /api/v1/leases/{id}/batch`` replays exactly what was trained on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Exists, OuterRef, Q
+from django.utils import timezone
+
+from gateway.renderers import dumps
+from pool.errors import Conflict, InvalidInput, NotFound
+from pool.models import PolicyVersion, PromptGroup, Step, Trajectory
+from pool.selectors import steps_render
+
+from ..models import Consumer, Dataset, Delivery, Lease
+from ..selectors import Compiled, dataset_steps, spec_compile, units_admitted
+from ..specs import spec_parse
+
+UNITS = ("groups", "steps")
+FORMATS = ("steps",)
+MAX_BATCH = 4096
+MAX_LEASE_SECONDS = 24 * 3600
+# Candidate units read per round (a multiple of the batch: some are not admitted, some go
+# to another puller of the same consumer first).
+CANDIDATE_FACTOR = 4
+MAX_ROUNDS = 8
+
+
+@dataclass(slots=True)
+class PullIn:
+    dataset: str
+    batch_size: int = 64
+    unit: str = "groups"
+    format: str = "steps"
+    lease_seconds: int = 300
+
+
+def pull_validate(p: PullIn) -> None:
+    if not isinstance(p.dataset, str) or not p.dataset:
+        raise InvalidInput("dataset: the name of a dataset", field="dataset")
+    if (
+        not isinstance(p.batch_size, int)
+        or isinstance(p.batch_size, bool)
+        or not 1 <= p.batch_size <= MAX_BATCH
+    ):
+        raise InvalidInput(f"batch_size must be an integer in [1, {MAX_BATCH}]", field="batch_size")
+    if p.unit not in UNITS:
+        raise InvalidInput(f"unit must be one of {list(UNITS)}", field="unit")
+    if p.format not in FORMATS:
+        raise InvalidInput(
+            f"format must be one of {list(FORMATS)} (padded and tree are not served yet)", field="format"
+        )
+    if (
+        not isinstance(p.lease_seconds, int)
+        or isinstance(p.lease_seconds, bool)
+        or not 1 <= p.lease_seconds <= MAX_LEASE_SECONDS
+    ):
+        raise InvalidInput(
+            f"lease_seconds must be an integer in [1, {MAX_LEASE_SECONDS}]", field="lease_seconds"
+        )
+
+
+def consumer_pull(*, consumer: str, pull: PullIn) -> Lease | None:
+    """Lease the next batch of ``pull.dataset`` to ``consumer``, or None when nothing is
+    ready for it. Not idempotent: each call leases new units. Raises InvalidInput or
+    NotFound naming the field."""
+    pull_validate(pull)
+    ds = Dataset.objects.select_related("current").filter(name=pull.dataset).first()
+    if ds is None or ds.current is None:
+        raise NotFound(f"dataset {pull.dataset!r} does not exist", field="dataset")
+    if pull.unit == "groups" and not spec_parse(ds.current.spec).grouping.keep_groups_whole:
+        raise InvalidInput(
+            "this dataset serves steps (keep_groups_whole is false): pull unit 'steps'", field="unit"
+        )
+    who = _consumer(consumer)
+    leases_expire(consumer_id=who.id)
+    with transaction.atomic():
+        now = timezone.now()
+        lease = Lease.objects.create(
+            id=uuid.uuid4(),
+            consumer=who,
+            dataset_version=ds.current,
+            unit=pull.unit,
+            format=pull.format,
+            n_units=0,
+            n_steps=0,
+            content_hash="",
+            body=b"",
+            created_at=now,
+            expires_at=now + timedelta(seconds=pull.lease_seconds),
+        )
+        c = spec_compile(spec_parse(ds.current.spec))
+        steps = _claim(c, ds, who, lease, pull)
+        if not steps:
+            transaction.set_rollback(True)
+            return None
+        _render(lease, ds, who, c, steps)
+        lease.save(update_fields=["n_units", "n_steps", "content_hash", "body"])
+    return lease
+
+
+def lease_ack(*, lease_id: uuid.UUID, consumer: str | None = None) -> Lease:
+    """Mark a leased batch consumed. Idempotent for an acked lease; an expired or released
+    one raises Conflict (its units may already have gone to another pull)."""
+    with transaction.atomic():
+        lease = _lease_locked(lease_id, consumer)
+        if lease.status == Lease.Status.ACKED:
+            return lease
+        if lease.status != Lease.Status.LEASED or lease.expires_at <= timezone.now():
+            raise Conflict(
+                f"lease {lease_id} is {_state(lease)}: its batch may be delivered again", field="lease"
+            )
+        lease.status, lease.acked_at = Lease.Status.ACKED, timezone.now()
+        lease.save(update_fields=["status", "acked_at"])
+        return lease
+
+
+def lease_nack(*, lease_id: uuid.UUID, consumer: str | None = None) -> Lease:
+    """Give a batch back: its units are deliverable again. Idempotent for a released or
+    expired lease; an acked one raises Conflict."""
+    with transaction.atomic():
+        lease = _lease_locked(lease_id, consumer)
+        if lease.status == Lease.Status.ACKED:
+            raise Conflict(f"lease {lease_id} is acked", field="lease")
+        if lease.status == Lease.Status.LEASED:
+            Delivery.objects.filter(lease=lease).delete()
+            lease.status = Lease.Status.RELEASED
+            lease.save(update_fields=["status"])
+        return lease
+
+
+def leases_expire(*, consumer_id: int | None = None, now=None) -> int:
+    """End leases past their expiry: their units are deliverable again. Idempotent; also
+    run by the periodic sweep for every consumer."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        expired = Lease.objects.filter(status=Lease.Status.LEASED, expires_at__lte=now)
+        if consumer_id is not None:
+            expired = expired.filter(consumer_id=consumer_id)
+        ids = list(
+            expired.select_for_update(skip_locked=connection.vendor == "postgresql").values_list(
+                "id", flat=True
+            )
+        )
+        if not ids:
+            return 0
+        Delivery.objects.filter(lease_id__in=ids).delete()
+        return Lease.objects.filter(id__in=ids, status=Lease.Status.LEASED).update(
+            status=Lease.Status.EXPIRED
+        )
+
+
+# --- helpers --------------------------------------------------------------------------------
+def _consumer(name: str) -> Consumer:
+    if not isinstance(name, str) or not 1 <= len(name) <= 64:
+        raise InvalidInput("a consumer name is 1-64 characters", field="name")
+    found = Consumer.objects.filter(name=name).first()
+    if found is not None:
+        return found
+    Consumer.objects.bulk_create([Consumer(name=name)], ignore_conflicts=True)  # race-safe
+    return Consumer.objects.get(name=name)
+
+
+def _lease_locked(lease_id, consumer: str | None) -> Lease:
+    q = Lease.objects.select_for_update().filter(id=lease_id)
+    if consumer is not None:
+        q = q.filter(consumer__name=consumer)
+    lease = q.first()
+    if lease is None:
+        raise NotFound(f"lease {lease_id} does not exist", field="lease")
+    return lease
+
+
+def _state(lease: Lease) -> str:
+    return "expired" if lease.status == Lease.Status.LEASED else lease.status
+
+
+def _claim(c: Compiled, ds: Dataset, who: Consumer, lease: Lease, pull: PullIn) -> dict[int, bool]:
+    """Claim up to batch_size admitted units; returns their {step id: masked}."""
+    taken: dict[int, bool] = {}
+    n_units = 0
+    for _ in range(MAX_ROUNDS):
+        want = pull.batch_size - n_units
+        if want <= 0:
+            break
+        if pull.unit == "steps":
+            delivered = Delivery.objects.filter(
+                consumer=who, dataset=ds, kind=Delivery.Kind.STEP, key=OuterRef("pk")
+            )
+            ids = list(
+                dataset_steps(c).filter(~Exists(delivered)).order_by("id").values_list("id", flat=True)[:want]
+            )
+            if not ids:
+                break
+            won = _insert(who, ds, lease, [(Delivery.Kind.STEP, i) for i in ids])
+            for _kind, key in won:
+                taken[key] = False
+            n_units += len(won)
+            continue
+        candidates = _ready_units(ds, who, want * CANDIDATE_FACTOR)
+        if not candidates:
+            break
+        groups = [k for k in candidates if k > 0]
+        lone = [-k for k in candidates if k < 0]
+        admitted = units_admitted(c, Q(trajectory__group_id__in=groups) | Q(trajectory_id__in=lone))
+        order = [k for k in candidates if k in admitted][:want]
+        won = _insert(
+            who,
+            ds,
+            lease,
+            [(Delivery.Kind.GROUP, k) if k > 0 else (Delivery.Kind.TRAJECTORY, -k) for k in order],
+        )
+        for kind, key in won:
+            taken.update(admitted[key if kind == Delivery.Kind.GROUP else -key])
+        n_units += len(won)
+        if len(candidates) < want * CANDIDATE_FACTOR and len(won) == len(order):
+            break  # every ready unit was looked at
+    lease.n_units = n_units
+    return taken
+
+
+def _ready_units(ds: Dataset, who: Consumer, limit: int) -> list[int]:
+    """Unit keys not delivered to this consumer, oldest-ready first: ready groups (by
+    ready_at, index group_ready) and completed trajectories without a group (by
+    completed_at), merged."""
+    group_done = Delivery.objects.filter(
+        consumer=who, dataset=ds, kind=Delivery.Kind.GROUP, key=OuterRef("pk")
+    )
+    groups = list(
+        PromptGroup.objects.filter(ready_at__isnull=False)
+        .filter(~Exists(group_done))
+        .order_by("ready_at", "id")
+        .values_list("ready_at", "id")[:limit]
+    )
+    lone_done = Delivery.objects.filter(
+        consumer=who, dataset=ds, kind=Delivery.Kind.TRAJECTORY, key=OuterRef("pk")
+    )
+    lone = list(
+        Trajectory.objects.filter(group__isnull=True, status=Trajectory.Status.COMPLETED)
+        .filter(~Exists(lone_done))
+        .order_by("completed_at", "id")
+        .values_list("completed_at", "id")[:limit]
+    )
+    merged = sorted([(t, k) for t, k in groups] + [(t, -k) for t, k in lone])
+    return [k for _, k in merged[:limit]]
+
+
+def _insert(who: Consumer, ds: Dataset, lease: Lease, units: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Insert Delivery rows; returns those this call inserted (the others belong to a
+    concurrent pull). ``ON CONFLICT DO NOTHING RETURNING``: PostgreSQL and SQLite >= 3.35."""
+    if not units:
+        return []
+    q = connection.ops.quote_name
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    one = "(%s, %s, %s, %s, %s, %s)"
+    lease_id = Lease._meta.pk.get_db_prep_value(lease.id, connection)  # hex on SQLite, uuid on PostgreSQL
+    params: list[Any] = []
+    for kind, key in units:
+        params += [who.id, ds.id, int(kind), key, lease_id, now]
+    sql = (
+        f"INSERT INTO {q(Delivery._meta.db_table)} (consumer_id, dataset_id, kind, {q('key')}, lease_id, created_at) "
+        f"VALUES {', '.join([one] * len(units))} ON CONFLICT (consumer_id, dataset_id, kind, {q('key')}) DO NOTHING "
+        f"RETURNING kind, {q('key')}"
+    )
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        won = {(int(k), int(v)) for k, v in cur.fetchall()}
+    return [u for u in units if (int(u[0]), u[1]) in won]
+
+
+def _render(lease: Lease, ds: Dataset, who: Consumer, c: Compiled, taken: dict[int, bool]) -> None:
+    """The batch in the ``steps`` format, with its manifest, as the exact bytes served."""
+    steps = list(
+        Step.objects.with_context().filter(id__in=list(taken)).order_by("trajectory_id", "step_index")
+    )
+    current = c.current_version
+    if current is None:
+        current = PolicyVersion.objects.filter(is_current=True).values_list("version", flat=True).first()
+    rows = steps_render(steps)
+    versions: Counter[int | None] = Counter()
+    for s, row in zip(steps, rows, strict=True):
+        row["mask"] = taken[s.id]
+        row["staleness"] = (
+            (current - s.policy_version_id)
+            if current is not None and s.policy_version_id is not None
+            else None
+        )
+        versions[s.policy_version_id] += 1
+    payload = dumps({"steps": rows})
+    staleness = [r["staleness"] for r in rows if r["staleness"] is not None]
+    manifest = {
+        "lease_id": str(lease.id),
+        "consumer": who.name,
+        "dataset": ds.name,
+        "dataset_version": lease.dataset_version.version,
+        "unit": lease.unit,
+        "format": lease.format,
+        "units": lease.n_units,
+        "step_uids": [s.uid for s in steps],
+        "masked_steps": sum(1 for s in steps if taken[s.id]),
+        "policy_versions": {
+            str(v): n for v, n in sorted(versions.items(), key=lambda x: (x[0] is None, x[0] or 0))
+        },
+        "current_policy_version": current,
+        "staleness": {"min": min(staleness), "max": max(staleness)} if staleness else None,
+        "content_hash": hashlib.sha256(payload).hexdigest(),
+        "created_at": lease.created_at,
+        "expires_at": lease.expires_at,
+    }
+    lease.n_steps = len(steps)
+    lease.content_hash = manifest["content_hash"]
+    # The body: manifest, then the batch payload spliced in as is (hashed bytes = served bytes).
+    lease.body = dumps({"lease_id": str(lease.id), "manifest": manifest})[:-1] + b',"batch":' + payload + b"}"

@@ -1,0 +1,205 @@
+"""Pulling batches under leases (curation/services/consume.py, POST
+/api/v1/consumers/{name}/pull): exactly once per consumer, oldest-ready first, nothing
+blocks on a group that is not ready, nack and expiry redeliver, replay is byte-identical."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import orjson
+import pytest
+from django.db import connection, connections
+from django.utils import timezone
+
+from curation.models import Delivery, Lease
+from curation.services import dataset_create
+from curation.services.consume import PullIn, consumer_pull, lease_ack, leases_expire
+from pool.services import policy_version_set, steps_ingest
+from pool.services.groups import group_upsert
+from tests.conftest import client_for
+from tests.pool.factories import step_in
+
+pytestmark = pytest.mark.django_db
+
+
+def ready_group(uid: str, *, rollouts: int = 2, steps: int = 2, version: int | None = None) -> list[str]:
+    """A complete, ready prompt group; returns its step uids in order."""
+    group_upsert(uid=uid, expected_rollouts=rollouts)
+    batch = []
+    for r in range(rollouts):
+        prompt = [1, 2, r]
+        for i in range(steps):
+            batch.append(
+                step_in(
+                    f"{uid}-r{r}",
+                    i,
+                    prompt=prompt,
+                    response=[3, i],
+                    group=uid,
+                    reward=float(r),
+                    is_last=i == steps - 1,
+                    policy_version=version,
+                )
+            )
+            prompt = prompt + [3, i, 9]
+    steps_ingest(steps=batch)
+    return [s.uid for s in batch]
+
+
+@pytest.fixture
+def trainer(make_key):
+    from pool.models import Scope
+
+    return client_for(make_key(Scope.CONSUME, name="trainer"))
+
+
+def pull(client, consumer="c1", **body):
+    resp = client.post(f"/api/v1/consumers/{consumer}/pull", {"dataset": "all", **body}, format="json")
+    assert resp.status_code == 200, resp.content
+    return resp
+
+
+def test_a_pull_leases_ready_groups_oldest_first_with_a_manifest(trainer):
+    dataset_create(name="all")
+    first = ready_group("g1")
+    group_upsert(uid="waiting", expected_rollouts=5)  # never ready: must not block the others
+    steps_ingest(
+        steps=[step_in("w-r0", 0, prompt=[1], response=[2], group="waiting", reward=1.0, is_last=True)]
+    )
+    second = ready_group("g2")
+    # when the trainer pulls one group at a time
+    body = pull(trainer, batch_size=1).json()
+    # then it gets the oldest ready group, whole, each step with its uid
+    assert [s["uid"] for s in body["batch"]["steps"]] == first
+    m = body["manifest"]
+    assert (m["dataset"], m["dataset_version"], m["units"], m["step_uids"]) == ("all", 1, 1, first)
+    assert body["lease_id"] == m["lease_id"]
+    # and the next pull the next one; the group that is not ready never comes
+    assert [s["uid"] for s in pull(trainer, batch_size=5).json()["batch"]["steps"]] == second
+    assert pull(trainer).json() == {"lease_id": None, "manifest": None, "batch": None}
+
+
+def test_each_consumer_gets_each_unit_once(trainer):
+    dataset_create(name="all")
+    for g in range(3):
+        ready_group(f"g{g}")
+    a = [s["uid"] for s in pull(trainer, consumer="a", batch_size=2).json()["batch"]["steps"]]
+    b = [s["uid"] for s in pull(trainer, consumer="a", batch_size=2).json()["batch"]["steps"]]
+    assert len(a) == 8 and len(b) == 4 and not set(a) & set(b)
+    # another consumer gets everything again
+    other = [s["uid"] for s in pull(trainer, consumer="b", batch_size=10).json()["batch"]["steps"]]
+    assert sorted(other) == sorted(a + b)
+
+
+def test_nack_and_expiry_make_a_batch_deliverable_again_and_ack_is_final(trainer):
+    dataset_create(name="all")
+    uids = ready_group("g1")
+    lease = pull(trainer).json()["lease_id"]
+    assert trainer.post(f"/api/v1/leases/{lease}/nack").json()["status"] == "released"
+    again = pull(trainer, lease_seconds=5).json()
+    assert again["manifest"]["step_uids"] == uids
+    # an expired lease: its units come back, and it can no longer be acked
+    leases_expire(now=timezone.now() + timedelta(seconds=6))
+    resp = trainer.post(f"/api/v1/leases/{again['lease_id']}/ack")
+    assert resp.status_code == 409 and resp.json()["error"]["param"] == "lease"
+    third = pull(trainer).json()
+    assert third["manifest"]["step_uids"] == uids
+    assert trainer.post(f"/api/v1/leases/{third['lease_id']}/ack").json()["status"] == "acked"
+    assert trainer.post(f"/api/v1/leases/{third['lease_id']}/ack").status_code == 200  # idempotent
+    assert pull(trainer).json()["lease_id"] is None  # consumed for good
+    assert trainer.post(f"/api/v1/leases/{third['lease_id']}/nack").status_code == 409
+
+
+def test_replay_is_byte_identical_after_ack(trainer):
+    dataset_create(name="all")
+    ready_group("g1")
+    first = pull(trainer)
+    lease = first.json()["lease_id"]
+    trainer.post(f"/api/v1/leases/{lease}/ack")
+    replay = trainer.get(f"/api/v1/leases/{lease}/batch")
+    assert replay.status_code == 200 and replay.content == first.content
+    # the manifest's content hash is the hash of the batch bytes it carries
+    import hashlib
+
+    payload = first.content[first.content.index(b'"batch":') + len(b'"batch":') : -1]
+    assert hashlib.sha256(payload).hexdigest() == first.json()["manifest"]["content_hash"]
+
+
+def test_batches_carry_policy_versions_staleness_and_masks(trainer):
+    policy_version_set(version=1)
+    dataset_create(name="all", spec={"grouping": {"short_groups": "mask", "min_rollouts": 2}})
+    ready_group("g1", version=1)
+    policy_version_set(version=3)
+    body = pull(trainer).json()
+    assert body["manifest"]["policy_versions"] == {"1": 4}
+    assert body["manifest"]["staleness"] == {"min": 2, "max": 2}
+    assert {s["staleness"] for s in body["batch"]["steps"]} == {2}
+    assert {s["mask"] for s in body["batch"]["steps"]} == {False}
+
+
+def test_step_units_for_a_dataset_of_steps(trainer):
+    dataset_create(name="all", spec={"grouping": {"keep_groups_whole": False}})
+    uids = ready_group("g1")
+    resp = trainer.post("/api/v1/consumers/c/pull", {"dataset": "all"}, format="json")
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "unit"
+    got = pull(trainer, consumer="c", unit="steps", batch_size=3).json()["manifest"]["step_uids"]
+    rest = pull(trainer, consumer="c", unit="steps", batch_size=3).json()["manifest"]["step_uids"]
+    assert sorted(got + rest) == sorted(uids) and len(got) == 3
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "status"),
+    [
+        ({"dataset": "nope"}, "dataset", 404),
+        ({"dataset": "all", "batch_size": 0}, "batch_size", 400),
+        ({"dataset": "all", "unit": "rollouts"}, "unit", 400),
+        ({"dataset": "all", "format": "padded"}, "format", 400),
+        ({"dataset": "all", "lease_seconds": "long"}, "lease_seconds", 400),
+        ({"dataset": "all", "wait": 99}, "wait", 400),
+        ({"dataset": "all", "colour": 1}, "colour", 400),
+    ],
+)
+def test_bad_pulls_name_the_field_and_lease_nothing(trainer, body, field, status):
+    dataset_create(name="all")
+    ready_group("g1")
+    resp = trainer.post("/api/v1/consumers/c/pull", body, format="json")
+    assert resp.status_code == status and resp.json()["error"]["param"] == field
+    assert Lease.objects.count() == 0 and Delivery.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_pullers_of_one_consumer_never_share_a_unit():
+    if connection.vendor != "postgresql":
+        pytest.skip("concurrent pullers need PostgreSQL (SQLite serialises writers)")
+    dataset_create(name="all")
+    expected = set()
+    for g in range(12):
+        expected.update(ready_group(f"g{g}"))
+    barrier = threading.Barrier(8)
+    got: list[list[str]] = []
+    errors: list[BaseException] = []
+
+    def puller() -> None:
+        try:
+            barrier.wait(timeout=60)
+            while True:
+                lease = consumer_pull(consumer="shared", pull=PullIn(dataset="all", batch_size=1))
+                if lease is None:
+                    return
+                got.append(orjson.loads(bytes(lease.body))["manifest"]["step_uids"])
+                lease_ack(lease_id=lease.id)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=puller) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert errors == []
+    delivered = [uid for batch in got for uid in batch]
+    # every step exactly once, in 12 one-group batches
+    assert len(got) == 12 and sorted(delivered) == sorted(expected)
