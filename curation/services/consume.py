@@ -219,7 +219,9 @@ def _claim(c: Compiled, ds: Dataset, who: Consumer, lease: Lease, pull: PullIn) 
             break
         groups = [k for k in candidates if k > 0]
         lone = [-k for k in candidates if k < 0]
-        admitted = units_admitted(c, Q(trajectory__group_id__in=groups) | Q(trajectory_id__in=lone))
+        # The candidates' steps by trajectory id (index step_curation), not through a join.
+        members = list(Trajectory.objects.filter(group_id__in=groups).values_list("id", flat=True))
+        admitted = units_admitted(c, Q(trajectory_id__in=members + lone))
         order = [k for k in candidates if k in admitted][:want]
         won = _insert(
             who,
