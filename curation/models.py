@@ -232,3 +232,26 @@ class Delivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.get_kind_display()} {self.key} -> consumer {self.consumer_id}"
+
+
+class Skip(models.Model):
+    """A ready unit a dataset version did not admit when it was offered to a consumer: it
+    is not evaluated again for that consumer under that version (a later version, with
+    other filters, looks at it afresh). Keeps a pull from re-reading the same rejected
+    units at the head of the ready queue on every call."""
+
+    consumer = models.ForeignKey(Consumer, on_delete=models.CASCADE, related_name="+", db_index=False)
+    dataset_version = models.ForeignKey(
+        DatasetVersion, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
+    kind = models.PositiveSmallIntegerField(choices=Delivery.Kind.choices)
+    key = models.BigIntegerField()
+
+    class Meta:
+        constraints = [
+            # Also serves the pull's "not skipped" check.
+            models.UniqueConstraint(fields=["consumer", "dataset_version", "kind", "key"], name="skip_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} {self.key} skipped for consumer {self.consumer_id}"

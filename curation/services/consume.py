@@ -29,7 +29,7 @@ from pool.errors import Conflict, InvalidInput, NotFound
 from pool.models import PolicyVersion, PromptGroup, Step, Trajectory
 from pool.selectors import steps_render
 
-from ..models import Consumer, Dataset, Delivery, Lease
+from ..models import Consumer, Dataset, Delivery, Lease, Skip
 from ..selectors import Compiled, dataset_steps, spec_compile, units_admitted
 from ..specs import spec_parse
 
@@ -109,7 +109,7 @@ def consumer_pull(*, consumer: str, pull: PullIn) -> Lease | None:
         c = spec_compile(spec_parse(ds.current.spec))
         steps = _claim(c, ds, who, lease, pull)
         if not steps:
-            transaction.set_rollback(True)
+            lease.delete()  # nothing leased; the units it skipped stay skipped
             return None
         _render(lease, ds, who, c, steps)
         lease.save(update_fields=["n_units", "n_steps", "content_hash", "body"])
@@ -214,7 +214,7 @@ def _claim(c: Compiled, ds: Dataset, who: Consumer, lease: Lease, pull: PullIn) 
                 taken[key] = False
             n_units += len(won)
             continue
-        candidates = _ready_units(ds, who, want * CANDIDATE_FACTOR)
+        candidates = _ready_units(ds, who, lease.dataset_version_id, want * CANDIDATE_FACTOR)
         if not candidates:
             break
         groups = [k for k in candidates if k > 0]
@@ -222,6 +222,7 @@ def _claim(c: Compiled, ds: Dataset, who: Consumer, lease: Lease, pull: PullIn) 
         # The candidates' steps by trajectory id (index step_curation), not through a join.
         members = list(Trajectory.objects.filter(group_id__in=groups).values_list("id", flat=True))
         admitted = units_admitted(c, Q(trajectory_id__in=members + lone))
+        _skip(who, lease.dataset_version_id, [k for k in candidates if k not in admitted])
         order = [k for k in candidates if k in admitted][:want]
         won = _insert(
             who,
@@ -238,30 +239,47 @@ def _claim(c: Compiled, ds: Dataset, who: Consumer, lease: Lease, pull: PullIn) 
     return taken
 
 
-def _ready_units(ds: Dataset, who: Consumer, limit: int) -> list[int]:
-    """Unit keys not delivered to this consumer, oldest-ready first: ready groups (by
-    ready_at, index group_ready) and completed trajectories without a group (by
-    completed_at), merged."""
-    group_done = Delivery.objects.filter(
-        consumer=who, dataset=ds, kind=Delivery.Kind.GROUP, key=OuterRef("pk")
-    )
+def _ready_units(ds: Dataset, who: Consumer, version_id: int, limit: int) -> list[int]:
+    """Unit keys neither delivered to this consumer nor skipped under this dataset version,
+    oldest-ready first: ready groups (by ready_at, index group_ready) and completed
+    trajectories without a group (by completed_at), merged."""
+
+    def not_taken(kind: int) -> list:
+        done = Delivery.objects.filter(consumer=who, dataset=ds, kind=kind, key=OuterRef("pk"))
+        skipped = Skip.objects.filter(
+            consumer=who, dataset_version_id=version_id, kind=kind, key=OuterRef("pk")
+        )
+        return [~Exists(done), ~Exists(skipped)]
+
     groups = list(
         PromptGroup.objects.filter(ready_at__isnull=False)
-        .filter(~Exists(group_done))
+        .filter(*not_taken(Delivery.Kind.GROUP))
         .order_by("ready_at", "id")
         .values_list("ready_at", "id")[:limit]
     )
-    lone_done = Delivery.objects.filter(
-        consumer=who, dataset=ds, kind=Delivery.Kind.TRAJECTORY, key=OuterRef("pk")
-    )
     lone = list(
         Trajectory.objects.filter(group__isnull=True, status=Trajectory.Status.COMPLETED)
-        .filter(~Exists(lone_done))
+        .filter(*not_taken(Delivery.Kind.TRAJECTORY))
         .order_by("completed_at", "id")
         .values_list("completed_at", "id")[:limit]
     )
     merged = sorted([(t, k) for t, k in groups] + [(t, -k) for t, k in lone])
     return [k for _, k in merged[:limit]]
+
+
+def _skip(who: Consumer, version_id: int, keys: list[int]) -> None:
+    """Remember units this version did not admit, so no later pull of this consumer reads
+    them again. Idempotent (a unit skipped by a concurrent pull is skipped once)."""
+    rows = [
+        Skip(
+            consumer=who,
+            dataset_version_id=version_id,
+            kind=Delivery.Kind.GROUP if k > 0 else Delivery.Kind.TRAJECTORY,
+            key=abs(k),
+        )
+        for k in keys
+    ]
+    Skip.objects.bulk_create(rows, ignore_conflicts=True)
 
 
 def _insert(who: Consumer, ds: Dataset, lease: Lease, units: list[tuple[int, int]]) -> list[tuple[int, int]]:

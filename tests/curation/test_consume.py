@@ -203,3 +203,25 @@ def test_concurrent_pullers_of_one_consumer_never_share_a_unit():
     delivered = [uid for batch in got for uid in batch]
     # every step exactly once, in 12 one-group batches
     assert len(got) == 12 and sorted(delivered) == sorted(expected)
+
+
+def test_a_batch_fills_past_ready_groups_the_dataset_does_not_admit(trainer):
+    # given ready groups, the oldest ones labelled rejected (so the dataset skips them)
+    from curation.models import Skip
+    from curation.services import steps_label
+    from pool.models import Step
+
+    dataset_create(name="all")
+    for g in range(6):
+        ready_group(f"g{g}")
+    rejected = Step.objects.filter(trajectory__group__uid__in=["g0", "g1", "g2", "g3"]).values_list(
+        "id", flat=True
+    )
+    steps_label(step_ids=list(rejected), label="rejected", actor="op")
+    # when a trainer asks for two groups
+    body = pull(trainer, batch_size=2).json()
+    # then it gets the two admitted ones, and the rejected ones are not read again
+    groups = {s["prompt_group_uid"] for s in body["batch"]["steps"]}
+    assert groups == {"g4", "g5"}
+    assert Skip.objects.count() == 4
+    assert pull(trainer).json()["lease_id"] is None

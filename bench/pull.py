@@ -1,0 +1,132 @@
+"""bench.pull: pull + ack latency of 64-step batches on W-pool at 20k and 200k steps.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres python -m bench.pull [--steps 200000] [--pulls 60]
+
+PostgreSQL only: a fresh database (claw_bench_pull_<hex>) is created, migrated and dropped.
+W-pool as in bench.curation (groups of 8 rollouts x 4 steps, 200 + 50 tokens per step), all
+written through the pool's services. A dataset admitting every ready step, whole groups:
+a 64-step batch is 2 groups. Each measured round is one ``POST /api/v1/consumers/{name}/pull``
+and one ``POST /api/v1/leases/{id}/ack`` through Django's test Client (the whole HTTP stack
+in process, a consume key), p50 and p99 over ``--pulls`` rounds, at 20k and again after
+growing the pool to ``--steps``, by a fresh consumer and by the 20k consumer continuing.
+
+Baseline, same run: ``read_p50_ms``, reading and rendering the same 64 steps by id
+(``pool.selectors.steps_render``): what serving those steps costs without any leasing.
+Prints progress on stderr and one JSON line. (Snapshot build rate: not measured yet.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+
+from bench.curation import GROUP_STEPS, VERSIONS, WPool, label_of, pool_grow, vacuum_analyze
+from tests.live import _pg_admin, _with_db
+
+BATCH_GROUPS = 2  # 64 steps
+TARGETS = {"p50_ms": 50.0, "ratio": 1.5}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=200_000)
+    p.add_argument("--pulls", type=int, default=60)
+    args = p.parse_args(argv)
+    base = os.environ.get("DATABASE_URL", "")
+    if not base.startswith(("postgres://", "postgresql://")):
+        raise SystemExit("bench.pull needs DATABASE_URL of a PostgreSQL server")
+    name = f"claw_bench_pull_{uuid.uuid4().hex[:12]}"
+    _pg_admin(base, f'CREATE DATABASE "{name}"')
+    try:
+        os.environ["DATABASE_URL"] = _with_db(base, name)
+        os.environ["DJANGO_SETTINGS_MODULE"] = "claw_site.settings.test"
+        result = run(args)
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        os.environ["DATABASE_URL"] = base
+        _pg_admin(base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    print(json.dumps(result), flush=True)
+
+
+def run(args: argparse.Namespace) -> dict:
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+    from curation.services import dataset_create
+    from pool.models import Scope
+    from pool.services import api_key_create, policy_version_set
+
+    for v in range(1, VERSIONS + 1):
+        policy_version_set(version=v)
+    dataset_create(name="all")
+    key = api_key_create(name="bench-trainer", scopes=[Scope.CONSUME])[1]
+    gen = WPool()
+    result: dict = {"workload": "W-pool", "db": "postgresql", "batch_steps": BATCH_GROUPS * GROUP_STEPS}
+    built = 0
+    for size in sorted({min(20_000, args.steps), args.steps}):
+        label = label_of(size)
+        print(f"W-pool: growing to {size:,} steps", file=sys.stderr)
+        pool_grow(gen, size // GROUP_STEPS - built)
+        built = size // GROUP_STEPS
+        vacuum_analyze()
+        fresh = measure(key, f"fresh-{label}", args.pulls)
+        result[f"p50_ms_{label}"], result[f"p99_ms_{label}"] = fresh["p50"], fresh["p99"]
+        result[f"read_p50_ms_{label}"] = fresh["read_p50"]
+        cont = measure(key, "continuing", args.pulls)
+        result[f"continuing_p50_ms_{label}"] = cont["p50"]
+        print(f"  {label}: fresh {fresh}, continuing {cont}", file=sys.stderr)
+    small, large = label_of(min(20_000, args.steps)), label_of(args.steps)
+    result["ratio"] = round(result[f"p50_ms_{large}"] / result[f"p50_ms_{small}"], 3)
+    result["snapshot_steps_per_s"] = None  # snapshots are not built by this version
+    result["targets"] = {
+        f"p50_ms_{large} <= {TARGETS['p50_ms']:g}": result[f"p50_ms_{large}"] <= TARGETS["p50_ms"],
+        f"ratio <= {TARGETS['ratio']:g}": result["ratio"] <= TARGETS["ratio"],
+    }
+    return result
+
+
+def measure(key: str, consumer: str, pulls: int) -> dict:
+    from django.test import Client
+
+    from pool.models import Step
+    from pool.selectors import steps_render
+
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {key}")
+    times, reads = [], []
+    for i in range(pulls + 2):
+        t = time.perf_counter()
+        resp = client.post(
+            f"/api/v1/consumers/{consumer}/pull",
+            {"dataset": "all", "batch_size": BATCH_GROUPS},
+            content_type="application/json",
+        )
+        body = resp.json()
+        assert resp.status_code == 200 and body["lease_id"], resp.content[:200]
+        ack = client.post(f"/api/v1/leases/{body['lease_id']}/ack")
+        assert ack.status_code == 200, ack.content[:200]
+        dt = (time.perf_counter() - t) * 1000
+        assert len(body["manifest"]["step_uids"]) == BATCH_GROUPS * GROUP_STEPS
+        t = time.perf_counter()
+        steps_render(list(Step.objects.with_context().filter(uid__in=body["manifest"]["step_uids"])))
+        if i >= 2:  # warm-up rounds are not counted
+            times.append(dt)
+            reads.append((time.perf_counter() - t) * 1000)
+    times.sort()
+    return {
+        "p50": round(statistics.median(times), 2),
+        "p99": round(times[min(len(times) - 1, int(len(times) * 0.99))], 2),
+        "read_p50": round(statistics.median(reads), 2),
+    }
+
+
+if __name__ == "__main__":
+    main()
