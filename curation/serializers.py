@@ -73,7 +73,11 @@ class PullSerializer(StrictSerializer):
         min_value=1, max_value=4096, default=64, help_text="units per batch"
     )
     unit = serializers.ChoiceField(choices=["groups", "steps"], default="groups")
-    format = serializers.ChoiceField(choices=["steps"], default="steps")
+    format = serializers.ChoiceField(
+        choices=["steps", "padded", "tree"],
+        default="steps",
+        help_text="steps: the rows as read; padded: verl-style 2-D arrays; tree: packed prefix tree",
+    )
     lease_seconds = serializers.IntegerField(min_value=1, max_value=86400, default=300)
     wait = serializers.FloatField(
         min_value=0, max_value=30, default=0, help_text="long-poll: seconds to wait for a batch"
@@ -104,7 +108,11 @@ class PullResultSerializer(serializers.Serializer):
     lease_id = serializers.UUIDField(allow_null=True, help_text="null: nothing ready for this consumer")
     manifest = ManifestSerializer(allow_null=True)
     batch = serializers.DictField(
-        allow_null=True, help_text='{"steps": [...]}: each step read, with mask and staleness'
+        allow_null=True,
+        help_text=(
+            '{"steps": [...]} (each step read, with mask and staleness), or the padded or tree '
+            "arrays with per-row uid, mask and staleness"
+        ),
     )
 
 

@@ -29,12 +29,13 @@ from pool.errors import Conflict, InvalidInput, NotFound
 from pool.models import PolicyVersion, PromptGroup, Step, Trajectory
 from pool.selectors import steps_render
 
+from ..formats import RENDERERS
 from ..models import Consumer, Dataset, Delivery, Lease, Skip
 from ..selectors import Compiled, dataset_steps, spec_compile, units_admitted
 from ..specs import spec_parse
 
 UNITS = ("groups", "steps")
-FORMATS = ("steps",)
+FORMATS = tuple(RENDERERS)  # steps, padded, tree: see curation/formats.py
 MAX_BATCH = 4096
 MAX_LEASE_SECONDS = 24 * 3600
 # Candidate units read per round (a multiple of the batch: some are not admitted, some go
@@ -64,9 +65,7 @@ def pull_validate(p: PullIn) -> None:
     if p.unit not in UNITS:
         raise InvalidInput(f"unit must be one of {list(UNITS)}", field="unit")
     if p.format not in FORMATS:
-        raise InvalidInput(
-            f"format must be one of {list(FORMATS)} (padded and tree are not served yet)", field="format"
-        )
+        raise InvalidInput(f"format must be one of {list(FORMATS)}", field="format")
     if (
         not isinstance(p.lease_seconds, int)
         or isinstance(p.lease_seconds, bool)
@@ -306,7 +305,8 @@ def _insert(who: Consumer, ds: Dataset, lease: Lease, units: list[tuple[int, int
 
 
 def _render(lease: Lease, ds: Dataset, who: Consumer, c: Compiled, taken: dict[int, bool]) -> None:
-    """The batch in the ``steps`` format, with its manifest, as the exact bytes served."""
+    """The batch in the lease's format (curation/formats.py), with its manifest, as the
+    exact bytes served."""
     steps = list(
         Step.objects.with_context().filter(id__in=list(taken)).order_by("trajectory_id", "step_index")
     )
@@ -323,7 +323,7 @@ def _render(lease: Lease, ds: Dataset, who: Consumer, c: Compiled, taken: dict[i
             else None
         )
         versions[s.policy_version_id] += 1
-    payload = dumps({"steps": rows})
+    payload = dumps(RENDERERS[lease.format](rows))
     staleness = [r["staleness"] for r in rows if r["staleness"] is not None]
     manifest = {
         "lease_id": str(lease.id),

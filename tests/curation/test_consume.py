@@ -154,7 +154,7 @@ def test_step_units_for_a_dataset_of_steps(trainer):
         ({"dataset": "nope"}, "dataset", 404),
         ({"dataset": "all", "batch_size": 0}, "batch_size", 400),
         ({"dataset": "all", "unit": "rollouts"}, "unit", 400),
-        ({"dataset": "all", "format": "padded"}, "format", 400),
+        ({"dataset": "all", "format": "parquet"}, "format", 400),
         ({"dataset": "all", "lease_seconds": "long"}, "lease_seconds", 400),
         ({"dataset": "all", "wait": 99}, "wait", 400),
         ({"dataset": "all", "colour": 1}, "colour", 400),

@@ -1,0 +1,159 @@
+"""Batch formats a trainer can pull: ``steps``, ``padded`` and ``tree``.
+
+Each public function takes the rendered step rows of one batch (``pool.selectors.steps_render``
+with ``mask`` and ``staleness`` added, in batch order) and returns the JSON-able ``batch``
+dict. Token and float arrays are numpy, which ``gateway.renderers.dumps`` (orjson) writes
+without a Python object per element. Per-row metadata lists are in row order in every format.
+
+* ``steps``: the rows as read (``{"steps": rows}``).
+* ``padded``: verl-style 2-D arrays, prompts LEFT-padded and responses RIGHT-padded with
+  token id ``PAD_TOKEN_ID`` (0). A masked step (``mask`` true) keeps its tokens but its
+  ``response_mask`` row is all 0. A null reward is written as 0.0 in ``token_level_rewards``
+  (``reward`` keeps the null).
+* ``tree``: the batch's full sequences (prompt + response) merged into the packed prefix-tree
+  layout of ``claw_client.prefix_tree`` (one forward over the unique tokens), with each
+  step's place in it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from claw_client import build_prefix_tree
+
+PAD_TOKEN_ID = 0
+TOKEN_DTYPE = np.int32  # ids, masks, positions and packed indices
+FLOAT_DTYPE = np.float64  # logprobs and rewards: as stored, no rounding
+
+Row = dict[str, Any]
+# The per-row fields every non-``steps`` format carries as plain lists, in row order.
+ROW_FIELDS = (
+    "uid",
+    "trajectory_uid",
+    "prompt_group_uid",
+    "step_index",
+    "policy_version",
+    "staleness",
+    "mask",
+)
+
+
+def steps(rows: Sequence[Row]) -> dict[str, Any]:
+    """``{"steps": rows}``: every field of each step, its token arrays exact."""
+    return {"steps": list(rows)}
+
+
+def padded(rows: Sequence[Row]) -> dict[str, Any]:
+    """verl-style padded batch: N rows, P = longest prompt, R = longest response.
+
+    Arrays (int32 unless said): ``prompts`` (N, P) left-padded; ``responses`` (N, R)
+    right-padded; ``input_ids`` (N, P + R) = prompts | responses; ``attention_mask``
+    (N, P + R) 1 on real tokens; ``response_mask`` (N, R) 1 on real response tokens of
+    unmasked steps; ``position_ids`` (N, P + R) = cumsum(attention_mask) - 1 clipped at 0;
+    ``rollout_logprobs`` (N, R) float64, 0.0 on padding and for steps without logprobs (see
+    ``has_rollout_logprobs``); ``token_level_rewards`` (N, R) float64, the step's reward at
+    its last response token (a null reward, or a step without response tokens, puts none).
+    Per row lists: ``ROW_FIELDS``, ``reward`` (null kept) and ``has_rollout_logprobs``.
+    """
+    n = len(rows)
+    plen = np.fromiter((len(r["prompt_ids"]) for r in rows), dtype=np.int64, count=n)
+    rlen = np.fromiter((len(r["response_ids"]) for r in rows), dtype=np.int64, count=n)
+    p = int(plen.max(initial=0))
+    w = int(rlen.max(initial=0))
+    prompts = np.full((n, p), PAD_TOKEN_ID, dtype=TOKEN_DTYPE)
+    responses = np.full((n, w), PAD_TOKEN_ID, dtype=TOKEN_DTYPE)
+    logprobs = np.zeros((n, w), dtype=FLOAT_DTYPE)
+    rewards = np.zeros((n, w), dtype=FLOAT_DTYPE)
+    for i, r in enumerate(rows):
+        lp, lr = int(plen[i]), int(rlen[i])
+        prompts[i, p - lp :] = r["prompt_ids"]
+        responses[i, :lr] = r["response_ids"]
+        if r["rollout_logprobs"] is not None:
+            logprobs[i, :lr] = r["rollout_logprobs"]
+        if lr and r["reward"] is not None:
+            rewards[i, lr - 1] = r["reward"]
+    cols_p, cols_r = np.arange(p), np.arange(w)
+    prompt_mask = cols_p[None, :] >= (p - plen)[:, None]
+    response_real = cols_r[None, :] < rlen[:, None]
+    attention_mask = np.concatenate([prompt_mask, response_real], axis=1).astype(TOKEN_DTYPE)
+    unmasked = ~np.fromiter((bool(r["mask"]) for r in rows), dtype=bool, count=n)
+    position_ids = np.maximum(np.cumsum(attention_mask, axis=1, dtype=TOKEN_DTYPE) - 1, 0).astype(TOKEN_DTYPE)
+    return {
+        "pad_token_id": PAD_TOKEN_ID,
+        "input_ids": np.concatenate([prompts, responses], axis=1),
+        "attention_mask": attention_mask,
+        "response_mask": (response_real & unmasked[:, None]).astype(TOKEN_DTYPE),
+        "position_ids": position_ids,
+        "prompts": prompts,
+        "responses": responses,
+        "rollout_logprobs": logprobs,
+        "token_level_rewards": rewards,
+        **_row_fields(rows),
+    }
+
+
+def tree(rows: Sequence[Row]) -> dict[str, Any]:
+    """The batch as one packed prefix tree (``claw_client.prefix_tree`` layout, U unique
+    tokens, N steps, S response tokens over all steps).
+
+    Packed arrays (U,), int32: ``input_ids``, ``position_ids``, ``parent`` (-1 at a root),
+    ``subtree_end`` (query q attends key k iff k <= q <= subtree_end[k]) and
+    ``response_mask`` (1 on a response token of at least one unmasked step).
+    Per step (N,), int32: ``lengths``, ``prompt_lens`` and ``last_index``, the packed index of
+    the step's last token (-1 for an empty step): following ``parent`` from it back to a root
+    gives the step's whole sequence, reversed. Response tokens, CSR in row order:
+    ``response_offsets`` (N + 1,) and ``response_index`` (S,) give step i's response tokens'
+    packed indices, ``response_index[response_offsets[i]:response_offsets[i + 1]]``, and
+    ``rollout_logprobs`` (S,) float64 is aligned with them (0.0 where a step has none).
+    ``stats``: n_sequences, total_tokens, unique_tokens, ratio and savings.
+    Per row lists: ``ROW_FIELDS``, ``reward`` (null kept) and ``has_rollout_logprobs``.
+    """
+    n = len(rows)
+    t = build_prefix_tree(
+        [np.concatenate([r["prompt_ids"], r["response_ids"]]) for r in rows],
+        prompt_lens=[len(r["prompt_ids"]) for r in rows],
+    )
+    masked = np.fromiter((bool(r["mask"]) for r in rows), dtype=bool, count=n)
+    counts = np.diff(t.response_offsets)
+    response_mask = np.zeros(len(t.input_ids), dtype=TOKEN_DTYPE)
+    response_mask[t.response_index[np.repeat(~masked, counts)]] = 1
+    last_index = np.full(n, -1, dtype=TOKEN_DTYPE)
+    for i in range(n):
+        if t.lengths[i]:
+            last_index[i] = t.sequence_indices(i)[-1]
+    logprobs = np.zeros(int(t.response_offsets[-1]), dtype=FLOAT_DTYPE)
+    for i, r in enumerate(rows):
+        if r["rollout_logprobs"] is not None:
+            logprobs[t.response_offsets[i] : t.response_offsets[i + 1]] = r["rollout_logprobs"]
+    return {
+        "input_ids": t.input_ids,
+        "position_ids": t.position_ids,
+        "parent": t.parent,
+        "subtree_end": t.subtree_end,
+        "response_mask": response_mask,
+        "lengths": t.lengths.astype(TOKEN_DTYPE),
+        "prompt_lens": t.prompt_lens.astype(TOKEN_DTYPE),
+        "last_index": last_index,
+        "response_offsets": t.response_offsets.astype(TOKEN_DTYPE),
+        "response_index": t.response_index,
+        "rollout_logprobs": logprobs,
+        "stats": t.stats.as_dict(),
+        **_row_fields(rows),
+    }
+
+
+def _row_fields(rows: Sequence[Row]) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {f: [r[f] for r in rows] for f in ROW_FIELDS}
+    out["reward"] = [r["reward"] for r in rows]
+    out["has_rollout_logprobs"] = [r["rollout_logprobs"] is not None for r in rows]
+    return out
+
+
+RENDERERS: dict[str, Callable[[Sequence[Row]], dict[str, Any]]] = {
+    "steps": steps,
+    "padded": padded,
+    "tree": tree,
+}
