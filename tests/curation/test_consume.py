@@ -225,3 +225,55 @@ def test_a_batch_fills_past_ready_groups_the_dataset_does_not_admit(trainer):
     assert groups == {"g4", "g5"}
     assert Skip.objects.count() == 4
     assert pull(trainer).json()["lease_id"] is None
+
+
+PULLER = """
+import json, sys
+import django
+django.setup()
+from curation.services.consume import PullIn, consumer_pull, lease_ack
+got = []
+while True:
+    lease = consumer_pull(consumer="shared", pull=PullIn(dataset="all", batch_size=1))
+    if lease is None:
+        break
+    got.append(json.loads(bytes(lease.body))["manifest"]["step_uids"])
+    lease_ack(lease_id=lease.id)
+print(json.dumps(got))
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_eight_puller_processes_share_a_consumer_without_duplicates_or_loss():
+    if connection.vendor != "postgresql":
+        pytest.skip("concurrent puller processes need PostgreSQL")
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.live import _with_db
+
+    dataset_create(name="all")
+    expected = set()
+    for g in range(16):
+        expected.update(ready_group(f"g{g}"))
+    env = {
+        **os.environ,
+        "DATABASE_URL": _with_db(os.environ["DATABASE_URL"], connection.settings_dict["NAME"]),
+    }
+    env["DJANGO_SETTINGS_MODULE"] = "claw_site.settings.test"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", PULLER], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for _ in range(8)
+    ]
+    batches = []
+    for p in procs:
+        out, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err.decode()[-2000:]
+        batches += json.loads(out.decode().strip().splitlines()[-1])
+    delivered = [uid for batch in batches for uid in batch]
+    # every step exactly once across the eight processes, one group per batch
+    assert len(batches) == 16 and sorted(delivered) == sorted(expected)
