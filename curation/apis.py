@@ -6,20 +6,23 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from django.http import HttpResponse
-from drf_spectacular.utils import extend_schema, inline_serializer
+from django.core.files.storage import default_storage
+from django.http import FileResponse, HttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
+from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gateway.auth import ConsumeScope, ReadScope, _ScopePermission, key_id_of, user_id_of
-from pool.errors import InvalidInput, NotFound
+from pool.errors import Conflict, InvalidInput, NotFound
 from pool.models import Scope, Step, Trajectory
 
 from . import selectors, services
 from . import serializers as cs
-from .models import Dataset, Lease
-from .services import consume
+from .models import Dataset, Lease, Snapshot
+from .services import consume, snapshots
 from .specs import spec_parse
 
 DATASET_FIELDS = {"name", "description", "filters", "grouping"}
@@ -311,4 +314,105 @@ def lease_render(lease: Lease) -> dict[str, Any]:
         "created_at": lease.created_at,
         "expires_at": lease.expires_at,
         "acked_at": lease.acked_at,
+    }
+
+
+# --- snapshots --------------------------------------------------------------------------------
+# Creating a snapshot starts a build (work and storage): trainers (consume keys), admin keys
+# and operators. Its status and files are reads of data any key may already read step by
+# step: read, ingest and consume keys, admin keys and operators.
+
+
+class SnapshotCreateApi(APIView):
+    permission_classes = [ConsumeScope]
+
+    @extend_schema(
+        summary='Freeze what a dataset admits now into files: {"dataset": name}; built in the background',
+        request=cs.SnapshotCreateSerializer,
+        responses={202: cs.SnapshotSerializer},
+    )
+    def post(self, request):
+        data = _body(request, {"dataset"})
+        snap = snapshots.snapshot_create(dataset=data.get("dataset"), actor=_actor(request))  # type: ignore[arg-type]
+        snap = Snapshot.objects.select_related("dataset_version__dataset").get(id=snap.id)
+        return Response(snapshot_render(snap), status=status.HTTP_202_ACCEPTED)
+
+
+class SnapshotDetailApi(APIView):
+    permission_classes = [ReadScope]
+
+    @extend_schema(
+        summary="A snapshot: status, progress and (once done) its manifest", responses=cs.SnapshotSerializer
+    )
+    def get(self, request, snapshot_id):
+        return Response(snapshot_render(_snapshot(snapshot_id)))
+
+
+class _FileNegotiation(BaseContentNegotiation):
+    """``?format=`` names the file format here, not DRF's renderer override (which would
+    404 on "jsonl"): errors render with the default (JSON) renderer."""
+
+    def select_parser(self, request, parsers):
+        return parsers[0] if parsers else None
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return renderers[0], renderers[0].media_type
+
+
+class SnapshotDownloadApi(APIView):
+    permission_classes = [ReadScope]
+    content_negotiation_class = _FileNegotiation
+
+    @extend_schema(
+        summary="Download a done snapshot's file (streamed); 409 while it is not done",
+        parameters=[
+            OpenApiParameter(
+                "format", str, enum=list(snapshots.FORMATS), description="jsonl (default) or parquet"
+            )
+        ],
+        responses={(200, "application/octet-stream"): OpenApiTypes.BINARY},
+    )
+    def get(self, request, snapshot_id):
+        fmt = request.query_params.get("format", "jsonl")
+        if fmt not in snapshots.FORMATS:
+            raise InvalidInput(f"format must be one of {list(snapshots.FORMATS)}", field="format")
+        snap = _snapshot(snapshot_id)
+        if snap.status != Snapshot.Status.DONE:
+            raise Conflict(f"snapshot {snap.id} is {snap.status}: download it once done", field="snapshot")
+        version = snap.dataset_version
+        return FileResponse(
+            default_storage.open(snap.files[fmt], "rb"),
+            as_attachment=True,
+            filename=f"{version.dataset.name}-v{version.version}-{snap.id}.{fmt}",
+            content_type=snapshots.CONTENT_TYPES[fmt],
+        )
+
+
+def _snapshot(snapshot_id) -> Snapshot:
+    snap = (
+        Snapshot.objects.select_related("dataset_version__dataset")
+        .defer("step_ids", "masked_ids")
+        .filter(id=snapshot_id)
+        .first()
+    )
+    if snap is None:
+        raise NotFound(f"snapshot {snapshot_id} does not exist", field="snapshot")
+    return snap
+
+
+def snapshot_render(snap: Snapshot) -> dict[str, Any]:
+    version = snap.dataset_version
+    return {
+        "id": str(snap.id),
+        "dataset": version.dataset.name,
+        "dataset_version": version.version,
+        "status": snap.status,
+        "progress": {"steps_done": snap.steps_done, "steps_total": snap.steps_total},
+        "content_hash": snap.content_hash,
+        "manifest": snap.manifest,
+        "formats": sorted(snap.files),
+        "error": snap.error,
+        "created_by": snap.created_by,
+        "created_at": snap.created_at,
+        "updated_at": snap.updated_at,
     }

@@ -255,3 +255,51 @@ class Skip(models.Model):
 
     def __str__(self) -> str:
         return f"{self.get_kind_display()} {self.key} skipped for consumer {self.consumer_id}"
+
+
+class Snapshot(models.Model):
+    """A frozen export of what a dataset version admitted, as JSONL and Parquet files.
+
+    The admitted step ids are frozen (``step_ids``, ascending) at the first build attempt, so
+    a retried build writes the same content. Files are written under a per-attempt folder and
+    recorded (``files``) in the same UPDATE that marks the snapshot done: a killed build
+    leaves no recorded file, and the next attempt rebuilds from scratch. Immutable once done
+    (no service writes a done snapshot)."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "pending"
+        BUILDING = "building", "building"
+        DONE = "done", "done"
+        FAILED = "failed", "failed"
+
+    id = models.UUIDField(primary_key=True)
+    dataset_version = models.ForeignKey(DatasetVersion, on_delete=models.PROTECT, related_name="snapshots")
+    status = models.CharField(max_length=8, choices=Status.choices, default=Status.PENDING)
+    steps_done = models.PositiveIntegerField(default=0)
+    steps_total = models.PositiveIntegerField(null=True, blank=True)  # known once frozen
+    # The admitted step ids, ascending, and those served masked; null until the first attempt.
+    step_ids = models.JSONField(null=True, blank=True)
+    masked_ids = models.JSONField(null=True, blank=True)
+    # The attempt that may record the result: a stale worker's final UPDATE matches nothing.
+    attempt = models.CharField(max_length=32, blank=True, default="")
+    manifest = models.JSONField(default=dict, blank=True)
+    files = models.JSONField(default=dict, blank=True)  # format -> storage name (once done)
+    content_hash = models.CharField(max_length=64, blank=True, default="")  # sha256 of the JSONL
+    error = models.TextField(blank=True, default="")
+    created_by = models.CharField(max_length=160, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=~Q(status="done") | ~Q(content_hash=""), name="snapshot_done_has_hash"
+            ),
+        ]
+        indexes = [
+            # Snapshot listings: "snapshots, newest first".
+            models.Index(fields=["created_at"], name="snapshot_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"snapshot {self.id} ({self.status})"

@@ -125,3 +125,24 @@ class LeaseSerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
     expires_at = serializers.DateTimeField()
     acked_at = serializers.DateTimeField(allow_null=True)
+
+
+class SnapshotCreateSerializer(StrictSerializer):
+    dataset = serializers.CharField(help_text="the dataset's name; its current version is frozen")
+
+
+class SnapshotSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    dataset = serializers.CharField()
+    dataset_version = serializers.IntegerField()
+    status = serializers.ChoiceField(choices=["pending", "building", "done", "failed"])
+    progress = serializers.DictField(help_text="{steps_done, steps_total} (total null until frozen)")
+    content_hash = serializers.CharField(help_text="sha256 of the JSONL file; empty until done")
+    manifest = serializers.DictField(
+        help_text="spec, counts, token statistics, policy versions, content hash, file sizes (once done)"
+    )
+    formats = serializers.ListField(child=serializers.CharField(), help_text="downloadable formats")
+    error = serializers.CharField()
+    created_by = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()

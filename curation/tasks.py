@@ -22,3 +22,19 @@ def leases_expire() -> int:
     from .services.consume import leases_expire as expire
 
     return expire()
+
+
+@shared_task(
+    name="curation.snapshot_build",
+    acks_late=True,  # a worker killed mid-build: the task is redelivered and rebuilds
+    autoretry_for=_TRANSIENT,
+    retry_backoff=True,
+    retry_backoff_max=300,
+    max_retries=5,
+)
+def snapshot_build(snapshot_id: str) -> None:
+    """Build a snapshot's files. Idempotent: a done or vanished snapshot is left alone, and
+    an interrupted build is redone from scratch with the same content."""
+    from .services.snapshots import snapshot_build as build
+
+    build(snapshot_id=snapshot_id)

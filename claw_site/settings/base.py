@@ -187,6 +187,10 @@ CELERY_BEAT_SCHEDULE = {
 STATIC_URL = "/static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 STATICFILES_DIRS = [BASE_DIR / "claw_site" / "static"]
+# Uploaded and generated files (dataset snapshots under snapshots/). FileSystemStorage creates
+# the folders on first write, so nothing is created at import time.
+MEDIA_ROOT = Path(os.environ.get("CLAW_MEDIA_ROOT", VAR_DIR / "media"))
+MEDIA_URL = "/media/"  # never served directly: snapshots are downloaded through the API
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},

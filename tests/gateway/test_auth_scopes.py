@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from curation.models import Dataset, DatasetVersion, LabelEvent, Lease
+from curation.models import Dataset, DatasetVersion, LabelEvent, Lease, Snapshot
 from curation.services import dataset_create
 from curation.services.consume import PullIn, consumer_pull
 from pool.models import Scope, Step
@@ -49,6 +49,10 @@ CONSUME = [
     ("post", "leases/{lease}/nack", None),
     ("get", "leases/{lease}/batch", None),
 ]
+# Snapshots: creating one (a build) is for trainers (consume keys), admin keys and operators;
+# its status and files are reads (any key). SNAPSHOT is filled in by the snapshot fixture.
+SNAPSHOT_CREATE = [("post", "snapshots", {"dataset": D})]
+SNAPSHOT_READS = ["snapshots/{snapshot}", "snapshots/{snapshot}/download"]
 # Reads sent as POST (a spec in the body).
 READ_POSTS = [("datasets/preview", {"filters": {}})]
 READS = [
@@ -166,6 +170,41 @@ def test_consume_matrix(seeded, django_user_model, caller, method, endpoint, bod
         assert Lease.objects.count() == leases
 
 
+@pytest.fixture
+def snapshot(seeded, settings, tmp_path) -> str:
+    """A done snapshot of the seeded dataset; returns its id."""
+    from curation.services.snapshots import snapshot_build, snapshot_create
+
+    settings.MEDIA_ROOT = tmp_path / "media"
+    snap = snapshot_create(dataset=D)
+    snapshot_build(snapshot_id=snap.id)
+    return str(snap.id)
+
+
+@pytest.mark.parametrize("caller", list(CALLERS))
+@pytest.mark.parametrize(("method", "endpoint", "body"), SNAPSHOT_CREATE, ids=[c[1] for c in SNAPSHOT_CREATE])
+def test_snapshot_create_matrix(seeded, django_user_model, caller, method, endpoint, body):
+    client = caller_client(caller, django_user_model)
+    before = Snapshot.objects.count()
+    resp = getattr(client, method)(f"/api/v1/{endpoint}", body, format="json")
+    if caller in ("consume", "admin", "operator"):
+        assert resp.status_code == 202, resp.content
+    else:
+        assert resp.status_code == (401 if caller == "anonymous" else 403), resp.content
+        assert Snapshot.objects.count() == before
+
+
+@pytest.mark.parametrize("caller", list(CALLERS))
+@pytest.mark.parametrize("endpoint", SNAPSHOT_READS)
+def test_snapshot_read_matrix(snapshot, django_user_model, caller, endpoint):
+    client = caller_client(caller, django_user_model)
+    resp = client.get(f"/api/v1/{endpoint.format(snapshot=snapshot)}")
+    if CALLERS[caller][1]:
+        assert resp.status_code == 200, resp.content
+    else:
+        assert resp.status_code == (401 if caller == "anonymous" else 403), resp.content
+
+
 @pytest.mark.parametrize("caller", list(CALLERS))
 @pytest.mark.parametrize(("endpoint", "body"), READ_POSTS, ids=[r[0] for r in READ_POSTS])
 def test_read_by_post_matrix(seeded, django_user_model, caller, endpoint, body):
@@ -213,6 +252,10 @@ def test_the_matrix_covers_every_api_route():
         covered.setdefault(f"/api/v1/{path}", set()).add(method)
     for endpoint, _ in READ_POSTS:
         covered.setdefault(template(endpoint), set()).add("post")
+    for method, endpoint, _ in SNAPSHOT_CREATE:
+        covered.setdefault(f"/api/v1/{endpoint}", set()).add(method)
+    for endpoint in SNAPSHOT_READS:
+        covered.setdefault(f"/api/v1/{endpoint.replace('{snapshot}', '{snapshot_id}')}", set()).add("get")
     # then each one is exercised above (a new endpoint must join the matrix)
     assert covered == api_routes()
 
