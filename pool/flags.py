@@ -41,11 +41,13 @@ TRAINABLE_VALUES = [
 # The bits a trajectory and its group decide (set together by trajectories_refresh).
 TRAJECTORY_BITS = int(Readiness.TRAJECTORY_COMPLETE | Readiness.GROUP_COMPLETE)
 
+# Plain ints (not IntFlag members): ``value & bit`` on an enum costs ~2 us, on an int 30 ns,
+# and every step read turns its bits into names.
 READINESS_NAMES: dict[str, int] = {
-    "tokens_exact": Readiness.TOKENS_EXACT,
-    "reward_final": Readiness.REWARD_FINAL,
-    "trajectory_complete": Readiness.TRAJECTORY_COMPLETE,
-    "group_complete": Readiness.GROUP_COMPLETE,
+    "tokens_exact": int(Readiness.TOKENS_EXACT),
+    "reward_final": int(Readiness.REWARD_FINAL),
+    "trajectory_complete": int(Readiness.TRAJECTORY_COMPLETE),
+    "group_complete": int(Readiness.GROUP_COMPLETE),
 }
 
 
@@ -62,14 +64,17 @@ class Quality(enum.IntFlag):
 
 
 QUALITY_NAMES: dict[str, int] = {
-    "empty": Quality.EMPTY,
-    "truncated": Quality.TRUNCATED,
-    "repetition": Quality.REPETITION,
-    "drift": Quality.DRIFT,
-    "missing_logprobs": Quality.MISSING_LOGPROBS,
-    "too_long": Quality.TOO_LONG,
-    "duplicate": Quality.DUPLICATE,
-    "zero_variance": Quality.ZERO_VARIANCE,
+    name: int(q)
+    for name, q in (
+        ("empty", Quality.EMPTY),
+        ("truncated", Quality.TRUNCATED),
+        ("repetition", Quality.REPETITION),
+        ("drift", Quality.DRIFT),
+        ("missing_logprobs", Quality.MISSING_LOGPROBS),
+        ("too_long", Quality.TOO_LONG),
+        ("duplicate", Quality.DUPLICATE),
+        ("zero_variance", Quality.ZERO_VARIANCE),
+    )
 }
 GROUP_QUALITY = int(Quality.DUPLICATE | Quality.ZERO_VARIANCE)
 
