@@ -88,13 +88,12 @@ class Batch:
     def __enter__(self) -> Batch:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> None:
         if self:
             if exc_type is None:
                 self.ack()
             else:
                 self.nack()
-        return False
 
     def _lease_client(self) -> ClawClient:
         if self._client is None:
