@@ -21,6 +21,8 @@ def test_claw_client_imports_without_django_or_torch():
         "assert tree.stats.unique_tokens == 5, tree.stats\n"
         "body = claw_client.encode_step_batch([{'trajectory_uid': 't', 'step_index': 0, 'prompt_ids': [1], 'response_ids': [2]}])\n"
         "assert isinstance(body, bytes)\n"
+        "assert 'httpx' not in sys.modules  # the HTTP client is imported on first use\n"
+        "assert claw_client.ClawClient.__name__ == 'ClawClient' and claw_client.steps_to_numpy\n"
         "print('ok')\n"
     )
     # when claw_client is imported and used there

@@ -1,0 +1,330 @@
+"""An HTTP client of the Claw-R1 API for agents and trainers (httpx; no Django).
+
+Agents submit steps, open and complete trajectories, post rewards, events and feedback.
+Trainers pull batches under leases::
+
+    with ClawClient(url, key) as claw:
+        with claw.pull("train", consumer="ppo") as batch:   # acks on exit, nacks if it raises
+            if batch:
+                train(batch.steps)                        # token arrays as numpy
+
+A pull that finds nothing ready returns an empty Batch: falsy, and its ``with`` block does
+not ack or nack anything. Errors are ``ClawError`` built from the server's error body.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import numpy as np
+
+from .prefix_tree import TOKEN_DTYPE
+from .wire import MSGPACK, encode_step_batch
+
+# The server stores rollout logprobs as little-endian float64 (pool.tokens.LOGPROB_DTYPE).
+LOGPROB_DTYPE = np.dtype("<f8")
+# The server caps a long-poll at 30 s; an endless iterator waits that long per pull.
+FOREVER_WAIT_SECONDS = 30.0
+
+
+class ClawError(Exception):
+    """An error answer of the server: HTTP status and the body's error type, message, param."""
+
+    def __init__(
+        self, status: int, type: str, message: str, param: str | None = None, code: str | None = None
+    ):
+        super().__init__(f"{status} {type}: {message}" + (f" (param {param})" if param else ""))
+        self.status = status
+        self.type = type
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+class Batch:
+    """One pull's answer: ``lease_id``, ``manifest``, the ``batch`` as parsed JSON and the
+    ``raw`` bytes served. Empty (falsy, all None) when nothing was ready.
+
+    As a context manager it acks the lease when its block ends normally and nacks it when the
+    block raises (the exception propagates); an empty batch does neither.
+    """
+
+    def __init__(self, raw: bytes, client: ClawClient | None = None):
+        self.raw = raw
+        body = json.loads(raw)
+        self.lease_id: str | None = body.get("lease_id")
+        self.manifest: dict[str, Any] | None = body.get("manifest")
+        self.batch: dict[str, Any] | None = body.get("batch")
+        self._client = client
+        self._steps: list[dict[str, Any]] | None = None
+
+    def __bool__(self) -> bool:
+        return self.lease_id is not None
+
+    def __len__(self) -> int:
+        return len(self.batch["steps"]) if self.batch else 0
+
+    def __repr__(self) -> str:
+        return f"Batch(lease_id={self.lease_id!r}, steps={len(self)})"
+
+    @property
+    def steps(self) -> list[dict[str, Any]]:
+        """The steps with token ids and rollout logprobs as numpy arrays (``batch`` keeps the
+        JSON as served)."""
+        if self._steps is None:
+            self._steps = steps_to_numpy(self.batch["steps"] if self.batch else [])
+        return self._steps
+
+    def ack(self) -> dict[str, Any] | None:
+        return self._lease_client().ack(self.lease_id) if self else None  # type: ignore[arg-type]
+
+    def nack(self) -> dict[str, Any] | None:
+        return self._lease_client().nack(self.lease_id) if self else None  # type: ignore[arg-type]
+
+    def __enter__(self) -> Batch:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self:
+            if exc_type is None:
+                self.ack()
+            else:
+                self.nack()
+
+    def _lease_client(self) -> ClawClient:
+        if self._client is None:
+            raise RuntimeError("this Batch is not bound to a ClawClient")
+        return self._client
+
+
+def steps_to_numpy(steps: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Copies of ``steps`` (the steps format) with ``prompt_ids`` and ``response_ids`` as int32
+    arrays and ``rollout_logprobs`` as float64 arrays (None stays None)."""
+    out = []
+    for s in steps:
+        row = dict(s)
+        row["prompt_ids"] = np.asarray(s["prompt_ids"], dtype=TOKEN_DTYPE)
+        row["response_ids"] = np.asarray(s["response_ids"], dtype=TOKEN_DTYPE)
+        if s.get("rollout_logprobs") is not None:
+            row["rollout_logprobs"] = np.asarray(s["rollout_logprobs"], dtype=LOGPROB_DTYPE)
+        out.append(row)
+    return out
+
+
+class ClawClient:
+    """The API at ``base_url`` (e.g. ``http://host:8000``) with one API key. Closes its
+    connection pool when used as a context manager, or by ``close()``."""
+
+    def __init__(self, base_url: str, api_key: str, *, timeout: float = 60.0, **httpx_kwargs: Any):
+        self.base_url = base_url.rstrip("/")
+        self.http = httpx.Client(
+            base_url=f"{self.base_url}/api/v1",
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=timeout,
+            **httpx_kwargs,
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> ClawClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- agents -----------------------------------------------------------------------------
+    def submit_steps(self, steps: list[dict[str, Any]], *, msgpack: bool = False) -> dict[str, Any]:
+        """Submit a batch of steps (atomic, idempotent by uid); ``msgpack`` sends MessagePack
+        with token arrays packed (wire.encode_step_batch)."""
+        if msgpack:
+            return self._json(
+                "POST", "/steps", content=encode_step_batch(steps), headers={"Content-Type": MSGPACK}
+            )
+        return self._json("POST", "/steps", json={"steps": steps})
+
+    def open_trajectory(
+        self,
+        uid: str | None = None,
+        *,
+        prompt_group_uid: str | None = None,
+        channel: str | None = None,
+        policy_version: int | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Create a trajectory (idempotent by uid); the answer holds its capability ``base_url``."""
+        body = _present(
+            uid=uid,
+            prompt_group_uid=prompt_group_uid,
+            channel=channel,
+            policy_version=policy_version,
+            metadata=metadata,
+        )
+        return self._json("POST", "/trajectories", json=body)
+
+    def complete_trajectory(
+        self,
+        uid: str,
+        reward: float | None = None,
+        status: str = "completed",
+        *,
+        reward_source: str | None = None,
+    ) -> dict[str, Any]:
+        body = _present(reward=reward, status=status, reward_source=reward_source)
+        return self._json("POST", f"/trajectories/{quote(uid, safe='')}/complete", json=body)
+
+    def complete_trajectories(self, completions: Iterable[dict[str, Any]]) -> int:
+        """End many trajectories at once (all or none): items ``{"uid", "reward", "status"}``."""
+        return self._json("POST", "/trajectory-completions", json={"completions": list(completions)})[
+            "completed"
+        ]
+
+    def rewards(self, rewards: Iterable[dict[str, Any]]) -> dict[str, Any]:
+        """Late rewards: items ``{"step_uid" | "trajectory_uid", "reward", "final"}``."""
+        return self._json("POST", "/rewards", json={"rewards": list(rewards)})
+
+    def event(
+        self,
+        type: str,
+        *,
+        payload: dict[str, Any] | None = None,
+        trajectory_uid: str | None = None,
+        step_uid: str | None = None,
+        occurred_at: str | None = None,
+    ) -> dict[str, Any]:
+        body = _present(
+            type=type,
+            payload=payload,
+            trajectory_uid=trajectory_uid,
+            step_uid=step_uid,
+            occurred_at=occurred_at,
+        )
+        return self._json("POST", "/events", json=body)
+
+    def feedback(
+        self,
+        *,
+        step_uid: str | None = None,
+        trajectory_uid: str | None = None,
+        rating: float | None = None,
+        label: str | None = None,
+        correction: str | None = None,
+        comment: str | None = None,
+        author: str | None = None,
+    ) -> dict[str, Any]:
+        body = _present(
+            step_uid=step_uid,
+            trajectory_uid=trajectory_uid,
+            rating=rating,
+            label=label,
+            correction=correction,
+            comment=comment,
+            author=author,
+        )
+        return self._json("POST", "/feedback", json=body)
+
+    def set_policy_version(
+        self, version: int, *, current: bool = True, metadata: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        body = _present(version=version, current=current, metadata=metadata)
+        return self._json("POST", "/policy-versions", json=body)
+
+    # --- datasets (admin keys) --------------------------------------------------------------
+    def create_dataset(
+        self,
+        name: str,
+        *,
+        filters: dict[str, Any] | None = None,
+        grouping: dict[str, Any] | None = None,
+        description: str = "",
+    ) -> dict[str, Any]:
+        body = _present(name=name, filters=filters, grouping=grouping, description=description)
+        return self._json("POST", "/datasets", json=body)
+
+    # --- trainers ---------------------------------------------------------------------------
+    def pull(
+        self,
+        dataset: str,
+        *,
+        consumer: str,
+        batch_size: int = 64,
+        unit: str = "groups",
+        format: str = "steps",
+        lease_seconds: int = 300,
+        wait: float = 0,
+    ) -> Batch:
+        """Lease the next batch of ``dataset`` to ``consumer`` (long-polls up to ``wait``
+        seconds). An empty, falsy Batch when nothing is ready."""
+        body = {
+            "dataset": dataset,
+            "batch_size": batch_size,
+            "unit": unit,
+            "format": format,
+            "lease_seconds": lease_seconds,
+            "wait": wait,
+        }
+        resp = self._request("POST", f"/consumers/{quote(consumer, safe='')}/pull", json=body)
+        return Batch(resp.content, self)
+
+    def batches(
+        self, dataset: str, *, consumer: str, forever: bool = False, wait: float = 0, **pull: Any
+    ) -> Iterator[Batch]:
+        """Pull and yield batches until one pull finds nothing ready; with ``forever``, keep
+        long-polling (``wait``, else 30 s per pull) instead. Each batch is the caller's to ack
+        (``with batch:``): one left alone is redelivered when its lease expires."""
+        if forever and not wait:
+            wait = FOREVER_WAIT_SECONDS
+        while True:
+            batch = self.pull(dataset, consumer=consumer, wait=wait, **pull)
+            if batch:
+                yield batch
+            elif not forever:
+                return
+
+    def ack(self, lease_id: str) -> dict[str, Any]:
+        """The batch was consumed: its units are done for this consumer (idempotent)."""
+        return self._json("POST", f"/leases/{lease_id}/ack")
+
+    def nack(self, lease_id: str) -> dict[str, Any]:
+        """Give the batch back: its units are deliverable again."""
+        return self._json("POST", f"/leases/{lease_id}/nack")
+
+    def replay(self, lease_id: str) -> bytes:
+        """The lease's pull answer exactly as first served, byte for byte."""
+        return self._request("GET", f"/leases/{lease_id}/batch").content
+
+    def replay_batch(self, lease_id: str) -> Batch:
+        return Batch(self.replay(lease_id), self)
+
+    # --- transport --------------------------------------------------------------------------
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self._request(method, path, **kwargs).json()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        resp = self.http.request(method, path, **kwargs)
+        if resp.status_code >= 400:
+            raise _error_of(resp)
+        return resp
+
+
+def _present(**fields: Any) -> dict[str, Any]:
+    """The fields that were given (not None): the server applies its own defaults."""
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def _error_of(resp: httpx.Response) -> ClawError:
+    try:
+        err = resp.json()["error"]
+        return ClawError(
+            resp.status_code,
+            err.get("type") or "error",
+            err.get("message") or "",
+            err.get("param"),
+            err.get("code"),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return ClawError(resp.status_code, "http_error", resp.text[:500] or resp.reason_phrase)

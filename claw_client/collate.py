@@ -1,0 +1,83 @@
+"""Torch tensors of a batch in the ``steps`` format (torch imported when first used).
+
+Prompts are left-padded and responses right-padded, so every response starts at the same
+column (``input_ids = cat(prompts, responses)``), the layout of verl-style PPO trainers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def collate_steps(batch: Any, *, pad_id: int = 0) -> dict[str, Any]:
+    """Tensors of the steps of ``batch`` (a client Batch, a pull answer or its ``{"steps": [...]}``
+    or a list of steps), one row per step:
+
+    - ``prompts`` (B, P) left-padded, ``responses`` (B, R) right-padded, int64;
+    - ``input_ids`` (B, P + R), ``attention_mask`` (B, P + R) and ``position_ids`` (B, P + R,
+      0 at each row's first real token);
+    - ``response_mask`` (B, R) bool; ``rollout_logprobs`` (B, R) float32 (0 where absent);
+    - ``rewards`` (B,) float32 (0 where None) with ``has_reward`` (B,) bool;
+    - ``step_mask`` (B,) bool: the step is trained on (False: context of a whole group);
+    - ``step_uids``: the uids, in row order.
+    """
+    import torch
+
+    steps = _steps_of(batch)
+    n = len(steps)
+    p = max((len(s["prompt_ids"]) for s in steps), default=0)
+    r = max((len(s["response_ids"]) for s in steps), default=0)
+    prompts = torch.full((n, p), pad_id, dtype=torch.long)
+    responses = torch.full((n, r), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((n, p), dtype=torch.bool)
+    response_mask = torch.zeros((n, r), dtype=torch.bool)
+    logprobs = torch.zeros((n, r), dtype=torch.float32)
+    for i, s in enumerate(steps):
+        prompt = torch.as_tensor(_ints(s["prompt_ids"]), dtype=torch.long)
+        response = torch.as_tensor(_ints(s["response_ids"]), dtype=torch.long)
+        if len(prompt):
+            prompts[i, p - len(prompt) :] = prompt
+            prompt_mask[i, p - len(prompt) :] = True
+        responses[i, : len(response)] = response
+        response_mask[i, : len(response)] = True
+        if s.get("rollout_logprobs") is not None:
+            lp = torch.as_tensor(_floats(s["rollout_logprobs"]), dtype=torch.float32)
+            logprobs[i, : len(lp)] = lp
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+    rewards = [s.get("reward") for s in steps]
+    return {
+        "prompts": prompts,
+        "responses": responses,
+        "input_ids": torch.cat([prompts, responses], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "response_mask": response_mask,
+        "rollout_logprobs": logprobs,
+        "rewards": torch.tensor([x if x is not None else 0.0 for x in rewards], dtype=torch.float32),
+        "has_reward": torch.tensor([x is not None for x in rewards], dtype=torch.bool),
+        "step_mask": torch.tensor([bool(s.get("mask", True)) for s in steps], dtype=torch.bool),
+        "step_uids": [s.get("uid") for s in steps],
+    }
+
+
+def _steps_of(batch: Any) -> list[dict[str, Any]]:
+    if hasattr(batch, "steps") and not isinstance(batch, dict):
+        return batch.steps  # a client Batch: token arrays already numpy
+    if isinstance(batch, dict):
+        if "steps" in batch:  # the batch of a pull answer
+            return list(batch["steps"])
+        return list((batch.get("batch") or {}).get("steps") or [])  # a whole pull answer
+    return list(batch)
+
+
+def _ints(x: Any) -> Any:
+    import numpy as np
+
+    return np.asarray(x, dtype=np.int64)
+
+
+def _floats(x: Any) -> Any:
+    import numpy as np
+
+    return np.asarray(x, dtype=np.float32)

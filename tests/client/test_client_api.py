@@ -1,0 +1,155 @@
+"""ClawClient against a real server process (tests/live.py): an agent writes steps and ends
+trajectories, a trainer pulls under leases (ack on success, nack on failure), replays byte
+for byte, and gets the server's errors as ClawError."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from claw_client import Batch, ClawClient, ClawError, collate_steps
+from tests.live import LiveServer, live_server
+
+pytestmark = pytest.mark.live
+
+KEYS = """
+from pool.services import api_key_create
+for name, scope in (("agent", "ingest"), ("trainer", "consume"), ("admin", "admin")):
+    print(api_key_create(name=name, scopes=[scope])[1])
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[tuple[LiveServer, dict[str, str]]]:
+    var_dir = tmp_path_factory.mktemp("srv")
+    with live_server(var_dir) as srv:
+        # One Django start for the three keys (each manage.py call costs a second or two).
+        agent, trainer, admin = srv.manage("shell", "-c", KEYS).strip().splitlines()[-3:]
+        yield srv, {"agent": agent, "trainer": trainer, "admin": admin}
+
+
+def steps_of(uid: str, n: int = 2) -> list[dict]:
+    prompt = [1, 2, 3]
+    out = []
+    for i in range(n):
+        out.append(
+            {
+                "trajectory_uid": uid,
+                "step_index": i,
+                "prompt_ids": prompt,
+                "response_ids": [10 + i, 11 + i],
+                "rollout_logprobs": [-0.5, -0.25],
+                "is_last": i == n - 1,
+            }
+        )
+        prompt = [*prompt, 10 + i, 11 + i, 7]
+    return out
+
+
+def test_agent_writes_and_trainer_pulls_acks_nacks_and_replays(server):
+    srv, keys = server
+    with (
+        ClawClient(srv.url, keys["agent"]) as agent,
+        ClawClient(srv.url, keys["trainer"]) as trainer,
+        ClawClient(srv.url, keys["admin"]) as admin,
+    ):
+        # given an agent that opened three trajectories, submitted their steps (JSON and
+        # MessagePack) and ended them with rewards, one by one and in a batch
+        opened = agent.open_trajectory("c-t0", metadata={"task": "x"})
+        assert opened["uid"] == "c-t0" and opened["base_url"]
+        assert agent.submit_steps(steps_of("c-t0"))["created"] == 2
+        assert agent.submit_steps(steps_of("c-t1") + steps_of("c-t2"), msgpack=True)["created"] == 4
+        assert agent.submit_steps(steps_of("c-t0"))["duplicates"] == 2  # idempotent by uid
+        assert agent.complete_trajectory("c-t0", reward=1.0)["status"] == "completed"
+        assert (
+            agent.complete_trajectories(
+                [{"uid": "c-t1", "reward": 0.0}, {"uid": "c-t2", "reward": 0.5, "status": "completed"}]
+            )
+            == 2
+        )
+        assert agent.event("tool_call", trajectory_uid="c-t0", payload={"tool": "grep"})["recorded"] == 1
+        assert agent.feedback(trajectory_uid="c-t0", rating=1.0, label="good")["id"]
+        assert agent.set_policy_version(3)["version"] == 3
+        # and a dataset made with an admin key
+        assert admin.create_dataset("c-all")["version"] == 1
+
+        # when the trainer pulls one trajectory and its block ends normally
+        with trainer.pull("c-all", consumer="c1", batch_size=1) as batch:
+            assert isinstance(batch, Batch) and batch
+            first = batch.manifest["step_uids"]
+            assert [s["uid"] for s in batch.batch["steps"]] == first
+            step = batch.steps[0]
+            assert step["prompt_ids"].dtype == np.int32 and step["response_ids"].tolist() == [10, 11]
+            assert step["rollout_logprobs"].tolist() == [-0.5, -0.25]
+            assert isinstance(batch.batch["steps"][0]["prompt_ids"], list)  # the JSON as served
+        # then it was acked: the next pull gets another trajectory
+        with trainer.pull("c-all", consumer="c1", batch_size=1) as second:
+            assert set(second.manifest["step_uids"]).isdisjoint(first)
+        assert trainer.replay(batch.lease_id) == batch.raw  # byte-identical, after ack too
+        assert trainer.replay_batch(batch.lease_id).manifest == batch.manifest
+
+        # when a block raises, the batch is nacked and the same units come again
+        with pytest.raises(RuntimeError, match="train step failed"):
+            with trainer.pull("c-all", consumer="c1", batch_size=1) as failing:
+                third = failing.manifest["step_uids"]
+                raise RuntimeError("train step failed")
+        assert set(third).isdisjoint(first + second.manifest["step_uids"])
+        again = trainer.pull("c-all", consumer="c1", batch_size=1)
+        assert again.manifest["step_uids"] == third
+        assert trainer.ack(again.lease_id)["status"] == "acked"
+
+        # then everything is consumed: an empty, falsy batch whose block does nothing
+        with trainer.pull("c-all", consumer="c1") as empty:
+            assert not empty and empty.lease_id is None and empty.steps == [] and len(empty) == 0
+        # and another consumer iterates over all of it again
+        seen = []
+        for b in trainer.batches("c-all", consumer="c2", batch_size=2):
+            with b:
+                seen += b.manifest["step_uids"]
+        assert sorted(seen) == sorted(first + second.manifest["step_uids"] + third)
+
+        # collate: left-padded prompts, right-padded responses
+        t = collate_steps(batch)
+        assert t["input_ids"].shape[0] == len(first) == t["rewards"].shape[0]
+        assert t["response_mask"].all() and t["attention_mask"][:, -1].all()
+
+
+def test_bad_input_raises_claw_error_with_the_param(server):
+    srv, keys = server
+    with ClawClient(srv.url, keys["trainer"]) as trainer, ClawClient(srv.url, keys["agent"]) as agent:
+        with pytest.raises(ClawError) as e:
+            trainer.pull("c-none", consumer="c1", batch_size=0)
+        assert (e.value.status, e.value.param) == (400, "batch_size")
+        assert e.value.type == "invalid_request_error" and "batch_size" in e.value.message
+        with pytest.raises(ClawError) as e:
+            trainer.pull("c-none", consumer="c1")
+        assert (e.value.status, e.value.param) == (404, "dataset")
+        with pytest.raises(ClawError) as e:
+            agent.submit_steps(
+                [{"trajectory_uid": "x", "step_index": -1, "prompt_ids": [1], "response_ids": [2]}]
+            )
+        assert e.value.status == 400 and "step_index" in (e.value.param or "")
+        # a key without the consume scope
+        with pytest.raises(ClawError) as e:
+            agent.pull("c-none", consumer="c1")
+        assert e.value.status == 403
+
+
+def test_collate_pads_prompts_left_and_responses_right():
+    pytest.importorskip("torch")
+    steps = [
+        {"uid": "a", "prompt_ids": [1, 2, 3], "response_ids": [4], "reward": 1.0, "mask": True},
+        {"uid": "b", "prompt_ids": [5], "response_ids": [6, 7, 8], "rollout_logprobs": [-1, -2, -3]},
+    ]
+    t = collate_steps({"steps": steps}, pad_id=0)
+    assert t["prompts"].tolist() == [[1, 2, 3], [0, 0, 5]]
+    assert t["responses"].tolist() == [[4, 0, 0], [6, 7, 8]]
+    assert t["input_ids"].tolist() == [[1, 2, 3, 4, 0, 0], [0, 0, 5, 6, 7, 8]]
+    assert t["attention_mask"].tolist() == [[1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1]]
+    assert t["position_ids"].tolist() == [[0, 1, 2, 3, 3, 3], [0, 0, 0, 1, 2, 3]]
+    assert t["response_mask"].tolist() == [[1, 0, 0], [1, 1, 1]]
+    assert t["rollout_logprobs"].tolist() == [[0, 0, 0], [-1, -2, -3]]
+    assert t["rewards"].tolist() == [1.0, 0.0] and t["has_reward"].tolist() == [True, False]
+    assert t["step_uids"] == ["a", "b"] and t["step_mask"].tolist() == [True, True]
