@@ -1,0 +1,237 @@
+"""A tiny GRPO trainer on Claw-R1: pull tree batches, one packed forward, policy gradient, ack,
+bump the policy version.
+
+Each training step:
+
+1. pulls one batch in the ``tree`` format through ``ClawClient.pull`` (a context manager:
+   the lease is acked when the block ends normally, nacked if it raises);
+2. runs ONE forward of a tiny randomly initialised causal transformer over the packed prefix
+   tree (``position_ids`` = depth, the tree attention mask from ``subtree_end`` through
+   ``claw_client.tree_attention_mask``) and gathers every step's response-token logprobs via
+   ``response_index`` (the logit row at ``parent[q]`` predicts token ``q``);
+3. computes GRPO advantages, ``(r - mean) / (std + eps)`` per ``prompt_group_uid`` (masked
+   steps weigh 0), and the loss ``-mean(w * A * logprob)`` over the response tokens of
+   unmasked steps, where ``w`` is the truncated importance ratio ``min(exp(lp -
+   rollout_lp), cap)`` (detached) for steps that came with rollout logprobs, else 1;
+4. takes an Adam step, leaves the ``with`` block (ack), then ``set_policy_version(v + 1)``,
+   which the server's curation uses for staleness/freshness.
+
+One JSON line per step is printed. No Django: only ``claw_client``, numpy and torch.
+
+Run from the repository root against a server, with a consume key (it pulls and publishes
+policy versions)::
+
+    python -m examples.grpo_tiny --url http://127.0.0.1:8000 --key $CLAW_KEY \\
+        --dataset grpo --consumer grpo-tiny --steps 3 --batch-size 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Callable, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from claw_client import ClawClient, token_logprobs, tree_attention_mask
+
+VOCAB = 64  # token ids are taken modulo this: the model is tiny, the ids are not
+MAX_POSITIONS = 1024  # positions (tree depths) are clamped to this
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, u, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (t.view(b, u, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # bool: True = may attend
+        x = x + self.proj(a.transpose(1, 2).reshape(b, u, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyLM(nn.Module):
+    """A 2-layer pre-norm causal transformer with learned positions. Causality comes entirely
+    from the mask it is given (the tree mask is causal along every root-to-leaf path)."""
+
+    def __init__(self, vocab: int = VOCAB, d: int = 32, layers: int = 2, heads: int = 2):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(MAX_POSITIONS, d)
+        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        x = self.tok(input_ids) + self.pos(position_ids.clamp(max=MAX_POSITIONS - 1))
+        for blk in self.blocks:
+            x = blk(x, mask)
+        return self.head(self.ln(x))  # (1, U, V)
+
+
+def grpo_advantages(
+    rewards: Sequence[float | None], groups: Sequence[str | None], masked: Sequence[bool], eps: float = 1e-6
+) -> np.ndarray:
+    """Per row ``(r - mean) / (std + eps)`` over the unmasked rows of its prompt group (a row
+    without a group is its own group, advantage 0). Masked rows get 0; a null reward counts 0."""
+    r = np.array([0.0 if x is None else float(x) for x in rewards], dtype=np.float64)
+    keep = ~np.asarray(masked, dtype=bool)
+    adv = np.zeros(len(r), dtype=np.float64)
+    keys = [g if g is not None else f"\0row{i}" for i, g in enumerate(groups)]
+    for key in dict.fromkeys(keys):
+        rows = np.array([i for i, k in enumerate(keys) if k == key and keep[i]], dtype=np.int64)
+        if len(rows):
+            vals = r[rows]
+            adv[rows] = (vals - vals.mean()) / (vals.std() + eps)
+    return adv
+
+
+def policy_loss(model: TinyLM, tree: dict[str, Any], ratio_cap: float = 2.0) -> tuple[torch.Tensor, dict]:
+    """The GRPO loss of one ``tree`` batch from one packed forward, and its stats."""
+    ids = np.asarray(tree["input_ids"], dtype=np.int64) % VOCAB
+    pos = np.asarray(tree["position_ids"], dtype=np.int64)
+    parent = np.asarray(tree["parent"], dtype=np.int64)
+    offsets = np.asarray(tree["response_offsets"], dtype=np.int64)
+    index = np.asarray(tree["response_index"], dtype=np.int64)
+    counts = np.diff(offsets)
+
+    mask = tree_attention_mask(np.asarray(tree["subtree_end"], dtype=np.int64))  # (1, 1, U, U)
+    logits = model(torch.from_numpy(ids)[None], torch.from_numpy(pos)[None], mask)
+    # Step i's response tokens are index[offsets[i]:offsets[i+1]]: gather their logprobs (a
+    # token shared by several steps is gathered once per step, from the same logit row).
+    lp = token_logprobs(logits, SimpleNamespace(parent=parent, input_ids=ids), index)  # (S,)
+
+    masked = [bool(m) for m in tree["mask"]]
+    adv = grpo_advantages(tree["reward"], tree["prompt_group_uid"], masked)
+    tok_adv = torch.from_numpy(np.repeat(adv, counts)).float()
+    tok_keep = torch.from_numpy(np.repeat(~np.asarray(masked, dtype=bool), counts))
+    has_old = torch.from_numpy(np.repeat(np.asarray(tree["has_rollout_logprobs"], dtype=bool), counts))
+    old = torch.as_tensor(np.asarray(tree["rollout_logprobs"], dtype=np.float64)).float()
+    # Root tokens have no context (NaN): a response never starts at a root, but be safe.
+    valid = tok_keep & ~torch.isnan(lp)
+    lp = torch.nan_to_num(lp)
+    ratio = torch.where(has_old, torch.exp(lp.detach() - old).clamp(max=ratio_cap), torch.ones_like(lp))
+    n = int(valid.sum())
+    loss = -(ratio * tok_adv * lp * valid).sum() / max(n, 1)
+    stats = {
+        "response_tokens": n,
+        "mean_logprob": float(lp.detach()[valid].mean()) if n else 0.0,
+        "mean_reward": float(np.mean([r for r in tree["reward"] if r is not None] or [0.0])),
+    }
+    return loss, stats
+
+
+def train(
+    client: ClawClient,
+    dataset: str,
+    consumer: str,
+    steps: int,
+    *,
+    batch_size: int = 2,
+    model: TinyLM | None = None,
+    lr: float = 1e-2,
+    policy_version: int | None = None,
+    version_client: ClawClient | None = None,
+    seed: int = 0,
+    log: Callable[[str], Any] | None = print,
+) -> list[dict[str, Any]]:
+    """``steps`` GRPO steps on ``dataset`` as ``consumer``; one stats dict per step.
+
+    A pull that finds nothing ready ends training early (the stats list is then shorter).
+    After each acked step the policy version becomes ``v + 1`` (``policy_version`` is the
+    starting v, default 0), set through ``version_client`` (default ``client``).
+    """
+    torch.manual_seed(seed)
+    model = model if model is not None else TinyLM()
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    version = policy_version or 0
+    versions = version_client or client
+    out: list[dict[str, Any]] = []
+    for step in range(steps):
+        with client.pull(dataset, consumer=consumer, batch_size=batch_size, format="tree") as batch:
+            if not batch:
+                break
+            tree = batch.batch
+            loss, extra = policy_loss(model, tree)
+            if not math.isfinite(loss.item()):
+                raise FloatingPointError(f"non-finite loss {float(loss)}")  # nacks the lease
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            lease = batch.lease_id
+        # acked: the policy that made these gradients is the next version
+        version += 1
+        versions.set_policy_version(version)
+        st = tree["stats"]
+        row = {
+            "step": step,
+            "loss": loss.item(),
+            "steps": len(tree["uid"]),
+            "groups": len({g for g in tree["prompt_group_uid"] if g is not None}),
+            "unique_tokens": st["unique_tokens"],
+            "total_tokens": st["total_tokens"],
+            "policy_version": version,
+            "lease_id": lease,
+            **extra,
+        }
+        out.append(row)
+        if log is not None:
+            log(json.dumps(row))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", default=os.environ.get("CLAW_URL", "http://127.0.0.1:8000"))
+    p.add_argument("--key", default=os.environ.get("CLAW_API_KEY"), help="consume key (env CLAW_API_KEY)")
+    p.add_argument("--version-key", default=None, help="key for policy versions (default: --key)")
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--consumer", default="grpo-tiny")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=2, help="prompt groups per pull")
+    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--start-version", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    if not a.key:
+        p.error("--key (or CLAW_API_KEY) is required")
+    with ClawClient(a.url, a.key) as claw:
+        vclient = ClawClient(a.url, a.version_key) if a.version_key else None
+        try:
+            train(
+                claw,
+                a.dataset,
+                a.consumer,
+                a.steps,
+                batch_size=a.batch_size,
+                lr=a.lr,
+                policy_version=a.start_version,
+                version_client=vclient,
+                seed=a.seed,
+            )
+        finally:
+            if vclient is not None:
+                vclient.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
