@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -28,9 +29,9 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from pool import flags, tokens
 from pool.errors import InvalidInput, NotFound
 from pool.models import Feedback, Step
-from pool.selectors import steps_render
 from pool.tasks import enqueue_on_commit
 
 from ..models import Dataset, Snapshot, StepTag
@@ -220,13 +221,13 @@ def _write(
     ):
         writer = pq.ParquetWriter(parquet.name, PARQUET_SCHEMA)
         try:
-            for n, rows in enumerate(_chunks(snap.step_ids or [], masked, chunk_size), start=1):
-                for row in rows:
+            for n, chunk in enumerate(_chunks(snap.step_ids or [], masked, chunk_size), start=1):
+                for row in chunk.rows:
                     line = orjson.dumps(row, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY) + b"\n"
                     jsonl.write(line)
                     digest.update(line)
                     stats.add(row)
-                writer.write_table(_table(rows))
+                writer.write_table(_table(chunk))
                 Snapshot.objects.filter(id=snap.id, attempt=snap.attempt).update(
                     steps_done=stats.steps, updated_at=timezone.now()
                 )
@@ -256,17 +257,59 @@ def _write(
     return files, manifest
 
 
-def _chunks(step_ids: list[int], masked: set[int], size: int) -> Iterator[list[dict[str, Any]]]:
-    """The frozen steps, rendered, ``size`` at a time in id order (keyset: id > the last)."""
+# The step fields a row is built from, read as tuples (no model instances, no datetimes).
+_STEP_FIELDS = (
+    "id",
+    "uid",
+    "trajectory_id",
+    "trajectory__uid",
+    "trajectory__group__uid",
+    "step_index",
+    "prompt_len",
+    "rollout_logprobs",
+    "reward",
+    "reward_source",
+    "policy_version_id",
+    "token_source",
+    "drift",
+    "quality_flags",
+    "readiness",
+    "label",
+    "metadata",
+)
+
+
+class _Chunk:
+    """One chunk of rendered steps: the JSONL rows (token columns as numpy arrays, which
+    orjson writes exactly as the lists they hold) and the raw token bytes per row, from
+    which the Parquet list columns are built in bulk."""
+
+    __slots__ = ("rows", "prompts", "responses", "logprobs")
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.prompts: list[bytes] = []
+        self.responses: list[bytes] = []
+        self.logprobs: list[bytes | None] = []
+
+
+def _chunks(step_ids: list[int], masked: set[int], size: int) -> Iterator[_Chunk]:
+    """The frozen steps, rendered, ``size`` at a time in id order (keyset: id > the last).
+
+    Each row holds exactly what pool.selectors.steps_render gives for the written fields
+    (tests/curation/test_snapshots.py compares them), read as plain tuples: no Step,
+    Trajectory and PromptGroup instances nor their timestamps are built."""
     last = 0
+    readiness_names, quality_names = flags.READINESS_NAMES, flags.QUALITY_NAMES
+    names = flags.names
     while True:
         start = bisect.bisect_right(step_ids, last)  # the first id after the last chunk's
         ids = step_ids[start : start + size]
         if not ids:
             return
-        steps = list(Step.objects.with_context().filter(id__in=ids).order_by("id"))
+        steps = list(Step.objects.filter(id__in=ids).order_by("id").values_list(*_STEP_FIELDS))
         if len(steps) != len(ids):
-            gone = sorted(set(ids) - {s.id for s in steps})
+            gone = sorted(set(ids) - {s[0] for s in steps})
             raise NotFound(
                 f"step id {gone[0]} was deleted after the snapshot was requested", field="snapshot"
             )
@@ -275,7 +318,7 @@ def _chunks(step_ids: list[int], masked: set[int], size: int) -> Iterator[list[d
             StepTag.objects.filter(step_id__in=ids).order_by("step_id", "tag").values_list("step_id", "tag")
         ):
             tags.setdefault(sid, []).append(tag)
-        trajs = {s.trajectory_id for s in steps}
+        trajs = {s[2] for s in steps}
         feedback: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for f in (
             Feedback.objects.filter(Q(step_id__in=ids) | Q(trajectory_id__in=trajs, step__isnull=True))
@@ -284,28 +327,97 @@ def _chunks(step_ids: list[int], masked: set[int], size: int) -> Iterator[list[d
         ):
             sid, tid = f.pop("step_id"), f.pop("trajectory_id")
             feedback.setdefault(("s", sid) if sid is not None else ("t", tid), []).append(f)
-        rows = []
-        for s, r in zip(steps, steps_render(steps), strict=True):
-            row = {c: r[c] for c in COLUMNS if c in r}
-            row["prompt_ids"] = r["prompt_ids"].tolist()
-            row["response_ids"] = r["response_ids"].tolist()
-            lp = r["rollout_logprobs"]
-            row["rollout_logprobs"] = lp.tolist() if lp is not None else None
-            row["tags"] = tags.get(s.id, [])
-            # The step's own feedback, then its trajectory's, each oldest first.
-            row["feedback"] = feedback.get(("s", s.id), []) + feedback.get(("t", s.trajectory_id), [])
-            row["mask"] = s.id in masked
-            rows.append(row)
-        yield rows
+        full = tokens.load_sequences(ids)
+        chunk = _Chunk()
+        for (
+            sid,
+            uid,
+            traj_id,
+            traj_uid,
+            group_uid,
+            step_index,
+            prompt_len,
+            lp,
+            reward,
+            reward_source,
+            policy_version,
+            token_source,
+            drift,
+            quality,
+            readiness,
+            label,
+            metadata,
+        ) in steps:
+            seq = full[sid]
+            cut = prompt_len * tokens.TOKEN_BYTES
+            prompt, response = seq[:cut], seq[cut:]
+            lp = bytes(lp) if lp is not None else None
+            chunk.prompts.append(prompt)
+            chunk.responses.append(response)
+            chunk.logprobs.append(lp)
+            chunk.rows.append(
+                {
+                    "uid": uid,
+                    "trajectory_uid": traj_uid,
+                    "prompt_group_uid": group_uid,
+                    "step_index": step_index,
+                    "prompt_ids": np.frombuffer(prompt, dtype=tokens.TOKEN_DTYPE),
+                    "response_ids": np.frombuffer(response, dtype=tokens.TOKEN_DTYPE),
+                    "rollout_logprobs": (
+                        np.frombuffer(lp, dtype=tokens.LOGPROB_DTYPE) if lp is not None else None
+                    ),
+                    "reward": reward,
+                    "reward_source": reward_source,
+                    "policy_version": policy_version,
+                    "token_source": token_source,
+                    "drift": drift,
+                    "quality_flags": names(quality, quality_names),
+                    "readiness": names(readiness, readiness_names),
+                    "label": label or None,
+                    "tags": tags.get(sid, []),
+                    # The step's own feedback, then its trajectory's, each oldest first.
+                    "feedback": feedback.get(("s", sid), []) + feedback.get(("t", traj_id), []),
+                    "mask": sid in masked,
+                    "metadata": metadata,
+                }
+            )
+        yield chunk
         last = ids[-1]
 
 
-def _table(rows: list[dict[str, Any]]) -> pa.Table:
-    cols: dict[str, list[Any]] = {c: [] for c in COLUMNS}
-    for row in rows:
-        for c in COLUMNS:
-            cols[c].append(orjson.dumps(row[c]).decode() if c == "metadata" else row[c])
-    return pa.Table.from_pydict(cols, schema=PARQUET_SCHEMA)
+def _list_column(parts: list[bytes | None], dtype: np.dtype, value_type: pa.DataType) -> pa.Array:
+    """A list column from each row's raw little-endian values (None: a null list), built
+    from one buffer and its offsets instead of a Python list per row."""
+    lengths = np.fromiter(
+        (len(p) // dtype.itemsize if p is not None else 0 for p in parts), dtype=np.int32, count=len(parts)
+    )
+    offsets = np.zeros(len(parts) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    values = pa.array(
+        np.frombuffer(b"".join(p for p in parts if p is not None), dtype=dtype), type=value_type
+    )
+    nulls = [p is None for p in parts]
+    mask = pa.array(nulls, type=pa.bool_()) if any(nulls) else None
+    return pa.ListArray.from_arrays(pa.array(offsets), values, type=pa.list_(value_type), mask=mask)
+
+
+def _table(chunk: _Chunk) -> pa.Table:
+    rows = chunk.rows
+    vectors = {
+        "prompt_ids": _list_column(chunk.prompts, tokens.TOKEN_DTYPE, pa.int32()),
+        "response_ids": _list_column(chunk.responses, tokens.TOKEN_DTYPE, pa.int32()),
+        "rollout_logprobs": _list_column(chunk.logprobs, tokens.LOGPROB_DTYPE, pa.float64()),
+    }
+    arrays = []
+    for field in PARQUET_SCHEMA:
+        c = field.name
+        if c in vectors:
+            arrays.append(vectors[c])
+        elif c == "metadata":
+            arrays.append(pa.array([orjson.dumps(r[c]).decode() for r in rows], type=field.type))
+        else:
+            arrays.append(pa.array([r[c] for r in rows], type=field.type))
+    return pa.Table.from_arrays(arrays, schema=PARQUET_SCHEMA)
 
 
 class _Stats:
