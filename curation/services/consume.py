@@ -18,7 +18,6 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q
@@ -26,6 +25,7 @@ from django.utils import timezone
 
 from gateway.renderers import dumps
 from pool.errors import Conflict, InvalidInput, NotFound
+from pool.ingest import backends
 from pool.models import PolicyVersion, PromptGroup, Step, Trajectory
 from pool.selectors import steps_render
 
@@ -282,25 +282,29 @@ def _skip(who: Consumer, version_id: int, keys: list[int]) -> None:
 
 
 def _insert(who: Consumer, ds: Dataset, lease: Lease, units: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Insert Delivery rows; returns those this call inserted (the others belong to a
-    concurrent pull). ``ON CONFLICT DO NOTHING RETURNING``: PostgreSQL and SQLite >= 3.35."""
-    if not units:
-        return []
-    q = connection.ops.quote_name
-    now = connection.ops.adapt_datetimefield_value(timezone.now())
-    one = "(%s, %s, %s, %s, %s, %s)"
-    lease_id = Lease._meta.pk.get_db_prep_value(lease.id, connection)  # hex on SQLite, uuid on PostgreSQL
-    params: list[Any] = []
-    for kind, key in units:
-        params += [who.id, ds.id, int(kind), key, lease_id, now]
-    sql = (
-        f"INSERT INTO {q(Delivery._meta.db_table)} (consumer_id, dataset_id, kind, {q('key')}, lease_id, created_at) "
-        f"VALUES {', '.join([one] * len(units))} ON CONFLICT (consumer_id, dataset_id, kind, {q('key')}) DO NOTHING "
-        f"RETURNING kind, {q('key')}"
-    )
-    with connection.cursor() as cur:
-        cur.execute(sql, params)
-        won = {(int(k), int(v)) for k, v in cur.fetchall()}
+    """Claim units with Delivery rows; returns those this call won (the others belong to
+    a concurrent pull of the same consumer). One statement (backends.rows_insert_new)."""
+    now = timezone.now()
+    rows = [
+        backends.new_instance(
+            Delivery,
+            {
+                "consumer_id": who.id,
+                "dataset_id": ds.id,
+                "kind": int(kind),
+                "key": key,
+                "lease_id": lease.id,
+                "created_at": now,
+            },
+        )
+        for kind, key in units
+    ]
+    won = {
+        (int(k), int(v))
+        for k, v in backends.rows_insert_new(
+            rows, conflict=("consumer_id", "dataset_id", "kind", "key"), returning=("kind", "key")
+        )
+    }
     return [u for u in units if (int(u[0]), u[1]) in won]
 
 

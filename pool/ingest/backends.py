@@ -77,19 +77,34 @@ def backend() -> Backend:
 
 # --- statements both backends run ---------------------------------------------------------------
 def trajectories_insert(rows: Sequence[Trajectory]) -> list[tuple]:
-    """Insert trajectory rows that do not exist yet; returns TRAJ_COLS of those inserted.
+    """Insert trajectory rows that do not exist yet; returns TRAJ_COLS of those inserted
+    (a row another writer inserted first is simply not returned: the caller reads it)."""
+    return rows_insert_new(rows, conflict=("uid",), returning=TRAJ_COLS)
 
-    ``INSERT ... ON CONFLICT (uid) DO NOTHING RETURNING``: one race-safe statement; a row
-    another writer inserted first is simply not returned (the caller reads it)."""
-    cols = _columns(Trajectory)
+
+def rows_insert_new(
+    rows: Sequence[models.Model], *, conflict: Sequence[str], returning: Sequence[str]
+) -> list[tuple]:
+    """Insert unsaved rows of one model unless a row with the same ``conflict`` columns
+    exists; returns the ``returning`` columns of the rows this call inserted.
+
+    ``INSERT ... ON CONFLICT (...) DO NOTHING RETURNING``: one race-safe statement on
+    PostgreSQL and SQLite >= 3.35. Under concurrency exactly one writer inserts each row
+    (PostgreSQL waits for the other's transaction), so the returned rows are what this
+    writer won: trajectories created on first sight, a trainer's claimed units."""
+    if not rows:
+        return []
+    model = type(rows[0])
+    cols = _columns(model)
     q = connection.ops.quote_name
     params: list[Any] = []
     for row in rows:
         params.extend(_param(f, conv, row) for f, conv in cols)
     one = f"({', '.join(['%s'] * len(cols))})"
     sql = (
-        f"INSERT INTO {q(Trajectory._meta.db_table)} ({', '.join(q(str(f.column)) for f, _ in cols)}) "
-        f"VALUES {', '.join([one] * len(rows))} ON CONFLICT (uid) DO NOTHING RETURNING {', '.join(TRAJ_COLS)}"
+        f"INSERT INTO {q(model._meta.db_table)} ({', '.join(q(str(f.column)) for f, _ in cols)}) "
+        f"VALUES {', '.join([one] * len(rows))} ON CONFLICT ({', '.join(q(c) for c in conflict)}) DO NOTHING "
+        f"RETURNING {', '.join(q(c) for c in returning)}"
     )
     with connection.cursor() as cur:
         cur.execute(sql, params)
@@ -393,6 +408,9 @@ def column_converter(field: models.Field) -> Callable[[Any], Any] | None:
         return _bytes
     if isinstance(field, models.DateTimeField) and connection.vendor != "postgresql":
         return connection.ops.adapt_datetimefield_value
+    target = field.target_field if field.is_relation else field
+    if isinstance(target, models.UUIDField) and connection.vendor != "postgresql":
+        return _uuid_hex  # Django stores UUIDs as 32 hex characters where there is no uuid type
     return None
 
 
@@ -406,6 +424,10 @@ def _json(value: Any) -> Any:
 
 def _orjson_dumps(value: Any) -> str:
     return orjson.dumps(value).decode()
+
+
+def _uuid_hex(value: Any) -> str:
+    return value.hex
 
 
 def _bytes(value: Any) -> bytes:
