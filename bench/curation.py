@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import sys
@@ -59,7 +58,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tests.live import _pg_admin, _with_db
+from bench.pgdb import fresh_database
 
 # The admin changelist measured (one constant, so the filter can be switched).
 ADMIN_STEP_URL = "/admin/pool/step/?readiness=ready&quality=truncated"
@@ -398,21 +397,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--runs", type=int, default=20, help="timed runs per latency figure")
     p.add_argument("--readiness-steps", type=int, default=12_000)
     args = p.parse_args(argv)
-    base = os.environ.get("DATABASE_URL", "")
-    if not base.startswith(("postgres://", "postgresql://")):
-        raise SystemExit("bench.curation needs DATABASE_URL of a PostgreSQL server")
-    name = f"claw_bench_curation_{uuid.uuid4().hex[:12]}"
-    _pg_admin(base, f'CREATE DATABASE "{name}"')
-    try:
-        os.environ["DATABASE_URL"] = _with_db(base, name)
-        os.environ["DJANGO_SETTINGS_MODULE"] = "claw_site.settings.test"
+    with fresh_database("curation"):
         result = run(args)
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        os.environ["DATABASE_URL"] = base
-        _pg_admin(base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     print(json.dumps(result), flush=True)
 
 

@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
-import uuid
 
 from bench.curation import GROUP_STEPS, VERSIONS, WPool, label_of, pool_grow, vacuum_analyze
-from tests.live import _pg_admin, _with_db
+from bench.pgdb import fresh_database
 
 BATCH_GROUPS = 2  # 64 steps
 TARGETS = {"p50_ms": 50.0, "ratio": 1.5, "snapshot_steps_per_s": 5_000.0}
@@ -39,21 +37,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=200_000)
     p.add_argument("--pulls", type=int, default=60)
     args = p.parse_args(argv)
-    base = os.environ.get("DATABASE_URL", "")
-    if not base.startswith(("postgres://", "postgresql://")):
-        raise SystemExit("bench.pull needs DATABASE_URL of a PostgreSQL server")
-    name = f"claw_bench_pull_{uuid.uuid4().hex[:12]}"
-    _pg_admin(base, f'CREATE DATABASE "{name}"')
-    try:
-        os.environ["DATABASE_URL"] = _with_db(base, name)
-        os.environ["DJANGO_SETTINGS_MODULE"] = "claw_site.settings.test"
+    with fresh_database("pull"):
         result = run(args)
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        os.environ["DATABASE_URL"] = base
-        _pg_admin(base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     print(json.dumps(result), flush=True)
 
 
