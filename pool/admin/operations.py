@@ -35,8 +35,20 @@ class PolicyVersionAdmin(admin.ModelAdmin):
     list_display = ("version", "is_current", "created_at")
 
 
+class TargetedAdmin(admin.ModelAdmin):
+    """Lists of rows about a step or a trajectory (rewards, events, feedback): the target in
+    the same query, heavy columns left behind, no full count."""
+
+    list_select_related = ("step", "trajectory")
+    list_per_page = 100
+    show_full_result_count = False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return with_targets(super().get_queryset(request))
+
+
 @admin.register(RewardEvent)
-class RewardEventAdmin(admin.ModelAdmin):
+class RewardEventAdmin(TargetedAdmin):
     list_display = (
         "id",
         "step",
@@ -49,39 +61,21 @@ class RewardEventAdmin(admin.ModelAdmin):
     )
     list_filter = ("reward_source", "final")
     raw_id_fields = ("step", "trajectory", "source")
-    list_select_related = ("step", "trajectory")
-    list_per_page = 100
-    show_full_result_count = False
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return with_targets(super().get_queryset(request))
 
 
 @admin.register(Event)
-class EventAdmin(admin.ModelAdmin):
+class EventAdmin(TargetedAdmin):
     list_display = ("id", "type", "trajectory", "step", "created_at")
     list_filter = ("type",)
     raw_id_fields = ("trajectory", "step", "source")
-    list_select_related = ("step", "trajectory")
-    list_per_page = 100
-    show_full_result_count = False
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return with_targets(super().get_queryset(request))
 
 
 @admin.register(Feedback)
-class FeedbackAdmin(admin.ModelAdmin):
+class FeedbackAdmin(TargetedAdmin):
     list_display = ("id", "step", "trajectory", "rating", "label", "author", "created_at")
     list_filter = ("label",)
     search_fields = ("step__uid", "trajectory__uid", "author")
     raw_id_fields = ("trajectory", "step", "source", "user")
-    list_select_related = ("step", "trajectory")
-    list_per_page = 100
-    show_full_result_count = False
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return with_targets(super().get_queryset(request))
 
 
 @admin.register(MergeResult)
