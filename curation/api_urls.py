@@ -12,6 +12,7 @@ urlpatterns = [
     path("datasets/<str:name>", apis.DatasetDetailApi.as_view(), name="dataset-detail"),
     path("datasets/<str:name>/preview", apis.DatasetPreviewApi.as_view(), name="dataset-preview"),
     path("labels", apis.LabelApi.as_view(), name="labels"),
+    path("consumers/<str:name>", apis.ConsumerDetailApi.as_view(), name="consumer-detail"),
     path("consumers/<str:name>/pull", apis.PullApi.as_view(), name="consumer-pull"),
     path("leases/<uuid:lease_id>/ack", apis.LeaseAckApi.as_view(), name="lease-ack"),
     path("leases/<uuid:lease_id>/nack", apis.LeaseNackApi.as_view(), name="lease-nack"),

@@ -25,7 +25,7 @@ from .models import Dataset, Lease, Snapshot
 from .services import consume, snapshots
 from .specs import spec_parse
 
-DATASET_FIELDS = {"name", "description", "filters", "grouping"}
+DATASET_FIELDS = {"name", "description", "filters", "grouping", "serving"}
 MAX_LABEL_TARGETS = 10_000
 
 
@@ -53,7 +53,7 @@ def _body(request, allowed: set[str]) -> dict[str, Any]:
 
 
 def _spec_of(data: dict[str, Any]) -> dict[str, Any]:
-    return {k: data[k] for k in ("filters", "grouping") if data.get(k) is not None}
+    return {k: data[k] for k in ("filters", "grouping", "serving") if data.get(k) is not None}
 
 
 def dataset_render(ds: Dataset, *, versions: bool = False) -> dict[str, Any]:
@@ -302,6 +302,21 @@ class LeaseBatchApi(APIView):
         if lease is None:
             raise NotFound(f"lease {lease_id} does not exist", field="lease")
         return HttpResponse(bytes(lease.body), content_type="application/json")
+
+
+class ConsumerDetailApi(APIView):
+    permission_classes = [ConsumeScope]
+
+    @extend_schema(
+        summary="A consumer's progress per dataset: leases, delivered and pending units, and "
+        "the units dropped for it, by reason (filtered, stale, capacity)",
+        responses=OpenApiTypes.OBJECT,
+    )
+    def get(self, request, name: str):
+        found = selectors.consumer_status(name)
+        if found is None:
+            raise NotFound(f"consumer {name!r} has never pulled", field="name")
+        return Response(found)
 
 
 def lease_render(lease: Lease) -> dict[str, Any]:

@@ -91,6 +91,8 @@ SPEC_FIELDS: dict[str, tuple[str, str]] = {
     "keep_groups_whole": ("grouping", "bool"),
     "min_rollouts": ("grouping", "int"),
     "short_groups": ("grouping", "str"),
+    "stale_after": ("serving", "int"),
+    "capacity": ("serving", "int"),
 }
 
 
@@ -137,6 +139,18 @@ class DatasetForm(forms.Form):
     short_groups = forms.ChoiceField(
         choices=[("drop", "drop short groups"), ("mask", "mask bad rollouts")], initial="drop"
     )
+    stale_after = forms.IntegerField(
+        required=False,
+        min_value=0,
+        label="Drop units staler than",
+        help_text="policy versions, when offered to a consumer (counted)",
+    )
+    capacity = forms.IntegerField(
+        required=False,
+        min_value=1,
+        label="Consumer capacity",
+        help_text="ready units waiting per consumer; the oldest beyond it are dropped (counted)",
+    )
     advanced = forms.BooleanField(required=False, label="Edit the JSON spec directly")
     spec = forms.CharField(widget=forms.Textarea(attrs={"rows": 12, "spellcheck": "false"}), required=False)
     name = forms.CharField(max_length=64, required=False, help_text="an existing name gets a new version")
@@ -171,7 +185,7 @@ class DatasetForm(forms.Form):
             except json.JSONDecodeError as exc:
                 raise InvalidInput(f"the spec is not JSON: {exc}", field="spec") from None
             return raw
-        raw: dict[str, dict[str, Any]] = {"filters": {}, "grouping": {}}
+        raw: dict[str, dict[str, Any]] = {"filters": {}, "grouping": {}, "serving": {}}
         for name, (section, kind) in SPEC_FIELDS.items():
             value = d.get(name)
             if kind == "csv":

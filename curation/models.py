@@ -235,10 +235,17 @@ class Delivery(models.Model):
 
 
 class Skip(models.Model):
-    """A ready unit a dataset version did not admit when it was offered to a consumer: it
-    is not evaluated again for that consumer under that version (a later version, with
-    other filters, looks at it afresh). Keeps a pull from re-reading the same rejected
-    units at the head of the ready queue on every call."""
+    """A ready unit dropped for a consumer when it was offered, and why: the dataset
+    version did not admit it (``filtered``), or its serving rules dropped it (``stale``,
+    ``capacity``; specs.Serving). It is not evaluated again for that consumer under that
+    version (a later version, with other rules, looks at it afresh), which keeps a pull from
+    re-reading the same rejected units at the head of the ready queue; the rows are also
+    the consumer's drop counters (selectors.consumer_status)."""
+
+    class Reason(models.IntegerChoices):
+        FILTERED = 1, "filtered"
+        STALE = 2, "stale"
+        CAPACITY = 3, "capacity"
 
     consumer = models.ForeignKey(Consumer, on_delete=models.CASCADE, related_name="+", db_index=False)
     dataset_version = models.ForeignKey(
@@ -246,15 +253,17 @@ class Skip(models.Model):
     )
     kind = models.PositiveSmallIntegerField(choices=Delivery.Kind.choices)
     key = models.BigIntegerField()
+    reason = models.PositiveSmallIntegerField(choices=Reason.choices, default=Reason.FILTERED)
+    steps = models.PositiveIntegerField(null=True, blank=True)  # the unit's steps, where known
 
     class Meta:
         constraints = [
-            # Also serves the pull's "not skipped" check.
+            # Also serves the pull's "not skipped" check and the drop counters (a prefix).
             models.UniqueConstraint(fields=["consumer", "dataset_version", "kind", "key"], name="skip_once"),
         ]
 
     def __str__(self) -> str:
-        return f"{self.get_kind_display()} {self.key} skipped for consumer {self.consumer_id}"
+        return f"{self.get_kind_display()} {self.key} dropped ({self.get_reason_display()}) for consumer {self.consumer_id}"
 
 
 class Snapshot(models.Model):

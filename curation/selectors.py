@@ -51,7 +51,18 @@ from pool.flags import names as flag_names
 from pool.models import Feedback, PolicyVersion, PromptGroup, RewardEvent, Step, Trajectory
 from pool.selectors import steps_render
 
-from .models import Dataset, DatasetVersion, LabelEvent, ReviewClaim, ReviewQueue, StepTag
+from .models import (
+    Consumer,
+    Dataset,
+    DatasetVersion,
+    Delivery,
+    LabelEvent,
+    Lease,
+    ReviewClaim,
+    ReviewQueue,
+    Skip,
+    StepTag,
+)
 from .specs import Filters, Spec, spec_parse
 
 _LABEL_VALUE = {"none": "", "accepted": "accepted", "rejected": "rejected", "quarantined": "quarantined"}
@@ -557,3 +568,75 @@ def review_queues_list() -> list[tuple[ReviewQueue, dict[str, int]]]:
 
 def review_queue_get(name: str) -> ReviewQueue | None:
     return ReviewQueue.objects.select_related("dataset__current").filter(name=name).first()
+
+
+# --- consumers -------------------------------------------------------------------------------
+def consumer_status(name: str) -> dict[str, Any] | None:
+    """A consumer's progress per dataset it pulled from: its leases by status, the units
+    delivered to it, the ready units still waiting for it (under the dataset's current
+    version), and the units dropped for it, by reason (Skip rows; specs.Serving). None if it
+    never pulled. A few grouped counts on indexed columns."""
+    consumer = Consumer.objects.filter(name=name).first()
+    if consumer is None:
+        return None
+    datasets: dict[int, dict[str, Any]] = {}
+
+    def entry(dataset_id: int) -> dict[str, Any]:
+        return datasets.setdefault(
+            dataset_id,
+            {
+                "leases": {s.value: 0 for s in Lease.Status},
+                "delivered_units": 0,
+                "dropped": {r.label: 0 for r in Skip.Reason},
+                "dropped_steps": {r.label: 0 for r in Skip.Reason},
+            },
+        )
+
+    leases = (
+        Lease.objects.filter(consumer=consumer)
+        .values_list("dataset_version__dataset_id", "status")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    for dataset_id, status, n in leases:
+        entry(dataset_id)["leases"][status] = n
+    delivered = (
+        Delivery.objects.filter(consumer=consumer)
+        .values_list("dataset_id")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    for dataset_id, n in delivered:
+        entry(dataset_id)["delivered_units"] = n
+    current_skips: dict[int, int] = {}
+    skips = (
+        Skip.objects.filter(consumer=consumer)
+        .values_list("dataset_version__dataset_id", "dataset_version_id", "reason")
+        .annotate(n=Count("id"), steps=Coalesce(Sum("steps"), 0))
+        .order_by()
+    )
+    current = dict(
+        Dataset.objects.filter(id__in={row[0] for row in skips} | set(datasets)).values_list(
+            "id", "current_id"
+        )
+    )
+    for dataset_id, version_id, reason, n, steps in skips:
+        e = entry(dataset_id)
+        label = Skip.Reason(reason).label
+        e["dropped"][label] += n
+        e["dropped_steps"][label] += steps
+        if version_id == current.get(dataset_id):
+            current_skips[dataset_id] = current_skips.get(dataset_id, 0) + n
+    ready = (
+        PromptGroup.objects.filter(ready_at__isnull=False).count()
+        + Trajectory.objects.filter(group__isnull=True, status=Trajectory.Status.COMPLETED).count()
+        if datasets
+        else 0
+    )
+    names = dict(Dataset.objects.filter(id__in=list(datasets)).values_list("id", "name"))
+    out = []
+    for dataset_id, e in sorted(datasets.items(), key=lambda kv: names.get(kv[0], "")):
+        # Units a group-unit pull could still offer (steps-unit pulls count steps instead).
+        pending = max(0, ready - e["delivered_units"] - current_skips.get(dataset_id, 0))
+        out.append({"dataset": names.get(dataset_id), **e, "pending_units": pending})
+    return {"name": consumer.name, "created_at": consumer.created_at, "datasets": out}

@@ -1,7 +1,7 @@
 """The dataset spec: what a dataset admits (filters) and how it keeps GRPO groups whole
-(grouping). Parsed strictly: an unknown or mistyped field is an InvalidInput naming it.
+(grouping), and what a consumer is spared at delivery (serving). Parsed strictly: an unknown or mistyped field is an InvalidInput naming it.
 
-    {"filters": {...}, "grouping": {...}}
+    {"filters": {...}, "grouping": {...}, "serving": {...}}
 
 Empty filters admit every ready step except those an operator rejected or quarantined
 (``exclude_labels`` defaults to both; set it to [] to admit them). Every field is
@@ -63,9 +63,25 @@ class Grouping(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_de
     short_groups: Literal["drop", "mask"] = "drop"
 
 
+class Serving(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=False):
+    """Rules applied per consumer when a unit is offered to a pull. A unit they drop is never
+    served to that consumer, and the drop is counted with its reason (``Skip.reason``;
+    ``GET /api/v1/consumers/{name}``)."""
+
+    # Freshness (an off-policy bound): a unit with a step more than this many policy
+    # versions behind the current one when it is offered is dropped ("stale"). Steps without
+    # a policy version count as stale; with no current version nothing is.
+    stale_after: int | None = None
+    # Capacity (a bounded buffer): at most this many ready units wait for a consumer; when
+    # more are ready, the oldest beyond it are dropped ("capacity"), so a slow trainer
+    # keeps to recent data instead of an ever-growing backlog.
+    capacity: int | None = None
+
+
 class Spec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=False):
     filters: Filters = msgspec.field(default_factory=Filters)
     grouping: Grouping = msgspec.field(default_factory=Grouping)
+    serving: Serving = msgspec.field(default_factory=Serving)
 
 
 _AT = re.compile(r" - at `\$\.?(.*)`$")
@@ -81,15 +97,15 @@ def spec_parse(raw: Any, *, field: str = "") -> Spec:
         spec = msgspec.convert(raw, Spec)
     except msgspec.ValidationError as exc:
         raise InvalidInput(str(exc), field=_field_of(str(exc), field)) from None
-    f, g = spec.filters, spec.grouping
-    for name, value in (
-        ("filters.max_staleness", f.max_staleness),
-        ("grouping.min_rollouts", g.min_rollouts),
+    f, g, s = spec.filters, spec.grouping, spec.serving
+    for name, value, least in (
+        ("filters.max_staleness", f.max_staleness, 0),
+        ("grouping.min_rollouts", g.min_rollouts, 1),
+        ("serving.stale_after", s.stale_after, 0),
+        ("serving.capacity", s.capacity, 1),
     ):
-        if value is not None and value < (1 if name.startswith("grouping") else 0):
-            raise InvalidInput(
-                f"{name} must be >= {1 if name.startswith('grouping') else 0}", field=_join(field, name)
-            )
+        if value is not None and value < least:
+            raise InvalidInput(f"{name} must be >= {least}", field=_join(field, name))
     if f.reward_min is not None and f.reward_max is not None and f.reward_min > f.reward_max:
         raise InvalidInput(
             "filters.reward_min must be <= reward_max", field=_join(field, "filters.reward_min")

@@ -192,24 +192,32 @@ def _state(lease: Lease) -> str:
 
 
 def _claim(c: Compiled, ds: Dataset, who: Consumer, lease: Lease, pull: PullIn) -> dict[int, bool]:
-    """Claim up to batch_size admitted units; returns their {step id: masked}."""
+    """Claim up to batch_size admitted units; returns their {step id: masked}. Units the
+    dataset does not admit, or its serving rules drop, are remembered as Skip rows with
+    their reason (counted in ``lease.dropped``)."""
     taken: dict[int, bool] = {}
     n_units = 0
+    drops = _Drops(c, who, lease.dataset_version_id)
+    if c.spec.serving.capacity is not None:
+        _drop_over_capacity(c, ds, who, drops, pull.unit)
     for _ in range(MAX_ROUNDS):
         want = pull.batch_size - n_units
         if want <= 0:
             break
         if pull.unit == "steps":
-            delivered = Delivery.objects.filter(
-                consumer=who, dataset=ds, kind=Delivery.Kind.STEP, key=OuterRef("pk")
+            rows = list(
+                dataset_steps(c)
+                .filter(*_not_taken(ds, who, lease.dataset_version_id, Delivery.Kind.STEP))
+                .order_by("id")
+                .values_list("id", "policy_version_id")[:want]
             )
-            ids = list(
-                dataset_steps(c).filter(~Exists(delivered)).order_by("id").values_list("id", flat=True)[:want]
-            )
-            if not ids:
+            if not rows:
                 break
-            won = _insert(who, ds, lease, [(Delivery.Kind.STEP, i) for i in ids])
-            for _kind, key in won:
+            stale = {i for i, v in rows if drops.stale(v)}
+            drops.add(Skip.Reason.STALE, [(Delivery.Kind.STEP, i, 1) for i in stale])
+            fresh = [i for i, _v in rows if i not in stale]
+            won = _insert(who, ds, lease, [(Delivery.Kind.STEP, i) for i in fresh])
+            for _step_kind, key in won:
                 taken[key] = False
             n_units += len(won)
             continue
@@ -221,64 +229,136 @@ def _claim(c: Compiled, ds: Dataset, who: Consumer, lease: Lease, pull: PullIn) 
         # The candidates' steps by trajectory id (index step_curation), not through a join.
         members = list(Trajectory.objects.filter(group_id__in=groups).values_list("id", flat=True))
         admitted = units_admitted(c, Q(trajectory_id__in=members + lone))
-        _skip(who, lease.dataset_version_id, [k for k in candidates if k not in admitted])
-        order = [k for k in candidates if k in admitted][:want]
-        won = _insert(
-            who,
-            ds,
-            lease,
-            [(Delivery.Kind.GROUP, k) if k > 0 else (Delivery.Kind.TRAJECTORY, -k) for k in order],
-        )
+        drops.add(Skip.Reason.FILTERED, [(_kind(k), abs(k), None) for k in candidates if k not in admitted])
+        stale = drops.stale_units(admitted)
+        drops.add(Skip.Reason.STALE, [(_kind(k), abs(k), len(admitted[k])) for k in stale])
+        order = [k for k in candidates if k in admitted and k not in stale][:want]
+        won = _insert(who, ds, lease, [(_kind(k), abs(k)) for k in order])
         for kind, key in won:
             taken.update(admitted[key if kind == Delivery.Kind.GROUP else -key])
         n_units += len(won)
         if len(candidates) < want * CANDIDATE_FACTOR and len(won) == len(order):
             break  # every ready unit was looked at
     lease.n_units = n_units
+    lease.dropped = dict(drops.counts)
     return taken
 
 
-def _ready_units(ds: Dataset, who: Consumer, version_id: int, limit: int) -> list[int]:
-    """Unit keys neither delivered to this consumer nor skipped under this dataset version,
-    oldest-ready first: ready groups (by ready_at, index group_ready) and completed
-    trajectories without a group (by completed_at), merged."""
+def _kind(key: int) -> int:
+    """The Delivery kind of a unit key (a group's id, or minus a lone trajectory's id)."""
+    return Delivery.Kind.GROUP if key > 0 else Delivery.Kind.TRAJECTORY
 
-    def not_taken(kind: int) -> list:
-        done = Delivery.objects.filter(consumer=who, dataset=ds, kind=kind, key=OuterRef("pk"))
-        skipped = Skip.objects.filter(
-            consumer=who, dataset_version_id=version_id, kind=kind, key=OuterRef("pk")
+
+class _Drops:
+    """A pull's drops: Skip rows with their reason, and their counts for the manifest."""
+
+    def __init__(self, c: Compiled, who: Consumer, version_id: int) -> None:
+        self.who, self.version_id = who, version_id
+        self.counts: Counter[str] = Counter()
+        after, current = c.spec.serving.stale_after, c.current_version
+        # The oldest policy version still fresh; None: the rule is off (or no current version).
+        self.oldest = current - after if after is not None and current is not None else None
+
+    def stale(self, version: int | None) -> bool:
+        return self.oldest is not None and (version is None or version < self.oldest)
+
+    def stale_units(self, admitted: dict[int, dict[int, bool]]) -> set[int]:
+        """The admitted units with a step staler than the serving rule allows."""
+        if self.oldest is None or not admitted:
+            return set()
+        unit_of = {sid: k for k, steps in admitted.items() for sid in steps}
+        out: set[int] = set()
+        for sid, version in Step.objects.filter(id__in=list(unit_of)).values_list("id", "policy_version_id"):
+            if self.stale(version):
+                out.add(unit_of[sid])
+        return out
+
+    def add(self, reason: int, units: list[tuple[int, int, int | None]]) -> None:
+        """Remember dropped units (kind, key, steps); idempotent (a unit dropped by a
+        concurrent pull of this consumer is dropped once)."""
+        if not units:
+            return
+        Skip.objects.bulk_create(
+            [
+                Skip(
+                    consumer=self.who,
+                    dataset_version_id=self.version_id,
+                    kind=kind,
+                    key=key,
+                    reason=reason,
+                    steps=steps,
+                )
+                for kind, key, steps in units
+            ],
+            ignore_conflicts=True,
         )
-        return [~Exists(done), ~Exists(skipped)]
+        self.counts[Skip.Reason(reason).label] += len(units)
 
-    groups = list(
-        PromptGroup.objects.filter(ready_at__isnull=False)
-        .filter(*not_taken(Delivery.Kind.GROUP))
-        .order_by("ready_at", "id")
-        .values_list("ready_at", "id")[:limit]
+
+def _not_taken(ds: Dataset, who: Consumer, version_id: int, kind: int) -> list:
+    """Conditions on a unit's ``pk``: neither delivered to this consumer nor dropped for it
+    under this dataset version (both EXISTS probes on unique indexes)."""
+    done = Delivery.objects.filter(consumer=who, dataset=ds, kind=kind, key=OuterRef("pk"))
+    skipped = Skip.objects.filter(consumer=who, dataset_version_id=version_id, kind=kind, key=OuterRef("pk"))
+    return [~Exists(done), ~Exists(skipped)]
+
+
+def _pending(ds: Dataset, who: Consumer, version_id: int):
+    """The two queues of ready units not yet offered to this consumer: ready groups (by
+    ready_at, index group_ready) and completed trajectories without a group (by
+    completed_at), as querysets of (ready time, id)."""
+    groups = PromptGroup.objects.filter(ready_at__isnull=False).filter(
+        *_not_taken(ds, who, version_id, Delivery.Kind.GROUP)
     )
-    lone = list(
-        Trajectory.objects.filter(group__isnull=True, status=Trajectory.Status.COMPLETED)
-        .filter(*not_taken(Delivery.Kind.TRAJECTORY))
-        .order_by("completed_at", "id")
-        .values_list("completed_at", "id")[:limit]
+    lone = Trajectory.objects.filter(group__isnull=True, status=Trajectory.Status.COMPLETED).filter(
+        *_not_taken(ds, who, version_id, Delivery.Kind.TRAJECTORY)
     )
-    merged = sorted([(t, k) for t, k in groups] + [(t, -k) for t, k in lone])
+    return groups, "ready_at", lone, "completed_at"
+
+
+def _ready_units(ds: Dataset, who: Consumer, version_id: int, limit: int) -> list[int]:
+    """Unit keys not yet offered to this consumer, oldest-ready first, both queues merged."""
+    groups, g_at, lone, l_at = _pending(ds, who, version_id)
+    g = list(groups.order_by(g_at, "id").values_list(g_at, "id")[:limit])
+    t = list(lone.order_by(l_at, "id").values_list(l_at, "id")[:limit])
+    merged = sorted([(at, k) for at, k in g] + [(at, -k) for at, k in t])
     return [k for _, k in merged[:limit]]
 
 
-def _skip(who: Consumer, version_id: int, keys: list[int]) -> None:
-    """Remember units this version did not admit, so no later pull of this consumer reads
-    them again. Idempotent (a unit skipped by a concurrent pull is skipped once)."""
-    rows = [
-        Skip(
-            consumer=who,
-            dataset_version_id=version_id,
-            kind=Delivery.Kind.GROUP if k > 0 else Delivery.Kind.TRAJECTORY,
-            key=abs(k),
-        )
-        for k in keys
+def _drop_over_capacity(c: Compiled, ds: Dataset, who: Consumer, drops: _Drops, unit: str) -> None:
+    """Serving rule ``capacity``: keep the newest ``capacity`` units waiting for this
+    consumer and drop the older ones. Reads the newest capacity+1 of each queue (an index
+    scan backwards); only when the queue is over capacity does it read what to drop."""
+    cap = c.spec.serving.capacity
+    version_id = drops.version_id
+    if unit == "steps":
+        pending = dataset_steps(c).filter(*_not_taken(ds, who, version_id, Delivery.Kind.STEP))
+        cut = list(pending.order_by("-id").values_list("id", flat=True)[cap : cap + 1])
+        if cut:
+            old = pending.filter(id__lte=cut[0]).values_list("id", flat=True)
+            drops.add(Skip.Reason.CAPACITY, [(Delivery.Kind.STEP, i, 1) for i in old])
+        return
+    groups, g_at, lone, l_at = _pending(ds, who, version_id)
+    newest = sorted(
+        [(at, k) for at, k in groups.order_by(f"-{g_at}", "-id").values_list(g_at, "id")[: cap + 1]]
+        + [(at, -k) for at, k in lone.order_by(f"-{l_at}", "-id").values_list(l_at, "id")[: cap + 1]],
+        reverse=True,
+    )
+    if len(newest) <= cap:
+        return
+    keep = {k for _, k in newest[:cap]}
+    at = newest[cap - 1][0]  # the oldest unit kept: everything ready before it goes
+    old = [
+        (Delivery.Kind.GROUP, k, None)
+        for k in groups.filter(**{f"{g_at}__lte": at}).values_list("id", flat=True)
+        if k not in keep
     ]
-    Skip.objects.bulk_create(rows, ignore_conflicts=True)
+    old += [
+        (Delivery.Kind.TRAJECTORY, k, None)
+        for k in lone.filter(**{f"{l_at}__lte": at}).values_list("id", flat=True)
+        if -k not in keep
+    ]
+    drops.add(Skip.Reason.CAPACITY, old)
 
 
 def _insert(who: Consumer, ds: Dataset, lease: Lease, units: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -339,6 +419,8 @@ def _render(lease: Lease, ds: Dataset, who: Consumer, c: Compiled, taken: dict[i
         "units": lease.n_units,
         "step_uids": [s.uid for s in steps],
         "masked_steps": sum(1 for s in steps if taken[s.id]),
+        # Units this pull dropped for the consumer, by reason (specs.Serving; Skip.Reason).
+        "dropped": {r.label: getattr(lease, "dropped", {}).get(r.label, 0) for r in Skip.Reason},
         "policy_versions": {
             str(v): n for v, n in sorted(versions.items(), key=lambda x: (x[0] is None, x[0] or 0))
         },

@@ -3,8 +3,6 @@ into JSONL and Parquet files, built in chunks, idempotent, and never recorded ha
 
 from __future__ import annotations
 
-import importlib.util
-
 import orjson
 import pyarrow.parquet as pq
 import pytest
@@ -151,16 +149,22 @@ def test_a_snapshot_builds_in_the_background_and_its_files_match_the_steps(
     assert parquet_rows == rows
 
 
-def test_parquet_loads_with_hugging_face_datasets(pool_with_labels):
-    if importlib.util.find_spec("datasets") is None:
-        pytest.skip("the datasets package is not installed")
+def test_parquet_loads_with_hugging_face_datasets(pool_with_labels, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     import datasets
 
     snap = build()
     loaded = datasets.load_dataset(
-        "parquet", data_files=default_storage.path(snap.files["parquet"]), split="train"
+        "parquet",
+        data_files=default_storage.path(snap.files["parquet"]),
+        split="train",
+        cache_dir=str(tmp_path / "hf"),
     )
     assert loaded["uid"] == pool_with_labels
+    # the token columns come back as lists of ints, the provenance columns as written
+    parquet = pq.read_table(default_storage.path(snap.files["parquet"])).to_pylist()
+    assert loaded[0]["response_ids"] == parquet[0]["response_ids"]
+    assert set(parquet[0]) <= set(loaded.column_names)
 
 
 def test_rebuilding_gives_the_same_content_hash(pool_with_labels):

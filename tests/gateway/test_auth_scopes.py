@@ -48,6 +48,7 @@ CONSUME = [
     ("post", "leases/{lease}/ack", None),
     ("post", "leases/{lease}/nack", None),
     ("get", "leases/{lease}/batch", None),
+    ("get", "consumers/seed", None),
 ]
 # Snapshots: creating one (a build) is for trainers (consume keys), admin keys and operators;
 # its status and files are reads (any key). SNAPSHOT is filled in by the snapshot fixture.
@@ -248,7 +249,9 @@ def test_the_matrix_covers_every_api_route():
     for method, endpoint, _ in CURATE:
         covered.setdefault(template(endpoint), set()).add(method)
     for method, endpoint, _ in CONSUME:
-        path = endpoint.replace("{lease}", "{lease_id}").replace("trainer-x", "{name}")
+        path = (
+            endpoint.replace("{lease}", "{lease_id}").replace("trainer-x", "{name}").replace("seed", "{name}")
+        )
         covered.setdefault(f"/api/v1/{path}", set()).add(method)
     for endpoint, _ in READ_POSTS:
         covered.setdefault(template(endpoint), set()).add("post")

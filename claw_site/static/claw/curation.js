@@ -20,7 +20,7 @@
 
   // The same mapping as curation/forms.py DatasetForm.spec_raw (data-spec, data-kind).
   function specFromFields() {
-    var spec = { filters: {}, grouping: {} };
+    var spec = { filters: {}, grouping: {}, serving: {} };
     var seen = {};
     form.querySelectorAll("[data-spec]").forEach(function (el) {
       var path = el.dataset.spec.split("."), kind = el.dataset.kind, value;

@@ -1,0 +1,163 @@
+"""Serving rules of a dataset (curation/specs.py Serving): freshness (``stale_after``) and
+capacity drop units for a consumer when they are offered, never serve them to it, and count
+every drop with its reason (``GET /api/v1/consumers/{name}``, the manifest's ``dropped``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from curation.models import Skip
+from curation.services import dataset_create
+from pool.models import Scope, Step
+from pool.services import policy_version_set
+from tests.conftest import client_for
+from tests.curation.test_consume import pull, ready_group
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def trainer(make_key):
+    return client_for(make_key(Scope.CONSUME, name="trainer"))
+
+
+def groups_of(body) -> list[str]:
+    seen: list[str] = []
+    for s in body["batch"]["steps"]:
+        if s["prompt_group_uid"] not in seen:
+            seen.append(s["prompt_group_uid"])
+    return seen
+
+
+@pytest.fixture
+def curator(make_key):
+    return client_for(make_key(Scope.ADMIN, name="curator"))
+
+
+def status(trainer, consumer="c1") -> dict:
+    resp = trainer.get(f"/api/v1/consumers/{consumer}")
+    assert resp.status_code == 200, resp.content
+    [entry] = resp.json()["datasets"]
+    return entry
+
+
+def test_stale_units_are_dropped_when_offered_and_counted(trainer):
+    # given groups produced by policy versions 1, 2 and 3, with 3 current
+    dataset_create(name="all", spec={"serving": {"stale_after": 1}})
+    for v in (1, 2, 3):
+        policy_version_set(version=v)
+        ready_group(f"v{v}", version=v)
+    ready_group("unversioned")  # no policy version: stale under the rule
+    # when the trainer pulls everything
+    body = pull(trainer, batch_size=10).json()
+    # then it gets the groups at most one version behind, and the rest are counted as stale
+    assert groups_of(body) == ["v2", "v3"]
+    assert body["manifest"]["dropped"] == {"filtered": 0, "stale": 2, "capacity": 0}
+    entry = status(trainer)
+    assert entry["dropped"] == {"filtered": 0, "stale": 2, "capacity": 0}
+    assert entry["dropped_steps"]["stale"] == 8  # two groups of 2 rollouts x 2 steps
+    assert entry["leases"]["leased"] == 1 and entry["delivered_units"] == 2
+    # and a dropped unit is never offered to that consumer again, even once acked
+    trainer.post(f"/api/v1/leases/{body['lease_id']}/ack")
+    assert pull(trainer).json()["lease_id"] is None
+    # while another consumer is judged afresh: with version 4 current, v2 is stale too
+    policy_version_set(version=4)
+    assert groups_of(pull(trainer, consumer="c2", batch_size=10).json()) == ["v3"]
+    assert status(trainer, "c2")["dropped"]["stale"] == 3
+
+
+def test_without_a_current_policy_version_nothing_is_stale(trainer):
+    dataset_create(name="all", spec={"serving": {"stale_after": 0}})
+    ready_group("g1", version=None)
+    assert groups_of(pull(trainer).json()) == ["g1"]
+
+
+def test_capacity_keeps_the_newest_units_and_drops_the_older_ones(trainer):
+    # given five ready groups waiting for a consumer whose dataset holds at most two
+    dataset_create(name="all", spec={"serving": {"capacity": 2}})
+    for g in range(5):
+        ready_group(f"g{g}")
+    # when it pulls one unit
+    body = pull(trainer, batch_size=1).json()
+    # then the three oldest were dropped, and the oldest kept one is served first
+    assert groups_of(body) == ["g3"]
+    assert body["manifest"]["dropped"] == {"filtered": 0, "stale": 0, "capacity": 3}
+    dropped = Skip.objects.filter(reason=Skip.Reason.CAPACITY).values_list("key", flat=True)
+    from pool.models import PromptGroup
+
+    assert set(PromptGroup.objects.filter(id__in=dropped).values_list("uid", flat=True)) == {"g0", "g1", "g2"}
+    # and units that become ready later push the oldest waiting ones out
+    for g in range(5, 8):
+        ready_group(f"g{g}")
+    body = pull(trainer, batch_size=10).json()
+    assert groups_of(body) == ["g6", "g7"]
+    assert status(trainer)["dropped"] == {"filtered": 0, "stale": 0, "capacity": 5}
+
+
+def test_capacity_spares_units_already_leased(trainer):
+    dataset_create(name="all", spec={"serving": {"capacity": 1}})
+    ready_group("g0")
+    first = pull(trainer).json()
+    ready_group("g1")
+    ready_group("g2")
+    # g0 is leased (not waiting): only g1 is over capacity
+    assert groups_of(pull(trainer).json()) == ["g2"]
+    assert status(trainer)["dropped"]["capacity"] == 1
+    assert trainer.post(f"/api/v1/leases/{first['lease_id']}/ack").status_code == 200
+
+
+def test_serving_rules_apply_to_step_units(trainer):
+    dataset_create(name="all", spec={"grouping": {"keep_groups_whole": False}, "serving": {"stale_after": 0}})
+    policy_version_set(version=1)
+    ready_group("old", version=1)
+    policy_version_set(version=2)
+    fresh = ready_group("new", version=2)
+    body = pull(trainer, unit="steps", batch_size=100).json()
+    assert sorted(body["manifest"]["step_uids"]) == sorted(fresh)
+    assert body["manifest"]["dropped"]["stale"] == 4
+    assert status(trainer)["dropped_steps"]["stale"] == 4
+
+
+def test_capacity_on_step_units(trainer):
+    dataset_create(name="all", spec={"grouping": {"keep_groups_whole": False}, "serving": {"capacity": 3}})
+    ready_group("g0")
+    ready_group("g1")
+    newest = list(Step.objects.order_by("-id").values_list("uid", flat=True)[:3])
+    body = pull(trainer, unit="steps", batch_size=100).json()
+    assert sorted(body["manifest"]["step_uids"]) == sorted(newest)
+    assert body["manifest"]["dropped"]["capacity"] == 5
+
+
+def test_filtered_units_are_counted_too(trainer):
+    from curation.services import steps_label
+
+    dataset_create(name="all")
+    ready_group("g0")
+    ready_group("g1")
+    steps_label(
+        step_ids=list(Step.objects.filter(trajectory__group__uid="g0").values_list("id", flat=True)),
+        label="rejected",
+        actor="op",
+    )
+    assert groups_of(pull(trainer).json()) == ["g1"]
+    assert status(trainer)["dropped"] == {"filtered": 1, "stale": 0, "capacity": 0}
+
+
+@pytest.mark.parametrize(
+    ("serving", "field"),
+    [
+        ({"capacity": 0}, "serving.capacity"),
+        ({"stale_after": -1}, "serving.stale_after"),
+        ({"stale_after": "old"}, "serving.stale_after"),
+        ({"keep": 3}, "serving.keep"),
+    ],
+)
+def test_bad_serving_rules_are_400s_naming_the_field(curator, serving, field):
+    resp = curator.post("/api/v1/datasets", {"name": "d", "serving": serving}, format="json")
+    assert resp.status_code == 400, resp.content
+    assert resp.json()["error"]["param"] == field
+
+
+def test_a_consumer_that_never_pulled_is_a_404(trainer):
+    resp = trainer.get("/api/v1/consumers/nobody")
+    assert resp.status_code == 404 and resp.json()["error"]["param"] == "name"
