@@ -153,3 +153,47 @@ def test_collate_pads_prompts_left_and_responses_right():
     assert t["rollout_logprobs"].tolist() == [[0, 0, 0], [-1, -2, -3]]
     assert t["rewards"].tolist() == [1.0, 0.0] and t["has_reward"].tolist() == [True, False]
     assert t["step_uids"] == ["a", "b"] and t["step_mask"].tolist() == [True, True]
+
+
+CRASHING_TRAINER = """
+import os, signal, sys
+from claw_client import ClawClient
+
+url, key = sys.argv[1], sys.argv[2]
+with ClawClient(url, key) as claw:
+    with claw.pull("crash-ds", consumer="crashy", batch_size=1, lease_seconds=2) as batch:
+        print(batch.lease_id, " ".join(batch.manifest["step_uids"]), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)  # dies mid-batch: no ack, no nack
+"""
+
+
+def test_a_trainer_that_crashes_mid_batch_gets_its_batch_redelivered(server):
+    import subprocess
+    import sys
+
+    srv, keys = server
+    with ClawClient(srv.url, keys["agent"]) as agent, ClawClient(srv.url, keys["admin"]) as admin:
+        agent.submit_steps(steps_of("crash-t0"))
+        agent.complete_trajectory("crash-t0", reward=1.0)
+        admin.create_dataset("crash-ds")
+    # given a trainer process killed while it held a leased batch
+    proc = subprocess.run(
+        [sys.executable, "-c", CRASHING_TRAINER, srv.url, keys["trainer"]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == -9, proc.stderr
+    lease_id, uids = proc.stdout.split(" ", 1)
+    with ClawClient(srv.url, keys["trainer"]) as trainer:
+        # then its units are nobody else's while the lease runs, and once it expires the
+        # next pull of that consumer (long-polling until then) gets the same batch
+        with trainer.pull("crash-ds", consumer="crashy", batch_size=1, wait=20) as batch:
+            assert batch, "the crashed batch was not redelivered"
+            assert batch.lease_id != lease_id
+            assert batch.manifest["step_uids"] == uids.split()
+        # acked now: consumed for good, and the dead lease can no longer be acked
+        assert not trainer.pull("crash-ds", consumer="crashy")
+        with pytest.raises(ClawError) as err:
+            trainer.ack(lease_id)
+        assert err.value.status == 409
