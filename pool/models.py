@@ -506,3 +506,27 @@ class TrajectoryCapability(models.Model):
 
     def __str__(self) -> str:
         return f"capability #{self.pk} of {self.trajectory_id}"
+
+
+class OutboxTask(models.Model):
+    """A task that a committed write made necessary, kept until the broker has it.
+
+    ``pool.tasks.enqueue_on_commit`` writes the row in the write's own transaction and, once
+    it commits, publishes the task and deletes the row. If the broker is down the row stays:
+    the process that failed retries the outbox in the background until the broker answers,
+    and the periodic ``pool.outbox_relay`` sends what a process that died left behind
+    (pool/services/outbox.py). Tasks are idempotent, so a task sent twice is harmless."""
+
+    name = models.CharField(max_length=100)  # the Celery task name
+    args = models.JSONField(default=list)
+    attempts = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [
+            # The relay: "oldest pending tasks first".
+            models.Index(fields=["created_at"], name="outbox_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name}{tuple(self.args)!r}"

@@ -53,22 +53,40 @@ def steps_merge(key: str, step_ids: list[int]) -> None:
 
 
 def enqueue_on_commit(task, *args) -> None:
-    """Enqueue ``task(*args)`` once the caller's transaction commits.
+    """Enqueue ``task(*args)`` once the caller's transaction commits, through the outbox.
 
-    Follow-up work must never fail or stall the write that caused it: the callback is
-    ``robust`` (an error is logged, the committed request still succeeds) and publishing does
-    not retry, so a broker that is down costs one refused connection, not a hung request.
-    A merge lost that way is recomputed on demand (GET .../prefix-tree) or by the next
-    change to its group.
+    The task is stored (``OutboxTask``) in the caller's transaction, so it is durable exactly
+    when the write is. After the commit it is published and its row deleted. Follow-up work
+    never fails or stalls the write that caused it: the callback is ``robust`` and publishing
+    does not retry inline, so a broker that is down costs one refused connection; the row
+    stays and this process's background relay sends it when the broker is back
+    (pool/services/outbox.py).
     """
+    from .models import OutboxTask
+    from .services import outbox
+
+    row = OutboxTask.objects.create(name=task.name, args=list(args))
 
     def publish() -> None:
-        try:
-            task.apply_async(args=args, retry=False)
-        except Exception:  # noqa: BLE001 - any broker failure; the data is already committed
-            log.exception("could not enqueue %s%r; it will be recomputed on demand", task.name, args)
+        if not outbox.publish(task.name, list(args), row.id):
+            outbox.relay_soon()
 
     transaction.on_commit(publish, robust=True)
+
+
+@shared_task(
+    name="pool.outbox_relay",
+    autoretry_for=_TRANSIENT,
+    retry_backoff=True,
+    retry_backoff_max=300,
+    max_retries=5,
+)
+def outbox_relay() -> dict[str, int]:
+    """Periodic (celery beat): send the tasks a process could not publish and left behind
+    (its broker was down and it stopped before the broker came back)."""
+    from .services.outbox import outbox_relay as relay
+
+    return relay()
 
 
 @shared_task(

@@ -181,7 +181,10 @@ CLAW_SWEEP_SECONDS = env_float("CLAW_SWEEP_SECONDS", 60.0)
 CELERY_BEAT_SCHEDULE = {
     "readiness-sweep": {"task": "pool.readiness_sweep", "schedule": CLAW_SWEEP_SECONDS},
     "leases-expire": {"task": "curation.leases_expire", "schedule": CLAW_SWEEP_SECONDS},
+    "outbox-relay": {"task": "pool.outbox_relay", "schedule": CLAW_SWEEP_SECONDS},
 }
+# A process whose broker refused a task retries its outbox after this, doubling to 8x.
+CLAW_OUTBOX_RETRY_SECONDS = env_float("CLAW_OUTBOX_RETRY_SECONDS", 2.0)
 
 # --- Static files -----------------------------------------------------------------------------
 STATIC_URL = "/static/"
