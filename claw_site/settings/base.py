@@ -77,6 +77,8 @@ INSTALLED_APPS = [
 # Every middleware here is async-capable, so async gateway views never hop to a thread.
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # A database outage is a 503 with Retry-After (claw_site/middleware.py).
+    "claw_site.middleware.DatabaseUnavailableMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -120,7 +122,9 @@ if DATABASE_URL:
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
             "min_size": 2,
             "max_size": env_int("CLAW_DB_POOL_SIZE", 20),
-            "timeout": 30,
+            # Waiting longer for a connection than a client waits for an answer helps no one:
+            # during a database outage requests fail fast with 503 and Retry-After.
+            "timeout": env_float("CLAW_DB_POOL_TIMEOUT", 5.0),
         }
 else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,33 @@
+"""Project-wide middleware.
+
+``DatabaseUnavailableMiddleware``: when the database is down or restarting, a request that
+needed it is answered ``503`` with ``Retry-After`` in the API's error shape, not a 500 page.
+Django hands a broken connection back (it is closed at the end of the request, and the
+psycopg pool discards it), so the app recovers by itself once the server is back. The
+gateway's own lean path answers the same way (gateway/proxy/views.py)."""
+
+from __future__ import annotations
+
+from django.db import InterfaceError, OperationalError
+from django.http import JsonResponse
+from django.utils.deprecation import MiddlewareMixin
+
+RETRY_AFTER_SECONDS = 5
+
+
+class DatabaseUnavailableMiddleware(MiddlewareMixin):
+    def process_exception(self, request, exception):
+        if not isinstance(exception, OperationalError | InterfaceError):
+            return None
+        from gateway.errors import error_body  # DRF's settings import the middleware's module
+
+        response = JsonResponse(
+            error_body(
+                503,
+                "the database is unavailable; retry shortly",
+                code="database_unavailable",
+            ),
+            status=503,
+        )
+        response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+        return response
