@@ -198,8 +198,27 @@
   });
 
   // Consumption: snapshot progress bars and leases.
+  var snapshotRows = $("#snapshot-rows");
+  function snapshotRow(d) {
+    // A snapshot requested elsewhere (the API, another operator): a row of its own.
+    var row = el("tr", { "data-snapshot": String(d.id), "data-status": "" });
+    row.appendChild(cell(el("code", { title: String(d.id) }, String(d.id).slice(0, 8))));
+    row.appendChild(cell("new"));
+    var status = el("span", { "class": "badge", "data-cell": "status" }, "");
+    row.appendChild(cell(status));
+    var progress = cell(el("progress", { max: "1", value: "0" }));
+    progress.className = "progress-cell";
+    progress.appendChild(document.createTextNode(" "));
+    progress.appendChild(el("span", { "class": "small muted", "data-cell": "steps" }, ""));
+    row.appendChild(progress);
+    var files = cell(null); files.dataset.cell = "files"; row.appendChild(files);
+    row.appendChild(cell(new Date().toISOString().slice(0, 19).replace("T", " ")));
+    prepend(snapshotRows, row, 50);
+    return row;
+  }
   Live.on("snapshot", function (d) {
     var row = $("tr[data-snapshot='" + cssEscape(String(d.id)) + "']");
+    if (!row && snapshotRows) row = snapshotRow(d);
     if (!row) return;
     var bar = $("progress", row);
     if (bar) { bar.max = 1; bar.value = Math.max(0, Math.min(1, Number(d.progress) || 0)); }
