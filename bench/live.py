@@ -1,0 +1,251 @@
+"""bench.live: the live dashboard's latency (submission to websocket event) and its CPU cost.
+
+    python -m bench.live [--seconds 10]
+
+A real server process (uvicorn, tests/live.py; SQLite, or a fresh PostgreSQL database when
+DATABASE_URL is set, and the Redis channel layer when REDIS_URL is set), a logged-in
+websocket client (``websockets``, the session cookie of a real Django session) on
+``ws/live/?topics=steps``, and steps submitted through ``POST /api/v1/steps`` at a fixed
+pace. Steps are W-ingest-shaped (shared/WORKLOADS.md: 1,000 prompt + 200 response tokens,
+200 logprobs and a reward, 8 steps per trajectory; token ids uniform in [0, 150000), seeded
+with 0), in two paces instead of W-ingest's batches of 100:
+
+* 50 steps/s: one step per request, 50 requests/s;
+* 1,000 steps/s: 16 steps (two whole trajectories) per request, 62.5 requests/s.
+
+Latency: each request's last step is its marker; it is delivered when an event names it
+(its uid in ``steps.recent``, or its trajectory with that step count in
+``steps.trajectories``: coalescing caps ``recent`` at 20, so at 1,000 steps/s the
+trajectory list carries the markers). Latency = event received - request sent, so it
+includes the request itself. ``matched``: the share of requests whose marker was seen.
+
+CPU: the server process's CPU time (psutil, user + system) per step at 1,000 steps/s with
+the websocket connected vs the same ingest with no websocket connected, in the order
+none, connected, connected, none (both see the same machine load and database size);
+``cpu_overhead`` = connected / none - 1. Prints progress, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+import psutil
+import websockets
+
+from tests.live import LiveServer
+
+PROMPT, RESPONSE, PER_TRAJ = 1_000, 200, 8
+RATES = {50: 1, 1000: 16}  # steps/s -> steps per request
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=10.0, help="per measured phase")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench-live-") as tmp:
+        server = LiveServer(Path(tmp), {"CLAW_API_KEY_CACHE_SECONDS": "10"})
+        server.start()
+        try:
+            out = asyncio.run(_run(server, args.seconds))
+        finally:
+            server.close()
+    print(json.dumps(out), flush=True)
+
+
+async def _run(server: LiveServer, seconds: float) -> dict:
+    key = server.make_key("ingest", name="bench")
+    cookie = _session(server)
+    proc = psutil.Process(server.proc.pid)  # type: ignore[union-attr]
+    gen = _Steps()
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    ws_url = server.url.replace("http://", "ws://") + "/ws/live/?topics=steps"
+    ws_headers = {"Cookie": f"sessionid={cookie}", "Origin": server.url}
+    out: dict = {
+        "workload": "W-ingest-shaped steps, 50 steps/s (1 per request) and 1,000 steps/s (16 per request)",
+        "db": "postgresql" if "DATABASE_URL" in server.env else "sqlite",
+        "layer": "redis" if os.environ.get("REDIS_URL") else "in-memory",
+        "seconds": seconds,
+    }
+    async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=60) as http:
+        await _submit(http, gen.bodies(50, 1), 50)  # warm-up: imports, key, connections
+        cpu: dict[str, list[float]] = {"none": [], "connected": []}
+        for rate in (50, 1000):
+            async with websockets.connect(ws_url, additional_headers=ws_headers) as ws:
+                hello = orjson.loads(await ws.recv())
+                assert hello["type"] == "hello", hello
+                bodies = gen.bodies(int(rate * seconds), RATES[rate])
+                lat, matched = await _measure(http, ws, bodies, rate)
+            suffix = "" if rate == 50 else f"_{rate}"
+            out[f"p50_ms{suffix}"] = round(_pct(lat, 50), 1)
+            out[f"p99_ms{suffix}"] = round(_pct(lat, 99), 1)
+            out[f"matched{suffix}"] = round(matched, 3)
+            print(
+                f"rate {rate}/s: p50 {out[f'p50_ms{suffix}']} ms, p99 {out[f'p99_ms{suffix}']} ms", flush=True
+            )
+        for phase in ("none", "connected", "connected", "none"):
+            bodies = gen.bodies(int(1000 * seconds), RATES[1000])
+            steps = len(bodies) * RATES[1000]
+            if phase == "connected":
+                async with websockets.connect(ws_url, additional_headers=ws_headers) as ws:
+                    await ws.recv()
+                    drain = asyncio.create_task(_drain(ws))
+                    t = proc.cpu_times()
+                    await _submit(http, bodies, 1000 / RATES[1000])
+                    used = _cpu(proc) - (t.user + t.system)
+                    drain.cancel()
+            else:
+                t = proc.cpu_times()
+                await _submit(http, bodies, 1000 / RATES[1000])
+                used = _cpu(proc) - (t.user + t.system)
+            cpu[phase].append(used / steps * 1e6)
+            print(f"cpu {phase}: {cpu[phase][-1]:.0f} us/step", flush=True)
+    none, connected = statistics.mean(cpu["none"]), statistics.mean(cpu["connected"])
+    out["cpu_us_per_step_none"] = round(none, 1)
+    out["cpu_us_per_step_connected"] = round(connected, 1)
+    out["cpu_overhead"] = round(connected / none - 1, 3)
+    return out
+
+
+def _cpu(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
+async def _measure(
+    http: httpx.AsyncClient, ws, bodies: list[tuple[bytes, tuple[str, str, int]]], per_s: float
+) -> tuple[list[float], float]:
+    """Submit at ``per_s`` steps/s while reading events; latency per request marker."""
+    sent: dict[tuple[str, int] | str, float] = {}
+    seen: dict[tuple[str, int] | str, float] = {}
+
+    async def read() -> None:
+        while True:
+            msg = orjson.loads(await ws.recv())
+            now = time.perf_counter()
+            for event in msg.get("events", []):
+                if event["kind"] != "steps":
+                    continue
+                for s in event["data"]["recent"]:
+                    seen.setdefault(s["uid"], now)
+                for t in event["data"]["trajectories"]:
+                    seen.setdefault((t["uid"], t["step_count"]), now)
+
+    reader = asyncio.create_task(read())
+    steps_per_request = len(orjson.loads(bodies[0][0])["steps"])
+    await _submit(http, bodies, per_s / steps_per_request, sent=sent)
+    deadline = time.perf_counter() + 5
+    while time.perf_counter() < deadline and not _all_seen(sent, seen):
+        await asyncio.sleep(0.05)
+    reader.cancel()
+    lat = []
+    for (uid, traj, count), t0 in sent.items():  # type: ignore[misc]
+        t1 = min((seen[k] for k in (uid, (traj, count)) if k in seen), default=None)
+        if t1 is not None:
+            lat.append((t1 - t0) * 1e3)
+    return lat, len(lat) / len(sent)
+
+
+def _all_seen(sent: dict, seen: dict) -> bool:
+    return all(uid in seen or (traj, count) in seen for (uid, traj, count) in sent)
+
+
+async def _submit(
+    http: httpx.AsyncClient,
+    bodies: list[tuple[bytes, tuple[str, str, int]]],
+    per_s: float,
+    *,
+    sent: dict | None = None,
+) -> None:
+    """POST each body at its scheduled time (``per_s`` requests per second, concurrently
+    when the server is slower than the pace); waits for every response."""
+    start = time.perf_counter()
+    tasks = []
+
+    async def post(body: bytes, marker: tuple[str, str, int]) -> None:
+        if sent is not None:
+            sent[marker] = time.perf_counter()
+        r = await http.post("/api/v1/steps", content=body)
+        if r.status_code != 201:
+            raise SystemExit(f"API error {r.status_code}: {r.text[:300]}")
+
+    for i, (body, marker) in enumerate(bodies):
+        delay = start + i / per_s - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(post(body, marker)))
+    await asyncio.gather(*tasks)
+
+
+async def _drain(ws) -> None:
+    while True:
+        await ws.recv()
+
+
+class _Steps:
+    """W-ingest-shaped steps, numbered across the whole run (uids never repeat)."""
+
+    def __init__(self) -> None:
+        self.rng = np.random.default_rng(0)
+        self.n = 0
+
+    def bodies(self, n_steps: int, per_request: int) -> list[tuple[bytes, tuple[str, str, int]]]:
+        out = []
+        for _ in range(0, n_steps, per_request):
+            steps = [self._step() for _ in range(per_request)]
+            last = steps[-1]
+            marker = (last["uid"], last["trajectory_uid"], last["step_index"] + 1)
+            out.append((orjson.dumps({"steps": steps}), marker))
+        return out
+
+    def _step(self) -> dict:
+        traj, idx = divmod(self.n, PER_TRAJ)
+        self.n += 1
+        return {
+            "uid": f"bl-{self.n}",
+            "trajectory_uid": f"bl-t{traj}",
+            "step_index": idx,
+            "prompt_ids": self.rng.integers(0, 150_000, PROMPT).tolist(),
+            "response_ids": self.rng.integers(0, 150_000, RESPONSE).tolist(),
+            "rollout_logprobs": (-self.rng.random(RESPONSE) * 10).tolist(),
+            "reward": float(self.rng.random()),
+            "is_last": idx == PER_TRAJ - 1,
+        }
+
+
+def _session(server: LiveServer) -> str:
+    """A logged-in session of a superuser, made by Django itself in the server's database."""
+    code = (
+        "from django.contrib.auth import get_user_model, SESSION_KEY, BACKEND_SESSION_KEY, HASH_SESSION_KEY;"
+        "from django.contrib.sessions.backends.db import SessionStore;"
+        "U = get_user_model();"
+        "u = U.objects.filter(username='bench').first() or "
+        "U.objects.create_superuser('bench', 'bench@example.com', 'pw-bench');"
+        "s = SessionStore();"
+        "s[SESSION_KEY] = str(u.pk);"
+        "s[BACKEND_SESSION_KEY] = 'django.contrib.auth.backends.ModelBackend';"
+        "s[HASH_SESSION_KEY] = u.get_session_auth_hash();"
+        "s.create();"
+        "print(s.session_key)"
+    )
+    return server.manage("shell", "-c", code).strip().splitlines()[-1]
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    return float(np.percentile(values, q))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
