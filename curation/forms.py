@@ -279,7 +279,7 @@ class BatchForm(forms.Form):
     ask for, plus a freshness bound (max policy staleness) previewed over the dataset's spec."""
 
     FORMATS = [("steps", "steps"), ("padded", "padded"), ("tree", "tree (prefix-packed)")]
-    UNITS = [("groups", "groups"), ("steps", "steps")]
+    UNITS = [("", "the dataset's (groups if kept whole)"), ("groups", "groups"), ("steps", "steps")]
 
     dataset = forms.ChoiceField(choices=[], required=False)
     batch_size = forms.IntegerField(

@@ -19,13 +19,14 @@ from django.db.models import Count, F, Max, Q, Sum
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
-from pool.flags import READINESS_NAMES, READY, READY_ANY_TOKENS
+from pool.flags import READINESS_NAMES
 from pool.flags import names as flag_names
 from pool.models import Event, MergeResult, PolicyVersion, PromptGroup, Source, Step, Trajectory
 from pool.selectors import pool_stats, steps_render
 
 from .models import Consumer, Dataset, Lease, Snapshot
 from .selectors import trajectory_timeline
+from .selectors_live import live_state
 
 # Minutes shown by the overview's ingestion-rate chart (one point per minute).
 RATE_MINUTES = 30
@@ -46,7 +47,7 @@ TREE_W, TREE_ROW = 1000, 22
 
 # --- overview ---------------------------------------------------------------------------------
 def overview() -> dict[str, Any]:
-    """Everything the overview shows: the five stage counters (the live hello state's shape),
+    """Everything the overview shows: the five stage counters (the live hello state),
     the ingestion rate per minute, sources and their health, drift and error rates."""
     stats = pool_stats()
     now = timezone.now()
@@ -58,7 +59,8 @@ def overview() -> dict[str, Any]:
     calls = recent["steps"] + errors
     return {
         "stats": stats,
-        "state": stage_counts(stats),
+        # The live websocket's hello state: the page starts from the numbers live events move.
+        "state": live_state(["overview"]),
         "rate": ingest_rate(now=now),
         "sources": sources_health(),
         "window_hours": int(RATES_WINDOW.total_seconds() // 3600),
@@ -66,52 +68,6 @@ def overview() -> dict[str, Any]:
         "drift_rate": recent["drift"] / recent["steps"] if recent["steps"] else None,
         "errors": errors,
         "error_rate": errors / calls if calls else None,
-    }
-
-
-def stage_counts(stats: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The counters of each lifecycle stage, keyed like the live hello state
-    (collect, represent, curate, optimize, consume, policy_version)."""
-    stats = stats or pool_stats()
-    by_source = dict(
-        Step.objects.values_list("token_source").annotate(n=Count("id")).values_list("token_source", "n")
-    )
-    merges = MergeResult.objects.filter(status=MergeResult.Status.DONE, group__isnull=False).aggregate(
-        groups=Count("id"), total=Sum("total_tokens"), unique=Sum("unique_tokens")
-    )
-    leases = Lease.objects.aggregate(
-        open=Count("id", filter=Q(status=Lease.Status.LEASED)),
-        acked=Count("id", filter=Q(status=Lease.Status.ACKED)),
-    )
-    total, unique = merges["total"] or 0, merges["unique"] or 0
-    return {
-        "collect": {
-            "steps": stats["steps"],
-            "trajectories": stats["trajectories"],
-            "running": stats["trajectories_by_status"].get(Trajectory.Status.RUNNING, 0),
-        },
-        "represent": {
-            "exact": by_source.get(Step.TokenSource.CLIENT, 0) + by_source.get(Step.TokenSource.UPSTREAM, 0),
-            "retokenized": by_source.get(Step.TokenSource.RETOKENIZED, 0),
-            "drift": stats["steps_drift"],
-        },
-        "curate": curate_counts(),
-        "optimize": {"merged_groups": merges["groups"], "tokens": total, "tokens_saved": total - unique},
-        "consume": {
-            "leases_open": leases["open"],
-            "acked": leases["acked"],
-            "consumers": Consumer.objects.count(),
-        },
-        "policy_version": stats["current_policy_version"],
-    }
-
-
-def curate_counts() -> dict[str, int]:
-    """Ready steps and groups (the step_ready and group_ready partial indexes) and labelled steps."""
-    return {
-        "ready_steps": Step.objects.filter(readiness__in=[READY, READY_ANY_TOKENS]).count(),
-        "ready_groups": PromptGroup.objects.filter(ready_at__isnull=False).count(),
-        "labelled": Step.objects.exclude(label="").count(),
     }
 
 

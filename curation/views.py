@@ -38,6 +38,7 @@ from .forms import (
     StepFilterForm,
     TrajectoryFilterForm,
 )
+from .selectors_live import live_state
 from .services.snapshots import snapshot_create
 from .specs import spec_dump, spec_parse
 
@@ -387,7 +388,7 @@ def curation(request: HttpRequest) -> HttpResponse:
             "form": form,
             "datasets": selectors.datasets_list(),
             "preview": preview,
-            "counts": selectors_pages.curate_counts(),
+            "counts": live_state(["curation"])["curate"],
             "page": "curation",
             "live_topics": "curation",
         },

@@ -109,8 +109,10 @@ def snapshot_create(*, dataset: str, actor: str = "") -> Snapshot:
 
     with transaction.atomic():
         snap = Snapshot.objects.create(id=uuid.uuid4(), dataset_version=ds.current, created_by=actor)
-        enqueue_on_commit(build_task, str(snap.id))
+        # Published first: in embedded mode the build runs in the enqueue's on-commit
+        # callback, so a "pending" registered after it would follow (and undo) its "done".
         snapshot_publish(snap.id, Snapshot.Status.PENDING, 0, None)
+        enqueue_on_commit(build_task, str(snap.id))
     return snap
 
 

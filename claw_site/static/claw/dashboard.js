@@ -219,7 +219,7 @@
   Live.on("snapshot", function (d) {
     var row = $("tr[data-snapshot='" + cssEscape(String(d.id)) + "']");
     if (!row && snapshotRows) row = snapshotRow(d);
-    if (!row) return;
+    if (!row || row.dataset.status === "done") return; // a done snapshot never changes
     var bar = $("progress", row);
     if (bar) { bar.max = 1; bar.value = Math.max(0, Math.min(1, Number(d.progress) || 0)); }
     row.dataset.status = d.status;
