@@ -215,9 +215,11 @@ def test_a_step_posted_through_the_api_appears_live(server, browser):
     sign_in(overview, srv.url)
     collection = context.new_page()
     collection.goto(f"{srv.url}/collection/")
+    completed = context.new_page()
+    completed.goto(f"{srv.url}/collection/?status=completed")
     consumption = context.new_page()
     consumption.goto(f"{srv.url}/consumption/")
-    for page in (overview, collection, consumption):
+    for page in (overview, collection, completed, consumption):
         expect(page.locator("#live-status")).to_have_attribute("data-state", "live")
     expect(overview.locator('[data-live="collect.steps"]')).to_have_text("2")
 
@@ -231,6 +233,13 @@ def test_a_step_posted_through_the_api_appears_live(server, browser):
     expect(overview.locator('[data-live="collect.steps"]')).to_have_text("3", timeout=LIVE_DEADLINE_MS)
     shot(collection, "collection-live")
     shot(overview, "overview-live")
+    # and the page filtered on completed trajectories leaves the running one out
+    expect(completed.locator("#trajectories tr[data-uid]")).to_have_count(0)
+
+    # when the agent completes it, the filtered page lists it, live
+    agent.post("/api/v1/trajectories/live-1/complete", {})
+    expect(completed.locator('#trajectories tr[data-uid="live-1"] .badge')).to_have_text("completed")
+    expect(collection.locator('#trajectories tr[data-uid="live-1"] .badge')).to_have_text("completed")
 
     # when a trainer freezes a snapshot through the API
     snap = trainer.post("/api/v1/snapshots", {"dataset": "all"})
@@ -251,7 +260,9 @@ def test_script_payloads_never_run(server, browser):
     if HAS_LIVE:  # the payload also arrives through live events on an open page
         page.goto(f"{srv.url}/collection/")
         expect(page.locator("#live-status")).to_have_attribute("data-state", "live")
-    # given a step whose ids, text and metadata hold script payloads
+    # given a step whose ids, text and metadata hold script payloads, from a source (the
+    # API key's name) that holds one too
+    agent = Api(srv.url, srv.make_key("ingest", name="src" + XSS[0]))
     uid = "x" + XSS[1]
     agent.post(
         "/api/v1/steps",

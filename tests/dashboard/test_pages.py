@@ -180,6 +180,23 @@ def test_step_inspector_without_text_says_so(pool_data, settings):
     assert signed_in("operator").get("/steps/999999/").status_code == 404
 
 
+def test_step_inspector_decodes_ids_with_the_configured_tokenizer(settings, tmp_path):
+    from transformers import AutoTokenizer
+
+    from tests.gateway.proxy_support import build_tokenizer
+
+    # given a local tokenizer and a step stored with token ids only
+    settings.CLAW_TOKENIZER = str(build_tokenizer(tmp_path / "tok"))
+    tok = AutoTokenizer.from_pretrained(settings.CLAW_TOKENIZER, local_files_only=True)
+    prompt, response = tok.encode("what is <b>two</b>?"), tok.encode("four & more")
+    steps_ingest(steps=[step_in("dec", 0, prompt=prompt, response=response)])
+    step = Step.objects.get(uid="dec:0")
+    # then the inspector shows the ids decoded (escaped), and says so
+    html = signed_in("reviewer").get(f"/steps/{step.id}/").content.decode()
+    assert "what is &lt;b&gt;two&lt;/b&gt;?" in html and "four &amp; more" in html
+    assert "Decoded from the token ids" in html
+
+
 # --- curation -------------------------------------------------------------------------------------
 def test_curation_page_shows_the_ready_counts(pool_data):
     html = signed_in("operator").get("/curation/").content.decode()
