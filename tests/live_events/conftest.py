@@ -36,8 +36,11 @@ def nobody(django_user_model):
 
 @pytest.fixture(autouse=True)
 def drained():
-    """Events buffered by earlier tests are sent (to nobody) before the test starts."""
+    """Events buffered by earlier tests are sent (to nobody) before the test starts, and the
+    per-process source-name cache is emptied: an earlier test's rolled-back Source can leave
+    its id to another source here (SQLite reuses a rolled-back id)."""
     live.flush_now()
+    live._source_names.clear()
     yield
 
 
