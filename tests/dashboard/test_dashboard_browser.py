@@ -7,14 +7,19 @@ without a reload; script payloads in ingested data never run, on any page, live 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from urllib.parse import quote
 
 import httpx
 import pytest
 
 from tests.curation.test_pages_browser import CHROMIUM, CHROMIUM_ARGS
-from tests.live import ROOT, LiveServer, live_server
+from tests.live import ROOT, LiveServer, live_server, stop_process
 
 SCREENSHOTS = ROOT / "var" / "screenshots"
 HAS_LIVE = (ROOT / "claw_site" / "static" / "claw" / "live.js").exists()
@@ -65,7 +70,11 @@ def server(tmp_path) -> Iterator[tuple[LiveServer, Api, Api]]:
     group (g1) and a one-step trajectory; the agent's and the trainer's API clients."""
     var_dir = tmp_path / "srv"
     var_dir.mkdir()
-    with live_server(var_dir) as srv:
+    # With REDIS_URL (CI's second run) snapshots are built by a Celery worker, on a private
+    # queue so that no other run's worker takes them; its live events reach the page
+    # through the Redis channel layer.
+    queue = {"CLAW_CELERY_QUEUE": f"claw-dash-{uuid.uuid4().hex[:8]}"} if os.environ.get("REDIS_URL") else {}
+    with live_server(var_dir, queue) as srv, celery_worker(srv, var_dir, queue):
         agent_key, trainer_key = srv.manage("shell", "-c", SETUP).strip().splitlines()[-2:]
         agent = Api(srv.url, agent_key)
         agent.post(
@@ -87,6 +96,36 @@ def server(tmp_path) -> Iterator[tuple[LiveServer, Api, Api]]:
             },
         )
         yield srv, agent, Api(srv.url, trainer_key)
+
+
+@contextmanager
+def celery_worker(srv: LiveServer, var_dir: Path, queue: dict[str, str]) -> Iterator[None]:
+    """A solo Celery worker on ``queue``'s queue while the block runs (none without one)."""
+    if not queue:
+        yield
+        return
+    log = open(var_dir / "worker.log", "wb")  # noqa: SIM115 - owned by the process
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "claw_site", "worker", "-Q", queue["CLAW_CELERY_QUEUE"]]
+        + [
+            "--pool",
+            "solo",
+            "--loglevel",
+            "INFO",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ],
+        cwd=ROOT,
+        env=srv.env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        yield
+    finally:
+        stop_process(worker)
+        log.close()
 
 
 @pytest.fixture
@@ -231,6 +270,8 @@ def test_a_step_posted_through_the_api_appears_live(server, browser):
     # then, without a reload, Collection lists it and the Overview counts it
     expect(collection.locator('#trajectories tr[data-uid="live-1"]')).to_be_visible(timeout=LIVE_DEADLINE_MS)
     expect(overview.locator('[data-live="collect.steps"]')).to_have_text("3", timeout=LIVE_DEADLINE_MS)
+    # and the overview's rate (from the `rate` events) shows steps flowing
+    expect(overview.locator("#rate-now")).not_to_have_text("–", timeout=10_000)
     shot(collection, "collection-live")
     shot(overview, "overview-live")
     # and the page filtered on completed trajectories leaves the running one out

@@ -7,7 +7,9 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from curation.models import Lease, Snapshot
 from curation.services import dataset_create
@@ -260,6 +262,29 @@ def test_leases_are_listed_with_consumers_and_replayable(pool_data):
     replay = client.get(f"/consumption/leases/{lease.id}/batch")
     assert replay.status_code == 200 and replay.content == bytes(Lease.objects.get(id=lease.id).body)
     assert client.get(f"/consumption/leases/{uuid.uuid4()}/batch").status_code == 404
+
+
+# --- cost ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("url", [*PAGES, "/optimization/groups/g1/"])
+def test_page_queries_do_not_grow_with_the_pool(pool_data, url):
+    client = signed_in("operator")
+    client.get(url)  # warm-up: sessions, permissions, the group's first merge
+
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as ctx:
+            assert client.get(url).status_code == 200
+        return len(ctx.captured_queries)
+
+    before = queries()
+    # given more of everything: sources, trajectories, steps, groups, merges, leases
+    for i in range(3):
+        finished(f"more{i}", seed=10 + i)
+        src = Source.objects.create(name=f"more-src-{i}")
+        steps_ingest(steps=[step_in(f"m{i}", 0, prompt=[1, i], response=[2], group="g1")], source_id=src.id)
+    consumer_pull(consumer=f"trainer-{i}", pull=PullIn(dataset="ds", batch_size=1, unit="steps"))
+    client.get("/optimization/groups/g1/")  # the group changed: merged again once
+    # then the page costs the same number of queries
+    assert queries() == before
 
 
 # --- safety ---------------------------------------------------------------------------------------
