@@ -296,7 +296,7 @@ class BatchForm(forms.Form):
 
     def __init__(self, *args: Any, datasets: list[str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["dataset"].choices = [(d, d) for d in datasets]
+        _choices(self.fields["dataset"], datasets)
 
 
 class SnapshotForm(forms.Form):
@@ -304,4 +304,9 @@ class SnapshotForm(forms.Form):
 
     def __init__(self, *args: Any, datasets: list[str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["dataset"].choices = [(d, d) for d in datasets]
+        _choices(self.fields["dataset"], datasets)
+
+
+def _choices(field: forms.Field, names: list[str]) -> None:
+    assert isinstance(field, forms.ChoiceField)
+    field.choices = [(n, n) for n in names]

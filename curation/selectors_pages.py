@@ -245,17 +245,22 @@ def optimization_overview(*, before: int | None = None, limit: int = GROUP_PAGE)
     rows = []
     for g in groups:
         m = merges.get(g.id)
-        done = m is not None and m.status == MergeResult.Status.DONE
-        rows.append(
-            {
-                "group": g,
-                "merge": m,
-                "tokens": m.total_tokens if done else None,
-                "unique": m.unique_tokens if done else None,
-                "saved": (m.total_tokens - m.unique_tokens) if done else None,
-                "savings": m.savings if done else None,
+        row: dict[str, Any] = {
+            "group": g,
+            "merge": m,
+            "tokens": None,
+            "unique": None,
+            "saved": None,
+            "savings": None,
+        }
+        if m is not None and m.status == MergeResult.Status.DONE:
+            row |= {
+                "tokens": m.total_tokens,
+                "unique": m.unique_tokens,
+                "saved": m.total_tokens - m.unique_tokens,
+                "savings": m.savings,
             }
-        )
+        rows.append(row)
     return {
         "rows": rows,
         "next_before": groups[-1].id if more else None,

@@ -241,6 +241,16 @@ def test_every_stage_page_in_a_browser(server, browser):
     expect(row.locator("progress")).to_have_js_property("position", 1)
     expect(row.get_by_role("link", name="jsonl")).to_be_visible()
     shot(page, "consumption")
+
+    # and on a phone-sized screen the overview's stages stack and nothing overflows sideways
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(f"{srv.url}/")
+    shot(page, "overview-narrow")
+    wide = page.evaluate("""() => Array.from(document.querySelectorAll('body *'))
+        .filter(e => e.getBoundingClientRect().right > window.innerWidth + 1)
+        .map(e => e.tagName + '.' + e.className + '#' + e.id).slice(0, 12)""")
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), wide
+    shot(page, "overview-narrow")
     assert dialogs == []
 
 
