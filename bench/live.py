@@ -53,7 +53,16 @@ RATES = {50: 1, 1000: 16}  # steps/s -> steps per request
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=10.0, help="per measured phase")
+    p.add_argument(
+        "--hello-steps",
+        type=int,
+        default=0,
+        help="instead: time the hello state (live_state) on a W-pool of 20k and this many steps (PostgreSQL)",
+    )
     args = p.parse_args(argv)
+    if args.hello_steps:
+        print(json.dumps(hello_state(args.hello_steps)), flush=True)
+        return
     with tempfile.TemporaryDirectory(prefix="bench-live-") as tmp:
         server = LiveServer(Path(tmp), {"CLAW_API_KEY_CACHE_SECONDS": "10"})
         server.start()
@@ -128,6 +137,45 @@ async def _run(server: LiveServer, seconds: float) -> dict:
         out[f"cpu_us_per_step_{phase}"] = round(v, 1)
     out["cpu_overhead"] = round(mean["connected"] / mean["none"] - 1, 3)
     out["cpu_overhead_idle"] = round(mean["none"] / mean["off"] - 1, 3)  # live on, nobody connected
+    return out
+
+
+def hello_state(steps: int, runs: int = 20) -> dict:
+    """p50 of ``live_state`` (every topic: what an overview page reads on each connect) on
+    a W-pool (bench/curation.py) of 20k and ``steps`` steps, in a fresh PostgreSQL
+    database, after VACUUM ANALYZE (the planner estimates are then current)."""
+    from bench.curation import GROUP_STEPS, WPool, pool_grow, vacuum_analyze
+    from bench.pgdb import fresh_database
+
+    out: dict = {"workload": "W-pool", "db": "postgresql", "runs": runs}
+    with fresh_database("live"):
+        import django
+        from django.core.management import call_command
+        from django.db import connection
+        from django.test.utils import CaptureQueriesContext
+
+        django.setup()
+        call_command("migrate", verbosity=0)
+        from curation.selectors_live import live_state
+
+        gen, grown = WPool(), 0
+        for size in sorted({min(20_000, steps), steps}):
+            want = size // GROUP_STEPS - grown
+            pool_grow(gen, want)
+            grown += want
+            vacuum_analyze()
+            label = f"{size // 1000}k"
+            times = []
+            for _ in range(runs + 3):
+                t = time.perf_counter()
+                state = live_state(["overview"])
+                times.append((time.perf_counter() - t) * 1e3)
+            out[f"hello_p50_ms_{label}"] = round(statistics.median(times[3:]), 2)
+            out[f"hello_steps_{label}"] = state["collect"]["steps"]
+            with CaptureQueriesContext(connection) as q:
+                live_state(["overview"])
+            out["hello_queries"] = len(q.captured_queries)
+            print(f"{label}: hello p50 {out[f'hello_p50_ms_{label}']} ms", file=sys.stderr, flush=True)
     return out
 
 
