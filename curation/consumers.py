@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import parse_qs
 
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.contrib.auth import get_user_model
+from django.db import close_old_connections
 
 from pool import live
 
@@ -40,6 +43,9 @@ MAX_TOPICS = 16
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_BAD_TOPIC = 4400
+# Permission re-checks run on their own thread: on the shared sync executor they would queue
+# behind the HTTP requests of a busy server, and every batch waits for its check.
+_checks = ThreadPoolExecutor(max_workers=1, thread_name_prefix="claw-live-perms")
 
 
 def topic_permission(topic: str) -> str | None:
@@ -63,7 +69,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if not self.topics or any(topic_permission(t) is None for t in self.topics):
             await self.close(code=CLOSE_BAD_TOPIC)
             return
-        if not await self._allowed(user.pk):
+        if not await self._check(user.pk):
             await self.close(code=CLOSE_FORBIDDEN)
             return
         self.checked_at = time.monotonic()
@@ -84,15 +90,21 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         now = time.monotonic()
         if now - self.checked_at >= RECHECK_SECONDS:
             self.checked_at = now
-            if not await self._allowed(self.scope["user"].pk):
+            if not await self._check(self.scope["user"].pk):
                 await self.close(code=CLOSE_FORBIDDEN)
                 return
         await self.send_json({"type": "batch", "events": event["events"]})
 
-    @database_sync_to_async
+    async def _check(self, user_id: int) -> bool:
+        return await sync_to_async(self._allowed, thread_sensitive=False, executor=_checks)(user_id)
+
     def _allowed(self, user_id: int) -> bool:
         """A fresh read of the user (no permission cache) holds every topic's permission."""
-        user = get_user_model().objects.filter(pk=user_id).first()
-        if user is None or not user.is_active:
-            return False
-        return all(user.has_perm(topic_permission(t)) for t in self.topics)
+        close_old_connections()
+        try:
+            user = get_user_model().objects.filter(pk=user_id).first()
+            if user is None or not user.is_active:
+                return False
+            return all(user.has_perm(topic_permission(t)) for t in self.topics)
+        finally:
+            close_old_connections()
