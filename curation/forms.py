@@ -276,3 +276,51 @@ class QueueForm(forms.Form):
             "ask_correction": d["ask_correction"],
             "sets_reward": d["sets_reward"],
         }
+
+
+# --- dashboard pages ----------------------------------------------------------------------------
+class StepFilterForm(forms.Form):
+    """Filters of the step list (representation page)."""
+
+    source = forms.CharField(max_length=128, required=False)
+    token_source = forms.ChoiceField(choices=_BLANK + Step.TokenSource.choices, required=False)
+    drift = forms.BooleanField(required=False, label="Drift only")
+    before = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
+
+
+class BatchForm(forms.Form):
+    """A trainer's batch configuration: what ``POST /api/v1/consumers/<name>/pull`` would
+    ask for, plus a freshness bound (max policy staleness) previewed over the dataset's spec."""
+
+    FORMATS = [("steps", "steps"), ("padded", "padded"), ("tree", "tree (prefix-packed)")]
+    UNITS = [("", "the dataset's (groups if kept whole)"), ("groups", "groups"), ("steps", "steps")]
+
+    dataset = forms.ChoiceField(choices=[], required=False)
+    batch_size = forms.IntegerField(
+        min_value=1, max_value=4096, initial=64, required=False, label="Batch size"
+    )
+    unit = forms.ChoiceField(choices=UNITS, required=False)
+    format = forms.ChoiceField(choices=FORMATS, required=False)
+    max_staleness = forms.IntegerField(
+        min_value=0,
+        required=False,
+        label="Freshness (max policy staleness)",
+        help_text="blank: the dataset's own bound",
+    )
+
+    def __init__(self, *args: Any, datasets: list[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _choices(self.fields["dataset"], datasets)
+
+
+class SnapshotForm(forms.Form):
+    dataset = forms.ChoiceField(choices=[])
+
+    def __init__(self, *args: Any, datasets: list[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _choices(self.fields["dataset"], datasets)
+
+
+def _choices(field: forms.Field, names: list[str]) -> None:
+    assert isinstance(field, forms.ChoiceField)
+    field.choices = [(n, n) for n in names]

@@ -1,3 +1,7 @@
-"""Websocket routes (the live dashboard consumer lands with the dashboard work)."""
+"""Websocket routes (included by claw_site/asgi.py behind the session auth stack)."""
 
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from .consumers import LiveConsumer
+
+websocket_urlpatterns: list = [path("ws/live/", LiveConsumer.as_asgi())]

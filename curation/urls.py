@@ -8,6 +8,14 @@ urlpatterns = [
     path("", views.home, name="home"),
     path("login/", views.login, name="login"),
     path("logout/", views.logout, name="logout"),
+    path("collection/", views.collection, name="collection"),
+    path("steps/", views.steps, name="steps"),
+    path("steps/<int:step_id>/", views.step, name="step"),
+    path("optimization/", views.optimization, name="optimization"),
+    # <path:>: a group uid is any string, slashes included.
+    path("optimization/groups/<path:uid>/", views.group_tree, name="group_tree"),
+    path("consumption/", views.consumption, name="consumption"),
+    path("consumption/leases/<uuid:lease_id>/batch", views.lease_batch, name="lease_batch"),
     path("trajectories/", views.trajectories, name="trajectories"),
     # <path:>: a trajectory uid is any string, slashes included.
     path("trajectories/<path:uid>/", views.trajectory, name="trajectory"),

@@ -10,6 +10,7 @@ datasets, queues) ``pool.change_step`` (curation/roles.py gives each role its se
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -20,18 +21,31 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from pool.errors import Conflict, InvalidInput, NotFound, PoolError
-from pool.selectors import pool_stats
+from pool.services.merge import group_merge_ensure, merge_tree_render
 
-from . import selectors, services
-from .forms import DatasetForm, LabelForm, QueueForm, ReviewForm, TrajectoryFilterForm
-from .specs import spec_parse
+from . import charts, selectors, selectors_pages, services
+from .forms import (
+    BatchForm,
+    DatasetForm,
+    LabelForm,
+    QueueForm,
+    ReviewForm,
+    SnapshotForm,
+    StepFilterForm,
+    TrajectoryFilterForm,
+)
+from .selectors_live import live_state
+from .services.snapshots import snapshot_create
+from .specs import spec_dump, spec_parse
 
 VIEW = "pool.view_trajectory"
 REVIEW = "pool.add_feedback"
 CURATE = "pool.change_step"
+GROUPS = "pool.view_promptgroup"
 # Skipped trajectory ids remembered per queue in the session (so Skip moves on), at most.
 SKIPS_KEPT = 500
 
@@ -54,9 +68,224 @@ login = auth_views.LoginView.as_view(template_name="curation/login.html", redire
 logout = auth_views.LogoutView.as_view()
 
 
-@login_required
+# --- dashboard: one page per lifecycle stage (collect, represent, curate, optimize, consume) ---
+@allowed(VIEW)
 def home(request: HttpRequest) -> HttpResponse:
-    return render(request, "curation/home.html", {"stats": pool_stats()})
+    """Overview: the counters of every stage, the ingestion rate, sources, policy, drift
+    and error rates. Live events (static/claw/live.js) move the numbers forward."""
+    data = selectors_pages.overview()
+    chart = charts.line_chart(
+        [r["steps"] for r in data["rate"]],
+        labels=[timezone.localtime(r["minute"]).strftime("%H:%M") for r in data["rate"]],
+    )
+    return render(
+        request,
+        "dashboard/overview.html",
+        {
+            **data,
+            "chart": chart,
+            "policy": selectors_pages.policy_current(),
+            "page": "overview",
+            "live_topics": "overview",
+        },
+    )
+
+
+@allowed(VIEW)
+def collection(request: HttpRequest) -> HttpResponse:
+    """Trajectories as they arrive, filtered server-side; live rows obey the same filter."""
+    form = TrajectoryFilterForm(request.GET or None)
+    filters = form.cleaned_data if form.is_valid() else {}
+    rows, next_before = selectors.trajectories_browse(
+        status=filters.get("status", ""),
+        channel=filters.get("channel", ""),
+        source=filters.get("source", ""),
+        group=filters.get("group", ""),
+        has_ready=filters.get("has_ready", False),
+        before=filters.get("before"),
+    )
+    return render(
+        request,
+        "dashboard/collection.html",
+        {
+            "form": form,
+            "rows": rows,
+            "next_before": next_before,
+            "paged": bool(filters.get("before")),
+            "sources": selectors_pages.sources_health(),
+            "live_filter": {k: filters.get(k) or "" for k in ("status", "channel", "source", "group")},
+            # Live rows are only prepended to the first page, and not when "has ready" is on
+            # (readiness is not in the events).
+            "live_rows": not filters.get("before") and not filters.get("has_ready"),
+            "page": "collection",
+            "live_topics": "collection",
+        },
+    )
+
+
+@allowed("pool.view_step")
+def steps(request: HttpRequest) -> HttpResponse:
+    """Representation: the newest steps with their token source and drift."""
+    form = StepFilterForm(request.GET or None)
+    filters = form.cleaned_data if form.is_valid() else {}
+    rows, next_before = selectors_pages.steps_browse(
+        source=filters.get("source", ""),
+        token_source=filters.get("token_source", ""),
+        drift=filters.get("drift", False),
+        before=filters.get("before"),
+    )
+    return render(
+        request,
+        "dashboard/steps.html",
+        {
+            "form": form,
+            "rows": rows,
+            "next_before": next_before,
+            "paged": bool(filters.get("before")),
+            "live_filter": {
+                "source": filters.get("source") or "",
+                "token_source": filters.get("token_source") or "",
+                "drift": "1" if filters.get("drift") else "",
+            },
+            "live_rows": not filters.get("before"),
+            "page": "steps",
+            "live_topics": "steps",
+        },
+    )
+
+
+@allowed("pool.view_step")
+def step(request: HttpRequest, step_id: int) -> HttpResponse:
+    """The step inspector: prompt and response as text, tokens on demand, token source,
+    drift location, reward and feedback."""
+    found = selectors_pages.step_inspect(step_id)
+    if found is None:
+        raise Http404("no such step")
+    return render(
+        request, "dashboard/step.html", {"i": found, "v": found.view, "s": found.view.step, "page": "steps"}
+    )
+
+
+@allowed(GROUPS)
+def optimization(request: HttpRequest) -> HttpResponse:
+    """Prompt groups with their prefix-tree savings, and the savings chart."""
+    before = _int(request.GET.get("before"))
+    data = selectors_pages.optimization_overview(before=before)
+    merged = [r for r in data["rows"] if r["tokens"]]
+    chart = charts.bar_chart([(r["group"].uid, r["saved"], r["tokens"]) for r in merged[:25]])
+    return render(
+        request,
+        "dashboard/optimization.html",
+        {
+            **data,
+            "chart": chart,
+            "paged": before is not None,
+            "page": "optimization",
+            "live_topics": "optimization",
+        },
+    )
+
+
+@allowed(GROUPS)
+def group_tree(request: HttpRequest, uid: str) -> HttpResponse:
+    """One group's prefix tree (the API's groups/<uid>/prefix-tree, drawn): shared spans,
+    branches and the steps through each. A small group is merged during the request; a
+    large one is queued and the page says so."""
+    group = selectors_pages.group_get(uid)
+    if group is None:
+        raise Http404("no such prompt group")
+    body = merge_tree_render(group_merge_ensure(uid=uid))
+    return render(
+        request,
+        "dashboard/group.html",
+        {
+            "group": group,
+            "merge": body,
+            "layout": selectors_pages.prefix_tree_layout(body),
+            "page": "optimization",
+            "live_topics": "optimization",
+        },
+    )
+
+
+@require_http_methods(["GET", "POST"])
+@allowed(VIEW)
+def consumption(request: HttpRequest) -> HttpResponse:
+    """Batch configuration with its preview, snapshots (live progress), consumers with lag
+    and leases, and replayable batches. A POST (operators) requests a snapshot."""
+    names = [d.name for d in selectors_pages.datasets_with_current()]
+    snapshot_form = SnapshotForm(datasets=names)
+    status = 200
+    if request.method == "POST":
+        _require(request, CURATE)
+        snapshot_form = SnapshotForm(request.POST, datasets=names)
+        if snapshot_form.is_valid():
+            try:
+                snap = snapshot_create(
+                    dataset=snapshot_form.cleaned_data["dataset"], actor=request.user.get_username()
+                )
+            except PoolError as exc:
+                snapshot_form.add_error("dataset", exc.message)
+            else:
+                messages.success(request, f"Snapshot {snap.id} requested.")
+                return redirect(reverse("curation:consumption") + "#snapshots")
+        status = 400
+    form = BatchForm(request.GET or None, datasets=names)
+    config = _batch_config(form, names)
+    return render(
+        request,
+        "dashboard/consumption.html",
+        {
+            "form": form,
+            "config": config,
+            "snapshot_form": snapshot_form,
+            "snapshots": selectors_pages.snapshots_recent(),
+            "consumers": selectors_pages.consumers_health(),
+            "leases": selectors_pages.leases_recent(),
+            "page": "consumption",
+            "live_topics": "consumption",
+        },
+        status=status,
+    )
+
+
+def _batch_config(form: BatchForm, names: list[str]) -> dict[str, Any] | None:
+    """The chosen batch (defaults: the first dataset, 64 groups, steps format), its pull
+    request body and a preview of what its dataset admits under the freshness bound."""
+    if not names:
+        return None
+    d = form.cleaned_data if form.is_bound and form.is_valid() else {}
+    name = d.get("dataset") or names[0]
+    found = selectors.dataset_versions(name)
+    if found is None or found[0].current is None:
+        return None
+    spec = spec_dump(spec_parse(found[0].current.spec))
+    if d.get("max_staleness") is not None:
+        spec["filters"]["max_staleness"] = d["max_staleness"]
+    unit = d.get("unit") or ("groups" if spec["grouping"]["keep_groups_whole"] else "steps")
+    pull = {
+        "dataset": name,
+        "batch_size": d.get("batch_size") or 64,
+        "unit": unit,
+        "format": d.get("format") or "steps",
+    }
+    return {
+        "dataset": found[0],
+        "pull": pull,
+        "pull_json": json.dumps(pull),
+        "max_staleness": spec["filters"]["max_staleness"],
+        "preview": selectors.dataset_preview(spec_parse(spec)),
+    }
+
+
+@allowed(VIEW)
+def lease_batch(request: HttpRequest, lease_id: uuid.UUID) -> HttpResponse:
+    """Replay: a lease's batch exactly as first served (the API's leases/<id>/batch, for
+    people signed in to the pages)."""
+    body = selectors_pages.lease_body(lease_id)
+    if body is None:
+        raise Http404("no such lease")
+    return HttpResponse(body, content_type="application/json")
 
 
 # --- trajectories ----------------------------------------------------------------------------
@@ -155,7 +384,14 @@ def curation(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "curation/curation.html",
-        {"form": form, "datasets": selectors.datasets_list(), "preview": preview},
+        {
+            "form": form,
+            "datasets": selectors.datasets_list(),
+            "preview": preview,
+            "counts": live_state(["curation"])["curate"],
+            "page": "curation",
+            "live_topics": "curation",
+        },
         status=status,
     )
 

@@ -158,6 +158,13 @@ else:
     CELERY_TASK_ALWAYS_EAGER = True
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
+# Live dashboard events (pool/live.py): published after commit into a process-local buffer,
+# coalesced and sent through the channel layer above at most once per topic per tick. With
+# the in-memory layer only consumers of the same process receive them; with REDIS_URL every
+# process (web workers, Celery workers) publishes to all connected dashboards.
+CLAW_LIVE = env_bool("CLAW_LIVE", True)
+CLAW_LIVE_TICK_MS = env_int("CLAW_LIVE_TICK_MS", 100)
+
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True

@@ -24,6 +24,7 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from gateway.renderers import dumps
+from pool import live
 from pool.errors import Conflict, InvalidInput, NotFound
 from pool.ingest import backends
 from pool.models import PolicyVersion, PromptGroup, Step, Trajectory
@@ -112,6 +113,7 @@ def consumer_pull(*, consumer: str, pull: PullIn) -> Lease | None:
             return None
         _render(lease, ds, who, c, steps)
         lease.save(update_fields=["n_units", "n_steps", "content_hash", "body"])
+        lease_publish(lease, consumer=who.name, dataset=ds.name, taken=1)
     return lease
 
 
@@ -128,6 +130,7 @@ def lease_ack(*, lease_id: uuid.UUID, consumer: str | None = None) -> Lease:
             )
         lease.status, lease.acked_at = Lease.Status.ACKED, timezone.now()
         lease.save(update_fields=["status", "acked_at"])
+        lease_publish(lease, consumer=consumer or "", dataset="", acked=1)
         return lease
 
 
@@ -167,6 +170,18 @@ def leases_expire(*, consumer_id: int | None = None, now=None) -> int:
 
 
 # --- helpers --------------------------------------------------------------------------------
+def lease_publish(lease: Lease, *, consumer: str, dataset: str, taken: int = 0, acked: int = 0) -> None:
+    """The live ``lease`` event (after the commit)."""
+    item = {
+        "id": str(lease.id),
+        "consumer": consumer,
+        "dataset": dataset,
+        "status": lease.status,
+        "steps": lease.n_steps,
+    }
+    live.publish("lease", {"taken": taken, "acked": acked, "items": [item]})
+
+
 def _consumer(name: str) -> Consumer:
     if not isinstance(name, str) or not 1 <= len(name) <= 64:
         raise InvalidInput("a consumer name is 1-64 characters", field="name")

@@ -29,7 +29,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from pool import flags, tokens
+from pool import flags, live, tokens
 from pool.errors import InvalidInput, NotFound
 from pool.models import Feedback, Step
 from pool.tasks import enqueue_on_commit
@@ -109,6 +109,9 @@ def snapshot_create(*, dataset: str, actor: str = "") -> Snapshot:
 
     with transaction.atomic():
         snap = Snapshot.objects.create(id=uuid.uuid4(), dataset_version=ds.current, created_by=actor)
+        # Published first: in embedded mode the build runs in the enqueue's on-commit
+        # callback, so a "pending" registered after it would follow (and undo) its "done".
+        snapshot_publish(snap.id, Snapshot.Status.PENDING, 0, None)
         enqueue_on_commit(build_task, str(snap.id))
     return snap
 
@@ -151,7 +154,23 @@ def snapshot_build(
         )
     if not won:  # a newer attempt owns the snapshot (a redelivered task): ours is void
         _remove(stored)
+    else:
+        snapshot_publish(snap.id, Snapshot.Status.DONE, manifest["steps"], manifest["steps"])
     return Snapshot.objects.get(id=snap.id)
+
+
+def snapshot_publish(snapshot_id: uuid.UUID, status: str, steps: int, total: int | None) -> None:
+    """The live ``snapshot`` event (topics consumption and ``snapshot.<id>``): its status,
+    steps written and progress (0..1; 0 while the total is unknown)."""
+    if status == Snapshot.Status.DONE:
+        progress = 1.0
+    else:
+        progress = round(steps / total, 4) if total else 0.0
+    live.publish(
+        "snapshot",
+        {"id": str(snapshot_id), "status": status, "progress": progress, "steps": steps},
+        topics=("consumption", f"snapshot.{snapshot_id}"),
+    )
 
 
 # --- helpers --------------------------------------------------------------------------------
@@ -174,6 +193,7 @@ def _attempt_start(snapshot_id) -> Snapshot | None:
         snap.attempt = uuid.uuid4().hex
         snap.status, snap.steps_done, snap.error = Snapshot.Status.BUILDING, 0, ""
         snap.save()
+        snapshot_publish(snap.id, snap.status, 0, snap.steps_total)
         return snap
 
 
@@ -187,6 +207,7 @@ def _attempt_fail(snap: Snapshot, stored: list[str], exc: BaseException) -> None
             error=f"{type(exc).__name__}: {exc}"[:2000],
             updated_at=timezone.now(),
         )
+        snapshot_publish(snap.id, Snapshot.Status.FAILED, 0, snap.steps_total)
     except Exception:  # noqa: BLE001 - the original error is the one raised
         log.exception("snapshot %s: could not record the failed attempt", snap.id)
 
@@ -231,6 +252,7 @@ def _write(
                 Snapshot.objects.filter(id=snap.id, attempt=snap.attempt).update(
                     steps_done=stats.steps, updated_at=timezone.now()
                 )
+                snapshot_publish(snap.id, Snapshot.Status.BUILDING, stats.steps, snap.steps_total)
                 if on_chunk is not None:
                     on_chunk(n)
         finally:

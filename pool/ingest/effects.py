@@ -11,7 +11,10 @@ rows are in. The pool's own effects run first:
    the write get the bits their trajectory and group decide. A running trajectory's steps
    cannot be ready whatever those bits say, and its completion refreshes them, so a write
    into a running trajectory (every proxied call) adds no query; nor does a batch that
-   creates and completes a trajectory (its rows are written with the bits).
+   creates and completes a trajectory (its rows are written with the bits);
+5. after the registered effects, the live dashboard's ``steps`` (and
+   ``trajectories.completed``) event (pool/live.py): one publish per write, built from this
+   record, sent after the commit; no query but the first sight of a source.
 
 Other apps react to stored steps by registering an effect from their AppConfig.ready()
 (``register``); the pool never imports them. An effect receives the ``StepsWritten`` record,
@@ -27,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from .. import live
 from ..models import PromptGroup
 from . import backends
 
@@ -39,6 +43,8 @@ class WrittenStep(NamedTuple):  # a tuple: built once per stored step, on the ho
     is_last: bool
     reward_final: bool
     policy_version: int | None
+    token_source: str
+    drift: bool
 
 
 class WrittenTrajectory(NamedTuple):
@@ -57,6 +63,7 @@ class StepsWritten:
     trajectories: dict[int, WrittenTrajectory]
     source_id: int | None
     door: str  # "batch" (client-chosen indexes) or "append" (claimed indexes)
+    channel: str = ""  # the channel the write named (a trajectory it created has it)
     counted: bool = False
     tails: dict[int, int] = field(default_factory=dict)  # trajectory id -> first index of this append
 
@@ -96,6 +103,7 @@ def apply(written: StepsWritten) -> None:
     _complete_groups(written)
     for effect in tuple(_registry):
         effect(written)
+    live.steps_written(written)
 
 
 def _count(written: StepsWritten) -> None:

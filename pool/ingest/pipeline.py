@@ -224,7 +224,9 @@ def _ingest(
         insert=backends.backend().insert_steps,
         readiness_of=_known_readiness(new_steps, trajs, groups),
     )
-    effects.apply(_written(rows, [_trajectory_written(t) for t in trajs.values()], source_id=source_id))
+    effects.apply(
+        _written(rows, [_trajectory_written(t) for t in trajs.values()], source_id=source_id, channel=channel)
+    )
     return IngestResult(created=rows, duplicates=duplicates)
 
 
@@ -346,7 +348,16 @@ def _append_fused(
             if row.policy_version_id is None:  # stamped by the statement: the trajectory's
                 row.policy_version_id = s.policy_version = got.policy_version_id
         written = WrittenTrajectory(traj_id, target.trajectory_uid, group_id, target.new, ended=False)
-        effects.apply(_written(rows, [written], source_id=source_id, tails={traj_id: tail.end}, counted=True))
+        effects.apply(
+            _written(
+                rows,
+                [written],
+                source_id=source_id,
+                tails={traj_id: tail.end},
+                counted=True,
+                channel=target.channel,
+            )
+        )
     _remember(target.trajectory_uid, tail.end, rows, planned)
     return steps
 
@@ -410,7 +421,13 @@ def _append_general(target: AppendTarget, n: int, build: Build, source_id: int |
                 field="trajectory_uid",
             ) from None
         effects.apply(
-            _written(rows, [_trajectory_written(traj)], source_id=source_id, tails={traj.id: start})
+            _written(
+                rows,
+                [_trajectory_written(traj)],
+                source_id=source_id,
+                tails={traj.id: start},
+                channel=target.channel,
+            )
         )
         _remember(target.trajectory_uid, start, rows, planned)
     return steps
@@ -601,6 +618,8 @@ def _written_step(r: Step) -> WrittenStep:
         is_last=r.is_last,
         reward_final=r.reward_status == Step.RewardStatus.FINAL,
         policy_version=r.policy_version_id,
+        token_source=r.token_source,
+        drift=r.drift,
     )
 
 
@@ -611,6 +630,7 @@ def _written(
     source_id: int | None,
     tails: dict[int, int] | None = None,
     counted: bool = False,
+    channel: str = "",
 ) -> StepsWritten:
     """The effects' record of one write. ``tails`` (appends only): each trajectory's first
     index of this append; ``counted``: the write's own statement moved the counters."""
@@ -621,6 +641,7 @@ def _written(
         door="batch" if tails is None else "append",
         counted=counted,
         tails=tails or {},
+        channel=channel,
     )
 
 

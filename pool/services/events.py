@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from django.db import transaction
 from django.utils import timezone
 
+from .. import live
 from ..errors import InvalidInput, NotFound
 from ..models import Event, Feedback, Step, Trajectory
 
@@ -80,7 +81,7 @@ def feedback_create(
         traj = Trajectory.objects.filter(uid=trajectory_uid).only("id").first()
         if traj is None:
             raise NotFound(f"trajectory {trajectory_uid!r} does not exist", field="trajectory_uid")
-    return Feedback.objects.create(
+    feedback = Feedback.objects.create(
         step=step,
         trajectory=traj,
         rating=rating,
@@ -91,6 +92,8 @@ def feedback_create(
         source_id=source_id,
         user_id=user_id,
     )
+    live.publish("feedback", {"count": 1})
+    return feedback
 
 
 def gateway_event_record(

@@ -35,7 +35,7 @@ from django.db import transaction
 
 from claw_client import PrefixTree, build_prefix_tree
 
-from .. import tasks, tokens
+from .. import live, tasks, tokens
 from ..errors import NotFound
 from ..models import MergeResult, PromptGroup, Step
 
@@ -233,4 +233,12 @@ def _merge(*, key: str, group_id: int | None, inputs: Sequence[_Input]) -> Merge
         for name, value in fields.items():
             setattr(row, name, value)
         row.save()
+        if group_id is not None and row.status == MergeResult.Status.DONE:
+            item = {
+                "group": key.removeprefix("group:"),
+                "group_id": group_id,
+                "tokens": row.total_tokens,
+                "tokens_saved": row.total_tokens - row.unique_tokens,
+            }
+            live.publish("merge", {"items": [item]})
     return row

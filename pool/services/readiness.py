@@ -25,9 +25,10 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, Sum
 from django.utils import timezone
 
+from .. import live
 from ..flags import GROUP_QUALITY, Quality, Readiness
 from ..ingest import backends
 from ..models import PromptGroup, Step, Trajectory
@@ -114,9 +115,22 @@ def groups_settle(*, group_ids: Iterable[int]) -> None:
             .distinct()
         )
         ready = complete - waiting
+        if ready:
+            _publish_ready(ready)
         PromptGroup.objects.filter(id__in=ready, ready_at__isnull=True).update(ready_at=now)
         PromptGroup.objects.filter(id__in=set(chunk) - ready, ready_at__isnull=False).update(ready_at=None)
         _group_quality(ready)
+
+
+def _publish_ready(ready: set[int]) -> None:
+    """The live ``readiness`` event for the groups that become ready now (two small reads,
+    only when some group is ready)."""
+    newly = list(PromptGroup.objects.filter(id__in=ready, ready_at__isnull=True).values_list("id", flat=True))
+    if newly:
+        steps = Trajectory.objects.filter(group_id__in=newly, status=Trajectory.Status.COMPLETED).aggregate(
+            n=Sum("step_count")
+        )["n"]
+        live.publish("readiness", {"ready_steps": steps or 0, "ready_groups": len(newly)})
 
 
 def _group_quality(group_ids: set[int]) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from django.db import transaction
 from django.utils import timezone
 
+from .. import live
 from ..errors import InvalidInput, NotFound
 from ..ingest import backends, rules
 from ..models import RewardEvent, Step, Trajectory
@@ -93,6 +94,8 @@ def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> l
         refresh=set(changed_trajs)
         | {st.trajectory_id for st in changed_steps.values() if st.reward_status != Step.RewardStatus.FINAL},
     )
+    if events:
+        live.publish("rewards", {"count": len(events)})
     return events
 
 

@@ -9,6 +9,7 @@ from django.db import transaction
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
+from .. import live
 from ..errors import Conflict, InvalidInput, NotFound
 from ..ingest import TrajectorySpec, backends, policy_versions_ensure, rules, trajectory_ensure
 from ..models import Channel, RewardEvent, Step, Trajectory
@@ -174,6 +175,19 @@ def trajectories_complete(
         # its group; only the other trajectories are settled after.
         filled = set(groups_check_complete(group_ids={t.group_id for t in changed.values() if t.group_id}))
         trajectories_settle(trajectory_ids=[t.id for t in changed.values() if t.group_id not in filled])
+    if ending:
+        items = [
+            {
+                "uid": t.uid,
+                "source": live.source_name(t.source_id),
+                "channel": t.channel,
+                "status": t.status,
+                "step_count": t.step_count,
+                "group": t.group_id,
+            }
+            for t in (changed[i] for i in ending)
+        ]
+        live.publish("trajectories.completed", {"count": len(items), "items": items[-live.RECENT_ITEMS :]})
     return [trajs[c.uid] for c in completions]
 
 

@@ -86,7 +86,7 @@ ROLES = (None, "nobody", "reviewer", "operator", "admin")
 
 # (method, url, data, expected status per role in ROLES order)
 MATRIX = [
-    ("get", "/", None, (LOGIN, 200, 200, 200, 200)),
+    ("get", "/", None, (LOGIN, 403, 200, 200, 200)),  # the overview needs pool.view_trajectory
     ("get", "/login/", None, (200, 302, 302, 302, 302)),
     ("post", "/logout/", {}, (302, 302, 302, 302, 302)),
     ("get", "/trajectories/", None, (LOGIN, 403, 200, 200, 200)),

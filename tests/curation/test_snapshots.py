@@ -107,7 +107,7 @@ def test_a_snapshot_builds_in_the_background_and_its_files_match_the_steps(
     # when a snapshot is requested, then its build is enqueued on commit, with its id
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
         snap = snapshot_create(dataset="all", actor="trainer")
-    assert len(callbacks) == 1 and enqueued == [(str(snap.id),)]
+    assert len(callbacks) == 2 and enqueued == [(str(snap.id),)]  # the build and the live event
     # when the task runs
     run_enqueued(enqueued)
     snap = Snapshot.objects.get(id=snap.id)

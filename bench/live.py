@@ -1,0 +1,319 @@
+"""bench.live: the live dashboard's latency (submission to websocket event) and its CPU cost.
+
+    python -m bench.live [--seconds 10]
+
+A real server process (uvicorn, tests/live.py; SQLite, or a fresh PostgreSQL database when
+DATABASE_URL is set, and the Redis channel layer when REDIS_URL is set), a logged-in
+websocket client (``websockets``, the session cookie of a real Django session) on
+``ws/live/?topics=steps``, and steps submitted through ``POST /api/v1/steps`` at a fixed
+pace. Steps are W-ingest-shaped (shared/WORKLOADS.md: 1,000 prompt + 200 response tokens,
+200 logprobs and a reward, 8 steps per trajectory; token ids uniform in [0, 150000), seeded
+with 0), in two paces instead of W-ingest's batches of 100:
+
+* 50 steps/s: one step per request, 50 requests/s;
+* 1,000 steps/s: 16 steps (two whole trajectories) per request, 62.5 requests/s.
+
+Latency: each request's last step is its marker; it is delivered when an event names it
+(its uid in ``steps.recent``, or its trajectory with that step count in
+``steps.trajectories``: coalescing caps ``recent`` at 20, so at 1,000 steps/s the
+trajectory list carries the markers). Latency = event received - request sent, so it
+includes the request itself. ``matched``: the share of requests whose marker was seen.
+
+CPU: the server process's CPU time (psutil, user + system) per step at 1,000 steps/s with
+the websocket connected vs the same ingest with no websocket connected;
+``cpu_overhead`` = connected / none - 1; ``cpu_overhead_idle`` compares nobody connected with
+live events switched off (CLAW_LIVE=0, a restart): none / off - 1. Phases run in the order
+none, connected, off, off, connected, none. Prints progress, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+import psutil
+import websockets
+
+from tests.live import LiveServer
+
+PROMPT, RESPONSE, PER_TRAJ = 1_000, 200, 8
+RATES = {50: 1, 1000: 16}  # steps/s -> steps per request
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=10.0, help="per measured phase")
+    p.add_argument(
+        "--hello-steps",
+        type=int,
+        default=0,
+        help="instead: time the hello state (live_state) on a W-pool of 20k and this many steps (PostgreSQL)",
+    )
+    args = p.parse_args(argv)
+    if args.hello_steps:
+        print(json.dumps(hello_state(args.hello_steps)), flush=True)
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-live-") as tmp:
+        server = LiveServer(Path(tmp), {"CLAW_API_KEY_CACHE_SECONDS": "10"})
+        server.start()
+        try:
+            out = asyncio.run(_run(server, args.seconds))
+        finally:
+            server.close()
+    print(json.dumps(out), flush=True)
+
+
+async def _run(server: LiveServer, seconds: float) -> dict:
+    key = server.make_key("ingest", name="bench")
+    cookie = _session(server)
+    gen = _Steps()
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    ws_url = server.url.replace("http://", "ws://") + "/ws/live/?topics=steps"
+    ws_headers = {"Cookie": f"sessionid={cookie}", "Origin": server.url}
+    out: dict = {
+        "workload": "W-ingest-shaped steps, 50 steps/s (1 per request) and 1,000 steps/s (16 per request)",
+        "db": "postgresql" if "DATABASE_URL" in server.env else "sqlite",
+        "layer": "redis" if os.environ.get("REDIS_URL") else "in-memory",
+        "seconds": seconds,
+    }
+    http = httpx.AsyncClient(base_url=server.url, headers=headers, timeout=60)
+    try:
+        await _submit(http, gen.bodies(50, 1), 50)  # warm-up: imports, key, connections
+        for rate in (50, 1000):
+            async with websockets.connect(ws_url, additional_headers=ws_headers) as ws:
+                hello = orjson.loads(await ws.recv())
+                assert hello["type"] == "hello", hello
+                bodies = gen.bodies(int(rate * seconds), RATES[rate])
+                lat, after, answered, matched = await _measure(http, ws, bodies, rate)
+            suffix = "" if rate == 50 else f"_{rate}"
+            out[f"p50_ms{suffix}"] = round(_pct(lat, 50), 1)
+            out[f"p99_ms{suffix}"] = round(_pct(lat, 99), 1)
+            # the request alone (sent -> response), and the event after the response
+            out[f"response_p50_ms{suffix}"] = round(_pct(answered, 50), 1)
+            out[f"after_response_p50_ms{suffix}"] = round(_pct(after, 50), 1)
+            out[f"after_response_p99_ms{suffix}"] = round(_pct(after, 99), 1)
+            out[f"matched{suffix}"] = round(matched, 3)
+            print(f"rate {rate}/s: p50 {out[f'p50_ms{suffix}']} ms, p99 {out[f'p99_ms{suffix}']}", flush=True)
+        # CPU per step at 1,000 steps/s: connected, nobody connected, and live events off
+        # (CLAW_LIVE=0, a restart), in a balanced order.
+        cpu: dict[str, list[float]] = {"none": [], "connected": [], "off": []}
+        for phase in ("none", "connected", "off", "off", "connected", "none"):
+            # A fresh process per phase: none inherits another phase's heap or caches.
+            await http.aclose()
+            server.env["CLAW_LIVE"] = "0" if phase == "off" else "1"
+            server.restart()
+            http = httpx.AsyncClient(base_url=server.url, headers=headers, timeout=60)
+            await _submit(http, gen.bodies(50, 1), 50)
+            proc = psutil.Process(server.proc.pid)  # type: ignore[union-attr]
+            bodies = gen.bodies(int(1000 * seconds), RATES[1000])
+            steps = len(bodies) * RATES[1000]
+            ws = None
+            if phase == "connected":
+                ws = await websockets.connect(ws_url, additional_headers=ws_headers)
+                await ws.recv()
+                drain = asyncio.create_task(_drain(ws))
+            before = _cpu(proc)
+            await _submit(http, bodies, 1000 / RATES[1000])
+            used = _cpu(proc) - before
+            if ws is not None:
+                drain.cancel()
+                await ws.close()
+            cpu[phase].append(used / steps * 1e6)
+            print(f"cpu {phase}: {cpu[phase][-1]:.0f} us/step", flush=True)
+    finally:
+        await http.aclose()
+    mean = {phase: statistics.mean(v) for phase, v in cpu.items()}
+    for phase, v in mean.items():
+        out[f"cpu_us_per_step_{phase}"] = round(v, 1)
+    out["cpu_overhead"] = round(mean["connected"] / mean["none"] - 1, 3)
+    out["cpu_overhead_idle"] = round(mean["none"] / mean["off"] - 1, 3)  # live on, nobody connected
+    return out
+
+
+def hello_state(steps: int, runs: int = 20) -> dict:
+    """p50 of ``live_state`` (every topic: what an overview page reads on each connect) on
+    a W-pool (bench/curation.py) of 20k and ``steps`` steps, in a fresh PostgreSQL
+    database, after VACUUM ANALYZE (the planner estimates are then current)."""
+    from bench.curation import GROUP_STEPS, WPool, pool_grow, vacuum_analyze
+    from bench.pgdb import fresh_database
+
+    out: dict = {"workload": "W-pool", "db": "postgresql", "runs": runs}
+    with fresh_database("live"):
+        import django
+        from django.core.management import call_command
+        from django.db import connection
+        from django.test.utils import CaptureQueriesContext
+
+        django.setup()
+        call_command("migrate", verbosity=0)
+        from curation.selectors_live import live_state
+
+        gen, grown = WPool(), 0
+        for size in sorted({min(20_000, steps), steps}):
+            want = size // GROUP_STEPS - grown
+            pool_grow(gen, want)
+            grown += want
+            vacuum_analyze()
+            label = f"{size // 1000}k"
+            times = []
+            for _ in range(runs + 3):
+                t = time.perf_counter()
+                state = live_state(["overview"])
+                times.append((time.perf_counter() - t) * 1e3)
+            out[f"hello_p50_ms_{label}"] = round(statistics.median(times[3:]), 2)
+            out[f"hello_steps_{label}"] = state["collect"]["steps"]
+            with CaptureQueriesContext(connection) as q:
+                live_state(["overview"])
+            out["hello_queries"] = len(q.captured_queries)
+            print(f"{label}: hello p50 {out[f'hello_p50_ms_{label}']} ms", file=sys.stderr, flush=True)
+    return out
+
+
+def _cpu(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
+async def _measure(
+    http: httpx.AsyncClient, ws, bodies: list[tuple[bytes, tuple[str, str, int]]], per_s: float
+) -> tuple[list[float], list[float], list[float], float]:
+    """Submit at ``per_s`` steps/s while reading events; latency per request marker."""
+    sent: dict[tuple[str, str, int], float] = {}
+    done: dict[tuple[str, str, int], float] = {}
+    seen: dict[tuple[str, int] | str, float] = {}
+
+    async def read() -> None:
+        while True:
+            msg = orjson.loads(await ws.recv())
+            now = time.perf_counter()
+            for event in msg.get("events", []):
+                if event["kind"] != "steps":
+                    continue
+                for s in event["data"]["recent"]:
+                    seen.setdefault(s["uid"], now)
+                for t in event["data"]["trajectories"]:
+                    seen.setdefault((t["uid"], t["step_count"]), now)
+
+    reader = asyncio.create_task(read())
+    steps_per_request = len(orjson.loads(bodies[0][0])["steps"])
+    await _submit(http, bodies, per_s / steps_per_request, sent=sent, done=done)
+    deadline = time.perf_counter() + 10
+    while time.perf_counter() < deadline and not _all_seen(sent, seen):
+        await asyncio.sleep(0.05)
+    reader.cancel()
+    lat, after = [], []
+    answered = [(done[m] - t0) * 1e3 for m, t0 in sent.items()]
+    for (uid, traj, count), t0 in sent.items():
+        t1 = min((seen[k] for k in (uid, (traj, count)) if k in seen), default=None)
+        if t1 is not None:
+            lat.append((t1 - t0) * 1e3)
+            after.append((t1 - done[(uid, traj, count)]) * 1e3)
+    return lat, after, answered, len(lat) / len(sent)
+
+
+def _all_seen(sent: dict, seen: dict) -> bool:
+    return all(uid in seen or (traj, count) in seen for (uid, traj, count) in sent)
+
+
+async def _submit(
+    http: httpx.AsyncClient,
+    bodies: list[tuple[bytes, tuple[str, str, int]]],
+    per_s: float,
+    *,
+    sent: dict | None = None,
+    done: dict | None = None,
+) -> None:
+    """POST each body at its scheduled time (``per_s`` requests per second, concurrently
+    when the server is slower than the pace); waits for every response."""
+    start = time.perf_counter()
+    tasks = []
+
+    async def post(body: bytes, marker: tuple[str, str, int]) -> None:
+        if sent is not None:
+            sent[marker] = time.perf_counter()
+        r = await http.post("/api/v1/steps", content=body)
+        if done is not None:
+            done[marker] = time.perf_counter()
+        if r.status_code != 201:
+            raise SystemExit(f"API error {r.status_code}: {r.text[:300]}")
+
+    for i, (body, marker) in enumerate(bodies):
+        delay = start + i / per_s - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(post(body, marker)))
+    await asyncio.gather(*tasks)
+
+
+async def _drain(ws) -> None:
+    while True:
+        await ws.recv()
+
+
+class _Steps:
+    """W-ingest-shaped steps, numbered across the whole run (uids never repeat)."""
+
+    def __init__(self) -> None:
+        self.rng = np.random.default_rng(0)
+        self.n = 0
+
+    def bodies(self, n_steps: int, per_request: int) -> list[tuple[bytes, tuple[str, str, int]]]:
+        out = []
+        for _ in range(0, n_steps, per_request):
+            steps = [self._step() for _ in range(per_request)]
+            last = steps[-1]
+            marker = (last["uid"], last["trajectory_uid"], last["step_index"] + 1)
+            out.append((orjson.dumps({"steps": steps}), marker))
+        return out
+
+    def _step(self) -> dict:
+        traj, idx = divmod(self.n, PER_TRAJ)
+        self.n += 1
+        return {
+            "uid": f"bl-{self.n}",
+            "trajectory_uid": f"bl-t{traj}",
+            "step_index": idx,
+            "prompt_ids": self.rng.integers(0, 150_000, PROMPT).tolist(),
+            "response_ids": self.rng.integers(0, 150_000, RESPONSE).tolist(),
+            "rollout_logprobs": (-self.rng.random(RESPONSE) * 10).tolist(),
+            "reward": float(self.rng.random()),
+            "is_last": idx == PER_TRAJ - 1,
+        }
+
+
+def _session(server: LiveServer) -> str:
+    """A logged-in session of a superuser, made by Django itself in the server's database."""
+    code = (
+        "from django.contrib.auth import get_user_model, SESSION_KEY, BACKEND_SESSION_KEY, HASH_SESSION_KEY;"
+        "from django.contrib.sessions.backends.db import SessionStore;"
+        "U = get_user_model();"
+        "u = U.objects.filter(username='bench').first() or "
+        "U.objects.create_superuser('bench', 'bench@example.com', 'pw-bench');"
+        "s = SessionStore();"
+        "s[SESSION_KEY] = str(u.pk);"
+        "s[BACKEND_SESSION_KEY] = 'django.contrib.auth.backends.ModelBackend';"
+        "s[HASH_SESSION_KEY] = u.get_session_auth_hash();"
+        "s.create();"
+        "print(s.session_key)"
+    )
+    return server.manage("shell", "-c", code).strip().splitlines()[-1]
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    return float(np.percentile(values, q))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,354 @@
+"""The dashboard in a real browser: Playwright driving the system Chromium against a live
+server process. Every page is opened (and screenshotted under var/screenshots/, git-ignored),
+a curation action is run, a snapshot's progress bar finishes, a group's prefix tree is drawn;
+with the live websocket, a step posted through the API shows up on Collection and Overview
+without a reload; script payloads in ingested data never run, on any page, live or not."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+from tests.curation.test_pages_browser import CHROMIUM, CHROMIUM_ARGS
+from tests.live import ROOT, LiveServer, live_server, stop_process
+
+SCREENSHOTS = ROOT / "var" / "screenshots"
+HAS_LIVE = (ROOT / "claw_site" / "static" / "claw" / "live.js").exists()
+# A step posted through the API must be on the pages within this (the issue's bound).
+LIVE_DEADLINE_MS = 2_000
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.live,
+    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is not installed"),
+]
+needs_live = pytest.mark.skipif(not HAS_LIVE, reason="the live websocket (static/claw/live.js) is not built")
+
+SETUP = """
+from django.contrib.auth import get_user_model
+from curation.services import dataset_create
+from pool.services import api_key_create
+get_user_model().objects.create_superuser("op", "op@example.com", "browser-pw-1")
+dataset_create(name="all", spec={"filters": {"readiness": "any"}, "grouping": {"keep_groups_whole": False}}, actor="op")
+print(api_key_create(name="dash-agent", scopes=["ingest"])[1])
+print(api_key_create(name="dash-trainer", scopes=["consume"], source_kind="trainer")[1])
+"""
+
+# Script payloads: each one, if it ever ran, sets window.__xss and opens a dialog.
+XSS = [
+    "<script>window.__xss=1;alert(1)</script>",
+    '<img src=x onerror="window.__xss=2;alert(2)">',
+    '"><svg onload="window.__xss=3;alert(3)">',
+]
+XSS_TEXT = " ".join(XSS)
+
+
+class Api:
+    """The server's REST API with one key."""
+
+    def __init__(self, url: str, key: str):
+        self.url, self.headers = url, {"Authorization": f"Bearer {key}"}
+
+    def post(self, path: str, body: dict) -> dict:
+        resp = httpx.post(f"{self.url}{path}", json=body, headers=self.headers, timeout=30)
+        assert resp.status_code < 300, resp.text
+        return resp.json()
+
+
+@pytest.fixture
+def server(tmp_path) -> Iterator[tuple[LiveServer, Api, Api]]:
+    """A live server with an operator, a dataset over every step, a two-rollout prompt
+    group (g1) and a one-step trajectory; the agent's and the trainer's API clients."""
+    var_dir = tmp_path / "srv"
+    var_dir.mkdir()
+    # With REDIS_URL (CI's second run) snapshots are built by a Celery worker, on a private
+    # queue so that no other run's worker takes them; its live events reach the page
+    # through the Redis channel layer.
+    queue = {"CLAW_CELERY_QUEUE": f"claw-dash-{uuid.uuid4().hex[:8]}"} if os.environ.get("REDIS_URL") else {}
+    with live_server(var_dir, queue) as srv, celery_worker(srv, var_dir, queue):
+        agent_key, trainer_key = srv.manage("shell", "-c", SETUP).strip().splitlines()[-2:]
+        agent = Api(srv.url, agent_key)
+        agent.post(
+            "/api/v1/steps",
+            {
+                "steps": [
+                    {
+                        "trajectory_uid": f"g1-r{r}",
+                        "prompt_group_uid": "g1",
+                        "step_index": 0,
+                        "prompt_ids": [5, 5, 5, 5, 5, 5],
+                        "response_ids": [r + 1, r + 2],
+                        "messages": [{"role": "user", "content": "what is five?"}],
+                        "response_text": f"rollout {r}",
+                        "reward": float(r),
+                    }
+                    for r in range(2)
+                ]
+            },
+        )
+        yield srv, agent, Api(srv.url, trainer_key)
+
+
+@contextmanager
+def celery_worker(srv: LiveServer, var_dir: Path, queue: dict[str, str]) -> Iterator[None]:
+    """A solo Celery worker on ``queue``'s queue while the block runs (none without one)."""
+    if not queue:
+        yield
+        return
+    log = open(var_dir / "worker.log", "wb")  # noqa: SIM115 - owned by the process
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "claw_site", "worker", "-Q", queue["CLAW_CELERY_QUEUE"]]
+        + [
+            "--pool",
+            "solo",
+            "--loglevel",
+            "INFO",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ],
+        cwd=ROOT,
+        env=srv.env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        yield
+    finally:
+        stop_process(worker)
+        log.close()
+
+
+@pytest.fixture
+def browser(tmp_path):
+    """A Chromium context in a fresh profile; every dialog any page opens is recorded."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    profile = tmp_path / "profile"
+    profile.mkdir()
+    with sync_api.sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            user_data_dir=str(profile), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        dialogs: list[str] = []
+
+        def watch(page):
+            page.set_default_timeout(20_000)
+            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+
+        context.on("page", watch)
+        for page in context.pages:
+            watch(page)
+        try:
+            yield context, dialogs
+        finally:
+            context.close()
+
+
+def sign_in(page, url: str) -> None:
+    page.goto(f"{url}/login/?next=/")
+    page.fill("#id_username", "op")
+    page.fill("#id_password", "browser-pw-1")
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(f"{url}/")
+
+
+def shot(page, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 1000
+
+
+def first_page(context):
+    return context.pages[0] if context.pages else context.new_page()
+
+
+def test_every_stage_page_in_a_browser(server, browser):
+    from playwright.sync_api import expect
+
+    srv, agent, _ = server
+    context, dialogs = browser
+    page = first_page(context)
+    # given the operator signs in
+    sign_in(page, srv.url)
+    # then the overview counts the two stored steps and links every stage
+    expect(page.locator('[data-live="collect.steps"]')).to_have_text("2")
+    for name in ["Overview", "Collection", "Representation", "Curation", "Optimization", "Consumption"]:
+        expect(page.locator("header nav").get_by_role("link", name=name, exact=True)).to_be_visible()
+    expect(page.locator('#sources tr[data-source="dash-agent"]')).to_be_visible()
+    expect(page.locator("#rate-chart polyline")).to_have_count(1)
+    shot(page, "overview")
+
+    # when Collection is filtered by status
+    page.get_by_role("link", name="Collection", exact=True).click()
+    expect(page.locator("#trajectories tbody tr[data-uid]")).to_have_count(2)
+    page.select_option("#id_status", "completed")
+    page.get_by_role("button", name="Filter").click()
+    expect(page.locator("#trajectories tbody")).to_contain_text("No trajectories match these filters")
+    page.goto(f"{srv.url}/collection/")
+    shot(page, "collection")
+
+    # when a step is inspected, with its token ids on demand
+    page.get_by_role("link", name="Representation", exact=True).click()
+    page.get_by_role("link", name="g1-r1:0").click()
+    expect(page.locator(".response-text")).to_have_text("rollout 1")
+    page.get_by_role("button", name="Show token ids").click()
+    expect(page.locator("[data-tokens=response]")).to_have_text("2 3")
+    expect(page.locator("[data-tokens=prompt]")).to_have_text("5 5 5 5 5 5")
+    shot(page, "step")
+    page.goto(f"{srv.url}/steps/")
+    shot(page, "steps")
+
+    # when the operator runs a curation action (accept every step of a trajectory)
+    page.goto(f"{srv.url}/trajectories/g1-r0/")
+    page.select_option("#id_action", "accepted")
+    page.get_by_role("button", name="Apply").click()
+    expect(page.locator("ul.messages")).to_contain_text("1 step(s) changed")
+    # then Curation counts the labelled step
+    page.get_by_role("link", name="Curation", exact=True).click()
+    expect(page.locator('[data-live="curate.labelled"]')).to_have_text("1")
+    shot(page, "curation")
+
+    # when a group's prefix tree is opened
+    page.get_by_role("link", name="Optimization", exact=True).click()
+    page.locator("#groups").get_by_role("link", name="g1").click()
+    # then the shared 6-token prompt is drawn once, with the two branches under it
+    expect(page.locator("#prefix-tree rect.node")).to_have_count(3)
+    expect(page.locator("#prefix-tree rect.node.shared")).to_have_count(1)
+    expect(page.locator("#tree-list li.shared")).to_contain_text("shared by 2")
+    expect(page.locator('[data-stat="saved"]')).to_have_text("38%")  # 6 of 16 tokens
+    shot(page, "group")
+    page.goto(f"{srv.url}/optimization/")
+    expect(page.locator("#savings-chart rect.value")).to_have_count(1)
+    shot(page, "optimization")
+
+    # when a snapshot is frozen from Consumption
+    page.get_by_role("link", name="Consumption", exact=True).click()
+    expect(page.locator('[data-preview="steps"]')).to_have_text("2")
+    page.get_by_role("button", name="Freeze a snapshot").click()
+    # then its progress bar is full and its files are offered
+    row = page.locator("#snapshot-rows tr[data-snapshot]").first
+    expect(row.locator("[data-cell=status]")).to_have_text("done")
+    expect(row.locator("progress")).to_have_js_property("position", 1)
+    expect(row.get_by_role("link", name="jsonl")).to_be_visible()
+    shot(page, "consumption")
+
+    # and on a phone-sized screen the overview's stages stack and nothing overflows sideways
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(f"{srv.url}/")
+    shot(page, "overview-narrow")
+    wide = page.evaluate("""() => Array.from(document.querySelectorAll('body *'))
+        .filter(e => e.getBoundingClientRect().right > window.innerWidth + 1)
+        .map(e => e.tagName + '.' + e.className + '#' + e.id).slice(0, 12)""")
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), wide
+    shot(page, "overview-narrow")
+    assert dialogs == []
+
+
+@needs_live
+def test_a_step_posted_through_the_api_appears_live(server, browser):
+    from playwright.sync_api import expect
+
+    srv, agent, trainer = server
+    context, _ = browser
+    overview = first_page(context)
+    sign_in(overview, srv.url)
+    collection = context.new_page()
+    collection.goto(f"{srv.url}/collection/")
+    completed = context.new_page()
+    completed.goto(f"{srv.url}/collection/?status=completed")
+    consumption = context.new_page()
+    consumption.goto(f"{srv.url}/consumption/")
+    for page in (overview, collection, completed, consumption):
+        expect(page.locator("#live-status")).to_have_attribute("data-state", "live")
+    expect(overview.locator('[data-live="collect.steps"]')).to_have_text("2")
+
+    # when an agent posts a step of a new trajectory
+    agent.post(
+        "/api/v1/steps",
+        {"steps": [{"trajectory_uid": "live-1", "step_index": 0, "prompt_ids": [1, 2], "response_ids": [3]}]},
+    )
+    # then, without a reload, Collection lists it and the Overview counts it
+    expect(collection.locator('#trajectories tr[data-uid="live-1"]')).to_be_visible(timeout=LIVE_DEADLINE_MS)
+    expect(overview.locator('[data-live="collect.steps"]')).to_have_text("3", timeout=LIVE_DEADLINE_MS)
+    # and the overview's rate (from the `rate` events) shows steps flowing
+    expect(overview.locator("#rate-now")).not_to_have_text("–", timeout=10_000)
+    shot(collection, "collection-live")
+    shot(overview, "overview-live")
+    # and the page filtered on completed trajectories leaves the running one out
+    expect(completed.locator("#trajectories tr[data-uid]")).to_have_count(0)
+
+    # when the agent completes it, the filtered page lists it, live
+    agent.post("/api/v1/trajectories/live-1/complete", {})
+    expect(completed.locator('#trajectories tr[data-uid="live-1"] .badge')).to_have_text("completed")
+    expect(collection.locator('#trajectories tr[data-uid="live-1"] .badge')).to_have_text("completed")
+
+    # when a trainer freezes a snapshot through the API
+    snap = trainer.post("/api/v1/snapshots", {"dataset": "all"})
+    # then its row appears on Consumption and its progress bar finishes
+    row = consumption.locator(f'#snapshot-rows tr[data-snapshot="{snap["id"]}"]')
+    expect(row.locator("[data-cell=status]")).to_have_text("done")
+    expect(row.locator("progress")).to_have_js_property("position", 1)
+    shot(consumption, "consumption-live")
+
+
+def test_script_payloads_never_run(server, browser):
+    from playwright.sync_api import expect
+
+    srv, agent, _ = server
+    context, dialogs = browser
+    page = first_page(context)
+    sign_in(page, srv.url)
+    if HAS_LIVE:  # the payload also arrives through live events on an open page
+        page.goto(f"{srv.url}/collection/")
+        expect(page.locator("#live-status")).to_have_attribute("data-state", "live")
+    # given a step whose ids, text and metadata hold script payloads, from a source (the
+    # API key's name) that holds one too
+    agent = Api(srv.url, srv.make_key("ingest", name="src" + XSS[0]))
+    uid = "x" + XSS[1]
+    agent.post(
+        "/api/v1/steps",
+        {
+            "steps": [
+                {
+                    "trajectory_uid": uid,
+                    "prompt_group_uid": "g" + XSS[2],
+                    "step_index": 0,
+                    "prompt_ids": [1, 2, 3],
+                    "response_ids": [4],
+                    "messages": [{"role": XSS[0], "content": XSS_TEXT}],
+                    "response_text": XSS_TEXT,
+                    "metadata": {"note": XSS_TEXT, XSS[2]: XSS[0]},
+                    "finish_reason": "stop",
+                }
+            ]
+        },
+    )
+    if HAS_LIVE:
+        expect(page.locator("#trajectories tr[data-uid]").first).to_have_attribute("data-uid", uid)
+        assert page.evaluate("window.__xss") is None
+    # when every page that shows the payloads is opened
+    pages = ["/", "/collection/", "/steps/", "/curation/", "/optimization/", "/consumption/"]
+    pages += [f"/trajectories/{quote(uid)}/", f"/optimization/groups/{quote('g' + XSS[2])}/"]
+    page.goto(f"{srv.url}/steps/")
+    page.locator("#steps tbody tr").first.get_by_role("link").first.click()
+    page.wait_for_url("**/steps/*/")
+    pages.append(page.url.removeprefix(srv.url))
+    for url in pages:
+        page.goto(f"{srv.url}{url}")
+        page.wait_for_load_state("load")
+        # then the payloads are shown as text and never run
+        assert page.evaluate("window.__xss") is None, url
+        assert page.locator("script:not([src])").count() == 0, url
+    expect(page.locator("pre.response-text")).to_have_text(XSS_TEXT)
+    shot(page, "xss-step")
+    assert dialogs == [], dialogs

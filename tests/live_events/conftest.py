@@ -1,0 +1,88 @@
+"""Live dashboard fixtures: a websocket client of the real ASGI application (session
+cookie of a real login), and users with and without the dashboard's permissions."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from channels.db import database_sync_to_async as sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import Permission
+from django.test import Client
+
+from pool import live
+
+DEADLINE = 15.0  # seconds: the longest any condition is waited for
+
+
+@pytest.fixture
+def viewer(django_user_model):
+    """A user holding the view permissions of the collection topics."""
+    user = django_user_model.objects.create_user("viewer", password="pw-viewer")
+    user.user_permissions.add(
+        *Permission.objects.filter(codename__in=["view_trajectory", "view_promptgroup"])
+    )
+    return user
+
+
+@pytest.fixture
+def nobody(django_user_model):
+    return django_user_model.objects.create_user("nobody", password="pw-nobody")
+
+
+@pytest.fixture(autouse=True)
+def drained():
+    """Events buffered by earlier tests are sent (to nobody) before the test starts, and the
+    per-process source-name cache is emptied: an earlier test's rolled-back Source can leave
+    its id to another source here (SQLite reuses a rolled-back id)."""
+    live.flush_now()
+    live._source_names.clear()
+    yield
+
+
+def session_cookie(user) -> str:
+    client = Client()
+    client.force_login(user)
+    return client.cookies["sessionid"].value
+
+
+@asynccontextmanager
+async def socket(user=None, topics: str = "overview"):
+    """A connected websocket of ``user`` (anonymous when None) on ``ws/live/``."""
+    from claw_site.asgi import application
+
+    headers = [(b"origin", b"http://localhost")]
+    if user is not None:
+        cookie = await sync_to_async(session_cookie)(user)
+        headers.append((b"cookie", f"sessionid={cookie}".encode()))
+    comm = WebsocketCommunicator(application, f"/ws/live/?topics={topics}", headers=headers)
+    connected, _ = await comm.connect(timeout=DEADLINE)
+    assert connected
+    try:
+        yield comm
+    finally:
+        await comm.disconnect()
+
+
+async def until(comm: WebsocketCommunicator, done: Callable[[list[dict]], bool]) -> list[dict]:
+    """Receive batches until ``done(events so far)``; fails at the deadline. Returns every
+    event received, in order, each message's events tagged with its message number."""
+    events: list[dict[str, Any]] = []
+    deadline = time.monotonic() + DEADLINE
+    n = 0
+    while not done(events):
+        left = deadline - time.monotonic()
+        assert left > 0, f"condition not met by the deadline; got {events!r}"[:2000]
+        msg = await comm.receive_json_from(timeout=left)
+        assert msg["type"] == "batch", msg
+        n += 1
+        events.extend(dict(e, message=n) for e in msg["events"])
+    return events
+
+
+def total(events: list[dict], kind: str, key: str = "count") -> int:
+    return sum(e["data"][key] for e in events if e["kind"] == kind)

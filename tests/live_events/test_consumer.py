@@ -1,0 +1,226 @@
+"""The live dashboard websocket end to end: the real ASGI application (session auth),
+the real write path (HTTP API and services), the configured channel layer (in-memory, or
+Redis with REDIS_URL) and the publisher's flusher thread. Committed transactions
+(transaction=True): events are published after the commit."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from channels.db import database_sync_to_async as sync_to_async
+from django.contrib.auth.models import Permission
+from django.db import connection
+
+from curation import consumers
+from curation.services import dataset_create
+from curation.services.consume import PullIn, consumer_pull, lease_ack
+from curation.services.snapshots import snapshot_build, snapshot_create
+from pool.models import PromptGroup
+from pool.services import feedback_create, rewards_apply
+from pool.services.merge import group_merge_compute
+from pool.services.rewards import RewardIn
+from tests.conftest import client_for, make_step, post_steps
+from tests.curation.test_consume import ready_group
+from tests.live_events.conftest import DEADLINE, socket, total, until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+async def closed_with(comm) -> int:
+    msg = await comm.receive_output(timeout=DEADLINE)
+    while msg["type"] != "websocket.close":  # a batch already on its way may come first
+        msg = await comm.receive_output(timeout=DEADLINE)
+    return msg["code"]
+
+
+async def test_anonymous_is_closed_with_4401():
+    async with socket(None) as comm:
+        assert await closed_with(comm) == 4401
+
+
+async def test_a_user_without_the_permission_is_closed_with_4403(nobody):
+    async with socket(nobody) as comm:
+        assert await closed_with(comm) == 4403
+
+
+async def test_an_unknown_topic_is_refused(viewer):
+    async with socket(viewer, topics="overview,secrets") as comm:
+        assert await closed_with(comm) == 4400
+
+
+async def test_a_topic_needing_another_permission_is_refused(viewer):
+    async with socket(viewer, topics="overview,curation") as comm:  # curation: change_step
+        assert await closed_with(comm) == 4403
+
+
+async def test_hello_carries_the_current_state(viewer, agent_key):
+    # given two trajectories, one completed, stored through the API
+    agent = client_for(agent_key)
+    steps = [make_step("h1", 0), make_step("h1", 1, is_last=True), make_step("h2", 0, group="g2")]
+    assert (await sync_to_async(post_steps)(agent, steps)).status_code == 201
+    # when a viewer connects
+    async with socket(viewer, topics="overview") as comm:
+        hello = await comm.receive_json_from(timeout=DEADLINE)
+    # then the hello state counts them
+    assert hello["type"] == "hello"
+    state = hello["state"]
+    assert state["collect"]["steps"] == 3
+    assert state["collect"]["trajectories"] == 2
+    assert state["collect"]["running"] == 1
+    (source,) = state["collect"]["sources"]
+    assert source["name"] == "agent" and source["steps"] == 3 and source["last_seen"]
+    assert state["represent"] == {"exact": 3, "retokenized": 0, "drift": 0}
+    assert set(state) == {"collect", "represent", "curate", "optimize", "consume", "policy_version"}
+    assert state["consume"] == {"leases_open": 0, "acked": 0, "consumers": 0}
+
+
+async def test_a_topic_gets_only_its_state(viewer):
+    async with socket(viewer, topics="optimization") as comm:
+        hello = await comm.receive_json_from(timeout=DEADLINE)
+    assert set(hello["state"]) == {"optimize", "policy_version"}
+
+
+async def test_a_step_submitted_through_the_api_arrives_as_a_steps_event(viewer, agent_key):
+    agent = client_for(agent_key)
+    async with socket(viewer, topics="collection") as comm:
+        await comm.receive_json_from(timeout=DEADLINE)  # hello
+        # when two steps of one trajectory, the second its last, are submitted
+        steps = [make_step("e1", 0), make_step("e1", 1, is_last=True)]
+        assert (await sync_to_async(post_steps)(agent, steps)).status_code == 201
+        events = await until(
+            comm, lambda ev: total(ev, "steps") >= 2 and total(ev, "trajectories.completed") >= 1
+        )
+    # then the steps event counts them, names the source and lists them
+    (steps_event,) = [e["data"] for e in events if e["kind"] == "steps"]
+    assert steps_event["count"] == 2
+    assert steps_event["by_source"] == {"agent": 2}
+    assert steps_event["drift"] == 0
+    assert [s["uid"] for s in steps_event["recent"]] == ["e1-s0", "e1-s1"]
+    assert steps_event["recent"][0]["trajectory"] == "e1"
+    assert steps_event["recent"][0]["token_source"] == "client"
+    (traj,) = steps_event["trajectories"]
+    assert traj["uid"] == "e1" and traj["status"] == "completed" and traj["step_count"] == 2
+    assert traj["source"] == "agent" and traj["channel"] == "train"
+    (completed,) = [e["data"] for e in events if e["kind"] == "trajectories.completed"]
+    assert completed["count"] == 1 and completed["items"][0]["uid"] == "e1"
+
+
+async def test_a_burst_of_500_steps_arrives_in_a_few_coalesced_batches(viewer, agent_key):
+    agent = client_for(agent_key)
+    writes = 100  # of 5 steps each
+
+    def burst() -> None:
+        try:
+            for w in range(writes):
+                resp = post_steps(agent, [make_step(f"b{w}", i, group=None) for i in range(5)])
+                assert resp.status_code == 201, resp.content
+        finally:
+            connection.close()  # this thread's own connection
+
+    async with socket(viewer, topics="steps") as comm:
+        await comm.receive_json_from(timeout=DEADLINE)  # hello
+        thread = threading.Thread(target=burst)
+        thread.start()
+        events = await until(comm, lambda ev: total(ev, "steps") >= 500)
+        await sync_to_async(thread.join)()
+    # then every step is counted exactly once, in far fewer messages than writes
+    assert total(events, "steps") == 500
+    messages = {e["message"] for e in events if e["kind"] == "steps"}
+    assert len(messages) < writes // 2
+    # and the capped lists hold the latest entries
+    last = [e["data"] for e in events if e["kind"] == "steps"][-1]
+    assert len(last["recent"]) <= 20 and last["recent"][-1]["uid"] == f"b{writes - 1}-s4"
+
+
+async def test_a_revoked_permission_closes_the_socket_with_4403(viewer, monkeypatch):
+    monkeypatch.setattr(consumers, "RECHECK_SECONDS", 0.0)  # re-check on every batch
+    async with socket(viewer, topics="overview") as comm:
+        await comm.receive_json_from(timeout=DEADLINE)  # hello
+        # when the permission is removed and the next event comes
+        await sync_to_async(_revoke)(viewer, "view_trajectory")
+        await sync_to_async(_publish_feedback)()
+        # then the batch is not delivered: the socket closes with 4403
+        msg = await comm.receive_output(timeout=DEADLINE)
+        assert msg == {"type": "websocket.close", "code": 4403}
+
+
+async def test_a_deactivated_user_is_closed_with_4403(viewer, monkeypatch):
+    monkeypatch.setattr(consumers, "RECHECK_SECONDS", 0.0)
+    async with socket(viewer, topics="overview") as comm:
+        await comm.receive_json_from(timeout=DEADLINE)
+        viewer.is_active = False
+        await sync_to_async(viewer.save)()
+        await sync_to_async(_publish_feedback)()
+        assert (await comm.receive_output(timeout=DEADLINE))["code"] == 4403
+
+
+def _revoke(user, codename: str) -> None:
+    user.user_permissions.remove(Permission.objects.get(codename=codename))
+
+
+def _publish_feedback() -> None:
+    from pool.live import publish
+
+    publish("feedback", {"count": 1})
+
+
+async def test_rewards_feedback_readiness_and_merge_events_arrive(viewer):
+    async with socket(viewer, topics="overview") as comm:
+        await comm.receive_json_from(timeout=DEADLINE)
+        # a ready group (its steps rewarded at ingest), a reward, feedback, a merge
+        uids = await sync_to_async(ready_group)("rg", rollouts=2, steps=2)
+        await sync_to_async(rewards_apply)(rewards=[RewardIn(reward=0.5, step_uid=uids[0])])
+        await sync_to_async(feedback_create)(step_uid=uids[1], rating=1.0)
+        gid = await sync_to_async(lambda: PromptGroup.objects.get(uid="rg").id)()
+        await sync_to_async(group_merge_compute)(group_id=gid)
+        events = await until(
+            comm,
+            lambda ev: (
+                total(ev, "rewards") >= 1
+                and total(ev, "feedback") >= 1
+                and total(ev, "readiness", "ready_groups") >= 1
+                and any(e["kind"] == "merge" for e in ev)
+            ),
+        )
+    assert total(events, "rewards") == 1
+    assert total(events, "feedback") == 1
+    assert total(events, "readiness", "ready_groups") == 1
+    assert total(events, "readiness", "ready_steps") == 4
+    merge = [item for e in events if e["kind"] == "merge" for item in e["data"]["items"]]
+    assert merge[-1]["group"] == "rg" and merge[-1]["tokens"] > 0 and merge[-1]["tokens_saved"] >= 0
+
+
+async def test_lease_and_snapshot_events_arrive(viewer):
+    await sync_to_async(dataset_create)(name="all")
+    await sync_to_async(ready_group)("lg", rollouts=2, steps=2)
+    async with socket(viewer, topics="consumption") as comm:
+        await comm.receive_json_from(timeout=DEADLINE)
+        lease = await sync_to_async(consumer_pull)(consumer="c1", pull=PullIn(dataset="all"))
+        await sync_to_async(lease_ack)(lease_id=lease.id)
+        snap = await sync_to_async(snapshot_create)(dataset="all")
+        await sync_to_async(snapshot_build)(snapshot_id=snap.id)
+        events = await until(
+            comm,
+            lambda ev: (
+                total(ev, "lease", "taken") >= 1
+                and total(ev, "lease", "acked") >= 1
+                and any(e["kind"] == "snapshot" and e["data"]["status"] == "done" for e in ev)
+            ),
+        )
+    items = [i for e in events if e["kind"] == "lease" for i in e["data"]["items"]]
+    assert items[0]["id"] == str(lease.id) and items[0]["consumer"] == "c1" and items[0]["steps"] == 4
+    done = [e["data"] for e in events if e["kind"] == "snapshot"][-1]
+    assert done == {"id": str(snap.id), "status": "done", "progress": 1.0, "steps": 4}
+
+
+async def test_a_snapshot_topic_gets_its_progress(viewer):
+    await sync_to_async(dataset_create)(name="all")
+    await sync_to_async(ready_group)("sg", rollouts=2, steps=2)
+    snap = await sync_to_async(snapshot_create)(dataset="all")
+    async with socket(viewer, topics=f"snapshot.{snap.id}") as comm:
+        await comm.receive_json_from(timeout=DEADLINE)
+        await sync_to_async(snapshot_build)(snapshot_id=snap.id, chunk_size=1)
+        events = await until(comm, lambda ev: any(e["data"].get("status") == "done" for e in ev))
+    progress = [e["data"]["progress"] for e in events if e["kind"] == "snapshot"]
+    assert progress == sorted(progress) and progress[-1] == 1.0
