@@ -2,9 +2,12 @@ from django.contrib import admin
 from django.urls import include, path
 
 from gateway.apis import healthz
+from gateway.ops import metrics_view, readyz
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    path("readyz", readyz, name="readyz"),
+    path("metrics", metrics_view, name="metrics"),
     path("api/v1/", include("gateway.urls")),
     path("api/v1/", include("curation.api_urls")),
     # OpenAI-compatible gateway for black-box agents: /v1/... and /t/<traj>/<group>/v1/...
