@@ -4,6 +4,9 @@ from django.urls import include, path
 from gateway.apis import healthz
 from gateway.ops import metrics_view, readyz
 
+# JSON for API and gateway paths, Django's page elsewhere.
+handler404 = "gateway.ops.not_found"
+
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("readyz", readyz, name="readyz"),

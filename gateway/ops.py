@@ -7,7 +7,7 @@ import hmac
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.views.decorators.http import require_GET
+from django.views import defaults
 
 from claw_site import metrics
 from pool.models import Scope
@@ -21,11 +21,12 @@ from .observability import dependencies_check, pool_metric_families
 READYZ_RETRY_AFTER_S = 5
 
 
-@require_GET
 def readyz(request: HttpRequest) -> JsonResponse:
     """200 {"database": "ok", "redis": "ok"|"not configured"} when every configured
     dependency answers; else 503 with Retry-After and ``failed`` naming what did not.
     Unauthenticated (like /healthz): it names dependencies, never addresses or errors' text."""
+    if request.method not in ("GET", "HEAD"):
+        return _method_not_allowed(request)
     checks = dependencies_check()
     failed = [name for name, state in checks.items() if state not in ("ok", "not configured")]
     if not failed:
@@ -35,10 +36,11 @@ def readyz(request: HttpRequest) -> JsonResponse:
     return resp
 
 
-@require_GET
 def metrics_view(request: HttpRequest) -> HttpResponse:
     """Prometheus text format. Needs ``Authorization: Bearer <CLAW_METRICS_TOKEN>`` (a scrape
     token, when set), an admin-scope API key, or a staff session."""
+    if request.method not in ("GET", "HEAD"):
+        return _method_not_allowed(request)
     denied = _metrics_denied(request)
     if denied is not None:
         return denied
@@ -76,3 +78,25 @@ def _metrics_denied(request: HttpRequest) -> JsonResponse | None:
             error_body(403, "/metrics needs an admin-scope API key", code="permission_denied"), status=403
         )
     return None
+
+
+# Machine paths answer errors in JSON (the API's shape); the pages keep Django's HTML pages.
+JSON_PREFIXES = ("/api/", "/v1/", "/t/", "/compat/", "/metrics", "/readyz", "/healthz")
+
+
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """settings handler404 (claw_site/urls.py): a JSON 404 for API and gateway paths, such as
+    an unknown route or an id that does not fit its route (``leases/not-a-uuid/ack``)."""
+    if request.path.startswith(JSON_PREFIXES):
+        return JsonResponse(
+            error_body(404, f"no such endpoint: {request.path}", code="not_found"), status=404
+        )
+    return defaults.page_not_found(request, exception)
+
+
+def _method_not_allowed(request: HttpRequest) -> JsonResponse:
+    resp = JsonResponse(
+        error_body(405, f'method "{request.method}" not allowed', code="method_not_allowed"), status=405
+    )
+    resp["Allow"] = "GET, HEAD"
+    return resp
