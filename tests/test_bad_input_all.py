@@ -198,6 +198,20 @@ CASES: list[tuple[str, str, str, dict, str]] = [
     ("datasets: 5000-char name", "post", f"{A}/datasets", j({"name": LONG}), "admin"),
     ("steps list: policy_version is text", "get", f"{A}/steps?policy_version=abc", {}, "admin"),
     ("steps list: created_after is no date", "get", f"{A}/steps?created_after=yesterday", {}, "admin"),
+    (
+        "steps list: created_after past year 9999 in UTC",
+        "get",
+        f"{A}/steps?created_after=9999-12-31T23:00:00-05:00",
+        {},
+        "admin",
+    ),
+    (
+        "preview: created_after past year 9999 in UTC",
+        "post",
+        f"{A}/datasets/preview",
+        j({"filters": {"created_after": "9999-12-31T23:00:00-05:00"}}),
+        "admin",
+    ),
     ("trajectories list: bad status filter", "get", f"{A}/trajectories?status=flying", {}, "admin"),
     # --- unknown ids -------------------------------------------------------------------------------
     ("step: unknown uid", "get", f"{A}/steps/no-such-step", {}, "admin"),

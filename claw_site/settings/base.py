@@ -228,6 +228,9 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 100,
     "EXCEPTION_HANDLER": "gateway.errors.api_exception_handler",
     "DEFAULT_THROTTLE_CLASSES": ["gateway.throttling.ApiKeyRateThrottle"],
+    # OPTIONS answers 405: DRF's metadata introspects a serializer that not every view has
+    # (a 500 there), and no client needs it (no cross-origin callers).
+    "DEFAULT_METADATA_CLASS": None,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
 }
