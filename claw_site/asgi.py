@@ -15,6 +15,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from claw_site.requestlog import RequestLogMiddleware  # noqa: E402
 from curation.routing import websocket_urlpatterns  # noqa: E402
 from gateway.body_limit import BodyLimitMiddleware  # noqa: E402
 from gateway.proxy.asgi import with_gateway  # noqa: E402
@@ -23,7 +24,9 @@ application = ProtocolTypeRouter(
     {
         # The OpenAI-compatible gateway paths (/v1/, /t/, /compat/claw-r1/) skip Django's
         # middleware chain (see gateway/proxy/asgi.py); everything else is plain Django.
-        "http": BodyLimitMiddleware(with_gateway(ASGIStaticFilesHandler(django_asgi_app))),
+        "http": RequestLogMiddleware(
+            BodyLimitMiddleware(with_gateway(ASGIStaticFilesHandler(django_asgi_app)))
+        ),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

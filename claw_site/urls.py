@@ -2,9 +2,15 @@ from django.contrib import admin
 from django.urls import include, path
 
 from gateway.apis import healthz
+from gateway.ops import metrics_view, readyz
+
+# JSON for API and gateway paths, Django's page elsewhere.
+handler404 = "gateway.ops.not_found"
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    path("readyz", readyz, name="readyz"),
+    path("metrics", metrics_view, name="metrics"),
     path("api/v1/", include("gateway.urls")),
     path("api/v1/", include("curation.api_urls")),
     # OpenAI-compatible gateway for black-box agents: /v1/... and /t/<traj>/<group>/v1/...

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.core.exceptions import EmptyResultSet
 from django.db import connection, transaction
 from django.db.models import (
     Case,
@@ -193,7 +194,12 @@ def _per_rollout_sql(c: Compiled, restrict: Q | None = None) -> tuple[str, list[
         .annotate(ok=ok, n=Count("id"), pt=Sum("prompt_len"), st=Sum("seq_len"))
         .order_by()
     )
-    inner, params = per_rollout.query.sql_with_params()
+    try:
+        inner, params = per_rollout.query.sql_with_params()
+    except EmptyResultSet:
+        # A filter that can match nothing (an empty ``__in`` list, e.g. "sources": []): Django
+        # refuses to write its SQL. The same columns, no rows.
+        inner, params = "SELECT 0 AS tid, 0 AS ok, 0 AS n, 0 AS pt, 0 AS st WHERE 1 = 0", []
     where, more = [], []
     if c.trajectory_status is not None:
         where.append("t.status = %s")

@@ -11,7 +11,7 @@ documented on its struct below; README "Curation" has the semantics.
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import msgspec
@@ -106,6 +106,17 @@ def spec_parse(raw: Any, *, field: str = "") -> Spec:
     ):
         if value is not None and value < least:
             raise InvalidInput(f"{name} must be >= {least}", field=_join(field, name))
+    for name in ("created_after", "created_before"):
+        # In UTC: PostgreSQL refuses offsets beyond +-15:59 that ISO 8601 parsers accept.
+        value = getattr(f, name)
+        if value is not None and value.tzinfo is not None:
+            try:
+                f = msgspec.structs.replace(f, **{name: value.astimezone(UTC)})
+            except OverflowError:
+                raise InvalidInput(
+                    f"filters.{name} is out of range", field=_join(field, f"filters.{name}")
+                ) from None
+    spec = msgspec.structs.replace(spec, filters=f)
     if f.reward_min is not None and f.reward_max is not None and f.reward_min > f.reward_max:
         raise InvalidInput(
             "filters.reward_min must be <= reward_max", field=_join(field, "filters.reward_min")

@@ -50,9 +50,29 @@ def loads(data: bytes, *, lenient: bool = True) -> Any:
         if not lenient:
             raise BodyError(400, f"malformed JSON body: {exc}", code="invalid_json") from None
         try:
-            return json.loads(data, parse_constant=float)
-        except (ValueError, UnicodeDecodeError):
+            # UTF-8 only (json.loads alone would guess UTF-16/32), and no lone surrogates
+            # ("\ud800" parses, but is no text: PostgreSQL's jsonb refuses it, a 500 later).
+            parsed = json.loads(data.decode("utf-8"), parse_constant=float)
+            _check_text(parsed)
+            return parsed
+        except (ValueError, UnicodeError):
             raise BodyError(400, f"malformed JSON body: {exc}", code="invalid_json") from None
+
+
+def _check_text(value: Any) -> None:
+    """Raise UnicodeEncodeError if any string (key or value) in ``value`` holds a lone
+    surrogate. Only on the stdlib fallback above, which is rare (malformed or NaN bodies)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                item.encode("utf-8")
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def json_object(data: bytes, *, empty_ok: bool = False, lenient: bool = False) -> dict[str, Any]:

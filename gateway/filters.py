@@ -1,8 +1,29 @@
 """django-filter FilterSets for the list endpoints. Each filter maps onto an indexed column."""
 
+from datetime import UTC
+
 import django_filters as df
+from django.core.exceptions import ValidationError
 
 from pool.models import Event, Feedback, PromptGroup, Step, Trajectory
+
+
+class UtcIsoDateTimeField(df.fields.IsoDateTimeField):
+    """An ISO 8601 datetime converted to UTC: PostgreSQL refuses offsets beyond +-15:59 that
+    the parser accepts (a 500 otherwise), and a date pushed past year 9999 is a 400."""
+
+    def to_python(self, value):
+        parsed = super().to_python(value)
+        if parsed is None or parsed.tzinfo is None:
+            return parsed
+        try:
+            return parsed.astimezone(UTC)
+        except OverflowError:
+            raise ValidationError("date and time out of range", code="invalid") from None
+
+
+class UtcIsoDateTimeFilter(df.IsoDateTimeFilter):
+    field_class = UtcIsoDateTimeField
 
 
 class StepFilter(df.FilterSet):
@@ -15,8 +36,8 @@ class StepFilter(df.FilterSet):
     token_source = df.ChoiceFilter(choices=Step.TokenSource.choices)
     drift = df.BooleanFilter()
     is_last = df.BooleanFilter()
-    created_after = df.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    created_before = df.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    created_after = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
 
     class Meta:
         model = Step

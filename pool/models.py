@@ -530,3 +530,35 @@ class OutboxTask(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}{tuple(self.args)!r}"
+
+
+class AuditEvent(models.Model):
+    """One key action, written in the same transaction as the action itself (so an audit row
+    exists exactly when the action committed): API keys created, rotated and revoked;
+    datasets created and versioned. Review labels have their own history (LabelEvent).
+
+    ``actor`` says who: "user:<username>", "key:<prefix>", or "cli" for manage.py. ``target``
+    is the object's natural id (a key prefix, a dataset name).
+    """
+
+    class Action(models.TextChoices):
+        API_KEY_CREATE = "api_key.create", "API key created"
+        API_KEY_ROTATE = "api_key.rotate", "API key rotated"
+        API_KEY_REVOKE = "api_key.revoke", "API key revoked"
+        DATASET_CREATE = "dataset.create", "dataset created"
+        DATASET_VERSION = "dataset.version", "dataset version added"
+
+    action = models.CharField(max_length=32, choices=Action.choices)
+    actor = models.CharField(max_length=160, blank=True, default="")
+    target = models.CharField(max_length=200)
+    details = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [
+            # Admin: "what happened to this key / dataset", newest first.
+            models.Index(fields=["target", "-created_at"], name="audit_target_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.target} by {self.actor or '?'}"

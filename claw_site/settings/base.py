@@ -77,6 +77,7 @@ INSTALLED_APPS = [
 # Every middleware here is async-capable, so async gateway views never hop to a thread.
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "claw_site.security.ContentSecurityPolicyMiddleware",
     # A database outage is a 503 with Retry-After (claw_site/middleware.py).
     "claw_site.middleware.DatabaseUnavailableMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -127,10 +128,11 @@ if DATABASE_URL:
             "timeout": env_float("CLAW_DB_POOL_TIMEOUT", 5.0),
         }
 else:
-    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    # Nothing is created at import: claw_site.sqlite (Django's SQLite backend) creates VAR_DIR
+    # when it opens the first connection.
     DATABASES = {
         "default": {
-            "ENGINE": "django.db.backends.sqlite3",
+            "ENGINE": "claw_site.sqlite",
             "NAME": VAR_DIR / "claw.sqlite3",
             "OPTIONS": {
                 # IMMEDIATE takes the write lock at BEGIN, so concurrent writers queue on the
@@ -197,6 +199,19 @@ CELERY_BEAT_SCHEDULE = {
 # A process whose broker refused a task retries its outbox after this, doubling to 8x.
 CLAW_OUTBOX_RETRY_SECONDS = env_float("CLAW_OUTBOX_RETRY_SECONDS", 2.0)
 
+# --- Security headers -----------------------------------------------------------------------
+# SecurityMiddleware: nosniff and the referrer policy; XFrameOptionsMiddleware: DENY;
+# claw_site.security: the CSP below (pages load only the site's own files). HTTPS redirect,
+# HSTS and secure cookies are production's (settings/production.py).
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+CLAW_CONTENT_SECURITY_POLICY = os.environ.get(
+    "CLAW_CONTENT_SECURITY_POLICY",
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; font-src 'self'; "
+    "connect-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'",
+)
+
 # --- Static files -----------------------------------------------------------------------------
 STATIC_URL = "/static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
@@ -226,6 +241,10 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "gateway.pagination.IdCursorPagination",
     "PAGE_SIZE": 100,
     "EXCEPTION_HANDLER": "gateway.errors.api_exception_handler",
+    "DEFAULT_THROTTLE_CLASSES": ["gateway.throttling.ApiKeyRateThrottle"],
+    # OPTIONS answers 405: DRF's metadata introspects a serializer that not every view has
+    # (a 500 there), and no client needs it (no cross-origin callers).
+    "DEFAULT_METADATA_CLASS": None,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
 }
@@ -256,6 +275,10 @@ SPECTACULAR_SETTINGS = {
 CLAW_MAX_TOKENS_PER_STEP = env_int("CLAW_MAX_TOKENS_PER_STEP", 262_144)
 CLAW_MAX_STEPS_PER_BATCH = env_int("CLAW_MAX_STEPS_PER_BATCH", 1_000)
 CLAW_MAX_BODY_BYTES = env_int("CLAW_MAX_BODY_BYTES", 256 * 1024 * 1024)
+# Per-API-key token bucket on the REST API (gateway/throttling.py): sustained requests per
+# second and burst size; 0 turns limits off. In Redis when REDIS_URL is set, else per process.
+CLAW_RATE_LIMIT_PER_SECOND = env_float("CLAW_RATE_LIMIT_PER_SECOND", 50.0)
+CLAW_RATE_LIMIT_BURST = env_int("CLAW_RATE_LIMIT_BURST", 500)
 # Django's own form-data limit does not apply to our parsers; the body limit above does.
 DATA_UPLOAD_MAX_MEMORY_SIZE = None
 CLAW_API_KEY_CACHE_SECONDS = env_float("CLAW_API_KEY_CACHE_SECONDS", 10.0)
@@ -289,6 +312,8 @@ CLAW_PROXY_DB_THREADS = env_int("CLAW_PROXY_DB_THREADS", 0)
 # transaction-mode pooler that cannot keep prepared statements (pgbouncer < 1.21).
 CLAW_PROXY_PREPARED_STATEMENTS = env_bool("CLAW_PROXY_PREPARED_STATEMENTS", True)
 CLAW_DEMO = env_bool("CLAW_DEMO", True)
+# /metrics: a bearer token for the Prometheus scraper (admin-scope API keys work too).
+CLAW_METRICS_TOKEN = os.environ.get("CLAW_METRICS_TOKEN", "")
 
 # --- Logging --------------------------------------------------------------------------------
 # Every handler masks the secret of gateway and capability URL paths (/k/<api key>,
@@ -296,6 +321,13 @@ CLAW_DEMO = env_bool("CLAW_DEMO", True)
 # handlers, replacing the ones they bring, which would print paths unmasked; levels of the
 # uvicorn loggers are left to uvicorn (--log-level, CLAW_UVICORN_LOG_LEVEL for `serve`, which
 # hands this same configuration to uvicorn).
+# CLAW_LOG_FORMAT: "text" (default here) or "json" (the production default).
+CLAW_LOG_FORMAT = os.environ.get("CLAW_LOG_FORMAT", "").strip().lower() or "text"
+if CLAW_LOG_FORMAT not in ("text", "json"):
+    raise ImproperlyConfigured(f"CLAW_LOG_FORMAT must be text or json, not {CLAW_LOG_FORMAT!r}")
+# One line per HTTP request (claw_site/requestlog.py) at INFO on the "claw.request" logger:
+# off (WARNING: only 5xx) by default here, on in production.
+CLAW_REQUEST_LOG_LEVEL = os.environ.get("CLAW_REQUEST_LOG_LEVEL", "WARNING")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -303,9 +335,18 @@ LOGGING = {
         "redact_secrets": {"()": "claw_site.redaction.RedactSecrets"},
         "require_debug_false": {"()": "django.utils.log.RequireDebugFalse"},
     },
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "formatters": {
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        # One JSON object per line (claw_site/jsonlog.py): time, level, logger, message, and for
+        # requests request_id, method, path, status, duration_ms.
+        "json": {"()": "claw_site.jsonlog.JsonFormatter"},
+    },
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact_secrets"]},
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": CLAW_LOG_FORMAT,
+            "filters": ["redact_secrets"],
+        },
         "mail_admins": {
             "class": "django.utils.log.AdminEmailHandler",
             "level": "ERROR",
@@ -320,6 +361,7 @@ LOGGING = {
         "uvicorn.error": {"propagate": True},  # named, so its level survives reconfiguration
         "uvicorn.asgi": {"propagate": True},
         "uvicorn.access": {"handlers": ["console"], "propagate": False},
+        "claw.request": {"level": CLAW_REQUEST_LOG_LEVEL},
         # Per-request client logs (the demo agents, upstream forwarding) drown the useful lines.
         **{
             name: {"level": "WARNING"}

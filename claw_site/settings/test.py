@@ -6,7 +6,7 @@ argument serialisation are exercised for real.
 """
 
 from .base import *  # noqa: F403
-from .base import REDIS_URL
+from .base import REDIS_URL, env_float
 
 DEBUG = False
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # speed; never in production
@@ -14,3 +14,6 @@ CLAW_API_KEY_CACHE_SECONDS = 0.0
 CELERY_TASK_ALWAYS_EAGER = False
 if not REDIS_URL:
     CELERY_BROKER_URL = "memory://"
+# Rate limits off unless asked for: a test's requests come faster than any client's; the
+# limiter's own tests turn it on (tests/gateway/test_throttling.py).
+CLAW_RATE_LIMIT_PER_SECOND = env_float("CLAW_RATE_LIMIT_PER_SECOND", 0.0)

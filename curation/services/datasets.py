@@ -9,6 +9,8 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from pool.errors import Conflict, InvalidInput, NotFound
+from pool.models import AuditEvent
+from pool.services.audit import audit_record
 
 from ..models import Dataset, DatasetVersion
 from ..specs import spec_dump, spec_parse
@@ -34,6 +36,7 @@ def dataset_create(*, name: str, spec: Any = None, description: str = "", actor:
     version = DatasetVersion.objects.create(dataset=dataset, version=1, spec=parsed, created_by=actor)
     dataset.current = version
     dataset.save(update_fields=["current", "updated_at"])
+    audit_record(action=AuditEvent.Action.DATASET_CREATE, target=name, actor=actor, details={"version": 1})
     return dataset
 
 
@@ -55,6 +58,12 @@ def dataset_update(
             number = (current.version if current else 0) + 1
             dataset.current = DatasetVersion.objects.create(
                 dataset=dataset, version=number, spec=parsed, created_by=actor
+            )
+            audit_record(
+                action=AuditEvent.Action.DATASET_VERSION,
+                target=name,
+                actor=actor,
+                details={"version": number},
             )
     if description is not None:
         dataset.description = description

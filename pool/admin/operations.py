@@ -7,6 +7,7 @@ from django.http import HttpRequest
 
 from ..models import (
     ApiKey,
+    AuditEvent,
     Event,
     Feedback,
     MergeResult,
@@ -28,6 +29,33 @@ class ApiKeyAdmin(admin.ModelAdmin):
     list_display = ("name", "prefix", "source", "scopes", "created_at", "revoked_at")
     readonly_fields = ("prefix", "key_hash", "created_at")
     list_filter = ("revoked_at",)
+    actions = ["revoke"]
+
+    @admin.action(description="Revoke selected API keys")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        from ..services import api_key_revoke
+
+        for prefix in queryset.values_list("prefix", flat=True):
+            api_key_revoke(prefix=prefix, actor=f"user:{request.user.get_username()}")
+        self.message_user(request, f"revoked {queryset.count()} key(s)")
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(admin.ModelAdmin):
+    """Read-only: the audit log is written by the services only."""
+
+    list_display = ("created_at", "action", "target", "actor")
+    list_filter = ("action",)
+    search_fields = ("target", "actor")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
 
 
 @admin.register(PolicyVersion)

@@ -5,7 +5,7 @@ Each is keyword-only, runs in a transaction, and documents whether it is idempot
 """
 
 from ..ingest import IngestResult, StepIn, steps_append, steps_ingest
-from .api_keys import api_key_create, api_key_verify
+from .api_keys import api_key_create, api_key_revoke, api_key_rotate, api_key_verify
 from .events import event_record, feedback_create, gateway_event_record
 from .policy import policy_version_set
 from .rewards import RewardIn, rewards_apply
@@ -23,6 +23,8 @@ __all__ = [
     "RewardIn",
     "StepIn",
     "api_key_create",
+    "api_key_revoke",
+    "api_key_rotate",
     "api_key_verify",
     "event_record",
     "feedback_create",

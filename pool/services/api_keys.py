@@ -1,4 +1,5 @@
-"""API keys: creation (clear key returned once) and verification (hash compare)."""
+"""API keys: creation (clear key returned once), rotation, revocation (each one written to
+the audit log) and verification (hash compare)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
-from ..errors import InvalidInput
-from ..models import ApiKey, Scope, Source
+from ..errors import Conflict, InvalidInput, NotFound
+from ..models import ApiKey, AuditEvent, Scope, Source
+from .audit import audit_record
 
 KEY_PREFIX = "claw"
 
@@ -34,10 +37,15 @@ def _hash(key: str) -> str:
 
 @transaction.atomic
 def api_key_create(
-    *, name: str, scopes: list[str], source_name: str | None = None, source_kind: str = Source.Kind.AGENT
+    *,
+    name: str,
+    scopes: list[str],
+    source_name: str | None = None,
+    source_kind: str = Source.Kind.AGENT,
+    actor: str = "",
 ) -> tuple[ApiKey, str]:
     """Create a key (and its Source on first sight). Returns (row, clear key). Not idempotent:
-    each call mints a new key."""
+    each call mints a new key. Audited (api_key.create)."""
     bad = [s for s in scopes if s not in Scope.values]
     if not scopes or bad:
         raise InvalidInput(
@@ -45,6 +53,59 @@ def api_key_create(
             field="scopes",
         )
     source, _ = Source.objects.get_or_create(name=source_name or name, defaults={"kind": source_kind})
+    key, clear = _mint(source=source, name=name, scopes=scopes)
+    audit_record(
+        action=AuditEvent.Action.API_KEY_CREATE,
+        target=key.prefix,
+        actor=actor,
+        details={"name": name, "source": source.name, "scopes": key.scopes},
+    )
+    return key, clear
+
+
+@transaction.atomic
+def api_key_rotate(*, prefix: str, actor: str = "") -> tuple[ApiKey, str]:
+    """Replace the live key ``prefix`` by a new one with the same name, source and scopes, and
+    revoke the old one, in one transaction. Returns (new row, new clear key). NotFound for an
+    unknown prefix, Conflict for a revoked key (not idempotent: rotating twice mints twice).
+    The old key stops working at once in this process, within CLAW_API_KEY_CACHE_SECONDS in
+    others; capability URLs it issued end with it."""
+    old = ApiKey.objects.select_for_update().select_related("source").filter(prefix=prefix).first()
+    if old is None:
+        raise NotFound(f"no API key with prefix {prefix!r}", field="prefix")
+    if old.revoked_at is not None:
+        raise Conflict(f"API key {prefix!r} is revoked; create a new one instead", field="prefix")
+    new, clear = _mint(source=old.source, name=old.name, scopes=list(old.scopes))
+    old.revoked_at = timezone.now()
+    old.save(update_fields=["revoked_at"])
+    audit_record(
+        action=AuditEvent.Action.API_KEY_ROTATE,
+        target=prefix,
+        actor=actor,
+        details={"new_prefix": new.prefix, "name": old.name, "source": old.source.name},
+    )
+    transaction.on_commit(_cache.clear)
+    return new, clear
+
+
+@transaction.atomic
+def api_key_revoke(*, prefix: str, actor: str = "") -> ApiKey:
+    """Revoke the key ``prefix``. Idempotent: a revoked key stays revoked (no new audit row).
+    NotFound for an unknown prefix. Takes effect as api_key_rotate's old key does."""
+    key = ApiKey.objects.select_for_update().filter(prefix=prefix).first()
+    if key is None:
+        raise NotFound(f"no API key with prefix {prefix!r}", field="prefix")
+    if key.revoked_at is None:
+        key.revoked_at = timezone.now()
+        key.save(update_fields=["revoked_at"])
+        audit_record(
+            action=AuditEvent.Action.API_KEY_REVOKE, target=prefix, actor=actor, details={"name": key.name}
+        )
+        transaction.on_commit(_cache.clear)
+    return key
+
+
+def _mint(*, source: Source, name: str, scopes: list[str]) -> tuple[ApiKey, str]:
     prefix = secrets.token_hex(6)
     clear = f"{KEY_PREFIX}_{prefix}_{secrets.token_urlsafe(32)}"
     key = ApiKey.objects.create(

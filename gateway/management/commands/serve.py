@@ -9,6 +9,10 @@ Demo mode (CLAW_DEMO on, the default, and no CLAW_UPSTREAM_URL): the demo upstre
 kept in var/demo-agent.key (mode 0600) so restarts reuse it. CLAW_DEMO=0 turns both off.
 The child is terminated when serve exits (SIGINT or SIGTERM), and by the kernel if serve dies.
 
+Production (claw_site.settings.production): CLAW_DEMO is off, so nothing of the demo starts;
+without CLAW_UPSTREAM_URL serve still runs (API, pages, admin) and logs that the gateway has no
+upstream. In embedded mode (no REDIS_URL) it logs that Celery tasks run eagerly in-process.
+
 Periodic work: in embedded mode (no REDIS_URL, so no celery beat) serve runs the beat schedule's
 task itself, pool.readiness_sweep every CLAW_SWEEP_SECONDS, in a daemon thread (``sweep_forever``)
 that logs and survives errors and is stopped and joined on exit. With REDIS_URL set, run
@@ -61,6 +65,12 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, host: str, port: int, workers: int, fd: int | None, **options: Any) -> None:
         demo = bool(settings.CLAW_DEMO) and not settings.CLAW_UPSTREAM_URL
+        if not demo and not settings.CLAW_UPSTREAM_URL:
+            log.warning(
+                "No CLAW_UPSTREAM_URL and the demo is off: the OpenAI-compatible gateway (/v1/, /t/) "
+                "answers 502 not_configured; the REST API, pages and admin work as usual"
+            )
+        _prepare_multiprocess_metrics()
         children: list[subprocess.Popen] = []
         threads: list[threading.Thread] = []
         stop = threading.Event()
@@ -93,6 +103,11 @@ class Command(BaseCommand):
                 threads.append(sweeper)
                 self.stdout.write(
                     f"Readiness sweep in-process every {settings.CLAW_SWEEP_SECONDS:g} s (no REDIS_URL: no celery beat)"
+                )
+            if settings.CELERY_TASK_ALWAYS_EAGER:
+                log.warning(
+                    "Embedded mode (no REDIS_URL): Celery tasks run eagerly inside this process at "
+                    "enqueue time; set REDIS_URL and run `celery -A claw_site worker` to move them out"
                 )
             if fd is not None:
                 _no_delay(fd)
@@ -195,6 +210,21 @@ def sweep_forever(stop: threading.Event, interval_s: float) -> None:
             log.exception("readiness sweep failed; the next run is in %g s", interval_s)
         finally:
             connections.close_all()
+
+
+def _prepare_multiprocess_metrics() -> None:
+    """With PROMETHEUS_MULTIPROC_DIR set, create it and delete the previous run's sample files
+    (prometheus_client's multiprocess mode sums every file there; stale ones would count
+    twice). Created here, at start, never at import."""
+    from claw_site.metrics import multiprocess_dir
+
+    folder = multiprocess_dir()
+    if not folder:
+        return
+    path = Path(folder)
+    path.mkdir(parents=True, exist_ok=True)
+    for stale in path.glob("*.db"):
+        stale.unlink(missing_ok=True)
 
 
 def _demo_key() -> str:

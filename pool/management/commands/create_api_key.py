@@ -22,7 +22,9 @@ class Command(BaseCommand):
 
     def handle(self, *args, name, scope, source, kind, **options):
         try:
-            key, clear = api_key_create(name=name, scopes=scope, source_name=source, source_kind=kind)
+            key, clear = api_key_create(
+                name=name, scopes=scope, source_name=source, source_kind=kind, actor="cli"
+            )
         except PoolError as exc:
             raise CommandError(f"{exc.field}: {exc.message}") from exc
         self.stderr.write(f"created key {key.prefix} for source {key.source.name!r} with scopes {key.scopes}")
