@@ -39,6 +39,7 @@ call that uses the URL (register or chat) binds the group, another one later is 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from typing import Any
@@ -50,12 +51,18 @@ from django.views.decorators.csrf import csrf_exempt
 
 from pool.errors import PoolError
 from pool.ingest import rules
+from pool.rewards import RewardSample
 from pool.selectors import generation_texts
 from pool.services import steps_ingest, trajectory_complete, trajectory_register
 from pool.services.api_keys import VerifiedKey
 from pool.services.capabilities import trajectory_init
 from pool.services.generation_texts import generation_text_remember
-from pool.services.reward_compute import ground_truth_in, response_text_lookup, sample_reward_compute
+from pool.services.reward_compute import (
+    ground_truth_in,
+    response_text_lookup,
+    reward_function_for,
+    sample_score,
+)
 
 from ..body import json_object
 from ..proxy import upstream
@@ -269,16 +276,17 @@ async def compute_reward(request: HttpRequest, key: VerifiedKey) -> HttpResponse
             code="text_unknown",
             param="response_ids",
         )
-    raw_prompt = dataset.get("raw_prompt")
-    result, resolved = await run_db(
-        sample_reward_compute,
+    where = "dataset_fields.data_source"
+    resolved = await run_db(reward_function_for, data_source=data_source, field=where)
+    sample = RewardSample(
         data_source=data_source,
         response_text=text,
         ground_truth=ground_truth_in(dataset),
-        prompt_text=_prompt_text(raw_prompt),
+        prompt_text=_prompt_text(dataset.get("raw_prompt")),
         metadata={**dataset, "num_turns": num_turns, "extra_fields": extra},
-        field="dataset_fields.data_source",
     )
+    # Off the database threads: a judge's upstream call may take long.
+    result = await asyncio.to_thread(sample_score, resolved=resolved, sample=sample, field=where)
     info = {**result.info, "function": resolved.path}
     return _json({"reward_score": result.score, "reward_extra_info": info})
 

@@ -65,12 +65,7 @@ def sample_reward_compute(
 ) -> tuple[RewardResult, Resolved]:
     """Score one sample with the function of ``data_source``; writes nothing. Raises
     Unprocessable (naming ``field``) when no function is registered for it or it fails."""
-    try:
-        resolved = resolve(data_source)
-    except RewardError as e:
-        raise Unprocessable(str(e), field=field) from None
-    if resolved is None:
-        raise Unprocessable(f"no reward function is registered for data source {data_source!r}", field=field)
+    resolved = reward_function_for(data_source=data_source, field=field)
     sample = RewardSample(
         data_source=data_source,
         response_text=response_text,
@@ -78,13 +73,31 @@ def sample_reward_compute(
         prompt_text=prompt_text,
         metadata=metadata or {},
     )
+    return sample_score(resolved=resolved, sample=sample, field=field), resolved
+
+
+def reward_function_for(*, data_source: str, field: str = "data_source") -> Resolved:
+    """The function registered for ``data_source`` (one query); Unprocessable naming
+    ``field`` when there is none or its path does not import."""
+    try:
+        resolved = resolve(data_source)
+    except RewardError as e:
+        raise Unprocessable(str(e), field=field) from None
+    if resolved is None:
+        raise Unprocessable(f"no reward function is registered for data source {data_source!r}", field=field)
+    return resolved
+
+
+def sample_score(*, resolved: Resolved, sample: RewardSample, field: str = "data_source") -> RewardResult:
+    """Run the function on one sample (no database: callers run it off their database
+    thread, a judge call may take long); Unprocessable naming ``field`` when it fails."""
     try:
         [result] = _run(resolved.fn, [sample])
     except Exception as e:  # noqa: BLE001 - any failure of user code is reported, not raised
         raise Unprocessable(
             f"reward function {resolved.path} failed: {_error_text(e)}", field=field
         ) from None
-    return result, resolved
+    return result
 
 
 def trajectory_rewards_compute(*, trajectory_id: int) -> dict[str, int]:
@@ -315,7 +328,7 @@ def _run(fn: Any, samples: list[RewardSample]) -> list[RewardResult]:
 
 
 def _error_text(e: BaseException) -> str:
-    text = str(e) or type(e).__name__
+    text = (str(e) or type(e).__name__).replace("\x00", "")[:4000]  # PostgreSQL text takes no NUL
     return text if isinstance(e, RewardError) else f"{type(e).__name__}: {text}"
 
 

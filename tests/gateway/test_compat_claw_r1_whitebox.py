@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from tests.gateway.proxy_support import auth, steps_of, trajectory_of, upstream_ids
-from tests.live import ROOT, LiveServer, live_server, stop_process
+from tests.live import ROOT, LiveServer, live_server, refused_port, stop_process
 
 pytestmark = pytest.mark.live
 
@@ -395,3 +395,27 @@ def test_every_white_box_route_needs_a_key(gw):
             f"{gw.server.url}/compat/claw-r1/{path}", json={}, headers=auth(gw.key), timeout=30
         )
         assert bearer.status_code == 400  # authorised; the empty body is refused naming its field
+
+
+def test_an_upstream_without_token_ids_is_a_502_never_a_re_encoding(tmp_path, idless_upstream):
+    # given: an upstream that ignores return_token_ids (a plain OpenAI server)
+    with live_server(tmp_path, {"CLAW_UPSTREAM_URL": idless_upstream}) as server:
+        key = server.make_key("ingest")
+        # when
+        r = httpx.post(
+            f"{server.url}/compat/claw-r1/k/{key}/generate", json={"prompt_ids": [1, 2, 3]}, timeout=30
+        )
+    # then
+    assert r.status_code == 502 and r.json()["error"]["code"] == "no_token_ids"
+
+
+def test_an_unreachable_upstream_is_a_502(tmp_path):
+    with (
+        refused_port() as port,
+        live_server(tmp_path, {"CLAW_UPSTREAM_URL": f"http://127.0.0.1:{port}"}) as server,
+    ):
+        key = server.make_key("ingest")
+        r = httpx.post(
+            f"{server.url}/compat/claw-r1/k/{key}/generate", json={"prompt_ids": [1, 2, 3]}, timeout=30
+        )
+    assert r.status_code == 502 and r.json()["error"]["code"] == "connect_error"
