@@ -354,3 +354,29 @@ def test_a_vanished_trajectory_or_group_is_a_no_op():
         "failed": 0,
         "skipped": 0,
     }
+
+
+def test_the_admin_lists_failures_and_refuses_a_reward_function_that_does_not_import(
+    client, django_user_model
+):
+    # given a recorded failure and an admin
+    RewardFunction.objects.create(name="boom", path="tests.pool.test_reward_functions.explode")
+    rollout("r-adm", "#### 42", meta={"data_source": "boom"})
+    tasks.trajectory_rewards_compute.apply(args=[Trajectory.objects.get(uid="r-adm").id]).get()
+    client.force_login(django_user_model.objects.create_superuser("root", "", "pw-long-enough-1"))
+    # then the failure list shows the error
+    page = client.get("/admin/pool/rewardfailure/")
+    assert page.status_code == 200 and "cannot score" in page.content.decode()
+    assert client.get("/admin/pool/rewardfunction/").status_code == 200
+    # and a function path that does not import is refused by the form, naming it
+    resp = client.post(
+        "/admin/pool/rewardfunction/add/",
+        {"name": "bad", "path": "pool.rewards.builtin.nope", "enabled": "on"},
+    )
+    assert resp.status_code == 200 and "cannot be imported" in resp.content.decode()
+    assert not RewardFunction.objects.filter(name="bad").exists()
+    resp = client.post(
+        "/admin/pool/rewardfunction/add/",
+        {"name": "ok", "path": "pool.rewards.builtin.math_boxed", "enabled": "on"},
+    )
+    assert resp.status_code == 302 and RewardFunction.objects.filter(name="ok").exists()
