@@ -19,6 +19,7 @@ _VIEW = [
     "view_feedback",
     "view_event",
     "view_mergeresult",
+    "view_rewardfailure",
 ]
 # Codenames of the pool app's permissions each group holds (admin is a superuser instead).
 PERMISSIONS: dict[str, list[str]] = {
@@ -30,5 +31,7 @@ PERMISSIONS: dict[str, list[str]] = {
         "change_step",
         "change_trajectory",
         "change_promptgroup",
+        # Reward functions name code by dotted path: operators see them, admins change them.
+        "view_rewardfunction",
     ],
 }

@@ -30,3 +30,11 @@ class Conflict(PoolError):
 class NotFound(PoolError):
     status_code = 404
     code = "not_found"
+
+
+class Unprocessable(PoolError):
+    """Well-formed input the pool cannot act on (no reward function for its data source,
+    response text unknown, a reward function that failed on it)."""
+
+    status_code = 422
+    code = "unprocessable"

@@ -562,3 +562,74 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} {self.target} by {self.actor or '?'}"
+
+
+class RewardFunction(models.Model):
+    """A reward function the pool computes itself (pool/rewards/), named by a data source or
+    a dataset. Rows here override settings.CLAW_REWARD_FUNCTIONS for the same name; a
+    disabled row switches the name off (also one that settings define)."""
+
+    name = models.CharField(max_length=128, unique=True, help_text="A data source or dataset name.")
+    path = models.CharField(
+        max_length=255, help_text="Dotted path of the function, e.g. pool.rewards.builtin.gsm8k."
+    )
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} -> {self.path}{'' if self.enabled else ' (disabled)'}"
+
+
+class RewardFailure(models.Model):
+    """A computed reward that could not be made (the function raised, the text is unknown,
+    the judge failed). One row per trajectory and data source, updated on a retry and removed
+    once the reward is made; the trajectory's other rewards are unaffected."""
+
+    trajectory = models.ForeignKey(
+        Trajectory, on_delete=models.CASCADE, related_name="reward_failures", db_index=False
+    )
+    step = models.ForeignKey(Step, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    data_source = models.CharField(max_length=128)
+    function = models.CharField(max_length=255, blank=True, default="")
+    error = models.TextField()
+    attempts = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            # Also serves "failures of a trajectory" (the upsert and its removal on success).
+            models.UniqueConstraint(fields=["trajectory", "data_source"], name="reward_failure_traj_uniq"),
+        ]
+        indexes = [
+            # Admin listing: "latest failures first".
+            models.Index(fields=["updated_at"], name="reward_failure_updated"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.data_source} on {self.trajectory_id}: {self.error[:60]}"
+
+
+class GenerationText(models.Model):
+    """The upstream's text for response ids it generated through the Claw-R1 ``/generate``
+    door, keyed by the source and a hash of the ids, so a later ``submit_steps`` or
+    ``compute_reward`` of the same ids has the text without a tokenizer."""
+
+    source = models.ForeignKey(Source, on_delete=models.CASCADE, related_name="+", db_index=False)
+    response_hash = models.BinaryField(max_length=16)  # blake2b-128 of the ids as little-endian int32
+    text = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            # The lookup "text of these ids from this source" (submit_steps, compute_reward).
+            models.UniqueConstraint(fields=["source", "response_hash"], name="gentext_source_hash_uniq"),
+        ]
+        indexes = [
+            # Retention: "texts older than T".
+            models.Index(fields=["created_at"], name="gentext_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"text #{self.pk}"

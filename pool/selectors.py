@@ -136,3 +136,23 @@ def pool_stats() -> dict[str, Any]:
 def _stored_token_bytes() -> int:
     # LENGTH() of a blob/bytea is its size in bytes on both SQLite and PostgreSQL.
     return Step.objects.aggregate(n=Sum(Length("seq_delta")))["n"] or 0
+
+
+def generation_texts(
+    *, source_id: int | None, responses: Sequence[Sequence[int] | np.ndarray]
+) -> list[str | None]:
+    """The remembered upstream text of each response (pool/services/generation_texts.py) of
+    this source, None where unknown. One query."""
+    from .models import GenerationText
+    from .services.generation_texts import response_ids_hash
+
+    if source_id is None or not responses:
+        return [None] * len(responses)
+    keys = [response_ids_hash(r) for r in responses]
+    found = {
+        bytes(h): text
+        for h, text in GenerationText.objects.filter(
+            source_id=source_id, response_hash__in=set(keys)
+        ).values_list("response_hash", "text")
+    }
+    return [found.get(k) for k in keys]

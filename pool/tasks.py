@@ -52,6 +52,37 @@ def steps_merge(key: str, step_ids: list[int]) -> None:
         log.warning("steps_merge %s skipped: %s", key, exc.message)
 
 
+@shared_task(
+    name="pool.trajectory_rewards_compute",
+    autoretry_for=_TRANSIENT,
+    retry_backoff=True,
+    retry_backoff_max=300,
+    max_retries=5,
+)
+def trajectory_rewards_compute(trajectory_id: int) -> dict[str, int]:
+    """Compute the reward of a completed trajectory whose data source names a reward
+    function (pool/services/reward_compute.py). Idempotent: a rewarded, running or vanished
+    trajectory is skipped; a failing function is recorded as a RewardFailure, not raised."""
+    from .services.reward_compute import trajectory_rewards_compute as compute
+
+    return compute(trajectory_id=trajectory_id)
+
+
+@shared_task(
+    name="pool.group_rewards_compute",
+    autoretry_for=_TRANSIENT,
+    retry_backoff=True,
+    retry_backoff_max=300,
+    max_retries=5,
+)
+def group_rewards_compute(group_id: int) -> dict[str, int]:
+    """Compute the rewards of a complete group's unrewarded rollouts (a group function such
+    as the LLM judge scores them together). Idempotent, like trajectory_rewards_compute."""
+    from .services.reward_compute import group_rewards_compute as compute
+
+    return compute(group_id=group_id)
+
+
 def enqueue_on_commit(task, *args) -> None:
     """Enqueue ``task(*args)`` once the caller's transaction commits, through the outbox.
 

@@ -5,6 +5,7 @@ an in-memory channel layer. With DATABASE_URL and REDIS_URL set, the same code r
 PostgreSQL, a Redis-brokered Celery worker pool and the Redis channel layer.
 """
 
+import json
 import os
 from pathlib import Path
 
@@ -314,6 +315,25 @@ CLAW_PROXY_PREPARED_STATEMENTS = env_bool("CLAW_PROXY_PREPARED_STATEMENTS", True
 CLAW_DEMO = env_bool("CLAW_DEMO", True)
 # /metrics: a bearer token for the Prometheus scraper (admin-scope API keys work too).
 CLAW_METRICS_TOKEN = os.environ.get("CLAW_METRICS_TOKEN", "")
+
+# --- Computed rewards (pool/rewards/) ---------------------------------------------------------
+# Data source (or dataset) -> dotted path of its reward function; RewardFunction rows in the
+# admin override a name. CLAW_REWARD_FUNCTIONS (a JSON object) adds to or replaces these.
+# verl's preprocessed datasets name their source "openai/gsm8k" and "lighteval/MATH".
+CLAW_REWARD_FUNCTIONS = {
+    "gsm8k": "pool.rewards.builtin.gsm8k",
+    "openai/gsm8k": "pool.rewards.builtin.gsm8k",
+    "math": "pool.rewards.builtin.math_boxed",
+    "lighteval/MATH": "pool.rewards.builtin.math_boxed",
+    "judge": "pool.rewards.judge.ruler",
+}
+CLAW_REWARD_FUNCTIONS.update(json.loads(os.environ.get("CLAW_REWARD_FUNCTIONS") or "{}"))
+# The LLM judge (pool/rewards/judge.py): the model it names upstream ("" = none) and its budget.
+CLAW_JUDGE_MODEL = os.environ.get("CLAW_JUDGE_MODEL", "")
+CLAW_JUDGE_MAX_TOKENS = env_int("CLAW_JUDGE_MAX_TOKENS", 2048)
+# Claw-R1's POST /generate: max_tokens when the sampling params give none (its gateway's
+# --response-length); 0 = send none (the upstream's default).
+CLAW_GENERATE_MAX_TOKENS = env_int("CLAW_GENERATE_MAX_TOKENS", 0)
 
 # --- Logging --------------------------------------------------------------------------------
 # Every handler masks the secret of gateway and capability URL paths (/k/<api key>,

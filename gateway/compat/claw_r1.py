@@ -9,7 +9,13 @@ works by changing only its gateway URL:
   trajectory and prompt group taken from the URL; exact upstream ids, streaming, tools;
 * ``POST {base_url}/complete_trajectory`` ``{"reward"?, "channel"?}`` -> ``{"status": "ok"}``
   (the last step gets ``is_last`` and the reward);
-* ``POST /submit_steps?channel=train`` ``{"steps": [...]}`` -> ``{"accepted": n}``.
+* ``POST /submit_steps?channel=train`` ``{"steps": [...]}`` -> ``{"accepted": n}``;
+* white-box flows (claw_r1/agent_flow): ``POST /generate`` ``{"prompt_ids", "sampling_params"}``
+  -> ``{"token_ids", "log_probs", "stop_reason"}`` (the upstream's ``/v1/completions`` on the
+  token-id prompt with ``return_token_ids``: its exact ids, never re-encoded) and
+  ``POST /compute_reward`` ``{"prompt_ids", "response_ids", "num_turns", "extra_fields",
+  "dataset_fields"}`` -> ``{"reward_score", "reward_extra_info"}`` (the pool's reward
+  function of ``dataset_fields.data_source``: pool/rewards/).
 
 Aliases of older Claw-R1 versions are served too (``{base}/trajectory/complete``,
 ``/complete_trajectory/<uid>``, ``/register_trajectory`` with ``trajectory_uid`` in the body).
@@ -33,24 +39,40 @@ call that uses the URL (register or chat) binds the group, another one later is 
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import uuid
 from typing import Any
 
 import orjson
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from pool.errors import PoolError
 from pool.ingest import rules
+from pool.rewards import RewardSample
+from pool.selectors import generation_texts
 from pool.services import steps_ingest, trajectory_complete, trajectory_register
 from pool.services.api_keys import VerifiedKey
 from pool.services.capabilities import trajectory_init
+from pool.services.generation_texts import generation_text_remember
+from pool.services.reward_compute import (
+    ground_truth_in,
+    response_text_lookup,
+    reward_function_for,
+    sample_score,
+)
 
 from ..body import json_object
+from ..proxy import upstream
 from ..proxy.access import authorise
 from ..proxy.db import run_db
 from ..proxy.errors import ProxyError, error_response
+from ..proxy.views import fault_event
 from ..validation import parse_step_batch
+
+log = logging.getLogger(__name__)
 
 PREFIX = "/compat/claw-r1"
 _OK = b'{"status":"ok"}'
@@ -169,7 +191,9 @@ async def complete_trajectory(
 @_view
 async def submit_steps(request: HttpRequest, key: VerifiedKey) -> HttpResponse:
     """White-box steps in Claw-R1's shape; ``?channel=train|val`` names the channel of new
-    trajectories. Atomic and idempotent (a step's uid is ``<trajectory_uid>:<step_index>``)."""
+    trajectories. Atomic and idempotent (a step's uid is ``<trajectory_uid>:<step_index>``).
+    A step whose response ids this source generated through /generate is stored with the
+    upstream's text of them."""
     body = _body(request)
     channel = request.GET.get("channel", "train")
     raw = body.get("steps")
@@ -184,6 +208,182 @@ async def submit_steps(request: HttpRequest, key: VerifiedKey) -> HttpResponse:
     return _json({"accepted": len(batch)})
 
 
+@_view
+async def generate(request: HttpRequest, key: VerifiedKey) -> HttpResponse:
+    """``{"prompt_ids": [...], "sampling_params": {...}}`` -> ``{"token_ids", "log_probs",
+    "stop_reason"}``: the upstream's ``/v1/completions`` on the token-id prompt, with
+    ``return_token_ids`` (and ``logprobs: 1`` when ``sampling_params.logprobs`` is true). The
+    ids are the upstream's own; an upstream that returns none is a 502, never a re-encoding.
+    Sampling params map as in Claw-R1: max_tokens (default CLAW_GENERATE_MAX_TOKENS),
+    temperature, top_p, repetition_penalty (default 1.0 each) and model. The upstream's text
+    of the ids is remembered for this source (submit_steps and compute_reward use it)."""
+    body = _body(request)
+    prompt_ids = _token_ids(body.get("prompt_ids"), "prompt_ids", empty_ok=False)
+    payload = {"prompt": prompt_ids, **_sampling(body.get("sampling_params"))}
+    headers = upstream.forward_headers(request.headers)
+    headers["content-type"] = "application/json"
+    try:
+        resp = await upstream.request(
+            "POST", "/v1/completions", content=orjson.dumps(payload), headers=headers
+        )
+    except upstream.UpstreamFault as f:
+        await fault_event(f.status, f.kind, f.message, "generate", None, key)
+        raise ProxyError(f.status, f.message, code=f.kind) from None
+    if resp.status_code >= 400:
+        detail = upstream.scrub(resp.text[:1000])
+        await fault_event(resp.status_code, "http_error", detail, "generate", None, key)
+        status = resp.status_code if resp.status_code < 500 else 502
+        raise ProxyError(status, f"the upstream answered {resp.status_code}: {detail}", code="upstream_error")
+    token_ids, log_probs, stop_reason, text = _generated(resp.content)
+    if text is not None:
+        try:
+            await run_db(generation_text_remember, source_id=key.source_id, response_ids=token_ids, text=text)
+        except Exception:  # noqa: BLE001 - the ids are the answer; a lost text is only a lost convenience
+            log.exception("could not remember the text of a generation")
+    return _json({"token_ids": token_ids, "log_probs": log_probs, "stop_reason": stop_reason})
+
+
+@_view
+async def compute_reward(request: HttpRequest, key: VerifiedKey) -> HttpResponse:
+    """``{"prompt_ids", "response_ids", "num_turns", "extra_fields", "dataset_fields"}`` ->
+    ``{"reward_score", "reward_extra_info"}``: the pool's reward function registered for
+    ``dataset_fields.data_source`` (pool/rewards/), against
+    ``dataset_fields.reward_model.ground_truth`` (or ``dataset_fields.ground_truth``), on the
+    text of the response ids (remembered from /generate, else CLAW_TOKENIZER). Writes
+    nothing: the agent puts the score on its step. 422 when there is no function, no text or
+    the function fails, naming the field."""
+    body = _body(request)
+    _token_ids(body.get("prompt_ids", []), "prompt_ids", empty_ok=True)
+    response_ids = _token_ids(body.get("response_ids"), "response_ids", empty_ok=True)
+    num_turns = body.get("num_turns", 2)
+    if isinstance(num_turns, bool) or not isinstance(num_turns, int) or num_turns < 0:
+        raise ProxyError(400, "num_turns must be a non-negative integer", param="num_turns")
+    extra = _object(body, "extra_fields")
+    dataset = _object(body, "dataset_fields")
+    data_source = dataset.get("data_source")
+    if not isinstance(data_source, str) or not data_source:
+        raise ProxyError(
+            400,
+            "dataset_fields.data_source must name the sample's data source",
+            param="dataset_fields.data_source",
+        )
+    text = await run_db(response_text_lookup, source_id=key.source_id, response_ids=response_ids)
+    if text is None:
+        raise ProxyError(
+            422,
+            "response text unknown: these ids were not generated through /generate by this key's "
+            "source, and no CLAW_TOKENIZER is configured to decode them",
+            code="text_unknown",
+            param="response_ids",
+        )
+    where = "dataset_fields.data_source"
+    resolved = await run_db(reward_function_for, data_source=data_source, field=where)
+    sample = RewardSample(
+        data_source=data_source,
+        response_text=text,
+        ground_truth=ground_truth_in(dataset),
+        prompt_text=_prompt_text(dataset.get("raw_prompt")),
+        metadata={**dataset, "num_turns": num_turns, "extra_fields": extra},
+    )
+    # Off the database threads: a judge's upstream call may take long.
+    result = await asyncio.to_thread(sample_score, resolved=resolved, sample=sample, field=where)
+    info = {**result.info, "function": resolved.path}
+    return _json({"reward_score": result.score, "reward_extra_info": info})
+
+
+def _sampling(params: Any) -> dict[str, Any]:
+    """Claw-R1's sampling params as the upstream's completion fields."""
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise ProxyError(400, "sampling_params must be a JSON object", param="sampling_params")
+    out: dict[str, Any] = {"return_token_ids": True, "skip_special_tokens": False}
+    max_tokens = params.get("max_tokens")
+    if max_tokens is None:
+        max_tokens = settings.CLAW_GENERATE_MAX_TOKENS or None
+    elif isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ProxyError(400, "must be a positive integer", param="sampling_params.max_tokens")
+    if max_tokens is not None:
+        out["max_tokens"] = max_tokens
+    for name in ("temperature", "top_p", "repetition_penalty"):
+        value = params.get(name)
+        if value is None:
+            value = 1.0
+        elif isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+            raise ProxyError(400, "must be a non-negative number", param=f"sampling_params.{name}")
+        out[name] = value
+    if params.get("logprobs"):
+        out["logprobs"] = 1
+    model = params.get("model")
+    if model is not None:
+        if not isinstance(model, str):
+            raise ProxyError(400, "must be a string", param="sampling_params.model")
+        out["model"] = model
+    return out
+
+
+def _generated(raw: bytes) -> tuple[list[int], list[float] | None, str | None, str | None]:
+    """(token ids, logprobs, finish reason, text) of the upstream's completion answer."""
+    try:
+        answer = orjson.loads(raw)
+        choice = answer["choices"][0]
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        raise ProxyError(502, "the upstream's answer is not a completion", code="invalid_answer") from None
+    if not isinstance(choice, dict):
+        raise ProxyError(502, "the upstream's answer is not a completion", code="invalid_answer")
+    ids = choice.get("token_ids")
+    if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+        raise ProxyError(
+            502,
+            "the upstream returned no token ids; /generate needs an upstream that honours "
+            "return_token_ids (vLLM >= 0.10.2, SGLang)",
+            code="no_token_ids",
+        )
+    logprobs = choice.get("logprobs")
+    lps = logprobs.get("token_logprobs") if isinstance(logprobs, dict) else None
+    text = choice.get("text")
+    return (
+        ids,
+        lps if isinstance(lps, list) else None,
+        choice.get("finish_reason"),
+        text if isinstance(text, str) else None,
+    )
+
+
+def _token_ids(value: Any, name: str, *, empty_ok: bool) -> list[int]:
+    if not isinstance(value, list) or not all(type(i) is int and 0 <= i <= rules.INT32_MAX for i in value):
+        raise ProxyError(400, f"{name} must be an array of token ids (integers in [0, 2**31))", param=name)
+    if not value and not empty_ok:
+        raise ProxyError(400, f"{name} must not be empty", param=name)
+    if len(value) > settings.CLAW_MAX_TOKENS_PER_STEP:
+        raise ProxyError(
+            400, f"{name} has more than {settings.CLAW_MAX_TOKENS_PER_STEP} token ids", param=name
+        )
+    return value
+
+
+def _object(body: dict[str, Any], name: str) -> dict[str, Any]:
+    value = body.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ProxyError(400, f"{name} must be a JSON object", param=name)
+    return value
+
+
+def _prompt_text(raw_prompt: Any) -> str | None:
+    if isinstance(raw_prompt, list):
+        return (
+            "\n".join(
+                f"{m.get('role', '')}: {m.get('content')}"
+                for m in raw_prompt
+                if isinstance(m, dict) and isinstance(m.get("content"), str)
+            )
+            or None
+        )
+    return raw_prompt if isinstance(raw_prompt, str) else None
+
+
 def _their_field(field: str | None) -> str | None:
     """An error's field path in Claw-R1's names (``steps[2].prompt_uid``), as the client sent it."""
     if field is None:
@@ -194,6 +394,13 @@ def _their_field(field: str | None) -> str | None:
 
 
 def _ingest(batch: list, source_id: int, channel: str) -> None:
+    # Steps of ids this source generated through /generate get the upstream's text (Claw-R1
+    # sends none), so pages and rewards have it without a tokenizer.
+    textless = [s for s in batch if s.response_text is None and len(s.response_ids)]
+    if textless:
+        found = generation_texts(source_id=source_id, responses=[s.response_ids for s in textless])
+        for s, text in zip(textless, found, strict=True):
+            s.response_text = text
     steps_ingest(steps=batch, source_id=source_id, channel=channel)
 
 

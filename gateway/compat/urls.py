@@ -42,6 +42,8 @@ _base = [
 _entry = [
     ("init_trajectory", claw_r1.init_trajectory, "init_trajectory"),
     ("submit_steps", claw_r1.submit_steps, "submit_steps"),
+    ("generate", claw_r1.generate, "generate"),
+    ("compute_reward", claw_r1.compute_reward, "compute_reward"),
     ("register_trajectory", claw_r1.register_trajectory, "register_trajectory_body"),
     ("complete_trajectory/<str:trajectory_uid>", claw_r1.complete_trajectory, "complete_trajectory_uid"),
 ]

@@ -24,6 +24,15 @@ Contract:
   body; ``x-demo-delay-ms: <ms>`` adds latency; ``x-demo-drop: 1`` starts the response (a
   partial JSON body, or a stream's first chunk) and then closes the connection. ``failure_rate``
   turns that share of completion requests into 500s. Any Authorization header is accepted.
+- Scripted replies, for end-to-end tests of agents and rewards without a model: a prompt
+  that contains ``[demo-reply]`` is answered with the text after its last occurrence, up to
+  the end of that message (then <|end|>, or cut at max_tokens), e.g. a user message
+  ``What is 6 * 7? [demo-reply]It is 42.\n#### 42``. A chat whose system message contains
+  ``[claw-judge]`` (the LLM judge of pool/rewards/judge.py) is answered with the judge's JSON
+  ``{"scores": [{"trajectory_id", "explanation", "score"}]}``, one entry per
+  ``<rollout id="N">...</rollout>`` block of the user message: 1.0 when the rollout contains
+  the ``<reference>...</reference>`` answer as a whole word, else 0.0; without a reference,
+  the rollout's length relative to the longest one.
 - Degenerate output: header ``x-demo-reply: loop`` makes every text answer a loop of one word
   cut at max_tokens (finish_reason "length"), as a model stuck in repetition would answer; the
   demo traffic uses it to show the truncated and repetition quality flags. Tool calls are
@@ -38,13 +47,14 @@ import hashlib
 import itertools
 import os
 import random
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 
-from .toy_tokenizer import BOS, END, ToyTokenizer, canonical_tool_calls, compact_json
+from .toy_tokenizer import BOS, BYTE_OFFSET, END, ToyTokenizer, canonical_tool_calls, compact_json
 
 MODEL_ID = "claw-demo"
 DEFAULT_MAX_TOKENS = 32
@@ -202,11 +212,15 @@ async def _chat(ctx: _Ctx, body: dict, send: Send) -> None:
     prompt = _chat_prompt(body, add_generation_prompt=True)
     opts = _Options(body, ctx)
     messages = body["messages"]
-    tool = _tool_to_call(body.get("tools"), body.get("tool_choice"), messages)
-    choices = [
-        generate_reply(prompt, ctx.seed, i, opts.max_tokens, tool=tool if i == 0 else None, loop=ctx.loop)
-        for i in range(opts.n)
-    ]
+    judged = judge_reply(messages)
+    if judged is not None:
+        choices = [judged] * opts.n
+    else:
+        tool = _tool_to_call(body.get("tools"), body.get("tool_choice"), messages)
+        choices = [
+            generate_reply(prompt, ctx.seed, i, opts.max_tokens, tool=tool if i == 0 else None, loop=ctx.loop)
+            for i in range(opts.n)
+        ]
     if opts.stream:
         await _stream_chat(ctx, send, body, opts, prompt, choices)
         return
@@ -424,7 +438,12 @@ def generate_reply(
     degenerate (one word repeated up to max_tokens, finish_reason "length"). Pure: no I/O, no
     state."""
     # orjson serialises a long int list ~10x faster than array("i", ...) converts it.
-    h = hashlib.blake2b(orjson.dumps(prompt), digest_size=16)
+    dumped = orjson.dumps(prompt)
+    if tool is None and _REPLY_NEEDLE in dumped:  # a C substring search: free when absent
+        scripted = _scripted_reply(prompt, max_tokens)
+        if scripted is not None:
+            return scripted
+    h = hashlib.blake2b(dumped, digest_size=16)
     h.update(seed.to_bytes(8, "little", signed=True))
     h.update(index.to_bytes(4, "little"))
     digest = h.digest()
@@ -463,6 +482,70 @@ def generate_reply(
         ids = ids[:budget]
         finish = "length"
     return DemoReply(ids, _logprobs(rng, len(ids)), _tok.decode(ids), None, finish)
+
+
+REPLY_MARKER = "[demo-reply]"
+_REPLY_IDS = _tok.encode(REPLY_MARKER)
+_REPLY_NEEDLE = b"," + ",".join(map(str, _REPLY_IDS)).encode() + b","
+JUDGE_MARKER = "[claw-judge]"  # pool/rewards/judge.py's system prompt starts with it
+
+
+def _scripted_reply(prompt: list[int], max_tokens: int | None) -> DemoReply | None:
+    """The text after the prompt's last REPLY_MARKER, to the end of its message."""
+    n = len(_REPLY_IDS)
+    start = next(
+        (i + n for i in range(len(prompt) - n, -1, -1) if prompt[i : i + n] == _REPLY_IDS),
+        None,
+    )
+    if start is None:
+        return None
+    end = start
+    while end < len(prompt) and BYTE_OFFSET <= prompt[end] < BYTE_OFFSET + 256:
+        end += 1
+    text = _tok.decode(prompt[start:end])
+    ids = [*_tok.encode(text), END]
+    budget = max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS
+    finish = "stop"
+    if len(ids) > budget:
+        ids, finish = ids[:budget], "length"
+    rng = random.Random(orjson.dumps(prompt))
+    return DemoReply(ids, _logprobs(rng, len(ids)), _tok.decode(ids), None, finish)
+
+
+_ROLLOUT = re.compile(r'<rollout id="([^"]+)">\n(.*?)\n</rollout>', re.DOTALL)
+_REFERENCE = re.compile(r"<reference>(.*?)</reference>", re.DOTALL)
+
+
+def judge_reply(messages: list) -> DemoReply | None:
+    """The deterministic judge answer (see the module docstring) when a system message
+    carries JUDGE_MARKER; None otherwise."""
+    system = [
+        m.get("content")
+        for m in messages
+        if isinstance(m, dict) and m.get("role") == "system" and isinstance(m.get("content"), str)
+    ]
+    if not any(JUDGE_MARKER in c for c in system):
+        return None
+    user = "\n".join(
+        m["content"]
+        for m in messages
+        if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str)
+    )
+    ref = _REFERENCE.search(user)
+    reference = ref.group(1).strip() if ref else ""
+    rollouts = _ROLLOUT.findall(user)
+    longest = max((len(text) for _, text in rollouts), default=0) or 1
+    scores = []
+    for rid, text in rollouts:
+        if reference:
+            hit = re.search(r"(?<![\w.])" + re.escape(reference) + r"(?![\w])", text) is not None
+            score, why = (1.0, "matches the reference") if hit else (0.0, "does not match the reference")
+        else:
+            score, why = round(len(text) / longest, 3), "relative length"
+        scores.append({"trajectory_id": rid, "explanation": why, "score": score})
+    content = compact_json({"scores": scores})
+    ids = [*_tok.encode(content), END]
+    return DemoReply(ids, [-0.01] * len(ids), content, None, "stop")
 
 
 def _logprobs(rng: random.Random, n: int) -> list[float]:

@@ -103,10 +103,10 @@ async def models(
             "GET", "/v1/models", content=None, headers=upstream.forward_headers(request.headers)
         )
     except upstream.UpstreamFault as f:
-        await _fault_event(f.status, f.kind, f.message, "models", None, key)
+        await fault_event(f.status, f.kind, f.message, "models", None, key)
         return error_response(f.status, f.message, code=f.kind)
     if resp.status_code >= 400:
-        await _fault_event(
+        await fault_event(
             resp.status_code, "http_error", upstream.scrub(resp.text[:2000]), "models", None, key
         )
         return _passthrough_error(resp.status_code, resp.content)
@@ -202,10 +202,10 @@ async def _forward(
             _ids_unsupported.add(settings.CLAW_UPSTREAM_URL)
             resp = await upstream.request("POST", path, content=request.body, headers=headers)
     except upstream.UpstreamFault as f:
-        await _fault_event(f.status, f.kind, f.message, endpoint, ident, key)
+        await fault_event(f.status, f.kind, f.message, endpoint, ident, key)
         raise ProxyError(f.status, f.message, code=f.kind) from None
     if resp.status_code >= 400:
-        await _fault_event(
+        await fault_event(
             resp.status_code, "http_error", upstream.scrub(resp.text[:2000]), endpoint, ident, key
         )
         return _passthrough_error(resp.status_code, resp.content)
@@ -215,7 +215,7 @@ async def _forward(
         answer = None
     if not isinstance(answer, dict):
         msg = "the upstream answered with a body that is not a JSON object"
-        await _fault_event(502, "invalid_answer", msg, endpoint, ident, key)
+        await fault_event(502, "invalid_answer", msg, endpoint, ident, key)
         raise ProxyError(502, msg, code="invalid_answer")
     outcome = await _record(endpoint, ident, key, body, answer)
     if wants_ids:
@@ -244,13 +244,13 @@ async def _record(
             source_id=key.source_id,
         )
     except PoolError as e:
-        await _fault_event(
+        await fault_event(
             e.status_code, "record_rejected", e.message, endpoint, ident, key, event_type="record_failed"
         )
         raise
     except DatabaseError as e:
         log.exception("recording a proxied call failed")
-        await _fault_event(
+        await fault_event(
             503, "database_error", type(e).__name__, endpoint, ident, key, event_type="record_failed"
         )
         raise ProxyError(
@@ -279,14 +279,14 @@ async def _stream(
             _ids_unsupported.add(settings.CLAW_UPSTREAM_URL)
             resp = await upstream.open_stream(path, content=original, headers=headers)
     except upstream.UpstreamFault as f:
-        await _fault_event(f.status, f.kind, f.message, endpoint, ident, key)
+        await fault_event(f.status, f.kind, f.message, endpoint, ident, key)
         raise ProxyError(f.status, f.message, code=f.kind) from None
     if resp.status_code >= 400:
         return await _stream_error(resp.status_code, await _read_closed(resp), endpoint, ident, key)
     if "text/event-stream" not in resp.headers.get("content-type", ""):
         await resp.aclose()
         msg = "the upstream did not answer the stream request with an event stream"
-        await _fault_event(502, "invalid_answer", msg, endpoint, ident, key)
+        await fault_event(502, "invalid_answer", msg, endpoint, ident, key)
         raise ProxyError(502, msg, code="invalid_answer")
     response = StreamingHttpResponse(
         _relay(resp, endpoint, ident, key, body, wants_ids), content_type="text/event-stream; charset=utf-8"
@@ -322,7 +322,7 @@ async def _relay(
             if not isinstance(chunk, dict):
                 continue
             if chunk.get("error") and not chunk.get("choices"):
-                await _fault_event(
+                await fault_event(
                     502,
                     "stream_error",
                     upstream.scrub(data[:2000].decode(errors="replace")),
@@ -339,14 +339,14 @@ async def _relay(
             yield b"data: " + data + b"\n\n"
     except httpx.HTTPError as exc:
         f = upstream.fault(exc)
-        await _fault_event(f.status, f.kind, f.message, endpoint, ident, key)
+        await fault_event(f.status, f.kind, f.message, endpoint, ident, key)
         yield _error_event(f.status, f.message, f.kind)
         return
     finally:
         await resp.aclose()
     if not done:
         msg = "the upstream stream ended without [DONE]"
-        await _fault_event(502, "stream_incomplete", msg, endpoint, ident, key)
+        await fault_event(502, "stream_incomplete", msg, endpoint, ident, key)
         yield _error_event(502, msg, "stream_incomplete")
         return
     try:
@@ -361,7 +361,7 @@ async def _relay(
 async def _stream_error(
     status: int, raw: bytes, endpoint: str, ident: Identity, key: VerifiedKey
 ) -> HttpResponse:
-    await _fault_event(
+    await fault_event(
         status, "http_error", upstream.scrub(raw[:2000].decode(errors="replace")), endpoint, ident, key
     )
     return _passthrough_error(status, raw)
@@ -408,7 +408,7 @@ def _passthrough_error(status: int, raw: bytes) -> HttpResponse:
     return error_response(status, f"the upstream answered {status}: {text[:1000]}", code="upstream_error")
 
 
-async def _fault_event(
+async def fault_event(
     status: int,
     kind: str,
     message: str,

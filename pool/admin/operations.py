@@ -13,6 +13,8 @@ from ..models import (
     MergeResult,
     PolicyVersion,
     RewardEvent,
+    RewardFailure,
+    RewardFunction,
     Source,
     TrajectoryCapability,
 )
@@ -187,3 +189,45 @@ def with_targets(qs: QuerySet) -> QuerySet:
     """Rows about a step or a trajectory (rewards, events, feedback) with their target in the
     same query, its heavy columns left behind: a list page costs the same for 10 or 100 rows."""
     return qs.select_related("step", "trajectory").defer(*_TARGET_HEAVY)
+
+
+@admin.register(RewardFunction)
+class RewardFunctionAdmin(admin.ModelAdmin):
+    """Reward functions by data source or dataset (pool/rewards/); a row overrides
+    settings.CLAW_REWARD_FUNCTIONS for its name, a disabled one switches the name off."""
+
+    list_display = ("name", "path", "enabled", "updated_at")
+    list_filter = ("enabled",)
+    search_fields = ("name", "path")
+
+    def get_form(self, request: HttpRequest, obj=None, change: bool = False, **kwargs):
+        form = super().get_form(request, obj, change=change, **kwargs)
+
+        def clean_path(self) -> str:
+            from django.core.exceptions import ValidationError
+
+            from ..rewards.base import RewardError
+            from ..rewards.registry import load
+
+            path = self.cleaned_data["path"]
+            try:
+                load(path)
+            except RewardError as e:
+                raise ValidationError(str(e)) from None
+            return path
+
+        form.clean_path = clean_path
+        return form
+
+
+@admin.register(RewardFailure)
+class RewardFailureAdmin(admin.ModelAdmin):
+    """Computed rewards that could not be made, with the error (pool/services/reward_compute.py)."""
+
+    list_display = ("id", "trajectory", "step", "data_source", "function", "error", "attempts", "updated_at")
+    list_filter = ("data_source",)
+    list_select_related = ("trajectory", "step")
+    search_fields = ("trajectory__uid", "error")
+    raw_id_fields = ("trajectory", "step")
+    readonly_fields = ("created_at", "updated_at")
+    show_full_result_count = False

@@ -6,8 +6,11 @@ rows are in. The pool's own effects run first:
 1. trajectory counters and status (step_count, tail_index, completion by an is_last step);
    skipped when the write's own statement already moved them (a proxied call's claim);
 2. group anchors: the first step 0 stored in a prompt group;
-3. group completion, which enqueues the group's prefix-tree merge on commit;
-4. readiness (pool/services/readiness.py): the steps of trajectories that are ended after
+3. group completion, which enqueues the group's prefix-tree merge and computed rewards on
+   commit;
+4. computed rewards: a trajectory ended by a last step without a final reward gets its
+   reward task enqueued on commit (pool/services/reward_compute.py);
+5. readiness (pool/services/readiness.py): the steps of trajectories that are ended after
    the write get the bits their trajectory and group decide. A running trajectory's steps
    cannot be ready whatever those bits say, and its completion refreshes them, so a write
    into a running trajectory (every proxied call) adds no query; nor does a batch that
@@ -101,6 +104,7 @@ def apply(written: StepsWritten) -> None:
     _anchor(written)
     _readiness(written)
     _complete_groups(written)
+    _computed_rewards(written)
     for effect in tuple(_registry):
         effect(written)
     live.steps_written(written)
@@ -145,6 +149,18 @@ def _complete_groups(written: StepsWritten) -> None:
         from ..services.groups import groups_check_complete
 
         groups_check_complete(group_ids=groups)  # type: ignore[arg-type]
+
+
+def _computed_rewards(written: StepsWritten) -> None:
+    """A trajectory ended by a last step without a final reward: its data source may name a
+    reward function (pool/services/reward_compute.py); the task decides, after commit. No
+    query here."""
+    ended = {s.trajectory_id for s in written.steps if s.is_last and not s.reward_final}
+    if ended:
+        from .. import tasks
+
+        for tid in sorted(ended):
+            tasks.enqueue_on_commit(tasks.trajectory_rewards_compute, tid)
 
 
 def _readiness(written: StepsWritten) -> None:

@@ -69,4 +69,5 @@ def groups_check_complete(*, group_ids: Iterable[int]) -> list[int]:
         )
         for gid in ready:
             tasks.enqueue_on_commit(tasks.group_merge, gid)
+            tasks.enqueue_on_commit(tasks.group_rewards_compute, gid)
     return ready

@@ -9,7 +9,7 @@ from django.db import transaction
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
-from .. import live
+from .. import live, tasks
 from ..errors import Conflict, InvalidInput, NotFound
 from ..ingest import TrajectorySpec, backends, policy_versions_ensure, rules, trajectory_ensure
 from ..models import Channel, RewardEvent, Step, Trajectory
@@ -169,6 +169,11 @@ def trajectories_complete(
     for i in range(0, len(rows), 1000):  # 4 parameters a row: within SQLite's limit
         backends.trajectories_end(rows[i : i + 1000], now)
     backends.rows_insert(events)
+    ended = set(ending)
+    for traj in changed.values():
+        if traj.id in ended and traj.status == Trajectory.Status.COMPLETED and traj.reward is None:
+            # A reward function of its data source may score it (pool/services/reward_compute.py).
+            tasks.enqueue_on_commit(tasks.trajectory_rewards_compute, traj.id)
     if changed:
         # Groups first: a group these completions fill settles all its rollouts at once, so
         # each step's readiness is rewritten once, not once for its trajectory and again for

@@ -593,8 +593,10 @@ def test_claw_r1_complete_rejects_a_non_finite_reward_and_changes_nothing(door_o
 #     readiness costs no statement.)
 #   PostgreSQL 23: the same with nextval + COPY per level instead of an INSERT.
 # Independent of the number of rollouts; one more level (two statements on PostgreSQL) per
-# extra turn of one trajectory inside the same batch.
+# extra turn of one trajectory inside the same batch. The Claw-R1 door adds one SELECT: the
+# upstream texts remembered from its /generate for the batch's response ids.
 WHITE_BOX_BATCH_MAX = {"sqlite": 17, "postgresql": 23}
+DOOR_EXTRA = {"claw_r1": 1}
 
 
 @pytest.mark.parametrize("door_name", WHITE_BOX)
@@ -627,7 +629,9 @@ def test_a_white_box_batch_costs_the_same_statements_for_10_and_50_steps(door_of
         counts[n_steps] = len(statements)
 
     # then: both cost the same number of statements, within the observed bound
-    assert counts[10] == counts[50] <= WHITE_BOX_BATCH_MAX[connection.vendor], counts
+    assert (
+        counts[10] == counts[50] <= WHITE_BOX_BATCH_MAX[connection.vendor] + DOOR_EXTRA.get(door_name, 0)
+    ), counts
 
 
 # Statements per proxied call on the fast path (observed): PostgreSQL 1 (claim or create the
