@@ -136,3 +136,15 @@ def pool_stats() -> dict[str, Any]:
 def _stored_token_bytes() -> int:
     # LENGTH() of a blob/bytea is its size in bytes on both SQLite and PostgreSQL.
     return Step.objects.aggregate(n=Sum(Length("seq_delta")))["n"] or 0
+
+
+def step_by_response_id(*, trajectory_uid: str, response_id: str) -> dict[str, Any] | None:
+    """The text form (messages, response_text, metadata) of the step a door answered with
+    ``response_id`` (its ``metadata.response_id``), or None. Looked up within one trajectory
+    (step_traj_index_uniq narrows it to that trajectory's steps); Responses'
+    ``previous_response_id`` resolves here."""
+    return (
+        Step.objects.filter(trajectory__uid=trajectory_uid, metadata__response_id=response_id)
+        .values("messages", "response_text", "metadata")
+        .first()
+    )

@@ -97,11 +97,18 @@ class Outcome:
 
 
 def record_answer(
-    *, endpoint: str, ident: Identity, request: dict[str, Any], answer: dict[str, Any], source_id: int | None
+    *,
+    endpoint: str,
+    ident: Identity,
+    request: dict[str, Any],
+    answer: dict[str, Any],
+    source_id: int | None,
+    extra: dict[str, Any] | None = None,
 ) -> Outcome:
     """Store the call as steps (or as an Event when it cannot be a step); see the module
-    docstring. Raises Conflict when the trajectory takes no steps (ended, other group)."""
-    call = build_call(endpoint=endpoint, ident=ident, request=request, answer=answer)
+    docstring. ``extra``: metadata a door adds to every step (its protocol, its reply id).
+    Raises Conflict when the trajectory takes no steps (ended, other group)."""
+    call = build_call(endpoint=endpoint, ident=ident, request=request, answer=answer, extra=extra)
     if call is None:
         gateway_event_record(
             type="untokenized_call",
@@ -188,7 +195,12 @@ def _drift(prompt: np.ndarray, tail: Tail) -> tuple[bool, int | None]:
 
 
 def build_call(
-    *, endpoint: str, ident: Identity, request: dict[str, Any], answer: dict[str, Any]
+    *,
+    endpoint: str,
+    ident: Identity,
+    request: dict[str, Any],
+    answer: dict[str, Any],
+    extra: dict[str, Any] | None = None,
 ) -> ProxiedCall | None:
     """The ProxiedCall of an answer, or None when no token ids can be had."""
     chat = endpoint == CHAT
@@ -231,6 +243,8 @@ def build_call(
     if request.get("tools"):
         meta["tools"] = request["tools"]
     meta["params"] = {k: v for k, v in request.items() if k not in _NOT_PARAMS}
+    if extra:
+        meta.update(extra)
     return ProxiedCall(
         trajectory_uid=ident.trajectory_uid,
         prompt_group_uid=ident.prompt_group_uid,

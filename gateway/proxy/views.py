@@ -230,7 +230,12 @@ async def _forward(
 
 
 async def _record(
-    endpoint: str, ident: Identity, key: VerifiedKey, body: dict[str, Any], answer: dict[str, Any]
+    endpoint: str,
+    ident: Identity,
+    key: VerifiedKey,
+    body: dict[str, Any],
+    answer: dict[str, Any],
+    extra: dict[str, Any] | None = None,
 ) -> Outcome:
     """Commit the call's steps; a database failure is answered 503 (the agent may retry),
     a Conflict (ended trajectory, other group) with its own status."""
@@ -242,6 +247,7 @@ async def _record(
             request=body,
             answer=answer,
             source_id=key.source_id,
+            extra=extra,
         )
     except PoolError as e:
         await _fault_event(
