@@ -186,9 +186,12 @@ async def _history(previous: Any, ident: Identity, *, scoped: bool) -> tuple[lis
             new=False,
         )
     skip = meta.get("instructions_messages") or 0
+    # As an agent replaying the output items would send it (see _input): a reply of calls
+    # only has no content (a streamed answer stores its empty text as "").
     reply: dict[str, Any] = {"role": "assistant", "content": row["response_text"]}
     if meta.get("tool_calls"):
         reply["tool_calls"] = meta["tool_calls"]
+        reply["content"] = row["response_text"] or None
     return [*(row["messages"] or [])[skip:], reply], ident
 
 
