@@ -22,6 +22,9 @@ def steps_render(steps: Sequence[Step]) -> list[dict[str, Any]]:
     numpy (the JSON renderer serialises them natively, without a Python list per token).
     """
     full = tokens.load_sequences(s.id for s in steps)
+    parents = {s.parent_step_id for s in steps if s.parent_step_id is not None}
+    # Only steps on a branch (proxied chat calls) have a parent: no query for any other page.
+    parent_uids = dict(Step.objects.filter(id__in=parents).values_list("id", "uid")) if parents else {}
     out = []
     for s in steps:
         ids = tokens.bytes_to_ids(full[s.id])
@@ -51,6 +54,8 @@ def steps_render(steps: Sequence[Step]) -> list[dict[str, Any]]:
                 "token_source": s.token_source,
                 "drift": s.drift,
                 "drift_offset": s.drift_offset,
+                "branch": s.branch,
+                "parent_step_uid": parent_uids.get(s.parent_step_id) if s.parent_step_id else None,
                 "created_at": s.created_at,
                 "ready": s.readiness == READY,
                 "readiness": flags.names(s.readiness, flags.READINESS_NAMES),

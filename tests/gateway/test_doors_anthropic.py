@@ -340,3 +340,68 @@ def test_a_slow_upstream_is_a_504(tmp_path, slow_upstream):
         with pytest.raises(anthropic.APIStatusError) as exc:
             client.messages.create(model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "hi"}])
     assert exc.value.status_code == 504 and exc.value.body["type"] == "error"
+
+
+def _say(client: anthropic.Anthropic, system: str, messages: list[dict]) -> str:
+    reply = client.messages.create(model=MODEL, max_tokens=48, system=system, messages=messages)
+    return reply.content[0].text
+
+
+def test_a_compaction_starts_a_branch_not_drift(gw):
+    # given: an agent two turns into its task
+    client = gw.client("anth-compaction")
+    messages = [{"role": "user", "content": "Task."}]
+    for turn in ("Go on.", "Summarise."):
+        messages += [
+            {"role": "assistant", "content": _say(client, "Agent.", messages)},
+            {"role": "user", "content": turn},
+        ]
+    summary = _say(client, "Agent.", messages)
+
+    # when: it restarts its context from its summary, and carries on from there
+    restarted = [{"role": "user", "content": f"Task. Summary so far: {summary}"}]
+    restarted += [
+        {"role": "assistant", "content": _say(client, "Agent.", restarted)},
+        {"role": "user", "content": "Next."},
+    ]
+    _say(client, "Agent.", restarted)
+
+    # then: steps 0-2 are branch 0; step 3 starts branch 1 after step 2 (sharing the system
+    # prompt only); step 4 continues it; nothing drifted
+    steps = steps_of(gw.server, gw.key, "anth-compaction")
+    assert [(s["branch"], s["drift"]) for s in steps] == [(0, False)] * 3 + [(1, False)] * 2
+    assert [s["parent_step_uid"] for s in steps] == [None, *(s["uid"] for s in steps[:4])]
+    assert steps[3]["metadata"]["branched_after_messages"] == 1
+    # and: each branch is a prefix-consistent token sequence
+    for prev, cur in ((steps[0], steps[1]), (steps[1], steps[2]), (steps[3], steps[4])):
+        full = prev["prompt_ids"] + prev["response_ids"]
+        assert cur["prompt_ids"][: len(full)] == full
+
+
+def test_a_sub_agent_is_a_branch_and_the_main_agent_resumes_its_own(gw):
+    # given: a main agent's first turn
+    client = gw.client("anth-sub-agent")
+    main = [{"role": "user", "content": "Plan the work."}]
+    main.append({"role": "assistant", "content": _say(client, "Main agent.", main)})
+
+    # when: it runs a sub-agent with its own context (two turns), then resumes with its result
+    sub = [{"role": "user", "content": "Research one thing."}]
+    sub += [
+        {"role": "assistant", "content": _say(client, "Sub agent.", sub)},
+        {"role": "user", "content": "Finish."},
+    ]
+    found = _say(client, "Sub agent.", sub)
+    main.append({"role": "user", "content": f"The sub-agent found: {found}"})
+    _say(client, "Main agent.", main)
+
+    # then: the sub-agent is branch 1 (off step 0), the main agent's next call continues
+    # branch 0 from step 0, its tokens checked against step 0: no drift
+    s0, s1, s2, s3 = steps_of(gw.server, gw.key, "anth-sub-agent")
+    assert [(s["branch"], s["parent_step_uid"], s["drift"]) for s in (s0, s1, s2, s3)] == [
+        (0, None, False),
+        (1, s0["uid"], False),
+        (1, s1["uid"], False),
+        (0, s0["uid"], False),
+    ]
+    full = s0["prompt_ids"] + s0["response_ids"]
+    assert s3["prompt_ids"][: len(full)] == full

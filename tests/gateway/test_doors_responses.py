@@ -284,3 +284,20 @@ def test_a_key_is_required(gw):
         openai.OpenAI(
             base_url=f"{gw.server.url}/v1", api_key="claw_nope_nope", max_retries=0
         ).responses.create(model=MODEL, input="hi")
+
+
+def test_a_compaction_through_responses_is_a_branch(gw):
+    # given: a chained conversation
+    client = gw.client("resp-compaction")
+    first = client.responses.create(model=MODEL, instructions="Agent.", input="Task.")
+    second = client.responses.create(
+        model=MODEL, instructions="Agent.", input="Go on.", previous_response_id=first.id
+    )
+
+    # when: the agent starts over from a summary (no previous_response_id)
+    client.responses.create(model=MODEL, instructions="Agent.", input=f"Task. So far: {second.output_text}")
+
+    # then
+    s0, s1, s2 = steps_of(gw.server, gw.key, "resp-compaction")
+    assert [(s["branch"], s["drift"]) for s in (s0, s1, s2)] == [(0, False), (0, False), (1, False)]
+    assert s2["parent_step_uid"] == s1["uid"]
