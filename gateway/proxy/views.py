@@ -115,7 +115,7 @@ async def models(
 
 @csrf_exempt
 async def unknown_endpoint(request: HttpRequest, **kwargs: str) -> HttpResponseBase:
-    """Any other path under a gateway base URL (embeddings, responses...): not proxied. The
+    """Any other path under a gateway base URL (embeddings, audio...): not proxied. The
     path is named with any key or token in it masked (claw_site/redaction.py)."""
     return error_response(404, f"the gateway does not serve {redact(request.path)}", code="unknown_endpoint")
 
