@@ -148,8 +148,9 @@ def step_by_response_id(*, trajectory_uid: str, response_id: str) -> dict[str, A
     ``response_id`` (its ``metadata.response_id``), or None. Looked up within one trajectory
     (step_traj_index_uniq narrows it to that trajectory's steps); Responses'
     ``previous_response_id`` resolves here."""
-    return (
+    row = (
         Step.objects.filter(trajectory__uid=trajectory_uid, metadata__response_id=response_id)
         .values("messages", "response_text", "metadata")
         .first()
     )
+    return dict(row) if row is not None else None

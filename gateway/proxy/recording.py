@@ -157,7 +157,7 @@ def record_call(*, call: ProxiedCall, source_id: int | None) -> list[RecordedSte
         state, messages_chain, decision = call.branching
         tips = [
             branches.Tip(
-                step_id=s.row_id,  # type: ignore[arg-type] - set by the pipeline
+                step_id=s.row_id or 0,  # set by the pipeline once written
                 branch=decision.branch,
                 chain=messages_chain
                 + branches.chain(

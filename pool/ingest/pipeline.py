@@ -348,8 +348,8 @@ def _append_fused(
         written = WrittenTrajectory(traj_id, target.trajectory_uid, group_id, target.new, ended=False)
         effects.apply(_written(rows, [written], source_id=source_id, tails={traj_id: tail.end}, counted=True))
     _remember(target.trajectory_uid, tail.end, rows, planned)
-    for s, row in zip(steps, rows, strict=True):
-        s.row_id = row.id
+    for s, stored in zip(steps, rows, strict=True):
+        s.row_id = stored.id
     return steps
 
 
@@ -415,8 +415,8 @@ def _append_general(target: AppendTarget, n: int, build: Build, source_id: int |
             _written(rows, [_trajectory_written(traj)], source_id=source_id, tails={traj.id: start})
         )
         _remember(target.trajectory_uid, start, rows, planned)
-    for s, row in zip(steps, rows, strict=True):
-        s.row_id = row.id
+    for s, stored in zip(steps, rows, strict=True):
+        s.row_id = stored.id
     return steps
 
 

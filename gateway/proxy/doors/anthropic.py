@@ -241,7 +241,7 @@ class _Writer:
                 (c.get("prompt_token_ids") for c in chunk.get("choices") or () if c.get("prompt_token_ids")),
                 None,
             )
-        message = {
+        message: dict[str, Any] = {
             "id": self.prepared.reply_id,
             "type": "message",
             "role": "assistant",
@@ -290,7 +290,7 @@ class _Writer:
                 slot = piece.get("index", 0)
                 fn = piece.get("function") or {}
                 if slot not in self.tool_slots:
-                    block = {
+                    block: dict[str, Any] = {
                         "type": "tool_use",
                         "id": piece.get("id") or new_id("toolu_"),
                         "name": fn.get("name") or "",
