@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import anthropic
 import httpx
+import openai
 import pytest
 
 from gateway.demo.toy_tokenizer import ToyTokenizer
@@ -405,3 +406,27 @@ def test_a_sub_agent_is_a_branch_and_the_main_agent_resumes_its_own(gw):
     ]
     full = s0["prompt_ids"] + s0["response_ids"]
     assert s3["prompt_ids"][: len(full)] == full
+
+
+def test_a_capability_url_serves_both_doors_for_its_trajectory_only(gw):
+    # given: a capability URL (the token alone authorises, for its own trajectory)
+    minted = httpx.post(
+        f"{gw.server.url}/api/v1/trajectories",
+        json={"uid": "anth-cap"},
+        headers={"Authorization": f"Bearer {gw.key}"},
+        timeout=30,
+    ).json()
+    base_url = minted["base_url"]  # .../t/c/<token>/anth-cap/-/v1
+
+    # when: an Anthropic agent and a Responses agent use it with a dummy key
+    anthropic.Anthropic(
+        base_url=base_url.removesuffix("/v1"), api_key="not-needed", max_retries=0
+    ).messages.create(model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+    reply = openai.OpenAI(base_url=base_url, api_key="not-needed", max_retries=0).responses.create(
+        model=MODEL, input="hi"
+    )
+
+    # then: both steps are in its trajectory
+    steps = steps_of(gw.server, gw.key, "anth-cap")
+    assert [s["metadata"]["protocol"] for s in steps] == ["anthropic-messages", "openai-responses"]
+    assert steps[1]["metadata"]["response_id"] == reply.id

@@ -301,3 +301,12 @@ def test_a_compaction_through_responses_is_a_branch(gw):
     s0, s1, s2 = steps_of(gw.server, gw.key, "resp-compaction")
     assert [(s["branch"], s["drift"]) for s in (s0, s1, s2)] == [(0, False), (0, False), (1, False)]
     assert s2["parent_step_uid"] == s1["uid"]
+
+
+def test_a_slow_upstream_is_a_504(tmp_path, slow_upstream):
+    env = {"CLAW_UPSTREAM_URL": slow_upstream, "CLAW_UPSTREAM_TIMEOUT": "0.1"}
+    with live_server(tmp_path, env) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.make_key("ingest"), max_retries=0)
+        with pytest.raises(openai.APIStatusError) as exc:
+            client.responses.create(model=MODEL, input="hi")
+    assert exc.value.status_code == 504 and exc.value.body["code"] == "timeout"
