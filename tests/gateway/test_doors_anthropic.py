@@ -430,3 +430,83 @@ def test_a_capability_url_serves_both_doors_for_its_trajectory_only(gw):
     steps = steps_of(gw.server, gw.key, "anth-cap")
     assert [s["metadata"]["protocol"] for s in steps] == ["anthropic-messages", "openai-responses"]
     assert steps[1]["metadata"]["response_id"] == reply.id
+
+
+@pytest.fixture(scope="module")
+def passthrough(tmp_path_factory, demo_upstream) -> Iterator[Gateway]:
+    """The gateway in passthrough mode: /v1/messages forwarded to the demo upstream's own
+    Messages endpoint (no token ids), steps retokenized with a local tokenizer."""
+    from tests.gateway.proxy_support import build_tokenizer
+
+    tok_dir = build_tokenizer(tmp_path_factory.mktemp("tok"))
+    env = {
+        "CLAW_UPSTREAM_URL": demo_upstream,
+        "CLAW_MESSAGES_UPSTREAM_MODE": "passthrough",
+        "CLAW_TOKENIZER": str(tok_dir),
+    }
+    with live_server(tmp_path_factory.mktemp("pt"), env) as server:
+        yield Gateway(server, server.make_key("ingest", "read"), demo_upstream)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_passthrough_relays_the_upstreams_answer_and_records_retokenized_ids(passthrough, stream):
+    # given: an agent in a named trajectory, the gateway in passthrough mode
+    traj = f"anth-passthrough-{stream}"
+    client = passthrough.client(traj)
+    kwargs = {
+        "model": MODEL,
+        "max_tokens": 48,
+        "system": "Be terse.",
+        "messages": [{"role": "user", "content": "Hi."}],
+    }
+
+    # when
+    if stream:
+        with client.messages.stream(**kwargs) as s:
+            reply = s.get_final_message()
+    else:
+        reply = client.messages.create(**kwargs)
+
+    # then: the agent got the upstream's own answer (its id), and the step was recorded from
+    # text, retokenized, marked so
+    direct = httpx.post(f"{passthrough.upstream}/messages", json=kwargs, timeout=30).json()
+    assert reply.content[0].text == direct["content"][0]["text"]
+    assert reply.id.startswith("msg_") and reply.stop_reason == direct["stop_reason"]
+    [step] = steps_of(passthrough.server, passthrough.key, traj)
+    assert step["token_source"] == "retokenized"
+    assert step["metadata"]["upstream_mode"] == "passthrough" and step["metadata"]["response_id"] == reply.id
+    assert step["response_text"] == reply.content[0].text
+    assert step["messages"] == [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "Hi."},
+    ]
+
+
+def test_passthrough_still_rejects_bad_input_by_field(passthrough):
+    r = httpx.post(
+        f"{passthrough.server.url}/v1/messages",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+        headers={"x-api-key": passthrough.key},
+        timeout=30,
+    )
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("max_tokens:")
+
+
+def test_passthrough_streamed_tool_use_keeps_the_models_argument_string(passthrough):
+    # given / when: a streamed call in which the model calls a tool
+    with passthrough.client("anth-pt-tool").messages.stream(
+        model=MODEL, max_tokens=48, messages=[{"role": "user", "content": "Use it."}], tools=TOOLS
+    ) as s:
+        reply = s.get_final_message()
+
+    # then: the agent got the tool_use; the step holds the call as the model wrote it
+    assert reply.stop_reason == "tool_use" and reply.content[0].input == {"x": 1}
+    [step] = steps_of(passthrough.server, passthrough.key, "anth-pt-tool")
+    assert step["metadata"]["tool_calls"] == [
+        {
+            "id": reply.content[0].id,
+            "type": "function",
+            "function": {"name": "lookup", "arguments": '{"x": 1}'},
+        }
+    ]
+    assert step["finish_reason"] == "tool_calls"

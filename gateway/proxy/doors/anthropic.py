@@ -24,8 +24,8 @@ tool call it answered (per process, bounded) and sends it back verbatim when the
 returns the same call with the same input; otherwise it serialises the input as
 ``json.dumps`` does.
 
-Passthrough to an upstream serving /v1/messages itself is not implemented: every call is
-translated (see README, "Anthropic Messages and Responses doors").
+With CLAW_MESSAGES_UPSTREAM_MODE=passthrough the call goes instead to an upstream serving
+/v1/messages itself and its steps are retokenized (gateway/proxy/doors/passthrough.py).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from collections import OrderedDict
 from typing import Any
 
 import orjson
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
@@ -48,6 +49,7 @@ from ..errors import ProxyError
 from ..recording import Identity
 from ..views import TRAJECTORY_HEADER, _identity, _json_body
 from .base import DoorInputError, Prepared, first_choice, new_id, serve, sse, token_counts
+from .passthrough import serve_passthrough
 
 PROTOCOL = "anthropic-messages"
 
@@ -81,6 +83,8 @@ async def messages(
     capability: str | None = None,
 ) -> HttpResponseBase:
     """``POST /v1/messages`` (streamed or not), recorded as one step."""
+    if settings.CLAW_MESSAGES_UPSTREAM_MODE == "passthrough":
+        return await serve_passthrough(DOOR, request, trajectory_uid, prompt_group_uid, api_key, capability)
     return await serve(DOOR, request, trajectory_uid, prompt_group_uid, api_key, capability)
 
 
