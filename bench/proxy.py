@@ -15,6 +15,12 @@ hits both alike:
 * concurrency 1: latency p50/p99 of each, after a warm-up; added = gateway - direct;
 * concurrency 32: throughput (requests/s) over a fixed duration.
 
+The other doors run the same workload in the same alternation: each chat request is also
+sent as the Anthropic Messages request (``system`` + one user message, ``max_tokens``) and the
+Responses request (``instructions`` + ``input``, ``max_output_tokens``) that translate to it,
+so the upstream does the same work; ``c1_added_p50_ms_messages`` and
+``c1_added_p50_ms_responses`` are their p50 minus the direct chat p50.
+
 The load client is a minimal keep-alive HTTP/1.1 client on asyncio (uvloop) that sends
 prebuilt requests and reads Content-Length bodies, so that on a 2-core machine shared by
 the upstream, the gateway, PostgreSQL and the client, the client costs as little as
@@ -134,6 +140,25 @@ def make_bodies(n: int, prompt_chars: int, seed: int) -> list[bytes]:
             )
         )
     return out
+
+
+def door_body(chat: bytes, door: str) -> bytes:
+    """The Messages or Responses request that translates to the chat request ``chat``."""
+    body = orjson.loads(chat)
+    system, user = (m["content"] for m in body["messages"])
+    common = {"model": body["model"], "temperature": body["temperature"]}
+    if door == "messages":
+        return orjson.dumps(
+            {
+                **common,
+                "max_tokens": body["max_tokens"],
+                "system": system,
+                "messages": [{"role": "user", "content": user}],
+            }
+        )
+    return orjson.dumps(
+        {**common, "max_output_tokens": body["max_tokens"], "instructions": system, "input": user}
+    )
 
 
 async def run_c1(target: Target, bodies: list[bytes]) -> list[float]:
@@ -270,14 +295,16 @@ def main(argv: list[str] | None = None) -> None:
         print(f"gateway at {server.url} (1 uvicorn process serving {args.app}, {db})", flush=True)
         direct = Target("direct", upstream_url, "/v1/chat/completions", {})
         gateway = Target("gateway", server.url, "/v1/chat/completions", {"authorization": f"Bearer {key}"})
+        messages = Target("messages", server.url, "/v1/messages", {"x-api-key": key})
+        responses = Target("responses", server.url, "/v1/responses", {"authorization": f"Bearer {key}"})
         n_c1 = args.c1_requests
-        bodies = make_bodies(WARMUP * 2 + n_c1 * 2 + 4096, args.prompt_chars, seed=0)
+        bodies = make_bodies(WARMUP * 4 + n_c1 * 4 + 4096, args.prompt_chars, seed=0)
         commit_ms = pg_commit_ms(server.env["DATABASE_URL"]) if db == "postgresql" else None
         if commit_ms is not None:
             print(f"PostgreSQL: a one-row INSERT + COMMIT takes {commit_ms:.2f} ms (p50) here", flush=True)
         assert server.proc is not None
         pids = {"gateway": server.proc.pid, "upstream": upstream.pid}
-        result = asyncio.run(_measure(args, direct, gateway, bodies, n_c1, pids))
+        result = asyncio.run(_measure(args, direct, gateway, bodies, n_c1, pids, [messages, responses]))
         result["pg_commit_p50_ms"] = commit_ms
         stats = httpx.get(
             f"{server.url}/api/v1/stats", headers={"Authorization": f"Bearer {key}"}, timeout=60
@@ -289,7 +316,8 @@ def main(argv: list[str] | None = None) -> None:
             db=db,
             workload=(
                 f"chat completions, {args.prompt_chars}-char (~{args.prompt_chars}-token toy) prompts, "
-                "distinct prompts, new trajectory per call, demo upstream zero latency"
+                "distinct prompts, new trajectory per call, demo upstream zero latency; "
+                "the same requests through /v1/messages and /v1/responses"
             ),
         )
         if result["steps_recorded"] != result["gateway_requests"]:
@@ -312,44 +340,54 @@ async def _measure(
     bodies: list[bytes],
     n_c1: int,
     pids: dict[str, int],
+    doors: list[Target],
 ) -> dict:
     pos = 0
 
-    def take(k: int) -> list[bytes]:
+    def take(k: int, target: Target) -> list[bytes]:
         nonlocal pos
         out = bodies[pos : pos + k]
         pos += k
-        return out
+        return out if target.name in ("direct", "gateway") else [door_body(b, target.name) for b in out]
 
+    targets = [direct, gateway, *doors]
     gateway_requests = 0
     # Warm-up: connections, imports, caches, the database's first plans.
-    await run_c1(direct, take(WARMUP))
-    await run_c1(gateway, take(WARMUP))
-    gateway_requests += WARMUP
+    for t in targets:
+        await run_c1(t, take(WARMUP, t))
+        gateway_requests += WARMUP if t is not direct else 0
     print(f"warm-up done ({WARMUP} requests each)", flush=True)
 
-    lat: dict[str, list[float]] = {"direct": [], "gateway": []}
+    lat: dict[str, list[float]] = {t.name: [] for t in targets}
     per_round = max(1, n_c1 // args.rounds)
     for r in range(args.rounds):
-        for t in (direct, gateway):
-            lat[t.name] += await run_c1(t, take(per_round))
+        for t in targets:
+            lat[t.name] += await run_c1(t, take(per_round, t))
             print(
                 f"c=1 round {r + 1}/{args.rounds} {t.name}: p50 {statistics.median(lat[t.name]):.2f} ms",
                 flush=True,
             )
-        gateway_requests += per_round
+            gateway_requests += per_round if t is not direct else 0
 
     rest = bodies[pos:]
-    counts = {"direct": [0, 0.0], "gateway": [0, 0.0]}
+    rest_of = {
+        "direct": rest,
+        "gateway": rest,
+        **{t.name: [door_body(b, t.name) for b in rest] for t in doors},
+    }
+    counts = {t.name: [0, 0.0] for t in targets}
     cpu = {"gateway": 0.0, "upstream": 0.0}
     for r in range(args.rounds):
-        for t in (direct, gateway):
+        for t in targets:
             before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-            n, secs = await run_concurrent(t, rest, args.concurrency, args.c32_seconds / args.rounds)
+            n, secs = await run_concurrent(
+                t, rest_of[t.name], args.concurrency, args.c32_seconds / args.rounds
+            )
             counts[t.name][0] += n
             counts[t.name][1] += secs
-            if t is gateway:
+            if t is not direct:
                 gateway_requests += n
+            if t is gateway:
                 for name, pid in pids.items():
                     cpu[name] += cpu_seconds(pid) - before[name]
             print(
@@ -374,6 +412,9 @@ async def _measure(
         # CPU per call through the gateway at c=32 (process CPU time / calls): where the time goes.
         "c32_gateway_cpu_ms_per_call": round(cpu["gateway"] / counts["gateway"][0] * 1000, 3),
         "c32_upstream_cpu_ms_per_call": round(cpu["upstream"] / counts["gateway"][0] * 1000, 3),
+        **{f"c1_added_p50_ms_{t.name}": round(pct(lat[t.name], 0.5) - d50, 3) for t in doors},
+        **{f"c1_{t.name}_p50_ms": round(pct(lat[t.name], 0.5), 3) for t in doors},
+        **{f"c32_{t.name}_rps": round(counts[t.name][0] / counts[t.name][1], 1) for t in doors},
         "_gateway_requests": gateway_requests,
         "cpus": os.cpu_count(),
     }

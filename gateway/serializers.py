@@ -139,6 +139,10 @@ class StepReadSerializer(StepWriteSerializer):  # type: ignore[valid-type,misc]
     token_source = serializers.ChoiceField(choices=Step.TokenSource.choices)
     drift = serializers.BooleanField()
     drift_offset = serializers.IntegerField(allow_null=True)
+    branch = serializers.IntegerField(help_text="the branch of its trajectory (0: the first)")
+    parent_step_uid = serializers.CharField(
+        allow_null=True, help_text="the step this one continues or branched from (proxied calls)"
+    )
     created_at = serializers.DateTimeField()
     ready = serializers.BooleanField(help_text="every readiness condition holds")
     readiness = serializers.ListField(

@@ -243,6 +243,16 @@ class Step(models.Model):
     # Retokenisation drift: the prompt did not extend the previous step's prompt + response.
     drift = models.BooleanField(default=False)
     drift_offset = models.PositiveIntegerField(null=True, blank=True)  # first mismatching prompt position
+    # Branches (gateway/proxy/branches.py): a proxied call whose messages do not extend the
+    # conversation of any earlier call of its trajectory (a compaction, a sub-agent, an edited
+    # history) starts a new branch, linked to the step it shares the longest message prefix
+    # with; a call that extends one continues that step's branch. 0 is the first branch.
+    branch = models.PositiveSmallIntegerField(default=0)
+    # No index: read along with its step (rendered as parent_step_uid); nothing asks for a
+    # step's children. SET_NULL: a step outlives nothing it links to only by history.
+    parent_step = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
 
     # --- curation (pool/flags.py) ---
     readiness = models.PositiveSmallIntegerField(default=0)  # Readiness bits

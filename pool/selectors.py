@@ -22,6 +22,9 @@ def steps_render(steps: Sequence[Step]) -> list[dict[str, Any]]:
     numpy (the JSON renderer serialises them natively, without a Python list per token).
     """
     full = tokens.load_sequences(s.id for s in steps)
+    parents = {s.parent_step_id for s in steps if s.parent_step_id is not None}
+    # Only steps on a branch (proxied chat calls) have a parent: no query for any other page.
+    parent_uids = dict(Step.objects.filter(id__in=parents).values_list("id", "uid")) if parents else {}
     out = []
     for s in steps:
         ids = tokens.bytes_to_ids(full[s.id])
@@ -51,6 +54,8 @@ def steps_render(steps: Sequence[Step]) -> list[dict[str, Any]]:
                 "token_source": s.token_source,
                 "drift": s.drift,
                 "drift_offset": s.drift_offset,
+                "branch": s.branch,
+                "parent_step_uid": parent_uids.get(s.parent_step_id) if s.parent_step_id else None,
                 "created_at": s.created_at,
                 "ready": s.readiness == READY,
                 "readiness": flags.names(s.readiness, flags.READINESS_NAMES),
@@ -156,3 +161,16 @@ def generation_texts(
         ).values_list("response_hash", "text")
     }
     return [found.get(k) for k in keys]
+
+
+def step_by_response_id(*, trajectory_uid: str, response_id: str) -> dict[str, Any] | None:
+    """The text form (messages, response_text, metadata) of the step a door answered with
+    ``response_id`` (its ``metadata.response_id``), or None. Looked up within one trajectory
+    (step_traj_index_uniq narrows it to that trajectory's steps); Responses'
+    ``previous_response_id`` resolves here."""
+    row = (
+        Step.objects.filter(trajectory__uid=trajectory_uid, metadata__response_id=response_id)
+        .values("messages", "response_text", "metadata")
+        .first()
+    )
+    return dict(row) if row is not None else None

@@ -307,6 +307,15 @@ if CLAW_UPSTREAM_TRANSPORT not in ("fast", "httpx"):
         f"CLAW_UPSTREAM_TRANSPORT must be fast or httpx, not {CLAW_UPSTREAM_TRANSPORT!r}"
     )
 CLAW_TOKENIZER = os.environ.get("CLAW_TOKENIZER", "")
+# POST /v1/messages: "translate" (default) sends each call to the upstream's chat completions
+# with return_token_ids (exact ids); "passthrough" forwards it to an upstream serving
+# /v1/messages itself, whose answers carry no ids: its steps are retokenized with
+# CLAW_TOKENIZER (token_source "retokenized"), or stored as untokenized_call Events.
+CLAW_MESSAGES_UPSTREAM_MODE = os.environ.get("CLAW_MESSAGES_UPSTREAM_MODE", "translate")
+if CLAW_MESSAGES_UPSTREAM_MODE not in ("translate", "passthrough"):
+    raise ImproperlyConfigured(
+        f"CLAW_MESSAGES_UPSTREAM_MODE must be translate or passthrough, not {CLAW_MESSAGES_UPSTREAM_MODE!r}"
+    )
 # Database threads per process for the async gateway (0 = 8 on PostgreSQL, 1 on SQLite).
 CLAW_PROXY_DB_THREADS = env_int("CLAW_PROXY_DB_THREADS", 0)
 # The proxy's one-statement write is prepared per connection; turn off behind a

@@ -12,6 +12,7 @@ from django.urls import path, re_path
 from django.views.decorators.csrf import csrf_exempt
 
 from ..proxy import views as proxy
+from ..proxy.doors import anthropic, responses
 from . import claw_r1
 
 app_name = "claw_r1"
@@ -36,6 +37,9 @@ _base = [
     (_BASE + "chat/completions", _scoped(proxy.chat_completions), "chat_completions"),
     (_BASE + "completions", _scoped(proxy.completions), "completions"),
     (_BASE + "models", _scoped(proxy.models), "models"),
+    (_BASE + "messages", _scoped(anthropic.messages), "messages"),
+    (_BASE + "messages/count_tokens", _scoped(anthropic.count_tokens), "count_tokens"),
+    (_BASE + "responses", _scoped(responses.responses), "responses"),
 ]
 # Endpoints that name no trajectory, or name it in the body or after the endpoint: never
 # under a capability URL, which is scoped to its trajectory.

@@ -1,6 +1,6 @@
 """Demo traffic: agents that keep a fresh install showing live data, curation included.
 
-Three agents take turns, one HTTP call at a time, ``pace_s`` apart:
+Four agents take turns, one HTTP call at a time, ``pace_s`` apart:
 
 - **black-box**: an unmodified agent using the official ``openai`` client, pointed at the
   gateway's scoped base URL ``{base}/t/{trajectory_uid}/{group_uid}/v1``. A group of 4 rollouts
@@ -11,6 +11,12 @@ Three agents take turns, one HTTP call at a time, ``pace_s`` apart:
 - **white-box**: an agent that runs its own (toy) inference and posts exact steps to
   ``POST /api/v1/steps`` with ``prompt_group_uid``, ``rollout_logprobs`` and a reward on the
   last step (``is_last``), after declaring its group the same way.
+- **doors**: the same kind of coding agent speaking other protocols through the gateway, with
+  raw HTTP: in turn an Anthropic Messages agent (``POST /v1/messages``, tool_use and
+  tool_result blocks; halfway it compacts its context into a summary and restarts from it,
+  which the gateway records as a new branch of its trajectory) and an OpenAI Responses agent
+  (``POST /v1/responses``, function_call items, chained by ``previous_response_id`` so it
+  never resends its history). Each rollout is completed with a reward.
 - **judge**: a slow verifier. Rollouts of some groups complete without a reward; the judge
   posts it ``LATE_REWARD_PACES`` paces later through ``POST /api/v1/rewards``, and only then
   do their steps and group become ready.
@@ -144,9 +150,11 @@ def run_demo_traffic(base_url: str, api_key: str, *, stop: threading.Event, pace
             plan = GroupPlan.of(n)
             return _black_box_group(base_url, llm, http, plan, late, late_s, stream_first=n % 3 == 1)
 
+        doors_runs = itertools.count()
         makers: list[tuple[str, Callable[[], Agent]]] = [
             ("white-box", white_box),
             ("black-box", black_box),
+            ("doors", lambda: _doors_rollout(base_url, http, next(doors_runs))),
             ("judge", lambda: _judge(base_url, http, late)),
         ]
         agents: list[Agent | None] = [None] * len(makers)
@@ -294,6 +302,100 @@ def _streamed_reply(client: openai.OpenAI, messages: list[Any]) -> dict[str, Any
     return reply
 
 
+# --- agents of the other doors --------------------------------------------------------------------
+ANTHROPIC_TOOL = {
+    "name": TOOL["function"]["name"],
+    "description": TOOL["function"]["description"],
+    "input_schema": TOOL["function"]["parameters"],
+}
+RESPONSES_TOOL = {"type": "function", **TOOL["function"]}
+
+
+def _doors_rollout(base_url: str, http: httpx.Client, n: int) -> Agent:
+    """One rollout through the Anthropic Messages door (even ``n``) or the Responses door
+    (odd), completed with a reward; yields after each HTTP call."""
+    rng = random.Random()
+    kind = "anth" if n % 2 == 0 else "resp"
+    traj = f"demo-{kind}-{uuid.uuid4().hex[:12]}"
+    task = rng.choice(TASKS)
+    turns = rng.randint(MIN_TURNS, MAX_TURNS)
+    headers = {"X-Claw-Trajectory": traj}
+    calls = 0
+    try:
+        turns_of = _anthropic_turns if kind == "anth" else _responses_turns
+        for _ in turns_of(base_url, http, headers, task, rng, turns):
+            calls += 1
+            yield True
+        body = {"status": "completed", "reward": round(rng.random(), 3)}
+        _post(http, f"{base_url}/api/v1/trajectories/{traj}/complete", body)
+        yield True
+    except Exception as e:  # noqa: BLE001 - one failed rollout must not stop the agent
+        logger.warning("demo traffic: %s rollout %s failed: %s", kind, traj, _describe(e))
+        if calls:
+            _abandon(http, base_url, traj)
+        yield False
+
+
+def _anthropic_turns(
+    base_url: str, http: httpx.Client, headers: dict[str, str], task: str, rng: random.Random, turns: int
+) -> Iterator[None]:
+    """An Anthropic Messages agent: tool_use answered with tool_result blocks; after its
+    second turn it restarts from a summary (a compaction: a new branch)."""
+    headers = {**headers, "anthropic-version": "2023-06-01"}
+    messages: list[Any] = [{"role": "user", "content": task}]
+    for turn in range(turns):
+        body = {
+            "model": MODEL_ID,
+            "max_tokens": MAX_TOKENS,
+            "system": SYSTEM,
+            "messages": messages,
+            "tools": [ANTHROPIC_TOOL],
+        }
+        reply = _post(http, f"{base_url}/v1/messages", body, headers=headers).json()
+        yield
+        if turn == 1:
+            summary = " ".join(b.get("text", "") for b in reply["content"]) or "one command ran"
+            messages = [{"role": "user", "content": f"{task} Summary of the work so far: {summary}"}]
+            continue
+        messages.append({"role": "assistant", "content": reply["content"]})
+        uses = [b for b in reply["content"] if b["type"] == "tool_use"]
+        if uses:
+            results = [
+                {"type": "tool_result", "tool_use_id": b["id"], "content": rng.choice(OBSERVATIONS)}
+                for b in uses
+            ]
+            messages.append({"role": "user", "content": results})
+        else:
+            messages.append({"role": "user", "content": "Go on."})
+
+
+def _responses_turns(
+    base_url: str, http: httpx.Client, headers: dict[str, str], task: str, rng: random.Random, turns: int
+) -> Iterator[None]:
+    """A Responses agent: function calls answered with function_call_output items, each
+    turn chained to the last by previous_response_id (the gateway keeps the history)."""
+    previous: str | None = None
+    new_input: Any = task
+    for _ in range(turns):
+        body: dict[str, Any] = {
+            "model": MODEL_ID,
+            "instructions": SYSTEM,
+            "input": new_input,
+            "tools": [RESPONSES_TOOL],
+            "max_output_tokens": MAX_TOKENS,
+        }
+        if previous is not None:
+            body["previous_response_id"] = previous
+        reply = _post(http, f"{base_url}/v1/responses", body, headers=headers).json()
+        yield
+        previous = reply["id"]
+        calls = [item for item in reply["output"] if item["type"] == "function_call"]
+        new_input = [
+            {"type": "function_call_output", "call_id": c["call_id"], "output": rng.choice(OBSERVATIONS)}
+            for c in calls
+        ] or "Go on."
+
+
 # --- white-box agents ---------------------------------------------------------------------------
 def _white_box_group(
     base_url: str, http: httpx.Client, plan: GroupPlan, late: list[LateReward], late_s: float
@@ -398,8 +500,10 @@ class Refused(Exception):
         self.status = status
 
 
-def _post(http: httpx.Client, url: str, body: dict[str, Any]) -> httpx.Response:
-    r = http.post(url, json=body)
+def _post(
+    http: httpx.Client, url: str, body: dict[str, Any], *, headers: dict[str, str] | None = None
+) -> httpx.Response:
+    r = http.post(url, json=body, headers=headers)
     if r.status_code >= 400:
         raise Refused(f"POST {url} -> {r.status_code}: {r.text[:300]}", status=r.status_code)
     return r

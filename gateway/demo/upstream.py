@@ -18,6 +18,8 @@ Contract:
   Streamed, ``prompt_token_ids`` rides on each choice's first chunk and ``token_ids`` are deltas.
   ``return_tokens_as_token_ids: true`` renders logprob tokens as ``token_id:N``. With token ids
   disabled (``--no-token-ids``) all of these are ignored, as a plain OpenAI server would.
+- ``POST /v1/messages``: a minimal Anthropic Messages server (text and tool_use, streamed or
+  not) with no token ids, as vLLM's own is: the upstream of the gateway's passthrough mode.
 - ``POST /tokenize`` ({messages, tools, add_generation_prompt} or {prompt}) -> {tokens, count}
   and ``POST /detokenize`` ({tokens}) -> {prompt}.
 - Fault injection: header ``x-demo-fail: <status>`` answers that status with an OpenAI error
@@ -352,6 +354,94 @@ def _split_bounds(n: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
+# --- Anthropic Messages (for the gateway's passthrough mode) -------------------------------------
+async def _messages(ctx: _Ctx, body: dict, send: Send) -> None:
+    """A minimal Messages server, as vLLM's own /v1/messages is: no token ids. Text and
+    tool_use replies, streamed or not; the reply is the chat reply to the same conversation."""
+    chat: list[dict[str, Any]] = []
+    if isinstance(body.get("system"), str):
+        chat.append({"role": "system", "content": body["system"]})
+    for m in body.get("messages") or ():
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list):
+            content = "".join(b.get("text") or "" for b in content if isinstance(b, dict))
+        chat.append({"role": m.get("role") if isinstance(m, dict) else "user", "content": content or ""})
+    tools = [{"type": "function", "function": {"name": t.get("name")}} for t in body.get("tools") or ()]
+    prompt = _chat_prompt({"messages": chat, "tools": tools or None}, add_generation_prompt=True)
+    tool = _tool_to_call(tools, None, chat)
+    reply = generate_reply(prompt, ctx.seed, 0, body.get("max_tokens"), tool=tool, loop=ctx.loop)
+    if reply.tool_calls:
+        call = reply.tool_calls[0]
+        block: dict[str, Any] = {
+            "type": "tool_use",
+            "id": call["id"],
+            "name": call["function"]["name"],
+            "input": orjson.loads(call["function"]["arguments"]),
+        }
+    else:
+        block = {"type": "text", "text": reply.content or ""}
+    stop = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}[reply.finish_reason]
+    message = {
+        "id": f"msg_{ctx.request_id}",
+        "type": "message",
+        "role": "assistant",
+        "model": body.get("model") or MODEL_ID,
+        "content": [block],
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": {"input_tokens": len(prompt), "output_tokens": len(reply.ids)},
+    }
+    if not body.get("stream"):
+        await _send_json(send, 200, message)
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+    head = {
+        **message,
+        "content": [],
+        "stop_reason": None,
+        "usage": {"input_tokens": len(prompt), "output_tokens": 0},
+    }
+    events: list[tuple[str, dict]] = [("message_start", {"type": "message_start", "message": head})]
+    if block["type"] == "text":
+        start, deltas = (
+            {"type": "text", "text": ""},
+            [
+                {"type": "text_delta", "text": _tok.decode(reply.ids[a : a + STREAM_CHUNK_TOKENS])}
+                for a in range(0, len(reply.ids), STREAM_CHUNK_TOKENS)
+            ],
+        )
+    else:
+        args = reply.tool_calls[0]["function"]["arguments"]  # type: ignore[index]
+        start = {**block, "input": {}}
+        deltas = [
+            {"type": "input_json_delta", "partial_json": args[k : k + 3]} for k in range(0, len(args), 3)
+        ]
+    events.append(
+        ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": start})
+    )
+    events += [
+        ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": d}) for d in deltas
+    ]
+    events.append(("content_block_stop", {"type": "content_block_stop", "index": 0}))
+    events.append(
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop, "stop_sequence": None},
+                "usage": {"output_tokens": len(reply.ids)},
+            },
+        )
+    )
+    for name, payload in events:
+        frame = b"event: " + name.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+        await send({"type": "http.response.body", "body": frame, "more_body": True})
+        if ctx.drop:
+            return
+    stop_frame = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+    await send({"type": "http.response.body", "body": stop_frame, "more_body": False})
+
+
 # --- text completions -------------------------------------------------------------------------
 async def _completions(ctx: _Ctx, body: dict, send: Send) -> None:
     if "prompt" not in body:
@@ -669,6 +759,7 @@ _ROUTES: dict[tuple[str, str], Callable[[_Ctx, dict, Send], Awaitable[None]]] = 
     ("GET", "/health"): _health,
     ("POST", "/v1/chat/completions"): _chat,
     ("POST", "/v1/completions"): _completions,
+    ("POST", "/v1/messages"): _messages,
     ("POST", "/tokenize"): _tokenize,
     ("POST", "/detokenize"): _detokenize,
 }

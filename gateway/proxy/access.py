@@ -6,7 +6,7 @@ Three credentials, in order of precedence:
   it alone authorises calls on its own trajectory, and any Authorization header is ignored
   (agents send ``Bearer not-needed``); pool.services.capabilities checks it on every call;
 * an API key in the path (a gateway URL, ``/compat/claw-r1/k/<key>/...``);
-* ``Authorization: Bearer <key>``.
+* ``Authorization: Bearer <key>``, else ``x-api-key: <key>`` (Anthropic's clients).
 
 The key lookup (pool.services.api_keys.api_key_verify) runs on a database thread only when
 its per-process cache (CLAW_API_KEY_CACHE_SECONDS) has no verdict: a warm request needs no
@@ -53,10 +53,13 @@ async def require_key(
     the Bearer header's; raises ProxyError 401 (missing/invalid) or 403 (scope)."""
     in_path = token is not None
     if token is None:
-        token = bearer_token(request.META.get("HTTP_AUTHORIZATION"))
+        # Anthropic's clients send their key as x-api-key; every endpoint takes either.
+        token = bearer_token(request.META.get("HTTP_AUTHORIZATION")) or request.META.get("HTTP_X_API_KEY")
     if token is None:
         raise ProxyError(
-            401, "missing API key: send 'Authorization: Bearer <api key>'", code="invalid_api_key"
+            401,
+            "missing API key: send 'Authorization: Bearer <api key>' or 'x-api-key: <api key>'",
+            code="invalid_api_key",
         )
     cached = api_key_cached(token)
     key = await run_db(api_key_verify, token) if cached is MISS else cached

@@ -6,10 +6,13 @@ step, and appends it to its trajectory through the pool's one write pipeline
 (pool.ingest.steps_append). OpenAI notions stay here: choices, n, and drift against the
 previous call (the trajectory's tail, which the pipeline hands to ``_steps_of``).
 
-Drift: a step's prompt ids should start with the previous call's prompt + response ids.
-When no step of the previous call is a prefix of the prompt, the step is stored with
-``drift=True`` and ``drift_offset`` = the first mismatching position (the longest common
-prefix with any previous choice). Nothing is repaired or truncated. n > 1: the choices are
+Branches (gateway/proxy/branches.py): a chat call whose messages do not extend any earlier
+call's conversation starts a new branch of its trajectory (``branch``, ``parent_step``); that
+is not drift. Drift: a step's prompt ids should start with the prompt + response ids of the
+call it continues (the previous call, or for a chat call the latest call of the branch its
+messages extend). When none of that call's steps is a prefix of the prompt, the step is
+stored with ``drift=True`` and ``drift_offset`` = the first mismatching position (the longest
+common prefix with any of them). Nothing is repaired or truncated. n > 1: the choices are
 alternative answers to one prompt; they take consecutive indexes and carry
 ``metadata.choice_index`` and ``metadata.n``, and the next call's reference is whichever of
 them its prompt extends.
@@ -33,10 +36,11 @@ from pool import tokens
 from pool.errors import InvalidInput
 from pool.ingest import AppendTarget, StepIn, steps_append
 from pool.ingest.claim import Tail
+from pool.ingest.plan import Stored
 from pool.models import Step
 from pool.services import gateway_event_record
 
-from . import tokenizer
+from . import branches, tokenizer
 
 CHAT = "chat.completions"
 COMPLETIONS = "completions"
@@ -80,6 +84,8 @@ class ProxiedCall:
     metadata: dict = field(default_factory=dict)
     # The gateway minted the trajectory uid for this call: no row can exist yet.
     new_trajectory: bool = False
+    # Set while building its steps: (branches before it, its messages' hash chain, the decision).
+    branching: tuple[branches.Branches, list[bytes], branches.Decision] | None = None
 
 
 @dataclass(slots=True)
@@ -88,6 +94,7 @@ class RecordedStep:
     step_index: int
     drift: bool
     drift_offset: int | None
+    branch: int = 0
 
 
 @dataclass(slots=True)
@@ -97,11 +104,18 @@ class Outcome:
 
 
 def record_answer(
-    *, endpoint: str, ident: Identity, request: dict[str, Any], answer: dict[str, Any], source_id: int | None
+    *,
+    endpoint: str,
+    ident: Identity,
+    request: dict[str, Any],
+    answer: dict[str, Any],
+    source_id: int | None,
+    extra: dict[str, Any] | None = None,
 ) -> Outcome:
     """Store the call as steps (or as an Event when it cannot be a step); see the module
-    docstring. Raises Conflict when the trajectory takes no steps (ended, other group)."""
-    call = build_call(endpoint=endpoint, ident=ident, request=request, answer=answer)
+    docstring. ``extra``: metadata a door adds to every step (its protocol, its reply id).
+    Raises Conflict when the trajectory takes no steps (ended, other group)."""
+    call = build_call(endpoint=endpoint, ident=ident, request=request, answer=answer, extra=extra)
     if call is None:
         gateway_event_record(
             type="untokenized_call",
@@ -139,16 +153,35 @@ def record_call(*, call: ProxiedCall, source_id: int | None) -> list[RecordedSte
     written = steps_append(
         target=target, count=len(call.choices), build=lambda tail: _steps_of(call, tail), source_id=source_id
     )
-    return [RecordedStep(s.uid, s.step_index, s.drift, s.drift_offset) for s in written]
+    if call.branching is not None:
+        state, messages_chain, decision = call.branching
+        tips = [
+            branches.Tip(
+                step_id=s.row_id or 0,  # set by the pipeline once written
+                branch=decision.branch,
+                chain=messages_chain
+                + branches.chain(
+                    [branches.reply_message(c.response_text, c.metadata)],
+                    start=messages_chain[-1] if messages_chain else b"",
+                ),
+            )
+            for s, c in zip(written, call.choices, strict=True)
+        ]
+        branches.known.put(call.trajectory_uid, branches.after(state, written[-1].step_index + 1, tips))
+    return [RecordedStep(s.uid, s.step_index, s.drift, s.drift_offset, s.branch) for s in written]
 
 
 def _steps_of(call: ProxiedCall, tail: Tail) -> list[StepIn]:
-    """The call's steps, one per choice, with their drift against the previous call."""
+    """The call's steps, one per choice, with their branch (gateway/proxy/branches.py) and
+    their drift against the call they continue."""
     n = len(call.choices)
     out = []
+    decision, against = _branch(call, tail)
     for i, c in enumerate(call.choices):
-        drift, offset = _drift(c.prompt_ids, tail)
+        drift, offset = _drift(c.prompt_ids, against) if against is not None else (False, None)
         meta = dict(call.metadata)
+        if decision is not None and not decision.continued and decision.parent is not None:
+            meta["branched_after_messages"] = decision.common
         meta.update(c.metadata)
         if n > 1:
             meta["choice_index"] = i
@@ -167,10 +200,34 @@ def _steps_of(call: ProxiedCall, tail: Tail) -> list[StepIn]:
                 token_source=call.token_source,
                 drift=drift,
                 drift_offset=offset,
+                branch=decision.branch if decision is not None else 0,
+                parent_step_id=decision.parent.step_id if decision is not None and decision.parent else None,
                 field_prefix=f"choices[{i}]",
             )
         )
     return out
+
+
+def _branch(call: ProxiedCall, tail: Tail) -> tuple[branches.Decision | None, Tail | None]:
+    """(the call's branch decision, the steps its drift is measured against: None for a new
+    branch). Calls without messages, and calls after steps without messages, keep the
+    token-only rule: drift against the previous call, branch 0."""
+    call.branching = None
+    if call.messages is None:
+        return None, tail
+    state = branches.known.get(call.trajectory_uid, tail.end) or branches.load(call.trajectory_uid, tail.end)
+    if tail.end > 0 and not state.tips:
+        return None, tail
+    messages_chain = branches.chain(call.messages)
+    decision = branches.decide(state, messages_chain)
+    call.branching = (state, messages_chain, decision)
+    if not decision.continued or decision.parent is None:
+        return decision, None
+    if any(s.id == decision.parent.step_id for s in tail.steps):
+        return decision, tail
+    # It continues a branch other than the previous call's (a main agent after its sub-agent).
+    stored = Stored(decision.parent.step_id, 0, branches.tip_ids(decision.parent.step_id))
+    return decision, Tail(end=tail.end, steps=[stored])
 
 
 def _drift(prompt: np.ndarray, tail: Tail) -> tuple[bool, int | None]:
@@ -188,7 +245,12 @@ def _drift(prompt: np.ndarray, tail: Tail) -> tuple[bool, int | None]:
 
 
 def build_call(
-    *, endpoint: str, ident: Identity, request: dict[str, Any], answer: dict[str, Any]
+    *,
+    endpoint: str,
+    ident: Identity,
+    request: dict[str, Any],
+    answer: dict[str, Any],
+    extra: dict[str, Any] | None = None,
 ) -> ProxiedCall | None:
     """The ProxiedCall of an answer, or None when no token ids can be had."""
     chat = endpoint == CHAT
@@ -231,6 +293,8 @@ def build_call(
     if request.get("tools"):
         meta["tools"] = request["tools"]
     meta["params"] = {k: v for k, v in request.items() if k not in _NOT_PARAMS}
+    if extra:
+        meta.update(extra)
     return ProxiedCall(
         trajectory_uid=ident.trajectory_uid,
         prompt_group_uid=ident.prompt_group_uid,

@@ -39,6 +39,7 @@ _DROP_HEADERS = frozenset(
         "trailer",
         "upgrade",
         "proxy-authorization",
+        "x-api-key",  # an Anthropic client's Claw key
         "proxy-connection",
         "cookie",
         "accept-encoding",
@@ -79,15 +80,16 @@ def _new_transport(kind: str) -> httpx.AsyncBaseTransport:
 
 
 def url(path: str) -> str:
-    """Absolute upstream URL of an OpenAI path such as ``/v1/chat/completions``.
+    """Absolute upstream URL of a server path such as ``/v1/chat/completions`` or ``/tokenize``.
 
-    CLAW_UPSTREAM_URL may be the server root or its ``/v1`` base (both are common)."""
+    CLAW_UPSTREAM_URL may be the server root or its ``/v1`` base (both are common); paths are
+    taken from the root (vLLM's /tokenize lives there)."""
     base = settings.CLAW_UPSTREAM_URL.rstrip("/")
     if not base:
         raise UpstreamFault(
             502, "not_configured", "no upstream inference server is configured (CLAW_UPSTREAM_URL)"
         )
-    if base.endswith("/v1") and path.startswith("/v1/"):
+    if base.endswith("/v1"):
         base = base[:-3]
     return base + path
 

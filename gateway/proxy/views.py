@@ -115,7 +115,7 @@ async def models(
 
 @csrf_exempt
 async def unknown_endpoint(request: HttpRequest, **kwargs: str) -> HttpResponseBase:
-    """Any other path under a gateway base URL (embeddings, responses...): not proxied. The
+    """Any other path under a gateway base URL (embeddings, audio...): not proxied. The
     path is named with any key or token in it masked (claw_site/redaction.py)."""
     return error_response(404, f"the gateway does not serve {redact(request.path)}", code="unknown_endpoint")
 
@@ -230,7 +230,12 @@ async def _forward(
 
 
 async def _record(
-    endpoint: str, ident: Identity, key: VerifiedKey, body: dict[str, Any], answer: dict[str, Any]
+    endpoint: str,
+    ident: Identity,
+    key: VerifiedKey,
+    body: dict[str, Any],
+    answer: dict[str, Any],
+    extra: dict[str, Any] | None = None,
 ) -> Outcome:
     """Commit the call's steps; a database failure is answered 503 (the agent may retry),
     a Conflict (ended trajectory, other group) with its own status."""
@@ -242,6 +247,7 @@ async def _record(
             request=body,
             answer=answer,
             source_id=key.source_id,
+            extra=extra,
         )
     except PoolError as e:
         await fault_event(

@@ -105,6 +105,8 @@ SERVER_FIELDS: tuple[str, ...] = (
     "token_source",
     "drift",
     "drift_offset",
+    "branch",
+    "parent_step_uid",
     "created_at",
     # curation (pool/flags.py): readiness and quality flags as names, the operator label
     "ready",
@@ -127,8 +129,8 @@ class StepIn:
     """A validated step, ready to plan: StepWire with arrays as numpy, defaults applied.
 
     ``step_index`` and ``uid`` of an appended step (a proxied call) are set by the pipeline
-    once the index is claimed. ``token_source``, ``drift`` and ``drift_offset`` are set by
-    the door (the gateway knows where ids came from), never by a client.
+    once the index is claimed. ``token_source``, ``drift``, ``drift_offset``, ``branch`` and
+    ``parent_step_id`` are set by the door (the gateway knows where ids came from), never by a client.
     """
 
     trajectory_uid: str
@@ -149,7 +151,10 @@ class StepIn:
     token_source: str = Step.TokenSource.CLIENT
     drift: bool = False
     drift_offset: int | None = None
+    branch: int = 0  # set by the door too (gateway/proxy/branches.py)
+    parent_step_id: int | None = None
     field_prefix: str = ""  # e.g. "steps[3]": how errors name this step's fields
+    row_id: int | None = None  # the stored row's id, once written
 
     def __post_init__(self) -> None:
         if not self.uid:

@@ -359,6 +359,8 @@ def _append_fused(
             )
         )
     _remember(target.trajectory_uid, tail.end, rows, planned)
+    for s, stored in zip(steps, rows, strict=True):
+        s.row_id = stored.id
     return steps
 
 
@@ -430,6 +432,8 @@ def _append_general(target: AppendTarget, n: int, build: Build, source_id: int |
             )
         )
         _remember(target.trajectory_uid, start, rows, planned)
+    for s, stored in zip(steps, rows, strict=True):
+        s.row_id = stored.id
     return steps
 
 

@@ -164,6 +164,8 @@ def step_row(
             token_source=s.token_source,
             drift=s.drift,
             drift_offset=s.drift_offset,
+            branch=s.branch,
+            parent_step_id=s.parent_step_id,
             readiness=int(readiness),
             quality_flags=quality.step_quality(
                 response,

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('pool', '0006_curation_fields'),
+        ('pool', '0008_audit_event'),
     ]
 
     operations = [

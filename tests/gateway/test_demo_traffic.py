@@ -237,13 +237,18 @@ def test_serve_runs_demo_upstream_and_agents_then_reaps_them(demo_server: LiveSe
         assert len(kids) == 1, kids
         assert httpx.get(f"{serve.upstream}/models").json()["data"][0]["id"] == "claw-demo"
 
-        # and steps of both white-box and black-box demo agents appear
-        def both_kinds() -> bool:
-            uids = {s["trajectory_uid"] for s in demo_steps(serve.url, reader)}
+        # and steps of the white-box, black-box, Anthropic and Responses demo agents appear
+        # (the Anthropic agent's compaction as a second branch)
+        def every_kind() -> bool:
+            steps = demo_steps(serve.url, reader)
+            uids = {s["trajectory_uid"] for s in steps}
             bb = {u for u in uids if u.startswith("demo-bb-")}
-            return any(u.startswith("demo-wb-") for u in uids) and len(bb) >= 2
+            doors = {s["trajectory_uid"][:10] for s in steps if s["branch"] > 0} | {
+                u[:10] for u in uids if u.startswith("demo-resp-")
+            }
+            return any(u.startswith("demo-wb-") for u in uids) and len(bb) >= 2 and len(doors) == 2
 
-        wait_for(both_kinds, serve, "steps from the demo agents")
+        wait_for(every_kind, serve, "steps from the demo agents")
         # and the black-box steps carry the upstream's own ids, with no drift across turns
         steps = demo_steps(serve.url, reader)
         black = [s for s in steps if s["trajectory_uid"].startswith("demo-bb-")]
@@ -252,6 +257,10 @@ def test_serve_runs_demo_upstream_and_agents_then_reaps_them(demo_server: LiveSe
         assert not any(s["drift"] for s in steps)
         assert any(s["step_index"] > 0 for s in black)
         assert all(s["prompt_group_uid"].startswith("demo-wb-g-") and s["rollout_logprobs"] for s in white)
+        protocols = {s["trajectory_uid"][:10]: s["metadata"].get("protocol") for s in steps}
+        assert (
+            protocols["demo-anth-"] == "anthropic-messages" and protocols["demo-resp-"] == "openai-responses"
+        )
         # and the agents' key is kept private for restarts
         key_file = tmp_path / "demo-agent.key"
         assert stat.S_IMODE(key_file.stat().st_mode) == 0o600

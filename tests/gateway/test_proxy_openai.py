@@ -179,7 +179,7 @@ def test_a_multi_turn_agent_has_no_drift_and_counts_steps(gw):
         assert cur["prompt_ids"][: len(full)] == full
 
 
-def test_an_agent_that_edits_its_history_is_flagged_not_repaired(gw):
+def test_an_agent_that_edits_its_history_starts_a_branch_stored_as_sent(gw):
     # given: a first turn
     client = gw.client(default_headers={"X-Claw-Trajectory": "edits-history"})
     first = [{"role": "user", "content": "Original question."}]
@@ -193,14 +193,42 @@ def test_an_agent_that_edits_its_history_is_flagged_not_repaired(gw):
     ]
     client.chat.completions.create(model=MODEL, messages=edited)
 
-    # then: step 1 is flagged with the first mismatching position, and stored as sent
+    # then: its messages do not extend the first call's: a new branch off step 0, not drift
     s0, s1 = steps_of(gw.server, gw.key, "edits-history")
-    mismatch = next(
-        i for i, (a, b) in enumerate(zip(s0["prompt_ids"], s1["prompt_ids"], strict=False)) if a != b
+    assert (s1["branch"], s1["parent_step_uid"], s1["drift"]) == (1, s0["uid"], False)
+    assert s1["metadata"]["branched_after_messages"] == 0
+    assert s1["prompt_ids"] == TOK.apply_chat_template(edited)  # stored as sent, not repaired
+    assert (s0["branch"], s0["parent_step_uid"], s0["drift"]) == (0, None, False)
+
+
+def test_messages_that_extend_with_tokens_that_do_not_are_drift(gw):
+    # given: a tool call whose arguments the model wrote as '{"x": 1}'
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    client = gw.client(default_headers={"X-Claw-Trajectory": "reformatted-args"})
+    messages = [{"role": "user", "content": "Use the tool."}]
+    call = (
+        client.chat.completions.create(model=MODEL, messages=messages, tools=tools)
+        .choices[0]
+        .message.tool_calls[0]
     )
+
+    # when: the agent echoes the call back with the arguments re-serialised ('{"x":1}')
+    echoed = {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.function.name, "arguments": '{"x":1}'},
+    }
+    follow = [*messages, {"role": "assistant", "content": None, "tool_calls": [echoed]}]
+    client.chat.completions.create(
+        model=MODEL, messages=[*follow, {"role": "tool", "tool_call_id": call.id, "content": "1"}]
+    )
+
+    # then: the same conversation (same branch, continuing step 0), but the ids drifted
+    s0, s1 = steps_of(gw.server, gw.key, "reformatted-args")
+    assert (s1["branch"], s1["parent_step_uid"]) == (0, s0["uid"])
+    full = s0["prompt_ids"] + s0["response_ids"]
+    mismatch = next(i for i, (a, b) in enumerate(zip(full, s1["prompt_ids"], strict=False)) if a != b)
     assert (s1["drift"], s1["drift_offset"]) == (True, mismatch)
-    assert s1["prompt_ids"] == TOK.apply_chat_template(edited)
-    assert s0["drift"] is False
 
 
 def test_n_choices_record_one_step_each_and_the_next_turn_continues_one(gw):

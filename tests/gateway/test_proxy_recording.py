@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gateway.proxy import branches
 from gateway.proxy.recording import ProxiedCall, ProxiedChoice
 from gateway.proxy.recording import record_call as _record_call
 from pool.errors import Conflict, InvalidInput
@@ -185,3 +186,57 @@ def test_a_call_whose_step_uid_is_taken_is_a_conflict_and_writes_nothing(new):
     # then: 409 naming the trajectory, and nothing written (not even the trajectory)
     assert exc.value.field == "trajectory_uid"
     assert (Step.objects.count(), Trajectory.objects.count()) == before
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_branches_are_the_same_from_the_process_cache_or_the_pool(django_capture_on_commit_callbacks, cached):
+    # given: a main agent's first call and a sub-agent's call (caches kept, or dropped
+    # after every call so that each call reads the pool)
+    branches.known.clear()
+
+    def chat(
+        messages: list[dict], prompt: list[int], text: str, response: list[int], new: bool = False
+    ) -> None:
+        choice = ProxiedChoice(prompt_ids=ids(*prompt), response_ids=ids(*response), response_text=text)
+        c = ProxiedCall(
+            trajectory_uid="b",
+            token_source="upstream",
+            new_trajectory=new,
+            messages=messages,
+            choices=[choice],
+        )
+        with django_capture_on_commit_callbacks(execute=cached):
+            record(call=c)
+        if not cached:
+            recent.clear()
+            branches.known.clear()
+
+    main = [{"role": "user", "content": "main"}]
+    chat(main, PROMPT, "r0", [1, 2, 3], new=True)
+    chat([{"role": "user", "content": "sub"}], [7, 7, 7], "r1", [4])
+
+    # when: the main agent resumes (its reply echoed with an SDK's extra null field), then
+    # rewrites its last user message
+    chat(
+        [*main, {"role": "assistant", "content": "r0", "refusal": None}, {"role": "user", "content": "more"}],
+        [*PROMPT, 1, 2, 3, 9],
+        "r2",
+        [5],
+    )
+    chat(
+        [*main, {"role": "assistant", "content": "r0"}, {"role": "user", "content": "MORE"}],
+        [*PROMPT, 1, 2, 3, 8],
+        "r3",
+        [6],
+    )
+
+    # then: sub-agent = branch 1 off step 0; the resumed call continues branch 0 off step 0
+    # (its tokens checked against step 0: no drift); the rewrite is branch 2 off step 2
+    rows = Step.objects.filter(trajectory__uid="b").order_by("step_index")
+    assert [(s.branch, s.parent_step.uid if s.parent_step else None, s.drift) for s in rows] == [
+        (0, None, False),
+        (1, "b:0", False),
+        (0, "b:0", False),
+        (2, "b:2", False),
+    ]
+    assert rows[3].metadata["branched_after_messages"] == 2

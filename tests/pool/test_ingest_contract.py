@@ -63,7 +63,15 @@ def test_stepin_holds_every_wire_field_with_its_type():
             assert held_type is _HELD_AS[wire_type], (name, wire_type, held_type)
             assert held_optional == wire_optional, name
     # and StepIn adds only what the pool or the door sets, never a client
-    assert set(held) - set(STEP_FIELDS) == {"token_source", "drift", "drift_offset", "field_prefix"}
+    assert set(held) - set(STEP_FIELDS) == {
+        "token_source",
+        "drift",
+        "drift_offset",
+        "branch",
+        "parent_step_id",
+        "field_prefix",
+        "row_id",
+    }
 
 
 @pytest.mark.django_db

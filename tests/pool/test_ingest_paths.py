@@ -69,6 +69,8 @@ _PROXIED_EXEMPT = {
     ("Trajectory", "reward"): "complete_trajectory rewards the trajectory too; an is_last step only itself",
     ("Step", "readiness"): "a trajectory reward makes every step's reward final (the Trajectory.reward line)",
     ("Step", "ready"): "read form of readiness (the line above)",
+    ("Step", "parent_step_id"): "a proxied chat call links the step it continues (gateway/proxy/branches.py)",
+    ("Step", "parent_step_uid"): "read form of parent_step_id (the line above)",
 }
 EXEMPT: dict[str, dict[tuple[str, str], str]] = {
     "json": {},

@@ -1,0 +1,15 @@
+"""More doors into the gateway: the Anthropic Messages API (``POST /v1/messages``) and the
+OpenAI Responses API (``POST /v1/responses``), under every gateway base URL.
+
+A door is a translator, not a second write path. Each call is translated into the chat
+completion it means, sent to the upstream's ``/v1/chat/completions`` with
+``return_token_ids`` (the only endpoint where vLLM and SGLang return exact ids), recorded by
+the chat-completions recording path (gateway/proxy/recording.py -> pool.ingest), and the
+answer is translated back into the door's own shape (or, streamed, its own event sequence).
+So a step recorded through a door holds the exact ids of the translated chat completion, the
+chat messages they were rendered from, and ``metadata.protocol`` naming the door.
+
+base.py        the door runner: auth, identity, upstream call, recording, faults
+anthropic.py   Messages <-> chat completions, Anthropic SSE and errors, count_tokens
+responses.py   Responses <-> chat completions, Responses SSE, previous_response_id
+"""
