@@ -18,6 +18,12 @@
   }
   function cssEscape(s) { return window.CSS && CSS.escape ? CSS.escape(s) : String(s).replace(/["\\]/g, "\\$&"); }
 
+  // --- prefix tree rows: indentation from data-indent (the CSP allows no style attributes;
+  // CSSOM is not an inline style) ------------------------------------------------------------
+  $all("[data-indent]").forEach(function (row) {
+    row.style.setProperty("--depth", String(Number(row.dataset.indent) || 0));
+  });
+
   // --- step inspector: token ids on demand -------------------------------------------------
   var tokensBox = $("#tokens");
   if (tokensBox) {

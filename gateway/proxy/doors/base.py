@@ -39,12 +39,12 @@ from ..recording import CHAT, Identity
 from ..stream import StreamAccumulator, sse_data
 from ..views import (
     TRAJECTORY_HEADER,
-    _fault_event,
     _identity,
     _ids_unsupported,
     _json_body,
     _record,
     _rejects_ids_field,
+    fault_event,
 )
 
 CHAT_PATH = "/v1/chat/completions"
@@ -160,7 +160,7 @@ async def _once(
             send.pop("return_token_ids")
             resp = await upstream.request("POST", CHAT_PATH, content=orjson.dumps(send), headers=headers)
     except upstream.UpstreamFault as f:
-        await _fault_event(f.status, f.kind, f.message, door.protocol, ident, key)
+        await fault_event(f.status, f.kind, f.message, door.protocol, ident, key)
         raise ProxyError(f.status, f.message, code=f.kind) from None
     if resp.status_code >= 400:
         raise await _upstream_error(door, resp.status_code, resp.content, ident, key)
@@ -170,7 +170,7 @@ async def _once(
         answer = None
     if not isinstance(answer, dict) or not answer.get("choices"):
         msg = "the upstream answered with a body that is not a chat completion"
-        await _fault_event(502, "invalid_answer", msg, door.protocol, ident, key)
+        await fault_event(502, "invalid_answer", msg, door.protocol, ident, key)
         raise ProxyError(502, msg, code="invalid_answer")
     outcome = await _record(CHAT, ident, key, prepared.chat, answer, extra=prepared.meta)
     response = HttpResponse(orjson.dumps(door.render(prepared, answer)), content_type="application/json")
@@ -184,7 +184,7 @@ async def _upstream_error(
 ) -> ProxyError:
     """An upstream 4xx/5xx as a ProxyError with the upstream's message (stored as an Event)."""
     text = upstream.scrub(raw[:2000].decode(errors="replace"))
-    await _fault_event(status, "http_error", text, door.protocol, ident, key)
+    await fault_event(status, "http_error", text, door.protocol, ident, key)
     message = text
     try:
         parsed = orjson.loads(text)
@@ -212,14 +212,14 @@ async def _stream(
             send.pop("return_token_ids")
             resp = await upstream.open_stream(CHAT_PATH, content=orjson.dumps(send), headers=headers)
     except upstream.UpstreamFault as f:
-        await _fault_event(f.status, f.kind, f.message, door.protocol, ident, key)
+        await fault_event(f.status, f.kind, f.message, door.protocol, ident, key)
         raise ProxyError(f.status, f.message, code=f.kind) from None
     if resp.status_code >= 400:
         raise await _upstream_error(door, resp.status_code, await _read_closed(resp), ident, key)
     if "text/event-stream" not in resp.headers.get("content-type", ""):
         await resp.aclose()
         msg = "the upstream did not answer the stream request with an event stream"
-        await _fault_event(502, "invalid_answer", msg, door.protocol, ident, key)
+        await fault_event(502, "invalid_answer", msg, door.protocol, ident, key)
         raise ProxyError(502, msg, code="invalid_answer")
     response = StreamingHttpResponse(
         _relay(door, resp, ident, key, prepared), content_type="text/event-stream; charset=utf-8"
@@ -251,7 +251,7 @@ async def _relay(
                 continue
             if chunk.get("error") and not chunk.get("choices"):
                 msg = upstream.scrub(data[:2000].decode(errors="replace"))
-                await _fault_event(502, "stream_error", msg, door.protocol, ident, key)
+                await fault_event(502, "stream_error", msg, door.protocol, ident, key)
                 yield writer.fail(502, f"the upstream stream failed: {msg}")
                 return
             acc.add(chunk)
@@ -260,14 +260,14 @@ async def _relay(
                 yield out
     except httpx.HTTPError as exc:
         f = upstream.fault(exc)
-        await _fault_event(f.status, f.kind, f.message, door.protocol, ident, key)
+        await fault_event(f.status, f.kind, f.message, door.protocol, ident, key)
         yield writer.fail(f.status, f.message)
         return
     finally:
         await resp.aclose()
     if not done:
         msg = "the upstream stream ended without [DONE]"
-        await _fault_event(502, "stream_incomplete", msg, door.protocol, ident, key)
+        await fault_event(502, "stream_incomplete", msg, door.protocol, ident, key)
         yield writer.fail(502, msg)
         return
     answer = acc.answer()

@@ -31,7 +31,7 @@ from ..access import authorise
 from ..errors import ProxyError
 from ..recording import CHAT, Identity
 from ..stream import sse_data
-from ..views import TRAJECTORY_HEADER, _fault_event, _identity, _json_body, _record
+from ..views import TRAJECTORY_HEADER, _identity, _json_body, _record, fault_event
 from .base import DoorInputError, _read_closed, _upstream_error, sse
 
 MESSAGES_PATH = "/v1/messages"
@@ -90,7 +90,7 @@ async def _once(
     try:
         resp = await upstream.request("POST", MESSAGES_PATH, content=raw, headers=headers)
     except upstream.UpstreamFault as f:
-        await _fault_event(f.status, f.kind, f.message, door.protocol, ident, key)
+        await fault_event(f.status, f.kind, f.message, door.protocol, ident, key)
         raise ProxyError(f.status, f.message, code=f.kind) from None
     if resp.status_code >= 400:
         raise await _upstream_error(door, resp.status_code, resp.content, ident, key)
@@ -100,7 +100,7 @@ async def _once(
         message = None
     if not isinstance(message, dict) or message.get("type") != "message":
         msg = "the upstream answered with a body that is not a Messages answer"
-        await _fault_event(502, "invalid_answer", msg, door.protocol, ident, key)
+        await fault_event(502, "invalid_answer", msg, door.protocol, ident, key)
         raise ProxyError(502, msg, code="invalid_answer")
     outcome = await _record(
         CHAT, ident, key, chat, chat_answer(message), extra={**extra, "response_id": message.get("id")}
@@ -162,14 +162,14 @@ async def _stream(
     try:
         resp = await upstream.open_stream(MESSAGES_PATH, content=raw, headers=headers)
     except upstream.UpstreamFault as f:
-        await _fault_event(f.status, f.kind, f.message, door.protocol, ident, key)
+        await fault_event(f.status, f.kind, f.message, door.protocol, ident, key)
         raise ProxyError(f.status, f.message, code=f.kind) from None
     if resp.status_code >= 400:
         raise await _upstream_error(door, resp.status_code, await _read_closed(resp), ident, key)
     if "text/event-stream" not in resp.headers.get("content-type", ""):
         await resp.aclose()
         msg = "the upstream did not answer the stream request with an event stream"
-        await _fault_event(502, "invalid_answer", msg, door.protocol, ident, key)
+        await fault_event(502, "invalid_answer", msg, door.protocol, ident, key)
         raise ProxyError(502, msg, code="invalid_answer")
     response = StreamingHttpResponse(
         _relay(door, resp, ident, key, chat, extra), content_type="text/event-stream; charset=utf-8"
@@ -203,7 +203,7 @@ async def _relay(
             kind = event.get("type")
             if kind == "error":
                 msg = upstream.scrub(data[:2000].decode(errors="replace"))
-                await _fault_event(502, "stream_error", msg, door.protocol, ident, key)
+                await fault_event(502, "stream_error", msg, door.protocol, ident, key)
                 yield sse("error", event)
                 return
             if kind == "message_stop":
@@ -213,14 +213,14 @@ async def _relay(
             yield sse(str(kind), event)
     except httpx.HTTPError as exc:
         f = upstream.fault(exc)
-        await _fault_event(f.status, f.kind, f.message, door.protocol, ident, key)
+        await fault_event(f.status, f.kind, f.message, door.protocol, ident, key)
         yield sse("error", error_body(f.status, f.message))
         return
     finally:
         await resp.aclose()
     if not stopped:
         msg = "the upstream stream ended without message_stop"
-        await _fault_event(502, "stream_incomplete", msg, door.protocol, ident, key)
+        await fault_event(502, "stream_incomplete", msg, door.protocol, ident, key)
         yield sse("error", error_body(502, msg))
         return
     message = acc.message()
