@@ -171,11 +171,17 @@ def test_a_trainer_that_crashes_mid_batch_gets_its_batch_redelivered(server):
     import subprocess
     import sys
 
+    from datetime import UTC, datetime
+
     srv, keys = server
+    # The dataset admits this test's trajectory only: with other ready units in the module's
+    # pool, the pull below would be served one of them at once instead of waiting for the
+    # crashed lease to expire.
+    since = datetime.now(UTC).isoformat()
     with ClawClient(srv.url, keys["agent"]) as agent, ClawClient(srv.url, keys["admin"]) as admin:
         agent.submit_steps(steps_of("crash-t0"))
         agent.complete_trajectory("crash-t0", reward=1.0)
-        admin.create_dataset("crash-ds")
+        admin.create_dataset("crash-ds", filters={"created_after": since})
     # given a trainer process killed while it held a leased batch
     proc = subprocess.run(
         [sys.executable, "-c", CRASHING_TRAINER, srv.url, keys["trainer"]],
