@@ -22,7 +22,7 @@ Everything is evaluated in the database, in one statement per question: the prev
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -470,6 +470,61 @@ class StepView:
     feedback: list[Feedback]
 
 
+BRANCH_DX, BRANCH_DY, BRANCH_PAD = 44, 34, 18
+
+
+def branches_layout(steps: Sequence[Step]) -> dict[str, Any] | None:
+    """The trajectory's branches drawn as lanes (one per branch, steps left to right in
+    step order), each branch's first step joined to the step it branched from
+    (gateway/proxy/branches.py: compactions, sub-agents, retries). None for a trajectory of
+    one branch. Pure: reads the steps' branch and parent_step_id only."""
+    if not steps or all(s.branch == 0 and s.parent_step_id is None for s in steps):
+        return None
+    lanes = sorted({s.branch for s in steps})
+    lane_of = {b: i for i, b in enumerate(lanes)}
+    at: dict[int, tuple[int, int]] = {}
+    nodes = []
+    for col, s in enumerate(steps):  # steps come in step_index order
+        x, y = BRANCH_PAD + col * BRANCH_DX, BRANCH_PAD + lane_of[s.branch] * BRANCH_DY
+        at[s.id] = (x, y)
+        nodes.append({"x": x, "y": y, "index": s.step_index, "branch": s.branch, "uid": s.uid})
+    index_of: dict[int | None, int] = {s.id: s.step_index for s in steps}
+    edges = []
+    last: dict[int, tuple[int, int]] = {}
+    info: dict[int, dict[str, Any]] = {}
+    for s in steps:
+        here = at[s.id]
+        if s.branch in last:
+            edges.append(
+                {
+                    "x1": last[s.branch][0],
+                    "y1": last[s.branch][1],
+                    "x2": here[0],
+                    "y2": here[1],
+                    "fork": False,
+                }
+            )
+        else:
+            parent = at.get(s.parent_step_id) if s.parent_step_id is not None else None
+            if parent is not None:
+                edges.append({"x1": parent[0], "y1": parent[1], "x2": here[0], "y2": here[1], "fork": True})
+            info[s.branch] = {
+                "branch": s.branch,
+                "first": s.step_index,
+                "steps": 0,
+                "from": index_of.get(s.parent_step_id),
+            }
+        info[s.branch]["steps"] += 1
+        last[s.branch] = here
+    return {
+        "width": 2 * BRANCH_PAD + (len(steps) - 1) * BRANCH_DX,
+        "height": 2 * BRANCH_PAD + (len(lanes) - 1) * BRANCH_DY,
+        "nodes": nodes,
+        "edges": edges,
+        "branches": [info[b] for b in lanes],
+    }
+
+
 def trajectory_timeline(uid: str | None = None, *, trajectory_id: int | None = None) -> dict[str, Any] | None:
     """A trajectory (by uid or id) with every step's text, flags, labels, rewards and
     feedback, or None.
@@ -516,6 +571,7 @@ def trajectory_timeline(uid: str | None = None, *, trajectory_id: int | None = N
     return {
         "trajectory": traj,
         "steps": views,
+        "branches": branches_layout(steps),
         "reward_events": rewards[None],
         "feedback": feedback[None],
     }
