@@ -93,7 +93,13 @@ def _optimize() -> dict[str, Any]:
         groups=Count("id"), tokens=Sum("total_tokens"), unique=Sum("unique_tokens")
     )
     tokens = got["tokens"] or 0
-    return {"merged_groups": got["groups"], "tokens": tokens, "tokens_saved": tokens - (got["unique"] or 0)}
+    saved = tokens - (got["unique"] or 0)
+    return {
+        "merged_groups": got["groups"],
+        "tokens": tokens,
+        "tokens_saved": saved,
+        "saved_pct": round(100 * saved / tokens) if tokens else None,
+    }
 
 
 def _consume() -> dict[str, Any]:

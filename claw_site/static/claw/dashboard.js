@@ -201,6 +201,10 @@
         text($("[data-cell=saved]", row), m.tokens_saved + (m.tokens ? " (" + Math.round(100 * m.tokens_saved / m.tokens) + "%)" : ""));
       }
     });
+    var pct = $("#optimize-pct"), total = $("[data-live='optimize.tokens']");
+    if (pct && total && num(total) > 0) {
+      text(pct, Math.round(100 * num($("[data-live='optimize.tokens_saved']")) / num(total)) + "% saved");
+    }
   });
 
   // Consumption: snapshot progress bars and leases.
