@@ -170,7 +170,6 @@ with ClawClient(url, key) as claw:
 def test_a_trainer_that_crashes_mid_batch_gets_its_batch_redelivered(server):
     import subprocess
     import sys
-
     from datetime import UTC, datetime
 
     srv, keys = server
