@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.db import transaction
-from django.db.models import OuterRef, Subquery
+from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
 from .. import live, tasks
@@ -220,10 +220,30 @@ def trajectory_complete(
         traj.channel = channel
         traj.save(update_fields=["channel", "updated_at"])
     if reward is not None and reward_last_step:
-        last_uid = Step.objects.filter(trajectory=traj, is_last=True).values_list("uid", flat=True).first()
-        if last_uid is not None:
+        ends = _branch_ends(traj)
+        if ends:
             rewards_apply(
-                rewards=[RewardIn(reward=reward, step_uid=last_uid, source=reward_source)],
+                rewards=[RewardIn(reward=reward, step_uid=u, source=reward_source) for u in ends],
                 source_id=source_id,
             )
     return traj
+
+
+def _branch_ends(traj: Trajectory) -> list[str]:
+    """The steps a trajectory's reward is given to with ``reward_last_step``: its last step,
+    and the last step of each other branch (gateway/proxy/branches.py: a compaction, a
+    sub-agent) that has no reward of its own. A trajectory of one branch reads one row."""
+    steps = Step.objects.filter(trajectory=traj)
+    if not steps.filter(branch__gt=0).exists():
+        return list(steps.filter(is_last=True).values_list("uid", flat=True))
+    return list(
+        steps.filter(
+            step_index=Subquery(
+                Step.objects.filter(trajectory=traj, branch=OuterRef("branch"))
+                .order_by("-step_index")
+                .values("step_index")[:1]
+            ),
+        )
+        .filter(Q(is_last=True) | Q(reward__isnull=True))
+        .values_list("uid", flat=True)
+    )

@@ -15,6 +15,7 @@ from pool.ingest import StepIn
 from pool.ingest.claim import recent
 from pool.models import Step, Trajectory
 from pool.services import steps_ingest, trajectory_complete
+from pool.services.rewards import RewardIn, rewards_apply
 
 pytestmark = pytest.mark.django_db
 
@@ -240,3 +241,44 @@ def test_branches_are_the_same_from_the_process_cache_or_the_pool(django_capture
         (2, "b:2", False),
     ]
     assert rows[3].metadata["branched_after_messages"] == 2
+
+
+def test_a_trajectory_reward_reaches_every_branch_end_without_its_own(django_capture_on_commit_callbacks):
+    # given: a main agent (steps 0 and 3 on branch 0), a sub-agent (steps 1 and 2 on branch 1,
+    # step 2 rewarded on its own) and a compaction (step 4, branch 2)
+    branches.known.clear()
+
+    def chat(messages: list[dict], prompt: list[int], response: list[int], new: bool = False) -> None:
+        choice = ProxiedChoice(prompt_ids=ids(*prompt), response_ids=ids(*response), response_text="r")
+        c = ProxiedCall(
+            trajectory_uid="rb",
+            token_source="upstream",
+            new_trajectory=new,
+            messages=messages,
+            choices=[choice],
+        )
+        with django_capture_on_commit_callbacks(execute=True):
+            record(call=c)
+
+    main = [{"role": "user", "content": "main"}]
+    chat(main, PROMPT, [1], new=True)
+    sub = [{"role": "user", "content": "sub"}]
+    chat(sub, [7, 7], [2])
+    chat([*sub, {"role": "assistant", "content": "r"}, {"role": "user", "content": "go"}], [7, 7, 2, 8], [3])
+    chat(
+        [*main, {"role": "assistant", "content": "r"}, {"role": "user", "content": "more"}],
+        [*PROMPT, 1, 9],
+        [4],
+    )
+    chat([{"role": "user", "content": "summary"}], [5, 5], [6])
+    steps = {s.step_index: s for s in Step.objects.filter(trajectory__uid="rb")}
+    assert [steps[i].branch for i in range(5)] == [0, 1, 1, 0, 2]
+    rewards_apply(rewards=[RewardIn(reward=0.25, step_uid=steps[2].uid)])
+
+    # when: the trajectory completes with a reward for its last step (Claw-R1's way)
+    trajectory_complete(uid="rb", reward=1.0, reward_last_step=True)
+
+    # then: the last step of each branch has it, but the sub-agent's own reward stands, and
+    # steps inside a branch get none of their own
+    got = dict(Step.objects.filter(trajectory__uid="rb").values_list("step_index", "reward"))
+    assert got == {0: None, 1: None, 2: 0.25, 3: 1.0, 4: 1.0}
