@@ -27,6 +27,7 @@ from asgiref.sync import sync_to_async
 from django.db import connection, transaction
 from django.test import Client
 
+from pool import live
 from pool.models import ApiKey, Event, PolicyVersion, PromptGroup, Step, Trajectory
 from tests.pool.factories import pool_counts
 from tests.pool.ingest_doors import (
@@ -646,16 +647,19 @@ def test_a_proxied_call_on_the_fast_path_is_one_statement_on_postgresql(door_of)
     # given: a trajectory the gateway mints (no group, no policy version)
     [s] = scenario("solo")
     door = door_of("proxy_fast")
-    counts = []
+    # and a warm process: the live events name the source, read once per process
+    live.source_name(door.source_id)
+    seen = []
 
     # when: its first call, then two more, are recorded
     for k in range(3):
         with sql_statements() as statements:
             door.call(s, k)
-        counts.append(len(statements))
+        seen.append(statements)
 
     # then: every call costs the fast path's statements
-    assert counts == [FAST_CALL[connection.vendor]] * 3, counts
+    counts = [len(statements) for statements in seen]
+    assert counts == [FAST_CALL[connection.vendor]] * 3, seen
 
 
 # Statements per proxied call on the general path (observed, SQLite / PostgreSQL):
