@@ -13,7 +13,10 @@ when it is unset.
 Measured in one run, alternating direct and gateway blocks so drift in the machine's load
 hits both alike:
 * concurrency 1: latency p50/p99 of each, after a warm-up; added = gateway - direct;
-* concurrency 32: throughput (requests/s) over a fixed duration.
+* concurrency 32: throughput (requests/s) over a fixed duration;
+* concurrency 32 through the production entry point (``manage.py serve``) with CLAW_WORKERS=1
+  and 2, alternating (``c32_gateway_rps_workers_1``/``_2``): how the app scales with processes
+  on this machine (skip with ``--no-workers-scaling``).
 
 The other doors run the same workload in the same alternation: each chat request is also
 sent as the Anthropic Messages request (``system`` + one user message, ``max_tokens``) and the
@@ -278,6 +281,12 @@ def main(argv: list[str] | None = None) -> None:
         default="claw_site.asgi:application",
         help="ASGI app the gateway process serves (default: the project's, gateway paths on the lean handler)",
     )
+    p.add_argument(
+        "--no-workers-scaling",
+        dest="workers_scaling",
+        action="store_false",
+        help="skip the c=32 phase comparing one and two app processes (manage.py serve, CLAW_WORKERS)",
+    )
     args = p.parse_args(argv)
     install_uvloop()
     upstream_url, upstream = start_upstream()
@@ -306,6 +315,8 @@ def main(argv: list[str] | None = None) -> None:
         pids = {"gateway": server.proc.pid, "upstream": upstream.pid}
         result = asyncio.run(_measure(args, direct, gateway, bodies, n_c1, pids, [messages, responses]))
         result["pg_commit_p50_ms"] = commit_ms
+        if args.workers_scaling:
+            result.update(_workers_scaling(args, upstream_url, bodies))
         stats = httpx.get(
             f"{server.url}/api/v1/stats", headers={"Authorization": f"Bearer {key}"}, timeout=60
         ).json()
@@ -330,6 +341,60 @@ def main(argv: list[str] | None = None) -> None:
         server.close()
         upstream.terminate()
         upstream.wait(10)
+        tmp.cleanup()
+
+
+def _workers_scaling(args: argparse.Namespace, upstream_url: str, bodies: list[bytes]) -> dict:
+    """c=32 throughput of the production entry point (``manage.py serve``) with CLAW_WORKERS=1
+    and 2, in alternating rounds against the same upstream. Each server has its own database."""
+    servers, targets = [], []
+    tmp = tempfile.TemporaryDirectory()
+    try:
+        for n in (1, 2):
+            srv = LiveServer(
+                Path(tmp.name) / f"w{n}",
+                {
+                    "CLAW_UPSTREAM_URL": f"{upstream_url}/v1",
+                    "CLAW_API_KEY_CACHE_SECONDS": "60",
+                    "CLAW_WORKERS": str(n),
+                },
+                serve=True,
+            )
+            srv.var_dir.mkdir(parents=True)
+            servers.append(srv)
+            srv.start()
+            key = srv.make_key("ingest", "read", name=f"bench-proxy-w{n}")
+            targets.append(
+                Target(f"workers_{n}", srv.url, "/v1/chat/completions", {"authorization": f"Bearer {key}"})
+            )
+        print("workers scaling: manage.py serve with CLAW_WORKERS=1 and 2", flush=True)
+
+        async def measure() -> dict[str, float]:
+            counts = {t.name: [0, 0.0] for t in targets}
+            for t in targets:  # warm-up: every worker process gets connections and plans
+                await run_concurrent(t, bodies, args.concurrency, 2.0)
+            for r in range(args.rounds):
+                for t in targets:
+                    n, secs = await run_concurrent(
+                        t, bodies, args.concurrency, args.c32_seconds / args.rounds
+                    )
+                    counts[t.name][0] += n
+                    counts[t.name][1] += secs
+                    print(
+                        f"c={args.concurrency} round {r + 1}/{args.rounds} {t.name}: {n / secs:.0f} req/s",
+                        flush=True,
+                    )
+            return {name: c[0] / c[1] for name, c in counts.items()}
+
+        rps = asyncio.run(measure())
+        return {
+            "c32_gateway_rps_workers_1": round(rps["workers_1"], 1),
+            "c32_gateway_rps_workers_2": round(rps["workers_2"], 1),
+            "workers_2_over_1": round(rps["workers_2"] / rps["workers_1"], 3),
+        }
+    finally:
+        for srv in servers:
+            srv.close()
         tmp.cleanup()
 
 
