@@ -13,11 +13,13 @@ with 0), in two paces instead of W-ingest's batches of 100:
 * 50 steps/s: one step per request, 50 requests/s;
 * 1,000 steps/s: 16 steps (two whole trajectories) per request, 62.5 requests/s.
 
-Latency: each request's last step is its marker; it is delivered when an event names it
-(its uid in ``steps.recent``, or its trajectory with that step count in
-``steps.trajectories``: coalescing caps ``recent`` at 20, so at 1,000 steps/s the
-trajectory list carries the markers). Latency = event received - request sent, so it
-includes the request itself. ``matched``: the share of requests whose marker was seen.
+Latency: coalescing caps the lists of an event (``recent``, ``trajectories``), but its
+per-source counts are exact, so requests are matched by count: they are sent round robin by
+SOURCES sources (one API key each), so one source's requests are 256 ms apart and commit in
+order, and request i of a source is delivered by the first event after which that source's
+``by_source`` total reaches its steps through request i. Latency = event received - request
+sent, so it includes the request itself (``response_p50_ms``; ``after_response_*``: event
+received - response received). ``matched``: the share of requests delivered within 10 s.
 
 CPU: the server process's CPU time (psutil, user + system) per step at 1,000 steps/s with
 the websocket connected vs the same ingest with no websocket connected;
@@ -48,6 +50,7 @@ from tests.live import LiveServer
 
 PROMPT, RESPONSE, PER_TRAJ = 1_000, 200, 8
 RATES = {50: 1, 1000: 16}  # steps/s -> steps per request
+SOURCES = 16  # API keys (sources) the requests rotate over
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -74,10 +77,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 async def _run(server: LiveServer, seconds: float) -> dict:
-    key = server.make_key("ingest", name="bench")
-    cookie = _session(server)
+    cookie, keys = _session(server)
     gen = _Steps()
-    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    headers = {"Content-Type": "application/json"}
     ws_url = server.url.replace("http://", "ws://") + "/ws/live/?topics=steps"
     ws_headers = {"Cookie": f"sessionid={cookie}", "Origin": server.url}
     out: dict = {
@@ -88,13 +90,13 @@ async def _run(server: LiveServer, seconds: float) -> dict:
     }
     http = httpx.AsyncClient(base_url=server.url, headers=headers, timeout=60)
     try:
-        await _submit(http, gen.bodies(50, 1), 50)  # warm-up: imports, key, connections
+        await _submit(http, gen.bodies(50, 1), 50, keys)  # warm-up: imports, keys, connections
         for rate in (50, 1000):
             async with websockets.connect(ws_url, additional_headers=ws_headers) as ws:
                 hello = orjson.loads(await ws.recv())
                 assert hello["type"] == "hello", hello
                 bodies = gen.bodies(int(rate * seconds), RATES[rate])
-                lat, after, answered, matched = await _measure(http, ws, bodies, rate)
+                lat, after, answered, matched = await _measure(http, ws, bodies, rate, keys)
             suffix = "" if rate == 50 else f"_{rate}"
             out[f"p50_ms{suffix}"] = round(_pct(lat, 50), 1)
             out[f"p99_ms{suffix}"] = round(_pct(lat, 99), 1)
@@ -113,7 +115,7 @@ async def _run(server: LiveServer, seconds: float) -> dict:
             server.env["CLAW_LIVE"] = "0" if phase == "off" else "1"
             server.restart()
             http = httpx.AsyncClient(base_url=server.url, headers=headers, timeout=60)
-            await _submit(http, gen.bodies(50, 1), 50)
+            await _submit(http, gen.bodies(50, 1), 50, keys)
             proc = psutil.Process(server.proc.pid)  # type: ignore[union-attr]
             bodies = gen.bodies(int(1000 * seconds), RATES[1000])
             steps = len(bodies) * RATES[1000]
@@ -123,7 +125,7 @@ async def _run(server: LiveServer, seconds: float) -> dict:
                 await ws.recv()
                 drain = asyncio.create_task(_drain(ws))
             before = _cpu(proc)
-            await _submit(http, bodies, 1000 / RATES[1000])
+            await _submit(http, bodies, 1000 / RATES[1000], keys)
             used = _cpu(proc) - before
             if ws is not None:
                 drain.cancel()
@@ -185,73 +187,77 @@ def _cpu(proc: psutil.Process) -> float:
 
 
 async def _measure(
-    http: httpx.AsyncClient, ws, bodies: list[tuple[bytes, tuple[str, str, int]]], per_s: float
+    http: httpx.AsyncClient, ws, bodies: list[bytes], per_s: float, keys: list[tuple[str, str]]
 ) -> tuple[list[float], list[float], list[float], float]:
-    """Submit at ``per_s`` steps/s while reading events; latency per request marker."""
-    sent: dict[tuple[str, str, int], float] = {}
-    done: dict[tuple[str, str, int], float] = {}
-    seen: dict[tuple[str, int] | str, float] = {}
+    """Submit at ``per_s`` steps/s while reading events; latency per request (see the module
+    docstring)."""
+    sent: list[float] = []
+    done: dict[int, float] = {}
+    arrivals: dict[str, list[tuple[int, float]]] = {name: [] for name, _ in keys}  # (total, time)
 
     async def read() -> None:
+        totals = dict.fromkeys(arrivals, 0)
         while True:
             msg = orjson.loads(await ws.recv())
             now = time.perf_counter()
             for event in msg.get("events", []):
-                if event["kind"] != "steps":
-                    continue
-                for s in event["data"]["recent"]:
-                    seen.setdefault(s["uid"], now)
-                for t in event["data"]["trajectories"]:
-                    seen.setdefault((t["uid"], t["step_count"]), now)
+                if event["kind"] == "steps":
+                    for name, n in event["data"]["by_source"].items():
+                        if name in totals:
+                            totals[name] += n
+                            arrivals[name].append((totals[name], now))
 
     reader = asyncio.create_task(read())
-    steps_per_request = len(orjson.loads(bodies[0][0])["steps"])
-    await _submit(http, bodies, per_s / steps_per_request, sent=sent, done=done)
+    per_request = len(orjson.loads(bodies[0])["steps"])
+    target = [(i // len(keys) + 1) * per_request for i in range(len(bodies))]
+    await _submit(http, bodies, per_s / per_request, keys, sent=sent, done=done)
     deadline = time.perf_counter() + 10
-    while time.perf_counter() < deadline and not _all_seen(sent, seen):
+    names = [keys[i % len(keys)][0] for i in range(len(bodies))]
+    while time.perf_counter() < deadline and not all(
+        arrivals[n] and arrivals[n][-1][0] >= t for n, t in zip(names, target, strict=True)
+    ):
         await asyncio.sleep(0.05)
     reader.cancel()
     lat, after = [], []
-    answered = [(done[m] - t0) * 1e3 for m, t0 in sent.items()]
-    for (uid, traj, count), t0 in sent.items():
-        t1 = min((seen[k] for k in (uid, (traj, count)) if k in seen), default=None)
+    answered = [(done[i] - sent[i]) * 1e3 for i in range(len(bodies))]
+    for i, (name, want) in enumerate(zip(names, target, strict=True)):
+        t1 = next((t for total, t in arrivals[name] if total >= want), None)
         if t1 is not None:
-            lat.append((t1 - t0) * 1e3)
-            after.append((t1 - done[(uid, traj, count)]) * 1e3)
-    return lat, after, answered, len(lat) / len(sent)
-
-
-def _all_seen(sent: dict, seen: dict) -> bool:
-    return all(uid in seen or (traj, count) in seen for (uid, traj, count) in sent)
+            lat.append((t1 - sent[i]) * 1e3)
+            after.append((t1 - done[i]) * 1e3)
+    return lat, after, answered, len(lat) / len(bodies)
 
 
 async def _submit(
     http: httpx.AsyncClient,
-    bodies: list[tuple[bytes, tuple[str, str, int]]],
+    bodies: list[bytes],
     per_s: float,
+    keys: list[tuple[str, str]],
     *,
-    sent: dict | None = None,
-    done: dict | None = None,
+    sent: list[float] | None = None,
+    done: dict[int, float] | None = None,
 ) -> None:
     """POST each body at its scheduled time (``per_s`` requests per second, concurrently
-    when the server is slower than the pace); waits for every response."""
+    when the server is slower than the pace), round robin over the sources' keys; waits for
+    every response."""
     start = time.perf_counter()
     tasks = []
 
-    async def post(body: bytes, marker: tuple[str, str, int]) -> None:
-        if sent is not None:
-            sent[marker] = time.perf_counter()
-        r = await http.post("/api/v1/steps", content=body)
+    async def post(i: int, body: bytes) -> None:
+        auth = {"Authorization": f"Bearer {keys[i % len(keys)][1]}"}
+        r = await http.post("/api/v1/steps", content=body, headers=auth)
         if done is not None:
-            done[marker] = time.perf_counter()
+            done[i] = time.perf_counter()
         if r.status_code != 201:
             raise SystemExit(f"API error {r.status_code}: {r.text[:300]}")
 
-    for i, (body, marker) in enumerate(bodies):
+    for i, body in enumerate(bodies):
         delay = start + i / per_s - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(post(body, marker)))
+        if sent is not None:
+            sent.append(time.perf_counter())
+        tasks.append(asyncio.create_task(post(i, body)))
     await asyncio.gather(*tasks)
 
 
@@ -267,14 +273,11 @@ class _Steps:
         self.rng = np.random.default_rng(0)
         self.n = 0
 
-    def bodies(self, n_steps: int, per_request: int) -> list[tuple[bytes, tuple[str, str, int]]]:
-        out = []
-        for _ in range(0, n_steps, per_request):
-            steps = [self._step() for _ in range(per_request)]
-            last = steps[-1]
-            marker = (last["uid"], last["trajectory_uid"], last["step_index"] + 1)
-            out.append((orjson.dumps({"steps": steps}), marker))
-        return out
+    def bodies(self, n_steps: int, per_request: int) -> list[bytes]:
+        return [
+            orjson.dumps({"steps": [self._step() for _ in range(per_request)]})
+            for _ in range(0, n_steps, per_request)
+        ]
 
     def _step(self) -> dict:
         traj, idx = divmod(self.n, PER_TRAJ)
@@ -291,22 +294,26 @@ class _Steps:
         }
 
 
-def _session(server: LiveServer) -> str:
-    """A logged-in session of a superuser, made by Django itself in the server's database."""
+def _session(server: LiveServer) -> tuple[str, list[tuple[str, str]]]:
+    """A logged-in session of a superuser (made by Django itself in the server's database)
+    and SOURCES ingest keys: (session key, [(source name, key)])."""
     code = (
         "from django.contrib.auth import get_user_model, SESSION_KEY, BACKEND_SESSION_KEY, HASH_SESSION_KEY;"
         "from django.contrib.sessions.backends.db import SessionStore;"
+        "from pool.services import api_key_create;"
         "U = get_user_model();"
-        "u = U.objects.filter(username='bench').first() or "
-        "U.objects.create_superuser('bench', 'bench@example.com', 'pw-bench');"
+        "u = U.objects.create_superuser('bench', 'bench@example.com', 'pw-bench');"
         "s = SessionStore();"
         "s[SESSION_KEY] = str(u.pk);"
         "s[BACKEND_SESSION_KEY] = 'django.contrib.auth.backends.ModelBackend';"
         "s[HASH_SESSION_KEY] = u.get_session_auth_hash();"
         "s.create();"
-        "print(s.session_key)"
+        "print(s.session_key);"
+        "[print('bench-%d' % i, api_key_create(name='bench-%d' % i, scopes=['ingest'])[1])"
+        f" for i in range({SOURCES})]"
     )
-    return server.manage("shell", "-c", code).strip().splitlines()[-1]
+    lines = server.manage("shell", "-c", code).strip().splitlines()[-SOURCES - 1 :]
+    return lines[0], [(name, key) for name, key in (line.split() for line in lines[1:])]
 
 
 def _pct(values: list[float], q: float) -> float:
