@@ -238,15 +238,16 @@ def _remove(names: list[str]) -> None:
 def _write(
     snap: Snapshot, folder: str, stored: list[str], chunk_size: int, on_chunk: Callable[[int], None] | None
 ) -> tuple[dict[str, str], dict[str, Any]]:
-    """Write both files chunk by chunk to local temporary files, then store them."""
+    """Write both files chunk by chunk to local temporary files, then store them.
+
+    The temporary files have no name (tempfile.TemporaryFile: unlinked at creation on
+    POSIX), so a build killed mid-way leaves nothing on the worker's disk: the kernel frees
+    them with the process. Everything reads and writes them through their handles."""
     masked = set(snap.masked_ids or [])
     digest = hashlib.sha256()
     stats = _Stats()
-    with (
-        tempfile.NamedTemporaryFile(suffix=".jsonl") as jsonl,
-        tempfile.NamedTemporaryFile(suffix=".parquet") as parquet,
-    ):
-        writer = pq.ParquetWriter(parquet.name, PARQUET_SCHEMA)
+    with tempfile.TemporaryFile() as jsonl, tempfile.TemporaryFile() as parquet:
+        writer = pq.ParquetWriter(parquet, PARQUET_SCHEMA)  # leaves the handle open
         try:
             for n, chunk in enumerate(_chunks(snap.step_ids or [], masked, chunk_size), start=1):
                 for row in chunk.rows:
@@ -266,8 +267,8 @@ def _write(
         files = {}
         for fmt, tmp in (("jsonl", jsonl), ("parquet", parquet)):
             tmp.flush()
-            with open(tmp.name, "rb") as fh:
-                name = default_storage.save(f"{folder}/snapshot.{fmt}", File(fh))
+            tmp.seek(0)
+            name = default_storage.save(f"{folder}/snapshot.{fmt}", File(tmp, name=f"snapshot.{fmt}"))
             stored.append(name)
             files[fmt] = name
     version = snap.dataset_version

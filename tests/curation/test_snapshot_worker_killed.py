@@ -128,6 +128,8 @@ def test_a_worker_killed_mid_snapshot_leaves_a_consistent_snapshot_after_redeliv
                     for s in (snap_id, clean_id)
                     for fmt in ("jsonl", "parquet")
                 )
+                # and the killed build left no partial file on the worker's own disk either
+                assert [p for p in (tmp_path / "worker-tmp").rglob("*") if p.is_file()] == []
     finally:
         for worker in (first, second):
             if worker is not None:
