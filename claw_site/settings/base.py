@@ -172,6 +172,11 @@ CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True  # a task killed mid-run is redelivered; all tasks are idempotent
+# Acks late covers a dead worker, not a dead pool process under a living worker (the kernel's
+# OOM killer picks the process doing the work): Celery then acknowledges the task as failed,
+# and it is lost. Retrying it instead (after the task's default_retry_delay) is bounded by its
+# max_retries, so a task that always kills its process does not loop forever.
+CELERY_TASK_RETRY_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Publishing happens after the write committed (pool.tasks.enqueue_on_commit): with the
 # broker down, give up after one quick attempt instead of stalling the request.

@@ -1,8 +1,12 @@
-"""A Celery worker killed mid-snapshot (SIGKILL to its whole process group, pool children
-included): the build task, taken but never acknowledged (acks late), is redelivered by the
-broker to another worker once CLAW_CELERY_VISIBILITY_TIMEOUT has passed, and the retry
-completes a snapshot identical to a clean build of the same dataset version, with no leftover
-files. Runs in CI's PostgreSQL + Redis leg, against a private Redis."""
+"""A Celery worker killed mid-snapshot: the snapshot completes on retry and stays consistent.
+
+Killed whole (SIGKILL to its process group, pool children included), the build task it had
+taken but not acknowledged (acks late) is redelivered by the broker to another worker once
+CLAW_CELERY_VISIBILITY_TIMEOUT has passed. With only its pool process killed (as the OOM
+killer would), the living worker retries the task (task_retry_on_worker_lost). Either way
+the retry completes a snapshot identical to a clean build of the same dataset version, with
+each frozen step once in each file and no leftover file. Runs in CI's PostgreSQL + Redis
+leg, against a private Redis."""
 
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from typing import Any
 
 import httpx
 import orjson
+import psutil
 import pyarrow.parquet as pq
 import pytest
 
@@ -41,14 +46,17 @@ CHUNK_STEPS = 20  # CLAW_SNAPSHOT_CHUNK_STEPS: 200 chunks, so the build is caugh
 VISIBILITY_TIMEOUT = 3  # seconds before the dead worker's task is redelivered
 
 
-def test_a_worker_killed_mid_snapshot_leaves_a_consistent_snapshot_after_redelivery(tmp_path):
+@pytest.mark.parametrize("victim", ["worker", "pool child"])
+def test_a_worker_killed_mid_snapshot_leaves_a_consistent_snapshot_after_redelivery(tmp_path, victim):
     (tmp_path / "worker-tmp").mkdir()
     port = free_port()
     redis = start_redis(port, tmp_path / "redis.log")
     env = {
         "REDIS_URL": f"redis://127.0.0.1:{port}/0",
         "CLAW_CELERY_QUEUE": f"claw-snapkill-{uuid.uuid4().hex[:8]}",
-        "CLAW_CELERY_VISIBILITY_TIMEOUT": str(VISIBILITY_TIMEOUT),
+        # A dead worker's task comes back after the visibility timeout; a dead pool child's
+        # must come back from its living parent, long before the (default) timeout.
+        "CLAW_CELERY_VISIBILITY_TIMEOUT": str(VISIBILITY_TIMEOUT if victim == "worker" else 3600),
         "CLAW_SNAPSHOT_CHUNK_STEPS": str(CHUNK_STEPS),
         "CLAW_MEDIA_ROOT": str(tmp_path / "media"),
         "TMPDIR": str(tmp_path / "worker-tmp"),
@@ -71,29 +79,41 @@ def test_a_worker_killed_mid_snapshot_leaves_a_consistent_snapshot_after_redeliv
                 assert api.get("/api/v1/datasets/all/preview").json()["steps"] == STEPS
                 first = start_worker(server, tmp_path / "worker-1.log")
 
-                # when a snapshot is requested and its worker is killed (the whole process
-                # group) once the build has written a chunk but not the last
+                # when a snapshot is requested and, once the build has written a chunk but
+                # not the last, the worker is killed (its whole process group) or only the
+                # pool process running the build (as the kernel's OOM killer would)
                 snap_id = api.post("/api/v1/snapshots", json={"dataset": "all"}).json()["id"]
                 wait_for(lambda: building_mid_way(api, snap_id), "the build to have written a chunk", 120)
-                os.killpg(first.pid, signal.SIGKILL)
-                first.wait(timeout=30)
-                killed = snapshot(api, snap_id)
-                # then the build had really been cut short: not done, nothing recorded
-                assert killed["status"] == "building", killed
-                assert 0 < killed["progress"]["steps_done"] < STEPS, killed
-                assert killed["formats"] == [] and killed["content_hash"] == ""
+                if victim == "worker":
+                    os.killpg(first.pid, signal.SIGKILL)
+                    first.wait(timeout=30)
+                    killed = snapshot(api, snap_id)
+                    # then the build had really been cut short: not done, nothing recorded
+                    assert killed["status"] == "building", killed
+                    assert 0 < killed["progress"]["steps_done"] < STEPS, killed
+                    assert killed["formats"] == [] and killed["content_hash"] == ""
+                else:
+                    (child,) = psutil.Process(first.pid).children()
+                    child.send_signal(signal.SIGKILL)
                 taken = task_ids(tmp_path / "worker-1.log")
                 assert len(taken) == 1, log(1)
                 task_id = taken.pop()
 
-                # when another worker starts
-                second = start_worker(server, tmp_path / "worker-2.log")
-                # then it is redelivered the same task, and the snapshot completes
+                # when another worker starts (the killed one's parent, if alive, keeps going)
+                if victim == "worker":
+                    second = start_worker(server, tmp_path / "worker-2.log")
+                builder = 2 if victim == "worker" else 1
+                # then the same task is delivered again, and the snapshot completes
                 done = wait_for(lambda: finished(api, snap_id), "the killed snapshot to finish", 180)
-                assert done["status"] == "done", (done, log(2))
-                attempt = {snap_id: done_attempt(log, 2, snap_id)}
-                assert f"Task curation.snapshot_build[{task_id}] received" in log(2)
-                assert f"snapshot {snap_id}: done" not in log(1)
+                assert done["status"] == "done", (done, log(builder))
+                attempt = {snap_id: done_attempt(log, builder, snap_id)}
+                assert f"Task curation.snapshot_build[{task_id}] received" in log(builder)
+                started = re.findall(
+                    rf"snapshot {snap_id}: attempt (\w+) started", log(1) + (log(2) if second else "")
+                )
+                assert len(set(started)) == 2 and started[-1] == attempt[snap_id], started
+                if victim == "worker":
+                    assert f"snapshot {snap_id}: done" not in log(1)
 
                 # and it equals a clean build of the same dataset version
                 clean_id = api.post("/api/v1/snapshots", json={"dataset": "all"}).json()["id"]
@@ -120,7 +140,7 @@ def test_a_worker_killed_mid_snapshot_leaves_a_consistent_snapshot_after_redeliv
 
                 # and storage holds each snapshot's two files from its completing attempt only
                 # (the killed attempt's are gone)
-                attempt[clean_id] = done_attempt(log, 2, clean_id)
+                attempt[clean_id] = done_attempt(log, builder, clean_id)
                 media = tmp_path / "media"
                 stored = sorted(p.relative_to(media).as_posix() for p in media.rglob("*") if p.is_file())
                 assert stored == sorted(
