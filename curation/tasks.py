@@ -31,10 +31,15 @@ def leases_expire() -> int:
     retry_backoff=True,
     retry_backoff_max=300,
     max_retries=5,
+    # Its pool process killed (settings: task_retry_on_worker_lost): rebuild 10 s later, not
+    # Celery's default 3 minutes.
+    default_retry_delay=10,
 )
 def snapshot_build(snapshot_id: str) -> None:
     """Build a snapshot's files. Idempotent: a done or vanished snapshot is left alone, and
-    an interrupted build is redone from scratch with the same content."""
+    an interrupted build is redone from scratch with the same content. A build whose worker
+    or pool process dies is run again (redelivery or retry); after max_retries the snapshot
+    stays "building"."""
     from .services.snapshots import snapshot_build as build
 
     build(snapshot_id=snapshot_id)

@@ -172,9 +172,20 @@ CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True  # a task killed mid-run is redelivered; all tasks are idempotent
+# Acks late covers a dead worker, not a dead pool process under a living worker (the kernel's
+# OOM killer picks the process doing the work): Celery then acknowledges the task as failed,
+# and it is lost. Retrying it instead (after the task's default_retry_delay) is bounded by its
+# max_retries, so a task that always kills its process does not loop forever.
+CELERY_TASK_RETRY_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Publishing happens after the write committed (pool.tasks.enqueue_on_commit): with the
 # broker down, give up after one quick attempt instead of stalling the request.
+# A task taken by a worker that died before acknowledging it (killed, host lost) stays in
+# Redis's "unacked" set and is redelivered once it was taken this many seconds ago, by a
+# worker's periodic restore sweep (kombu's Redis transport: ``visibility_timeout``). A task
+# still running past it is redelivered too: harmless (tasks are idempotent) but wasted work,
+# so keep it above the longest task and the longest retry countdown (300 s).
+CLAW_CELERY_VISIBILITY_TIMEOUT = env_int("CLAW_CELERY_VISIBILITY_TIMEOUT", 3600)
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "max_retries": 1,
     "interval_start": 0,
@@ -182,6 +193,12 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "interval_max": 0.5,
     "socket_connect_timeout": 2,
     "socket_timeout": 10,
+    "visibility_timeout": CLAW_CELERY_VISIBILITY_TIMEOUT,
+    # Each worker sweeps for such tasks when it starts and then every this many seconds
+    # (kombu's default scans on every 10th 10 s tick, i.e. every 100 s): a dead worker's task
+    # is redelivered within the timeout plus one sweep (10 s at most).
+    "unacked_restore_interval": max(1, min(10, CLAW_CELERY_VISIBILITY_TIMEOUT // 4)),
+    "unacked_restore_throttle": 1,
 }
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get(
     "CLAW_CELERY_QUEUE", "claw"
@@ -221,6 +238,9 @@ STATICFILES_DIRS = [BASE_DIR / "claw_site" / "static"]
 # the folders on first write, so nothing is created at import time.
 MEDIA_ROOT = Path(os.environ.get("CLAW_MEDIA_ROOT", VAR_DIR / "media"))
 MEDIA_URL = "/media/"  # never served directly: snapshots are downloaded through the API
+# Steps a snapshot build reads, renders and writes per chunk (curation/services/snapshots.py):
+# its memory bound (rows of up to CLAW_MAX_TOKENS_PER_STEP tokens) and progress granularity.
+CLAW_SNAPSHOT_CHUNK_STEPS = env_int("CLAW_SNAPSHOT_CHUNK_STEPS", 1_000)
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},

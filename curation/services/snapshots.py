@@ -23,6 +23,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
+from django.conf import settings
 from django.core.files import File
 from django.core.files.storage import default_storage
 from django.db import transaction
@@ -39,9 +40,9 @@ from ..selectors import dataset_admitted
 from ..specs import spec_parse
 
 FORMATS = ("jsonl", "parquet")
-# Steps read, rendered and written per chunk. 1,000 steps of ~2k tokens: ~60 ms of reads and
-# rendering and ~20 MB of rows in memory; progress is recorded after each chunk.
-CHUNK_STEPS = 1_000
+# Steps read, rendered and written per chunk: settings.CLAW_SNAPSHOT_CHUNK_STEPS (default
+# 1,000). 1,000 steps of ~2k tokens: ~60 ms of reads and rendering and ~20 MB of rows in
+# memory; progress is recorded after each chunk.
 ROOT = "snapshots"
 # The columns of both files, in this order (the JSONL lines have sorted keys).
 COLUMNS = (
@@ -119,14 +120,15 @@ def snapshot_create(*, dataset: str, actor: str = "") -> Snapshot:
 def snapshot_build(
     *,
     snapshot_id: uuid.UUID | str,
-    chunk_size: int = CHUNK_STEPS,
+    chunk_size: int | None = None,
     on_chunk: Callable[[int], None] | None = None,
 ) -> Snapshot | None:
     """Build a snapshot's files. Idempotent: a done snapshot is returned as is, a vanished
     one gives None; otherwise it is rebuilt from scratch (the admitted ids frozen at the
     first attempt), and only a complete build is recorded. On an error the attempt's files
     are removed, the snapshot is marked failed with the error, and the error is raised (a
-    later call rebuilds). ``on_chunk(n)`` runs after chunk n is written (tests)."""
+    later call rebuilds). ``chunk_size`` defaults to settings.CLAW_SNAPSHOT_CHUNK_STEPS;
+    ``on_chunk(n)`` runs after chunk n is written (tests)."""
     snap = _attempt_start(snapshot_id)
     if snap is None or snap.status == Snapshot.Status.DONE:
         return snap
@@ -134,7 +136,8 @@ def snapshot_build(
     _remove_stale(snap)
     stored: list[str] = []
     try:
-        files, manifest = _write(snap, folder, stored, chunk_size, on_chunk)
+        size = chunk_size or settings.CLAW_SNAPSHOT_CHUNK_STEPS
+        files, manifest = _write(snap, folder, stored, size, on_chunk)
     except BaseException as exc:
         _attempt_fail(snap, stored, exc)
         raise
@@ -154,8 +157,10 @@ def snapshot_build(
         )
     if not won:  # a newer attempt owns the snapshot (a redelivered task): ours is void
         _remove(stored)
+        log.info("snapshot %s: attempt %s superseded by a newer one", snap.id, snap.attempt)
     else:
         snapshot_publish(snap.id, Snapshot.Status.DONE, manifest["steps"], manifest["steps"])
+        log.info("snapshot %s: done by attempt %s, %d steps", snap.id, snap.attempt, manifest["steps"])
     return Snapshot.objects.get(id=snap.id)
 
 
@@ -194,7 +199,8 @@ def _attempt_start(snapshot_id) -> Snapshot | None:
         snap.status, snap.steps_done, snap.error = Snapshot.Status.BUILDING, 0, ""
         snap.save()
         snapshot_publish(snap.id, snap.status, 0, snap.steps_total)
-        return snap
+    log.info("snapshot %s: attempt %s started, %d steps", snap.id, snap.attempt, snap.steps_total)
+    return snap
 
 
 def _attempt_fail(snap: Snapshot, stored: list[str], exc: BaseException) -> None:
@@ -232,15 +238,16 @@ def _remove(names: list[str]) -> None:
 def _write(
     snap: Snapshot, folder: str, stored: list[str], chunk_size: int, on_chunk: Callable[[int], None] | None
 ) -> tuple[dict[str, str], dict[str, Any]]:
-    """Write both files chunk by chunk to local temporary files, then store them."""
+    """Write both files chunk by chunk to local temporary files, then store them.
+
+    The temporary files have no name (tempfile.TemporaryFile: unlinked at creation on
+    POSIX), so a build killed mid-way leaves nothing on the worker's disk: the kernel frees
+    them with the process. Everything reads and writes them through their handles."""
     masked = set(snap.masked_ids or [])
     digest = hashlib.sha256()
     stats = _Stats()
-    with (
-        tempfile.NamedTemporaryFile(suffix=".jsonl") as jsonl,
-        tempfile.NamedTemporaryFile(suffix=".parquet") as parquet,
-    ):
-        writer = pq.ParquetWriter(parquet.name, PARQUET_SCHEMA)
+    with tempfile.TemporaryFile() as jsonl, tempfile.TemporaryFile() as parquet:
+        writer = pq.ParquetWriter(parquet, PARQUET_SCHEMA)  # leaves the handle open
         try:
             for n, chunk in enumerate(_chunks(snap.step_ids or [], masked, chunk_size), start=1):
                 for row in chunk.rows:
@@ -260,8 +267,8 @@ def _write(
         files = {}
         for fmt, tmp in (("jsonl", jsonl), ("parquet", parquet)):
             tmp.flush()
-            with open(tmp.name, "rb") as fh:
-                name = default_storage.save(f"{folder}/snapshot.{fmt}", File(fh))
+            tmp.seek(0)
+            name = default_storage.save(f"{folder}/snapshot.{fmt}", File(tmp, name=f"snapshot.{fmt}"))
             stored.append(name)
             files[fmt] = name
     version = snap.dataset_version
