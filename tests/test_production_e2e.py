@@ -164,13 +164,14 @@ def test_production_end_to_end(tmp_path):
             "beat": ["beat", "--schedule", str(tmp_path / "beat-schedule")],
         }.items():
             logs[name] = tmp_path / f"{name}.log"
-            procs[name] = subprocess.Popen(
-                [*celery, *args, "--loglevel", "INFO"],
-                cwd=ROOT,
-                env=server.env,
-                stdout=open(logs[name], "wb"),  # noqa: SIM115 - closed by stop_process
-                stderr=subprocess.STDOUT,
-            )
+            with open(logs[name], "wb") as log:  # the child keeps its own descriptor
+                procs[name] = subprocess.Popen(
+                    [*celery, *args, "--loglevel", "INFO"],
+                    cwd=ROOT,
+                    env=server.env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
         # and keys, a reviewer and a dataset admitting every ready step, made the real way
         agent_key = server.make_key("ingest")
         service_key = server.make_key("ingest", "read")
@@ -223,7 +224,7 @@ def test_production_end_to_end(tmp_path):
             "every step ready",
             explain=lambda: [(s["uid"], s["readiness"]) for s in list_all(admin, "/steps") if not s["ready"]],
         )
-        preview = admin.http.get(f"/datasets/{DATASET}/preview").json()
+        preview = admin.http.get(f"/datasets/{DATASET}/preview").raise_for_status().json()
         assert preview["steps"] == len(uids) and preview["groups"] == len(group_uids(sent))
         # and each trainer got every one of them exactly once, and is offered nothing more
         wait_for(
