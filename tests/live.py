@@ -86,6 +86,23 @@ def stop_process(proc: subprocess.Popen, *, kill: bool = False, timeout: float =
         proc.stderr.close()
 
 
+def start_redis(port: int, log: Path) -> subprocess.Popen:
+    """A private Redis on ``port`` (nothing kept on disk); returns once it answers PING."""
+    proc = subprocess.Popen(
+        ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"],
+        stdout=open(log, "ab"),
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()
+        ping = subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True)
+        if ping.stdout.strip() == "PONG":
+            return proc
+        time.sleep(0.05)
+    raise AssertionError(f"redis did not start: {log.read_text()}")
+
+
 class LiveServer:
     def __init__(
         self,
