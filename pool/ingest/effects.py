@@ -8,7 +8,9 @@ rows are in. The pool's own effects run first:
 2. group anchors: the first step 0 stored in a prompt group;
 3. group completion, which enqueues the group's prefix-tree merge and computed rewards on
    commit;
-4. computed rewards: a trajectory ended by a last step without a final reward gets its
+4. outcome rewards: a trajectory ended by a last step with a final reward, whose other
+   steps lack one, takes the last step's reward as its own (audited);
+   computed rewards: a trajectory ended by a last step without a final reward gets its
    reward task enqueued on commit (pool/services/reward_compute.py);
 5. readiness (pool/services/readiness.py): the steps of trajectories that are ended after
    the write get the bits their trajectory and group decide. A running trajectory's steps
@@ -102,6 +104,7 @@ def apply(written: StepsWritten) -> None:
     if not written.counted:
         _count(written)
     _anchor(written)
+    _outcome_rewards(written)
     _readiness(written)
     _complete_groups(written)
     _computed_rewards(written)
@@ -149,6 +152,45 @@ def _complete_groups(written: StepsWritten) -> None:
         from ..services.groups import groups_check_complete
 
         groups_check_complete(group_ids=groups)  # type: ignore[arg-type]
+
+
+def _outcome_rewards(written: StepsWritten) -> None:
+    """A trajectory ended by a last step with a final reward of its own, but without a
+    reward itself, takes that reward as the trajectory's (audited, through rewards_apply)
+    when some of its steps have no final reward: the outcome reward of Claw-R1's flows,
+    which put the score on the last step only. Without it the earlier steps would never be
+    ready, nor the group. One query, only for a write that holds such a last step; a
+    trajectory whose every step is rewarded (W-ingest) is left as it is."""
+    last = [s.id for s in written.steps if s.is_last and s.reward_final]
+    if not last:
+        return
+    from django.db.models import Exists, OuterRef
+
+    from ..models import Step
+    from ..services.rewards import RewardIn, rewards_apply
+
+    unrewarded = Step.objects.filter(trajectory_id=OuterRef("trajectory_id")).exclude(
+        reward_status=Step.RewardStatus.FINAL
+    )
+    rows = list(
+        Step.objects.filter(id__in=last, trajectory__reward__isnull=True, reward__isnull=False)
+        .filter(Exists(unrewarded))
+        .order_by("trajectory_id")
+        .values_list("trajectory__uid", "reward", "reward_source", "uid")
+    )
+    if rows:
+        rewards_apply(
+            rewards=[
+                RewardIn(
+                    trajectory_uid=t,
+                    reward=r,
+                    source=src or Step.RewardSource.ENV,
+                    metadata={"from_last_step": uid},
+                )
+                for t, r, src, uid in rows
+            ],
+            source_id=written.source_id,
+        )
 
 
 def _computed_rewards(written: StepsWritten) -> None:

@@ -68,10 +68,13 @@ def test_empty_filters_admit_every_ready_step_and_nothing_else():
     )
     rollout("unrewarded", reward=None)
     steps_ingest(steps=[step_in("running", 0, prompt=[1], response=[2], reward=1.0)])
-    # "done" ended, but its step 0 waits for a reward of its own
-    assert admitted() == {}
-    rewards_apply(rewards=[RewardIn(step_uid="done:0", reward=0.0)])
+    # "done" ended with a reward on its last step: the trajectory's outcome reward, so its
+    # step 0 is ready too; "unrewarded" waits for a reward, "running" for its end
     assert admitted() == {"done:0": False, "done:1": False}
+    steps_ingest(steps=[step_in("pending", 0, prompt=[1], response=[2], is_last=True)])
+    assert "pending:0" not in admitted()
+    rewards_apply(rewards=[RewardIn(trajectory_uid="unrewarded", reward=0.0)])
+    assert set(admitted()) == {"done:0", "done:1", "unrewarded:0", "unrewarded:1"}
 
 
 def test_a_trajectory_reward_makes_its_steps_reward_final():

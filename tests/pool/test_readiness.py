@@ -142,3 +142,35 @@ def test_a_batch_that_ends_an_older_trajectory_refreshes_its_earlier_steps():
     steps_ingest(steps=[step_in("two", 1, prompt=[1, 2, 3], response=[4], reward=1.0, is_last=True)])
     # then both steps are ready: the new one as written, the old one refreshed
     assert bits("two:0") == bits("two:1") == READY
+
+
+def test_a_reward_on_the_last_step_only_is_the_trajectorys_and_makes_every_step_ready():
+    # given a group of two rollouts whose scores come on their last steps only (Claw-R1's
+    # MultiStepAgentFlow: the reward is the last step's), the earlier steps unrewarded
+    group_upsert(uid="g", expected_rollouts=2)
+    for t, reward in (("o1", 1.0), ("o2", 0.0)):
+        steps_ingest(
+            steps=[
+                step_in(t, 0, prompt=[1, 2], response=[3], group="g"),
+                step_in(t, 1, prompt=[1, 2, 3, 4], response=[5], group="g", reward=reward, is_last=True),
+            ]
+        )
+    # then each trajectory has its last step's reward, audited, and every step is ready
+    assert dict(Trajectory.objects.values_list("uid", "reward")) == {"o1": 1.0, "o2": 0.0}
+    from pool.models import RewardEvent
+
+    audit = RewardEvent.objects.filter(trajectory__uid="o1").get()
+    assert (audit.new_reward, audit.metadata) == (1.0, {"from_last_step": "o1:1"})
+    assert bits("o1:0") == bits("o1:1") == bits("o2:0") == READY
+    assert PromptGroup.objects.get(uid="g").ready_at is not None
+
+
+def test_a_trajectory_with_every_step_rewarded_keeps_no_trajectory_reward():
+    steps_ingest(
+        steps=[
+            step_in("all", 0, prompt=[1], response=[2], reward=0.5),
+            step_in("all", 1, prompt=[1, 2, 3], response=[4], reward=1.0, is_last=True),
+        ]
+    )
+    assert Trajectory.objects.get(uid="all").reward is None
+    assert bits("all:0") == bits("all:1") == READY
