@@ -327,11 +327,10 @@ def chat(client: openai.OpenAI, messages: list[dict[str, str]], *, stream: bool)
 
 
 def white_box_agent(site: str, key: str, rec: Recorder, a: int, sent: dict[str, int]) -> None:
-    """Whole GRPO groups through POST /api/v1/steps with exact ids and logprobs. Agent 0 gives
-    every step its rollout's reward and ends each rollout with is_last (MessagePack); agent 1
-    sends the steps open and ends the group's rollouts in one completion call with their
-    rewards. (A reward on the last step alone leaves the earlier steps without a final reward,
-    so the group would never be ready: see pool/services/readiness.py.)"""
+    """Whole GRPO groups through POST /api/v1/steps with exact ids and logprobs. Agent 0 puts
+    its rollout's reward on the last step only and ends it with is_last (MessagePack), as
+    Claw-R1's flows do: the trajectory takes it as its outcome reward; agent 1 sends the
+    steps open and ends the group's rollouts in one completion call with their rewards."""
     with ClawClient(site, key, **rec.client_kwargs()) as claw:
         for g in range(GROUPS + 1):
             group = f"wb{a}-g{g}"
@@ -352,7 +351,7 @@ def white_box_agent(site: str, key: str, rec: Recorder, a: int, sent: dict[str, 
                             "prompt_ids": prompt,
                             "response_ids": response,
                             "rollout_logprobs": [-0.5] * len(response),
-                            "reward": float(r % 2) if a == 0 else None,
+                            "reward": float(r % 2) if a == 0 and last else None,
                             "is_last": last and a == 0,
                         }
                     )
