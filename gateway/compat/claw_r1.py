@@ -69,7 +69,7 @@ from ..proxy import upstream
 from ..proxy.access import authorise
 from ..proxy.db import run_db
 from ..proxy.errors import ProxyError, error_response
-from ..proxy.views import fault_event
+from ..proxy.views import fault_event, upstream_fault
 from ..validation import parse_step_batch
 
 log = logging.getLogger(__name__)
@@ -227,8 +227,7 @@ async def generate(request: HttpRequest, key: VerifiedKey) -> HttpResponse:
             "POST", "/v1/completions", content=orjson.dumps(payload), headers=headers
         )
     except upstream.UpstreamFault as f:
-        await fault_event(f.status, f.kind, f.message, "generate", None, key)
-        raise ProxyError(f.status, f.message, code=f.kind) from None
+        raise await upstream_fault(f, "generate", None, key) from None
     if resp.status_code >= 400:
         detail = upstream.scrub(resp.text[:1000])
         await fault_event(resp.status_code, "http_error", detail, "generate", None, key)

@@ -202,8 +202,7 @@ async def _forward(
             _ids_unsupported.add(settings.CLAW_UPSTREAM_URL)
             resp = await upstream.request("POST", path, content=request.body, headers=headers)
     except upstream.UpstreamFault as f:
-        await fault_event(f.status, f.kind, f.message, endpoint, ident, key)
-        raise ProxyError(f.status, f.message, code=f.kind) from None
+        raise await upstream_fault(f, endpoint, ident, key) from None
     if resp.status_code >= 400:
         await fault_event(
             resp.status_code, "http_error", upstream.scrub(resp.text[:2000]), endpoint, ident, key
@@ -215,8 +214,7 @@ async def _forward(
         answer = None
     if not isinstance(answer, dict):
         msg = "the upstream answered with a body that is not a JSON object"
-        await fault_event(502, "invalid_answer", msg, endpoint, ident, key)
-        raise ProxyError(502, msg, code="invalid_answer")
+        raise await invalid_answer(msg, endpoint, ident, key)
     outcome = await _record(endpoint, ident, key, body, answer)
     if wants_ids:
         out = resp.content
@@ -285,15 +283,13 @@ async def _stream(
             _ids_unsupported.add(settings.CLAW_UPSTREAM_URL)
             resp = await upstream.open_stream(path, content=original, headers=headers)
     except upstream.UpstreamFault as f:
-        await fault_event(f.status, f.kind, f.message, endpoint, ident, key)
-        raise ProxyError(f.status, f.message, code=f.kind) from None
+        raise await upstream_fault(f, endpoint, ident, key) from None
     if resp.status_code >= 400:
         return await _stream_error(resp.status_code, await _read_closed(resp), endpoint, ident, key)
     if "text/event-stream" not in resp.headers.get("content-type", ""):
         await resp.aclose()
         msg = "the upstream did not answer the stream request with an event stream"
-        await fault_event(502, "invalid_answer", msg, endpoint, ident, key)
-        raise ProxyError(502, msg, code="invalid_answer")
+        raise await invalid_answer(msg, endpoint, ident, key)
     response = StreamingHttpResponse(
         _relay(resp, endpoint, ident, key, body, wants_ids), content_type="text/event-stream; charset=utf-8"
     )
@@ -412,6 +408,22 @@ def _passthrough_error(status: int, raw: bytes) -> HttpResponse:
     if isinstance(parsed, dict):
         return HttpResponse(text.encode(), status=status, content_type="application/json")
     return error_response(status, f"the upstream answered {status}: {text[:1000]}", code="upstream_error")
+
+
+async def upstream_fault(
+    f: upstream.UpstreamFault, endpoint: str, ident: Identity | None, key: VerifiedKey
+) -> ProxyError:
+    """An upstream that could not be reached or timed out: stored as an Event, returned as
+    the ProxyError to raise (``raise await upstream_fault(...) from None``)."""
+    await fault_event(f.status, f.kind, f.message, endpoint, ident, key)
+    return ProxyError(f.status, f.message, code=f.kind)
+
+
+async def invalid_answer(message: str, endpoint: str, ident: Identity | None, key: VerifiedKey) -> ProxyError:
+    """An upstream answer that is not what was asked for (not a completion, not an event
+    stream): a 502 ``invalid_answer``, stored as an Event."""
+    await fault_event(502, "invalid_answer", message, endpoint, ident, key)
+    return ProxyError(502, message, code="invalid_answer")
 
 
 async def fault_event(

@@ -183,7 +183,7 @@ def _outcome_rewards(written: StepsWritten) -> None:
             rewards=[
                 RewardIn(
                     trajectory_uid=t,
-                    reward=r,
+                    reward=float(r),
                     source=src or Step.RewardSource.ENV,
                     metadata={"from_last_step": uid},
                 )

@@ -19,7 +19,7 @@ is written.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -45,6 +45,8 @@ from ..views import (
     _record,
     _rejects_ids_field,
     fault_event,
+    invalid_answer,
+    upstream_fault,
 )
 
 CHAT_PATH = "/v1/chat/completions"
@@ -103,15 +105,18 @@ def new_id(prefix: str) -> str:
     return prefix + os.urandom(12).hex()
 
 
-async def serve(
-    door: Door,
+async def answer(
+    door: Any,
     request: HttpRequest,
     path_trajectory: str | None,
     path_group: str | None,
     api_key: str | None,
     capability: str | None,
+    handle: Callable[[dict[str, Any], Identity, VerifiedKey], Awaitable[tuple[HttpResponseBase, Identity]]],
 ) -> HttpResponseBase:
-    """Answer one call through ``door`` (see the module docstring)."""
+    """The envelope every door shares: POST only, the call's identity, its key, its JSON
+    body; then ``handle(body, ident, key)`` -> (response, identity). Errors come back in the
+    door's shape (``door.error_response``), and every answer names its trajectory."""
     ident: Identity | None = None
     try:
         if request.method != "POST":
@@ -120,13 +125,7 @@ async def serve(
         key = await authorise(
             request, api_key=api_key, capability=capability, trajectory_uid=ident.trajectory_uid
         )
-        body = _json_body(request)
-        scoped = path_trajectory is not None or not ident.new
-        prepared, ident = await door.prepare(body, ident, key, scoped=scoped)
-        if prepared.stream:
-            response = await _stream(door, request, ident, key, prepared)
-        else:
-            response = await _once(door, request, ident, key, prepared)
+        response, ident = await handle(_json_body(request), ident, key)
     except DoorInputError as e:
         response = door.error_response(e.status, e.message, code="invalid_request", param=e.param)
     except ProxyError as e:
@@ -136,6 +135,28 @@ async def serve(
     if ident is not None:
         response[TRAJECTORY_HEADER] = ident.trajectory_uid
     return response
+
+
+async def serve(
+    door: Door,
+    request: HttpRequest,
+    path_trajectory: str | None,
+    path_group: str | None,
+    api_key: str | None,
+    capability: str | None,
+) -> HttpResponseBase:
+    """Answer one call through ``door`` (see the module docstring)."""
+
+    async def handle(
+        body: dict[str, Any], ident: Identity, key: VerifiedKey
+    ) -> tuple[HttpResponseBase, Identity]:
+        scoped = path_trajectory is not None or not ident.new
+        prepared, ident = await door.prepare(body, ident, key, scoped=scoped)
+        if prepared.stream:
+            return await _stream(door, request, ident, key, prepared), ident
+        return await _once(door, request, ident, key, prepared), ident
+
+    return await answer(door, request, path_trajectory, path_group, api_key, capability, handle)
 
 
 def _upstream_body(prepared: Prepared, *, stream: bool) -> dict[str, Any]:
@@ -160,8 +181,7 @@ async def _once(
             send.pop("return_token_ids")
             resp = await upstream.request("POST", CHAT_PATH, content=orjson.dumps(send), headers=headers)
     except upstream.UpstreamFault as f:
-        await fault_event(f.status, f.kind, f.message, door.protocol, ident, key)
-        raise ProxyError(f.status, f.message, code=f.kind) from None
+        raise await upstream_fault(f, door.protocol, ident, key) from None
     if resp.status_code >= 400:
         raise await _upstream_error(door, resp.status_code, resp.content, ident, key)
     try:
@@ -170,8 +190,7 @@ async def _once(
         answer = None
     if not isinstance(answer, dict) or not answer.get("choices"):
         msg = "the upstream answered with a body that is not a chat completion"
-        await fault_event(502, "invalid_answer", msg, door.protocol, ident, key)
-        raise ProxyError(502, msg, code="invalid_answer")
+        raise await invalid_answer(msg, door.protocol, ident, key)
     outcome = await _record(CHAT, ident, key, prepared.chat, answer, extra=prepared.meta)
     response = HttpResponse(orjson.dumps(door.render(prepared, answer)), content_type="application/json")
     if outcome.steps:
@@ -212,15 +231,13 @@ async def _stream(
             send.pop("return_token_ids")
             resp = await upstream.open_stream(CHAT_PATH, content=orjson.dumps(send), headers=headers)
     except upstream.UpstreamFault as f:
-        await fault_event(f.status, f.kind, f.message, door.protocol, ident, key)
-        raise ProxyError(f.status, f.message, code=f.kind) from None
+        raise await upstream_fault(f, door.protocol, ident, key) from None
     if resp.status_code >= 400:
         raise await _upstream_error(door, resp.status_code, await _read_closed(resp), ident, key)
     if "text/event-stream" not in resp.headers.get("content-type", ""):
         await resp.aclose()
         msg = "the upstream did not answer the stream request with an event stream"
-        await fault_event(502, "invalid_answer", msg, door.protocol, ident, key)
-        raise ProxyError(502, msg, code="invalid_answer")
+        raise await invalid_answer(msg, door.protocol, ident, key)
     response = StreamingHttpResponse(
         _relay(door, resp, ident, key, prepared), content_type="text/event-stream; charset=utf-8"
     )

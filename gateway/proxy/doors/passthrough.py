@@ -27,12 +27,11 @@ from pool.errors import PoolError
 from pool.services.api_keys import VerifiedKey
 
 from .. import upstream
-from ..access import authorise
 from ..errors import ProxyError
 from ..recording import CHAT, Identity
 from ..stream import sse_data
-from ..views import TRAJECTORY_HEADER, _identity, _json_body, _record, fault_event
-from .base import DoorInputError, _read_closed, _upstream_error, sse
+from ..views import _record, fault_event, invalid_answer, upstream_fault
+from .base import _read_closed, _upstream_error, answer, sse
 
 MESSAGES_PATH = "/v1/messages"
 _FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls"}
@@ -49,33 +48,18 @@ async def serve_passthrough(
     """Forward one Messages call as it is and record it (see the module docstring)."""
     from .anthropic import PROTOCOL, to_chat
 
-    ident: Identity | None = None
-    try:
-        if request.method != "POST":
-            raise ProxyError(405, f"method {request.method} not allowed; use POST", code="method_not_allowed")
-        ident = _identity(request, path_trajectory, path_group)
-        key = await authorise(
-            request, api_key=api_key, capability=capability, trajectory_uid=ident.trajectory_uid
-        )
-        body = _json_body(request)
+    async def handle(
+        body: dict[str, Any], ident: Identity, key: VerifiedKey
+    ) -> tuple[HttpResponseBase, Identity]:
         chat = to_chat(body)
         headers = upstream.forward_headers(request.headers)
         if settings.CLAW_UPSTREAM_API_KEY:
             headers["x-api-key"] = settings.CLAW_UPSTREAM_API_KEY  # an Anthropic-style server's auth
         extra = {"protocol": PROTOCOL, "upstream_mode": "passthrough"}
-        if body.get("stream") is True:
-            response = await _stream(door, request.body, headers, ident, key, chat, extra)
-        else:
-            response = await _once(door, request.body, headers, ident, key, chat, extra)
-    except DoorInputError as e:
-        response = door.error_response(e.status, e.message, param=e.param)
-    except ProxyError as e:
-        response = door.error_response(e.status, e.message, code=e.code, param=e.param)
-    except PoolError as e:
-        response = door.error_response(e.status_code, e.message, code=e.code, param=e.field)
-    if ident is not None:
-        response[TRAJECTORY_HEADER] = ident.trajectory_uid
-    return response
+        send = _stream if body.get("stream") is True else _once
+        return await send(door, request.body, headers, ident, key, chat, extra), ident
+
+    return await answer(door, request, path_trajectory, path_group, api_key, capability, handle)
 
 
 async def _once(
@@ -90,8 +74,7 @@ async def _once(
     try:
         resp = await upstream.request("POST", MESSAGES_PATH, content=raw, headers=headers)
     except upstream.UpstreamFault as f:
-        await fault_event(f.status, f.kind, f.message, door.protocol, ident, key)
-        raise ProxyError(f.status, f.message, code=f.kind) from None
+        raise await upstream_fault(f, door.protocol, ident, key) from None
     if resp.status_code >= 400:
         raise await _upstream_error(door, resp.status_code, resp.content, ident, key)
     try:
@@ -100,8 +83,7 @@ async def _once(
         message = None
     if not isinstance(message, dict) or message.get("type") != "message":
         msg = "the upstream answered with a body that is not a Messages answer"
-        await fault_event(502, "invalid_answer", msg, door.protocol, ident, key)
-        raise ProxyError(502, msg, code="invalid_answer")
+        raise await invalid_answer(msg, door.protocol, ident, key)
     outcome = await _record(
         CHAT, ident, key, chat, chat_answer(message), extra={**extra, "response_id": message.get("id")}
     )
@@ -162,15 +144,13 @@ async def _stream(
     try:
         resp = await upstream.open_stream(MESSAGES_PATH, content=raw, headers=headers)
     except upstream.UpstreamFault as f:
-        await fault_event(f.status, f.kind, f.message, door.protocol, ident, key)
-        raise ProxyError(f.status, f.message, code=f.kind) from None
+        raise await upstream_fault(f, door.protocol, ident, key) from None
     if resp.status_code >= 400:
         raise await _upstream_error(door, resp.status_code, await _read_closed(resp), ident, key)
     if "text/event-stream" not in resp.headers.get("content-type", ""):
         await resp.aclose()
         msg = "the upstream did not answer the stream request with an event stream"
-        await fault_event(502, "invalid_answer", msg, door.protocol, ident, key)
-        raise ProxyError(502, msg, code="invalid_answer")
+        raise await invalid_answer(msg, door.protocol, ident, key)
     response = StreamingHttpResponse(
         _relay(door, resp, ident, key, chat, extra), content_type="text/event-stream; charset=utf-8"
     )
