@@ -23,8 +23,6 @@ import argparse
 import asyncio
 import json
 import random
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,28 +30,8 @@ from pathlib import Path
 import httpx
 import openai
 
-from bench.proxy import install_uvloop, pct
-from tests.live import ROOT, LiveServer, free_port
-
-
-def start_upstream(latency_ms: float) -> tuple[str, subprocess.Popen]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.demo.upstream", "--port", str(port), "--latency-ms", str(latency_ms)],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/v1/models", timeout=1).status_code == 200:
-                return url, proc
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("the demo upstream did not start")
+from bench.proxy import install_uvloop, pct, start_upstream
+from tests.live import LiveServer
 
 
 class Tally:

@@ -234,10 +234,11 @@ def pct(values: list[float], q: float) -> float:
 
 
 # --- processes --------------------------------------------------------------------------------------
-def start_upstream() -> tuple[str, subprocess.Popen]:
+def start_upstream(latency_ms: float = 0.0) -> tuple[str, subprocess.Popen]:
+    """The demo upstream (``latency_ms`` added to every answer); returns once it answers."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.demo.upstream", "--port", str(port)],
+        [sys.executable, "-m", "gateway.demo.upstream", "--port", str(port), "--latency-ms", str(latency_ms)],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

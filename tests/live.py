@@ -86,6 +86,29 @@ def stop_process(proc: subprocess.Popen, *, kill: bool = False, timeout: float =
         proc.stderr.close()
 
 
+def start_celery_worker(
+    env: dict[str, str],
+    queue: str,
+    log: Path,
+    *,
+    pool: str = "solo",
+    concurrency: int | None = None,
+    new_session: bool = False,
+) -> subprocess.Popen:
+    """A Celery worker of the project on ``queue`` (give each test its own, through
+    CLAW_CELERY_QUEUE, so no other run's worker takes its tasks), logging INFO to ``log``;
+    ``new_session``: in its own process group (to kill it with its pool's children). Stop it
+    with stop_process."""
+    args = [sys.executable, "-m", "celery", "-A", "claw_site", "worker", "-Q", queue, "--pool", pool]
+    if concurrency is not None:
+        args += ["--concurrency", str(concurrency)]
+    args += ["--loglevel", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat"]
+    with open(log, "ab") as out:  # the child keeps its own descriptor
+        return subprocess.Popen(
+            args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=new_session
+        )
+
+
 def start_redis(port: int, log: Path) -> subprocess.Popen:
     """A private Redis on ``port`` (nothing kept on disk); returns once it answers PING."""
     proc = subprocess.Popen(

@@ -16,7 +16,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -29,8 +28,14 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 
-from tests.live import ROOT, LiveServer, free_port, live_server, stop_process
-from tests.pool.test_outbox import start_redis
+from tests.live import (
+    LiveServer,
+    free_port,
+    live_server,
+    start_celery_worker,
+    start_redis,
+    stop_process,
+)
 
 pytestmark = [
     pytest.mark.live,
@@ -181,31 +186,8 @@ def ingest(api: httpx.Client, n: int) -> list[str]:
 
 def start_worker(server: LiveServer, log: Path) -> subprocess.Popen:
     """A prefork Celery worker (one child) on the server's queue, in its own process group."""
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "claw_site",
-            "worker",
-            "-Q",
-            server.env["CLAW_CELERY_QUEUE"],
-            "--pool",
-            "prefork",
-            "--concurrency",
-            "1",
-            "--loglevel",
-            "INFO",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-        ],
-        cwd=ROOT,
-        env=server.env,
-        stdout=open(log, "wb"),  # noqa: SIM115 - closed by stop_process
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+    return start_celery_worker(
+        server.env, server.env["CLAW_CELERY_QUEUE"], log, pool="prefork", concurrency=1, new_session=True
     )
 
 

@@ -7,8 +7,6 @@ without a reload; script payloads in ingested data never run, on any page, live 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,7 +17,7 @@ import httpx
 import pytest
 
 from tests.curation.test_pages_browser import CHROMIUM, CHROMIUM_ARGS
-from tests.live import ROOT, LiveServer, live_server, stop_process
+from tests.live import ROOT, LiveServer, live_server, start_celery_worker, stop_process
 
 SCREENSHOTS = ROOT / "var" / "screenshots"
 HAS_LIVE = (ROOT / "claw_site" / "static" / "claw" / "live.js").exists()
@@ -104,28 +102,11 @@ def celery_worker(srv: LiveServer, var_dir: Path, queue: dict[str, str]) -> Iter
     if not queue:
         yield
         return
-    log = open(var_dir / "worker.log", "wb")  # noqa: SIM115 - owned by the process
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "claw_site", "worker", "-Q", queue["CLAW_CELERY_QUEUE"]]
-        + [
-            "--pool",
-            "solo",
-            "--loglevel",
-            "INFO",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-        ],
-        cwd=ROOT,
-        env=srv.env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    worker = start_celery_worker(srv.env, queue["CLAW_CELERY_QUEUE"], var_dir / "worker.log")
     try:
         yield
     finally:
         stop_process(worker)
-        log.close()
 
 
 @pytest.fixture

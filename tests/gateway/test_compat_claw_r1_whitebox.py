@@ -9,8 +9,6 @@ is the served model's."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +19,7 @@ import httpx
 import pytest
 
 from tests.gateway.proxy_support import auth, steps_of, trajectory_of, upstream_ids
-from tests.live import ROOT, LiveServer, live_server, refused_port, stop_process
+from tests.live import LiveServer, live_server, refused_port, start_celery_worker, stop_process
 
 pytestmark = pytest.mark.live
 
@@ -65,27 +63,7 @@ def gw(tmp_path_factory, demo_upstream) -> Iterator[Gateway]:
     with live_server(var, env) as server:
         worker = None
         if os.environ.get("REDIS_URL"):
-            worker = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "claw_site",
-                    "worker",
-                    "-Q",
-                    queue,
-                    "--pool",
-                    "solo",
-                    "--without-gossip",
-                    "--without-mingle",
-                    "--without-heartbeat",
-                ],
-                cwd=ROOT,
-                env=server.env,
-                stdout=open(var / "worker.log", "wb"),  # noqa: SIM115 - owned by the process
-                stderr=subprocess.STDOUT,
-            )
+            worker = start_celery_worker(server.env, queue, var / "worker.log")
         try:
             yield Gateway(server, server.make_key("ingest", "read"), demo_upstream)
         finally:

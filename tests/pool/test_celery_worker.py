@@ -5,15 +5,13 @@ fail nor wait on it."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 import uuid
 
 import httpx
 import pytest
 
-from tests.live import ROOT, live_server, refused_port
+from tests.live import live_server, refused_port, start_celery_worker
 
 pytestmark = pytest.mark.live
 
@@ -22,29 +20,7 @@ pytestmark = pytest.mark.live
 def test_group_completion_is_merged_by_a_real_worker(tmp_path):
     queue = f"claw-test-{uuid.uuid4().hex[:8]}"  # private queue: no other run's worker takes it
     with live_server(tmp_path, {"CLAW_CELERY_QUEUE": queue}) as server:
-        worker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "claw_site",
-                "worker",
-                "-Q",
-                queue,
-                "--pool",
-                "solo",
-                "--loglevel",
-                "INFO",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-            ],
-            cwd=ROOT,
-            env=server.env,
-            stdout=open(tmp_path / "worker.log", "wb"),
-            stderr=subprocess.STDOUT,
-        )
+        worker = start_celery_worker(server.env, queue, tmp_path / "worker.log")
         try:
             key = server.make_key("ingest", "read")
             h = {"Authorization": f"Bearer {key}"}

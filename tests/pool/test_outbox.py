@@ -5,15 +5,13 @@ Redis is back: none is lost."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 import time
 import uuid
 
 import httpx
 import pytest
 
-from tests.live import ROOT, free_port, live_server, start_redis, stop_process
+from tests.live import free_port, live_server, start_celery_worker, start_redis, stop_process
 
 pytestmark = [
     pytest.mark.live,
@@ -58,29 +56,7 @@ def test_a_redis_outage_loses_no_task(tmp_path):
     worker = None
     try:
         with live_server(tmp_path, env) as server:
-            worker = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "claw_site",
-                    "worker",
-                    "-Q",
-                    queue,
-                    "--pool",
-                    "solo",
-                    "--loglevel",
-                    "INFO",
-                    "--without-gossip",
-                    "--without-mingle",
-                    "--without-heartbeat",
-                ],
-                cwd=ROOT,
-                env=server.env,
-                stdout=open(tmp_path / "worker.log", "wb"),
-                stderr=subprocess.STDOUT,
-            )
+            worker = start_celery_worker(server.env, queue, tmp_path / "worker.log")
             key = server.make_key("ingest", "read")
             with httpx.Client(
                 base_url=server.url, headers={"Authorization": f"Bearer {key}"}, timeout=30
