@@ -421,6 +421,18 @@ def review_progress(queue: ReviewQueue) -> dict[str, int]:
 TRAJECTORY_PAGE = 50
 
 
+def keyset_page(qs: QuerySet, *, before: int | None, limit: int) -> tuple[list[Any], int | None]:
+    """One page of ``qs`` (ordered by -id) below id ``before``: the rows and the id to pass
+    as ``before`` for the next page, or None on the last. One query (limit + 1 rows), by
+    primary key whatever the page's depth."""
+    if before is not None:
+        qs = qs.filter(id__lt=before)
+    rows = list(qs[: limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, (rows[-1].id if more else None)
+
+
 def trajectories_browse(
     *,
     status: str = "",
@@ -447,12 +459,7 @@ def trajectories_browse(
         # The step_ready partial index holds exactly these readiness values.
         ready = Step.objects.filter(trajectory_id=OuterRef("pk"), readiness__in=[READY, READY_ANY_TOKENS])
         qs = qs.filter(Exists(ready))
-    if before is not None:
-        qs = qs.filter(id__lt=before)
-    rows = list(qs[: limit + 1])
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return rows, (rows[-1].id if more else None)
+    return keyset_page(qs, before=before, limit=limit)
 
 
 @dataclass(slots=True)

@@ -25,7 +25,7 @@ from pool.models import Event, MergeResult, PolicyVersion, PromptGroup, Source, 
 from pool.selectors import pool_stats, steps_render
 
 from .models import Consumer, Dataset, Lease, Snapshot
-from .selectors import trajectory_timeline
+from .selectors import keyset_page, trajectory_timeline
 from .selectors_live import live_state
 
 # Minutes shown by the overview's ingestion-rate chart (one point per minute).
@@ -157,12 +157,7 @@ def steps_browse(
         qs = qs.filter(token_source=token_source)
     if drift:
         qs = qs.filter(drift=True)
-    if before is not None:
-        qs = qs.filter(id__lt=before)
-    rows = list(qs[: limit + 1])
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return rows, (rows[-1].id if more else None)
+    return keyset_page(qs, before=before, limit=limit)
 
 
 @dataclass(slots=True)
@@ -230,11 +225,7 @@ def optimization_overview(*, before: int | None = None, limit: int = GROUP_PAGE)
     """Prompt groups newest first, each with its stored group merge (if any), and the
     savings over every merged group. Two queries."""
     qs = PromptGroup.objects.annotate(rollouts=Count("trajectories")).order_by("-id")
-    if before is not None:
-        qs = qs.filter(id__lt=before)
-    groups = list(qs[: limit + 1])
-    more = len(groups) > limit
-    groups = groups[:limit]
+    groups, next_before = keyset_page(qs, before=before, limit=limit)
     merges = {
         m.group_id: m for m in MergeResult.objects.filter(group_id__in=[g.id for g in groups]).defer("layout")
     }
@@ -263,7 +254,7 @@ def optimization_overview(*, before: int | None = None, limit: int = GROUP_PAGE)
         rows.append(row)
     return {
         "rows": rows,
-        "next_before": groups[-1].id if more else None,
+        "next_before": next_before,
         "merged_groups": totals["groups"],
         "tokens": total,
         "unique": unique,
