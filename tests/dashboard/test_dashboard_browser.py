@@ -282,6 +282,39 @@ def test_a_step_posted_through_the_api_appears_live(server, browser):
     shot(consumption, "consumption-live")
 
 
+WRITE_WHILE_DOWN = """
+from pool.ingest import StepIn
+from pool.services import steps_ingest
+import numpy as np
+ids = lambda *v: np.array(v, dtype=np.int32)
+steps_ingest(steps=[StepIn(trajectory_uid="offline", step_index=i, prompt_ids=ids(1, 2, i), response_ids=ids(3)) for i in range(2)])
+"""
+
+
+@needs_live
+def test_a_page_that_loses_its_connection_reconnects_and_catches_up(server, browser):
+    from playwright.sync_api import expect
+
+    srv, _, _ = server
+    context, _ = browser
+    overview = first_page(context)
+    sign_in(overview, srv.url)
+    expect(overview.locator("#live-status")).to_have_attribute("data-state", "live")
+    expect(overview.locator('[data-live="collect.steps"]')).to_have_text("2")
+
+    # when the server goes away, the page says so
+    srv.stop()
+    expect(overview.locator("#live-status")).to_have_attribute("data-state", "reconnecting")
+    # and two steps are written while no server can tell the page (the pool's own service)
+    srv.manage("shell", "-c", WRITE_WHILE_DOWN)
+
+    # then once the server is back the page reconnects by itself and, without a reload,
+    # counts the steps it missed (the hello state of the new connection)
+    srv.start(migrate=False)
+    expect(overview.locator("#live-status")).to_have_attribute("data-state", "live", timeout=30_000)
+    expect(overview.locator('[data-live="collect.steps"]')).to_have_text("4")
+
+
 def test_script_payloads_never_run(server, browser):
     from playwright.sync_api import expect
 
