@@ -214,6 +214,20 @@ def test_count_tokens_uses_the_upstream_tokenizer(gw):
     assert counted.input_tokens == len(TOK.apply_chat_template(chat, CHAT_TOOLS))
 
 
+def test_count_tokens_without_a_tokenizer_is_a_501_in_anthropic_shape(tmp_path):
+    # given a gateway with no upstream (so no /tokenize) and no local tokenizer
+    with live_server(tmp_path, {"CLAW_TOKENIZER": ""}) as server:
+        client = anthropic.Anthropic(base_url=server.url, api_key=server.make_key("ingest"), max_retries=0)
+        # when the agent asks for a count
+        with pytest.raises(anthropic.APIStatusError) as err:
+            client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "Count me."}])
+    # then it is told plainly that tokens cannot be counted here, in Anthropic's error shape
+    assert err.value.status_code == 501
+    body = err.value.response.json()
+    assert body["type"] == "error" and "cannot be counted" in body["error"]["message"]
+    assert "CLAW_TOKENIZER" in body["error"]["message"]
+
+
 def test_auth_accepts_x_api_key_and_bearer_and_rejects_in_anthropic_shape(gw):
     body = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
     url = f"{gw.server.url}/v1/messages"
