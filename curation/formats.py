@@ -5,6 +5,10 @@ with ``mask`` and ``staleness`` added, in batch order) and returns the JSON-able
 dict. Token and float arrays are numpy, which ``gateway.renderers.dumps`` (orjson) writes
 without a Python object per element. Per-row metadata lists are in row order in every format.
 
+Every format serves a step's *effective* reward (pool/services/effective_reward.py: its own,
+else its branch's, else its trajectory's) with ``reward_scope`` saying which, after the
+dataset's ``grouping.reward_assignment``.
+
 * ``steps``: the rows as read (``{"steps": rows}``).
 * ``padded``: verl-style 2-D arrays, prompts LEFT-padded and responses RIGHT-padded with
   token id ``PAD_TOKEN_ID`` (0). A masked step (``mask`` true) keeps its tokens but its
@@ -56,7 +60,8 @@ def padded(rows: Sequence[Row]) -> dict[str, Any]:
     ``rollout_logprobs`` (N, R) float64, 0.0 on padding and for steps without logprobs (see
     ``has_rollout_logprobs``); ``token_level_rewards`` (N, R) float64, the step's reward at
     its last response token (a null reward, or a step without response tokens, puts none).
-    Per row lists: ``ROW_FIELDS``, ``reward`` (null kept) and ``has_rollout_logprobs``.
+    Per row lists: ``ROW_FIELDS``, ``reward`` (the effective reward, null kept),
+    ``reward_scope``, ``reward_source`` and ``has_rollout_logprobs``.
     """
     n = len(rows)
     plen = np.fromiter((len(r["prompt_ids"]) for r in rows), dtype=np.int64, count=n)
@@ -109,7 +114,8 @@ def tree(rows: Sequence[Row]) -> dict[str, Any]:
     packed indices, ``response_index[response_offsets[i]:response_offsets[i + 1]]``, and
     ``rollout_logprobs`` (S,) float64 is aligned with them (0.0 where a step has none).
     ``stats``: n_sequences, total_tokens, unique_tokens, ratio and savings.
-    Per row lists: ``ROW_FIELDS``, ``reward`` (null kept) and ``has_rollout_logprobs``.
+    Per row lists: ``ROW_FIELDS``, ``reward`` (the effective reward, null kept),
+    ``reward_scope``, ``reward_source`` and ``has_rollout_logprobs``.
     """
     n = len(rows)
     t = build_prefix_tree(
@@ -148,6 +154,8 @@ def tree(rows: Sequence[Row]) -> dict[str, Any]:
 def _row_fields(rows: Sequence[Row]) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = {f: [r[f] for r in rows] for f in ROW_FIELDS}
     out["reward"] = [r["reward"] for r in rows]
+    out["reward_scope"] = [r["reward_scope"] for r in rows]
+    out["reward_source"] = [r["reward_source"] for r in rows]
     out["has_rollout_logprobs"] = [r["rollout_logprobs"] is not None for r in rows]
     return out
 

@@ -91,6 +91,7 @@ SPEC_FIELDS: dict[str, tuple[str, str]] = {
     "keep_groups_whole": ("grouping", "bool"),
     "min_rollouts": ("grouping", "int"),
     "short_groups": ("grouping", "str"),
+    "reward_assignment": ("grouping", "str"),
     "stale_after": ("serving", "int"),
     "capacity": ("serving", "int"),
 }
@@ -138,6 +139,15 @@ class DatasetForm(forms.Form):
     min_rollouts = forms.IntegerField(required=False, min_value=1, label="Min rollouts (n)")
     short_groups = forms.ChoiceField(
         choices=[("drop", "drop short groups"), ("mask", "mask bad rollouts")], initial="drop"
+    )
+    reward_assignment = forms.ChoiceField(
+        choices=[
+            ("each_step", "every step carries the reward"),
+            ("last_step", "only the last step (others 0)"),
+        ],
+        initial="each_step",
+        required=False,
+        label="Outcome reward",
     )
     stale_after = forms.IntegerField(
         required=False,

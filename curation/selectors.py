@@ -115,12 +115,14 @@ def _passes(spec: Spec, current: int | None) -> Q:
         q &= Q(readiness__in=[v for v in range(READY + 1) if v & mask == mask])
     if f.max_staleness is not None and current is not None:
         q &= Q(policy_version_id__gte=current - f.max_staleness)
+    # The effective reward (pool/services/effective_reward.py): one column, no join.
     if f.reward_status is not None:
-        q &= Q(reward_status=f.reward_status)
+        final = Q(_reward_final=int(Readiness.REWARD_FINAL))
+        q &= final if f.reward_status == "final" else ~final
     if f.reward_min is not None:
-        q &= Q(_reward__gte=f.reward_min)
+        q &= Q(effective_reward__gte=f.reward_min)
     if f.reward_max is not None:
-        q &= Q(_reward__lte=f.reward_max)
+        q &= Q(effective_reward__lte=f.reward_max)
     exclude = sum(QUALITY_NAMES[n] for n in set(f.exclude_flags))
     if exclude:
         q &= Q(_flags_excluded=0)
@@ -151,8 +153,8 @@ def _passes(spec: Spec, current: int | None) -> Q:
 def _aliased(qs: QuerySet, f: Filters) -> QuerySet:
     """The computed columns the pass test compares (aliases: never selected or grouped)."""
     aliases: dict[str, Any] = {}
-    if f.reward_min is not None or f.reward_max is not None:
-        aliases["_reward"] = Coalesce("reward", "trajectory__reward")
+    if f.reward_status is not None:
+        aliases["_reward_final"] = F("readiness").bitand(int(Readiness.REWARD_FINAL))
     if f.exclude_flags:
         aliases["_flags_excluded"] = F("quality_flags").bitand(
             sum(QUALITY_NAMES[n] for n in set(f.exclude_flags))

@@ -61,6 +61,12 @@ class Grouping(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_de
     # A group with fewer than n valid rollouts: "drop" it, or "mask" its bad rollouts (they
     # are served with mask true, so the group stays whole).
     short_groups: Literal["drop", "mask"] = "drop"
+    # How an outcome reaches the steps of a multi-step trajectory at delivery
+    # (pool/services/effective_reward.py): "each_step", every step carries its effective
+    # reward (its own, else its branch's, else its trajectory's); "last_step", only the last
+    # step of each branch does, the others their own reward if they have one, else 0.0 with
+    # reward_scope "none" (as Claw-R1's own pool serves them).
+    reward_assignment: Literal["each_step", "last_step"] = "each_step"
 
 
 class Serving(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=False):

@@ -135,7 +135,16 @@ class StepBatchSerializer(serializers.Serializer):
 
 
 class StepReadSerializer(StepWriteSerializer):  # type: ignore[valid-type,misc]
-    reward_status = serializers.ChoiceField(choices=Step.RewardStatus.choices)
+    # A read's reward and reward_source are the step's effective reward (its own, else its
+    # branch's, else its trajectory's: pool/services/effective_reward.py).
+    reward_status = serializers.ChoiceField(
+        choices=Step.RewardStatus.choices, help_text="final: the effective reward is final"
+    )
+    reward_scope = serializers.ChoiceField(
+        choices=Step.RewardScope.choices,
+        allow_null=True,
+        help_text="where the reward came from: the step's own, its branch's or its trajectory's",
+    )
     token_source = serializers.ChoiceField(choices=Step.TokenSource.choices)
     drift = serializers.BooleanField()
     drift_offset = serializers.IntegerField(allow_null=True)

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from .flags import TRAINABLE_VALUES
+from .flags import TRAINABLE_VALUES, Readiness
 from .querysets import StepQuerySet
 
 
@@ -153,6 +153,9 @@ class Trajectory(models.Model):
     channel = models.CharField(max_length=8, choices=Channel.choices, default=Channel.TRAIN)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
     reward = models.FloatField(null=True, blank=True)
+    # Who gave ``reward`` (NULL while there is none): the source a step served with its
+    # trajectory's reward says it came from (pool/services/effective_reward.py).
+    reward_source = models.CharField(max_length=8, null=True, blank=True)  # noqa: DJ001
     # Next free step_index. Only ever raised: by the claim of a proxied call (step_count + n,
     # under the row lock) and by the batch effects (the max of stored and written), both in
     # pool/ingest/backends.py, so concurrent writers never lose or reuse an index.
@@ -203,6 +206,13 @@ class Step(models.Model):
         MODEL = "model", "model"
         HUMAN = "human", "human"
 
+    class RewardScope(models.TextChoices):
+        STEP = "step", "step"  # the step's own reward
+        BRANCH = "branch", "branch"  # the last rewarded step of its branch
+        TRAJECTORY = "trajectory", "trajectory"  # its trajectory's reward
+        # (a dataset with reward_assignment "last_step" serves the other steps 0 with
+        # scope "none"; never stored)
+
     class TokenSource(models.TextChoices):
         CLIENT = "client", "client"  # white-box agent submitted the ids
         UPSTREAM = "upstream", "upstream"  # inference server returned them (exact)
@@ -233,6 +243,16 @@ class Step(models.Model):
     reward_status = models.CharField(max_length=8, choices=RewardStatus.choices, default=RewardStatus.PENDING)
     # NULL (not "") = no reward source yet; the API distinguishes null from a value.
     reward_source = models.CharField(max_length=8, choices=RewardSource.choices, null=True, blank=True)  # noqa: DJ001
+    # The effective reward: what every reader serves (datasets, formats, snapshots, the API,
+    # pages), defined once in pool/services/effective_reward.py: the step's own reward, else
+    # its branch's (the own final reward of the branch's last rewarded step), else its
+    # trajectory's; NULL while there is none. Denormalised (kept by the write pipeline's
+    # effects, rewards and completions) so a filter or a batch reads one column, no join.
+    effective_reward = models.FloatField(null=True, blank=True)
+    reward_scope = models.CharField(max_length=10, choices=RewardScope.choices, null=True, blank=True)  # noqa: DJ001
+    effective_reward_source = models.CharField(  # noqa: DJ001 - null = no effective reward
+        max_length=8, choices=RewardSource.choices, null=True, blank=True
+    )
 
     policy_version = models.ForeignKey(
         PolicyVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False
@@ -327,6 +347,7 @@ class Step(models.Model):
                     "label",
                     "reward",
                     "reward_status",
+                    "effective_reward",
                     "token_source",
                     "prompt_len",
                     "seq_len",
@@ -345,6 +366,12 @@ class Step(models.Model):
     @property
     def response_len(self) -> int:
         return self.seq_len - self.prompt_len
+
+    @property
+    def effective_reward_status(self) -> str:
+        """ "final" when the effective reward is final (the REWARD_FINAL readiness bit:
+        pool/services/effective_reward.py), else "pending"."""
+        return "final" if self.readiness & Readiness.REWARD_FINAL else "pending"
 
 
 class RewardEvent(models.Model):

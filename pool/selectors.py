@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Max, Q, Sum
 from django.db.models.functions import Length
 
 from . import flags, tokens
-from .flags import READY
+from .flags import READY, Readiness
 from .models import Event, Feedback, MergeResult, PolicyVersion, PromptGroup, Step, Trajectory
+
+REWARD_FINAL = int(Readiness.REWARD_FINAL)
 
 
 def steps_render(steps: Sequence[Step]) -> list[dict[str, Any]]:
@@ -42,15 +44,18 @@ def steps_render(steps: Sequence[Step]) -> list[dict[str, Any]]:
                     if s.rollout_logprobs is not None
                     else None
                 ),
-                "reward": s.reward,
-                "reward_source": s.reward_source,
+                # The effective reward (pool/services/effective_reward.py): its own, else
+                # its branch's, else its trajectory's; reward_scope says which.
+                "reward": s.effective_reward,
+                "reward_source": s.effective_reward_source,
                 "policy_version": s.policy_version_id,
                 "is_last": s.is_last,
                 "finish_reason": s.finish_reason,
                 "messages": s.messages,
                 "response_text": s.response_text,
                 "metadata": s.metadata,
-                "reward_status": s.reward_status,
+                "reward_status": "final" if s.readiness & REWARD_FINAL else "pending",
+                "reward_scope": s.reward_scope,
                 "token_source": s.token_source,
                 "drift": s.drift,
                 "drift_offset": s.drift_offset,
@@ -66,6 +71,22 @@ def steps_render(steps: Sequence[Step]) -> list[dict[str, Any]]:
     return out
 
 
+def branch_ends(trajectory_ids: Iterable[int]) -> set[tuple[str, int, int]]:
+    """(trajectory uid, branch, step_index) of the last step of each branch of these
+    trajectories: the steps a ``last_step`` reward assignment rewards
+    (pool/services/effective_reward.py ``assign``). One query."""
+    ids = list(set(trajectory_ids))
+    if not ids:
+        return set()
+    return {
+        (uid, branch, last)
+        for uid, branch, last in Step.objects.filter(trajectory_id__in=ids)
+        .values_list("trajectory__uid", "branch")
+        .annotate(last=Max("step_index"))
+        .values_list("trajectory__uid", "branch", "last")
+    }
+
+
 def trajectory_render(t: Trajectory) -> dict[str, Any]:
     return {
         "uid": t.uid,
@@ -73,6 +94,7 @@ def trajectory_render(t: Trajectory) -> dict[str, Any]:
         "channel": t.channel,
         "status": t.status,
         "reward": t.reward,
+        "reward_source": t.reward_source,
         "step_count": t.step_count,
         "policy_version": t.policy_version_id,
         "metadata": t.metadata,

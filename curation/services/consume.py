@@ -28,7 +28,8 @@ from pool import live
 from pool.errors import Conflict, InvalidInput, NotFound
 from pool.ingest import backends
 from pool.models import PolicyVersion, PromptGroup, Step, Trajectory
-from pool.selectors import steps_render
+from pool.selectors import branch_ends, steps_render
+from pool.services import effective_reward
 
 from ..formats import RENDERERS
 from ..models import Consumer, Dataset, Delivery, Lease, Skip
@@ -413,6 +414,11 @@ def _render(lease: Lease, ds: Dataset, who: Consumer, c: Compiled, taken: dict[i
     if current is None:
         current = PolicyVersion.objects.filter(is_current=True).values_list("version", flat=True).first()
     rows = steps_render(steps)
+    assignment = c.spec.grouping.reward_assignment
+    if assignment != effective_reward.EACH_STEP:
+        effective_reward.assign(
+            rows, mode=assignment, branch_ends=branch_ends({s.trajectory_id for s in steps})
+        )
     versions: Counter[int | None] = Counter()
     for s, row in zip(steps, rows, strict=True):
         row["mask"] = taken[s.id]
@@ -436,9 +442,11 @@ def _render(lease: Lease, ds: Dataset, who: Consumer, c: Compiled, taken: dict[i
         "masked_steps": sum(1 for s in steps if taken[s.id]),
         # Units this pull dropped for the consumer, by reason (specs.Serving; Skip.Reason).
         "dropped": {r.label: getattr(lease, "dropped", {}).get(r.label, 0) for r in Skip.Reason},
-        "policy_versions": {
-            str(v): n for v, n in sorted(versions.items(), key=lambda x: (x[0] is None, x[0] or 0))
-        },
+        # Steps per policy version (JSON keys are strings); steps without one are counted
+        # apart, never under a "None" key.
+        "policy_versions": {str(v): versions[v] for v in sorted(v for v in versions if v is not None)},
+        "steps_without_policy_version": versions.get(None, 0),
+        "reward_assignment": assignment,
         "current_policy_version": current,
         "staleness": {"min": min(staleness), "max": max(staleness)} if staleness else None,
         "content_hash": hashlib.sha256(payload).hexdigest(),

@@ -33,6 +33,8 @@ from django.utils import timezone
 from pool import flags, live, tokens
 from pool.errors import InvalidInput, NotFound
 from pool.models import Feedback, Step
+from pool.selectors import branch_ends
+from pool.services import effective_reward
 from pool.tasks import enqueue_on_commit
 
 from ..models import Dataset, Snapshot, StepTag
@@ -55,6 +57,7 @@ COLUMNS = (
     "rollout_logprobs",
     "reward",
     "reward_source",
+    "reward_scope",
     "policy_version",
     "token_source",
     "drift",
@@ -81,6 +84,7 @@ PARQUET_SCHEMA = pa.schema(
         ("rollout_logprobs", pa.list_(pa.float64())),
         ("reward", pa.float64()),
         ("reward_source", pa.string()),
+        ("reward_scope", pa.string()),
         ("policy_version", pa.int64()),
         ("token_source", pa.string()),
         ("drift", pa.bool_()),
@@ -249,7 +253,9 @@ def _write(
     with tempfile.TemporaryFile() as jsonl, tempfile.TemporaryFile() as parquet:
         writer = pq.ParquetWriter(parquet, PARQUET_SCHEMA)  # leaves the handle open
         try:
-            for n, chunk in enumerate(_chunks(snap.step_ids or [], masked, chunk_size), start=1):
+            for n, chunk in enumerate(
+                _chunks(snap.step_ids or [], masked, chunk_size, _assignment(snap)), start=1
+            ):
                 for row in chunk.rows:
                     line = orjson.dumps(row, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY) + b"\n"
                     jsonl.write(line)
@@ -296,8 +302,10 @@ _STEP_FIELDS = (
     "step_index",
     "prompt_len",
     "rollout_logprobs",
-    "reward",
-    "reward_source",
+    "effective_reward",
+    "effective_reward_source",
+    "reward_scope",
+    "branch",
     "policy_version_id",
     "token_source",
     "drift",
@@ -306,6 +314,11 @@ _STEP_FIELDS = (
     "label",
     "metadata",
 )
+
+
+def _assignment(snap: Snapshot) -> str:
+    """The snapshot's dataset version's ``grouping.reward_assignment``."""
+    return spec_parse(snap.dataset_version.spec).grouping.reward_assignment
 
 
 class _Chunk:
@@ -322,7 +335,7 @@ class _Chunk:
         self.logprobs: list[bytes | None] = []
 
 
-def _chunks(step_ids: list[int], masked: set[int], size: int) -> Iterator[_Chunk]:
+def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: str) -> Iterator[_Chunk]:
     """The frozen steps, rendered, ``size`` at a time in id order (keyset: id > the last).
 
     Each row holds exactly what pool.selectors.steps_render gives for the written fields
@@ -358,6 +371,7 @@ def _chunks(step_ids: list[int], masked: set[int], size: int) -> Iterator[_Chunk
             feedback.setdefault(("s", sid) if sid is not None else ("t", tid), []).append(f)
         full = tokens.load_sequences(ids)
         chunk = _Chunk()
+        branches: list[int] = []
         for (
             sid,
             uid,
@@ -369,6 +383,8 @@ def _chunks(step_ids: list[int], masked: set[int], size: int) -> Iterator[_Chunk
             lp,
             reward,
             reward_source,
+            reward_scope,
+            branch,
             policy_version,
             token_source,
             drift,
@@ -395,8 +411,10 @@ def _chunks(step_ids: list[int], masked: set[int], size: int) -> Iterator[_Chunk
                     "rollout_logprobs": (
                         np.frombuffer(lp, dtype=tokens.LOGPROB_DTYPE) if lp is not None else None
                     ),
+                    # The effective reward (pool/services/effective_reward.py).
                     "reward": reward,
                     "reward_source": reward_source,
+                    "reward_scope": reward_scope,
                     "policy_version": policy_version,
                     "token_source": token_source,
                     "drift": drift,
@@ -410,6 +428,10 @@ def _chunks(step_ids: list[int], masked: set[int], size: int) -> Iterator[_Chunk
                     "metadata": metadata,
                 }
             )
+            branches.append(branch)
+        if assignment != effective_reward.EACH_STEP:
+            ends = branch_ends(trajs)
+            effective_reward.assign(chunk.rows, mode=assignment, branch_ends=ends, branches=branches)
         yield chunk
         last = ids[-1]
 
@@ -479,7 +501,9 @@ class _Stats:
             "response_tokens": self.response_tokens,
             "mean_prompt_tokens": self.prompt_tokens / n,
             "mean_response_tokens": self.response_tokens / n,
+            # Steps per policy version; steps without one apart, never under a "None" key.
             "policy_versions": {
-                str(v): c for v, c in sorted(self.versions.items(), key=lambda x: (x[0] is None, x[0] or 0))
+                str(v): self.versions[v] for v in sorted(v for v in self.versions if v is not None)
             },
+            "steps_without_policy_version": self.versions.get(None, 0),
         }

@@ -88,8 +88,7 @@ class StepAdmin(admin.ModelAdmin):
         "trajectory",
         "step_index",
         "seq_len",
-        "reward",
-        "reward_status",
+        "reward_display",
         "readiness_display",
         "quality_display",
         "label",
@@ -104,7 +103,8 @@ class StepAdmin(admin.ModelAdmin):
         TagFilter,
         FeedbackFilter,
         "reward_status",
-        "reward_source",
+        "reward_scope",
+        "effective_reward_source",
         "token_source",
         "drift",
         "is_last",
@@ -145,7 +145,16 @@ class StepAdmin(admin.ModelAdmin):
                 )
             },
         ),
-        ("Reward", {"fields": (("reward", "reward_status", "reward_source"), "reward_history")}),
+        (
+            "Reward",
+            {
+                "fields": (
+                    ("reward_display", "effective_reward_source"),
+                    ("reward", "reward_status", "reward_source"),
+                    "reward_history",
+                )
+            },
+        ),
         ("Prompt", {"fields": (("prompt_text", "prompt_ids"),)}),
         ("Response", {"fields": (("response_text_display", "response_ids"), ("finish_reason", "is_last"))}),
         (
@@ -188,6 +197,10 @@ class StepAdmin(admin.ModelAdmin):
         return False  # retention deletes steps; the audit rows cascade with them
 
     # --- list columns --------------------------------------------------------------------------
+    @admin.display(description="reward (scope)", ordering="effective_reward")
+    def reward_display(self, obj: Step) -> str:
+        return reward_text(obj)
+
     @admin.display(description="readiness", ordering="readiness")
     def readiness_display(self, obj: Step) -> str:
         return readiness_text(obj.readiness)
@@ -344,7 +357,15 @@ class StepInlineFormSet(BaseInlineFormSet):
 class StepInline(admin.TabularInline):
     model = Step
     formset = StepInlineFormSet
-    fields = ("step_index", "uid", "readiness_display", "quality_display", "reward", "label", "excerpt")
+    fields = (
+        "step_index",
+        "uid",
+        "readiness_display",
+        "quality_display",
+        "reward_display",
+        "label",
+        "excerpt",
+    )
     readonly_fields = fields
     ordering = ("step_index",)
     extra = 0
@@ -356,7 +377,17 @@ class StepInline(admin.TabularInline):
         return (
             super()
             .get_queryset(request)
-            .only("id", "trajectory_id", "step_index", "uid", "readiness", "quality_flags", "reward", "label")
+            .only(
+                "id",
+                "trajectory_id",
+                "step_index",
+                "uid",
+                "readiness",
+                "quality_flags",
+                "effective_reward",
+                "reward_scope",
+                "label",
+            )
             .annotate(_excerpt=Substr("response_text", 1, EXCERPT_CHARS + 1))
         )
 
@@ -374,12 +405,24 @@ class StepInline(admin.TabularInline):
     def quality_display(self, obj: Step) -> str:
         return quality_text(obj.quality_flags)
 
+    @admin.display(description="reward (scope)")
+    def reward_display(self, obj: Step) -> str:
+        return reward_text(obj)
+
     @admin.display(description="response")
     def excerpt(self, obj: Step) -> str:
         text = obj._excerpt  # type: ignore[attr-defined]
         if text is None:
             return "text unknown"
         return text if len(text) <= EXCERPT_CHARS else text[:EXCERPT_CHARS] + "…"
+
+
+def reward_text(step: Step) -> str:
+    """A step's effective reward and where it came from (pool/services/effective_reward.py):
+    "1.0 (trajectory)", or "–" while there is none."""
+    if step.effective_reward is None:
+        return "–"
+    return f"{step.effective_reward:g} ({step.reward_scope})"
 
 
 @admin.register(Trajectory)

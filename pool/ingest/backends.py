@@ -142,9 +142,11 @@ def trajectories_after_write(updates: Sequence[tuple[int, int, int, bool]]) -> N
 # UPDATE ... FROM v`` runs on PostgreSQL and on SQLite >= 3.33. Rows whose value does not
 # change are not rewritten (a rewrite copies the whole row and its index entries).
 def steps_reward_set(rows: Sequence[tuple[int, float | None, str, str | None]]) -> None:
-    """(step id, reward, reward_status, reward_source) in one statement. A final reward
-    also sets the step's REWARD_FINAL readiness bit; the caller recomputes the readiness of
-    steps whose reward went back to pending (their trajectory may still supply the bit)."""
+    """(step id, reward, reward_status, reward_source) in one statement. The step's own
+    reward is its effective reward (pool/services/effective_reward.py); a final one also sets
+    its REWARD_FINAL readiness bit. The caller recomputes the effective rewards and readiness
+    of the trajectories (the other steps of a branch take a final reward too, and a reward
+    back to pending clears the bit)."""
     if not rows:
         return
     table = connection.ops.quote_name(Step._meta.db_table)
@@ -155,6 +157,7 @@ def steps_reward_set(rows: Sequence[tuple[int, float | None, str, str | None]]) 
         WITH {cte}
         UPDATE {table} SET
             reward = v.reward, reward_status = v.status, reward_source = v.source, updated_at = %s,
+            effective_reward = v.reward, effective_reward_source = v.source, reward_scope = 'step',
             readiness = CASE WHEN v.status = 'final' THEN {table}.readiness | {int(Readiness.REWARD_FINAL)}
                              ELSE {table}.readiness END
         FROM v WHERE {table}.id = v.id
@@ -164,19 +167,21 @@ def steps_reward_set(rows: Sequence[tuple[int, float | None, str, str | None]]) 
         cur.execute(sql, [*params, now])
 
 
-def trajectories_end(rows: Sequence[tuple[int, str, bool, float | None]], now: Any) -> None:
-    """(trajectory id, status, ends now, reward) in one statement; ``completed_at`` is
-    ``now`` for those that end now."""
+def trajectories_end(rows: Sequence[tuple[int, str, bool, float | None, str | None]], now: Any) -> None:
+    """(trajectory id, status, ends now, reward, reward source) in one statement;
+    ``completed_at`` is ``now`` for those that end now."""
     if not rows:
         return
     table = connection.ops.quote_name(Trajectory._meta.db_table)
     cte, params = _rows(
-        ("id", "status", "ends", "reward"), ("bigint", "varchar", "boolean", "double precision"), rows
+        ("id", "status", "ends", "reward", "source"),
+        ("bigint", "varchar", "boolean", "double precision", "varchar"),
+        rows,
     )
     sql = f"""
         WITH {cte}
         UPDATE {table} SET
-            status = v.status, reward = v.reward, updated_at = %s,
+            status = v.status, reward = v.reward, reward_source = v.source, updated_at = %s,
             completed_at = CASE WHEN v.ends THEN %s ELSE {table}.completed_at END
         FROM v WHERE {table}.id = v.id
     """
@@ -187,20 +192,47 @@ def trajectories_end(rows: Sequence[tuple[int, str, bool, float | None]], now: A
 
 def steps_readiness_set(rows: Sequence[tuple[int, int]]) -> None:
     """(trajectory id, the bits the trajectory decides) in one statement: every step of
-    those trajectories keeps its TOKENS_EXACT bit, takes the trajectory's bits, and its own
-    final reward's REWARD_FINAL. Steps whose readiness does not change are not written."""
+    those trajectories keeps its TOKENS_EXACT bit, takes the trajectory's bits, and
+    REWARD_FINAL when its reward is final: its own final reward, or no own reward and an
+    effective one (a branch's final reward or the trajectory's: effective_reward.py, which
+    the caller refreshed first). Steps whose readiness does not change are not written."""
     if not rows:
         return
     table = connection.ops.quote_name(Step._meta.db_table)
     cte, params = _rows(("tid", "bits"), ("bigint", "integer"), rows)
     new = (
         f"(({table}.readiness & {int(Readiness.TOKENS_EXACT)}) | v.bits"
-        f" | CASE WHEN {table}.reward_status = 'final' THEN {int(Readiness.REWARD_FINAL)} ELSE 0 END)"
+        f" | CASE WHEN {table}.reward_status = 'final'"
+        f" OR ({table}.reward IS NULL AND {table}.effective_reward IS NOT NULL)"
+        f" THEN {int(Readiness.REWARD_FINAL)} ELSE 0 END)"
     )
     sql = f"""
         WITH {cte}
         UPDATE {table} SET readiness = {new}
         FROM v WHERE {table}.trajectory_id = v.tid AND {table}.readiness <> {new}
+    """
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+
+
+def steps_effective_reward_set(rows: Sequence[tuple[int, float | None, str | None, str | None]]) -> None:
+    """(step id, effective reward, its source, its scope) of steps without an own reward,
+    in one statement (pool/services/effective_reward.py decides them), with their
+    REWARD_FINAL bit: set exactly when they have an effective reward."""
+    if not rows:
+        return
+    table = connection.ops.quote_name(Step._meta.db_table)
+    cte, params = _rows(
+        ("id", "reward", "source", "scope"), ("bigint", "double precision", "varchar", "varchar"), rows
+    )
+    rf = int(Readiness.REWARD_FINAL)
+    sql = f"""
+        WITH {cte}
+        UPDATE {table} SET
+            effective_reward = v.reward, effective_reward_source = v.source, reward_scope = v.scope,
+            readiness = CASE WHEN v.reward IS NOT NULL THEN {table}.readiness | {rf}
+                             ELSE {table}.readiness & {~rf & 0xFFFF} END
+        FROM v WHERE {table}.id = v.id
     """
     with connection.cursor() as cur:
         cur.execute(sql, params)

@@ -101,7 +101,11 @@ STEP_FIELDS: tuple[str, ...] = StepWire.__struct_fields__
 REQUIRED_FIELDS: frozenset[str] = frozenset(f.name for f in msgspec.structs.fields(StepWire) if f.required)
 # Set by the pool, never by the client: what a read adds to the write fields.
 SERVER_FIELDS: tuple[str, ...] = (
+    # "reward" and "reward_source" read back the effective reward (its own, else its
+    # branch's, else its trajectory's: pool/services/effective_reward.py); its status and
+    # where it came from:
     "reward_status",
+    "reward_scope",
     "token_source",
     "drift",
     "drift_offset",

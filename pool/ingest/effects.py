@@ -104,7 +104,8 @@ def apply(written: StepsWritten) -> None:
     if not written.counted:
         _count(written)
     _anchor(written)
-    _outcome_rewards(written)
+    rewarded = _outcome_rewards(written)
+    _effective_rewards(written, done=rewarded)
     _readiness(written)
     _complete_groups(written)
     _computed_rewards(written)
@@ -154,7 +155,7 @@ def _complete_groups(written: StepsWritten) -> None:
         groups_check_complete(group_ids=groups)  # type: ignore[arg-type]
 
 
-def _outcome_rewards(written: StepsWritten) -> None:
+def _outcome_rewards(written: StepsWritten) -> set[int]:
     """A trajectory ended by a last step with a final reward of its own, but without a
     reward itself, takes that reward as the trajectory's (audited, through rewards_apply)
     when some of its steps have no final reward: the outcome reward of Claw-R1's flows,
@@ -163,7 +164,7 @@ def _outcome_rewards(written: StepsWritten) -> None:
     trajectory whose every step is rewarded (W-ingest) is left as it is."""
     last = [s.id for s in written.steps if s.is_last and s.reward_final]
     if not last:
-        return
+        return set()
     from django.db.models import Exists, OuterRef
 
     from ..models import Step
@@ -176,7 +177,7 @@ def _outcome_rewards(written: StepsWritten) -> None:
         Step.objects.filter(id__in=last, trajectory__reward__isnull=True, reward__isnull=False)
         .filter(Exists(unrewarded))
         .order_by("trajectory_id")
-        .values_list("trajectory__uid", "reward", "reward_source", "uid")
+        .values_list("trajectory__uid", "reward", "reward_source", "uid", "trajectory_id")
     )
     if rows:
         rewards_apply(
@@ -187,10 +188,11 @@ def _outcome_rewards(written: StepsWritten) -> None:
                     source=src or Step.RewardSource.ENV,
                     metadata={"from_last_step": uid},
                 )
-                for t, r, src, uid in rows
+                for t, r, src, uid, _tid in rows
             ],
             source_id=written.source_id,
         )
+    return {row[4] for row in rows}
 
 
 def _computed_rewards(written: StepsWritten) -> None:
@@ -205,15 +207,47 @@ def _computed_rewards(written: StepsWritten) -> None:
             tasks.enqueue_on_commit(tasks.trajectory_rewards_compute, tid)
 
 
-def _readiness(written: StepsWritten) -> None:
-    # A trajectory this write created has no steps but these, and a batch writes their rows
-    # with the bits it knows (pipeline._known_readiness): only older rows need a rewrite.
+def _effective_rewards(written: StepsWritten, *, done: set[int]) -> None:
+    """A final reward written on a step becomes the effective reward of the steps of its
+    branch that have none (pool/services/effective_reward.py): refreshed for the
+    trajectories where such steps may exist (the write holds one, or the trajectory had
+    steps before it), unless readiness settles them anyway. No query for a write without a
+    rewarded step (every proxied call), nor for a batch whose trajectories it creates with
+    every step rewarded (W-ingest). ``done``: trajectories the outcome rewards refreshed."""
+    rewarded = {s.trajectory_id for s in written.steps if s.reward_final}
+    if not rewarded:
+        return
+    unrewarded = {s.trajectory_id for s in written.steps if not s.reward_final}
+    settled = _settled(written)
+    refresh = {
+        tid
+        for tid in rewarded
+        if tid not in settled
+        and tid not in done
+        and (tid in unrewarded or not written.trajectories[tid].created)
+    }
+    if refresh:
+        from ..services.effective_reward import steps_refresh
+
+        steps_refresh(trajectory_ids=refresh)
+
+
+def _settled(written: StepsWritten) -> set[int]:
+    """The trajectories whose readiness (and so effective rewards) ``_readiness`` settles:
+    those this write ends, or that had ended. A trajectory this write created has no steps
+    but these, and a batch writes their rows with the bits it knows
+    (pipeline._known_readiness): only older rows need a rewrite."""
     ended = {
         s.trajectory_id
         for s in written.steps
         if s.is_last and not written.trajectories[s.trajectory_id].created
     }
     ended.update(t.id for t in written.trajectories.values() if t.ended)
+    return ended
+
+
+def _readiness(written: StepsWritten) -> None:
+    ended = _settled(written)
     if ended:
         from ..services.readiness import trajectories_settle
 

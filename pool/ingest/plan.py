@@ -158,6 +158,13 @@ def step_row(
             reward=s.reward,
             reward_status=Step.RewardStatus.FINAL if s.reward is not None else Step.RewardStatus.PENDING,
             reward_source=(s.reward_source or Step.RewardSource.ENV) if s.reward is not None else None,
+            # Its own reward is its effective one; a step without one gets its branch's or its
+            # trajectory's from the effects (pool/services/effective_reward.py).
+            effective_reward=s.reward,
+            effective_reward_source=(s.reward_source or Step.RewardSource.ENV)
+            if s.reward is not None
+            else None,
+            reward_scope=Step.RewardScope.STEP if s.reward is not None else None,
             policy_version_id=s.policy_version,
             is_last=s.is_last,
             finish_reason=s.finish_reason,

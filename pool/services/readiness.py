@@ -3,8 +3,10 @@
 A step's ``readiness`` bits (pool/flags.py) come from four facts:
 
 * TOKENS_EXACT and the step's own final reward: set when the row is built (plan.step_row);
-* REWARD_FINAL by a trajectory reward, TRAJECTORY_COMPLETE and GROUP_COMPLETE: decided by
-  its trajectory and group, written here by ``trajectories_refresh``.
+* REWARD_FINAL by an effective reward (its branch's or its trajectory's:
+  pool/services/effective_reward.py, refreshed first), TRAJECTORY_COMPLETE and
+  GROUP_COMPLETE: decided by its trajectory and group, written here by
+  ``trajectories_refresh``.
 
 Every change of those facts calls in here, inside the writer's transaction: the write
 pipeline's effects (a trajectory ended), rewards_apply, trajectory_complete and
@@ -32,6 +34,7 @@ from .. import live
 from ..flags import GROUP_QUALITY, Quality, Readiness
 from ..ingest import backends
 from ..models import PromptGroup, Step, Trajectory
+from . import effective_reward
 
 # Ids per statement: bounded statements on every database (SQLite caps the number of
 # parameters at 32,766); a chunk of trajectories is one SELECT and one UPDATE.
@@ -58,14 +61,13 @@ def trajectories_refresh(*, trajectory_ids: Iterable[int]) -> set[int]:
     not written). Returns the ids of their complete groups (to settle). Idempotent."""
     ids = list(set(trajectory_ids))
     complete_groups: set[int] = set()
+    effective_reward.steps_refresh(trajectory_ids=ids)
     for chunk in _chunks(ids):
         rows = []
-        for tid, status, reward, group_id, group_status in Trajectory.objects.filter(
-            id__in=chunk
-        ).values_list("id", "status", "reward", "group_id", "group__status"):
+        for tid, status, group_id, group_status in Trajectory.objects.filter(id__in=chunk).values_list(
+            "id", "status", "group_id", "group__status"
+        ):
             bits = 0
-            if reward is not None:
-                bits |= Readiness.REWARD_FINAL
             if status == Trajectory.Status.COMPLETED:
                 bits |= Readiness.TRAJECTORY_COMPLETE
             if group_id is None or group_status == PromptGroup.Status.COMPLETE:
@@ -78,19 +80,11 @@ def trajectories_refresh(*, trajectory_ids: Iterable[int]) -> set[int]:
 
 
 def rewards_settle(*, rewarded: Iterable[int], refresh: Iterable[int]) -> None:
-    """Readiness after rewards (rewards_apply): the steps' own final rewards already set
-    their bit in the reward statement; ``refresh``: trajectories whose reward changed, or
-    with a step whose reward went back to pending, are recomputed; the complete groups of
-    all of them are settled."""
-    refresh = set(refresh)
-    groups = trajectories_refresh(trajectory_ids=refresh)
-    rest = list(set(rewarded) - refresh)
-    for chunk in _chunks(rest):
-        groups.update(
-            Trajectory.objects.filter(id__in=chunk, group__status=PromptGroup.Status.COMPLETE).values_list(
-                "group_id", flat=True
-            )
-        )
+    """Readiness after rewards (rewards_apply): the trajectories whose reward changed, or
+    with a step whose reward changed (its branch's other steps take it as their effective
+    reward, or lose it when it went back to pending), are recomputed; the complete groups
+    of all of them are settled."""
+    groups = trajectories_refresh(trajectory_ids=set(refresh) | set(rewarded))
     groups_settle(group_ids=groups)
 
 
@@ -245,9 +239,13 @@ def _stale_trajectories() -> list[int]:
     trajectories' bits matter (no step of another is ready, whatever its bits say), so only
     they are checked, plus a completion bit on a trajectory that is not completed."""
     completed = Q(trajectory__status=Trajectory.Status.COMPLETED)
+    unrewarded = Q(reward__isnull=True)
     wrong = (
         Q(complete_bit=0)
-        | (Q(trajectory__reward__isnull=False) & Q(reward_bit=0))
+        # no own reward: the bit must follow the effective reward, which a trajectory
+        # reward always supplies
+        | (unrewarded & Q(effective_reward__isnull=False) & Q(reward_bit=0))
+        | (unrewarded & Q(effective_reward__isnull=True) & Q(trajectory__reward__isnull=False))
         | (
             (Q(trajectory__group__isnull=True) | Q(trajectory__group__status=PromptGroup.Status.COMPLETE))
             & Q(group_bit=0)

@@ -51,7 +51,7 @@ def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> l
         t.uid: t
         for t in Trajectory.objects.select_for_update()
         .filter(uid__in=traj_uids)
-        .only("id", "uid", "reward")
+        .only("id", "uid", "reward", "reward_source")
         .order_by("id")
     }
     events: list[RewardEvent] = []
@@ -76,7 +76,7 @@ def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> l
             if traj.reward == r.reward:
                 continue
             events.append(RewardEvent(trajectory_id=traj.id, old_reward=traj.reward, **_audit(r, source_id)))
-            traj.reward = r.reward
+            traj.reward, traj.reward_source = r.reward, r.source
             changed_trajs[traj.id] = traj
     # One statement per table (not per row), then the audit rows.
     now = timezone.now()
@@ -85,10 +85,12 @@ def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> l
         backends.steps_reward_set(rows[start : start + 1000])
     for traj in changed_trajs.values():
         traj.updated_at = now
-    Trajectory.objects.bulk_update(changed_trajs.values(), ["reward", "updated_at"], batch_size=500)
+    Trajectory.objects.bulk_update(
+        changed_trajs.values(), ["reward", "reward_source", "updated_at"], batch_size=500
+    )
     backends.rows_insert(events)
-    # Readiness follows: a final step reward set its own bit in the statement above; a
-    # trajectory reward, or a reward back to pending, needs its trajectory recomputed.
+    # Effective rewards and readiness follow (pool/services/effective_reward.py): a step
+    # reward reaches its branch's unrewarded steps, a trajectory reward every step without one.
     rewards_settle(
         rewarded={st.trajectory_id for st in changed_steps.values()},
         refresh=set(changed_trajs)

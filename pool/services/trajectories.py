@@ -154,7 +154,7 @@ def trajectories_complete(
                     source_id=source_id,
                 )
             )
-            traj.reward = c.reward
+            traj.reward, traj.reward_source = c.reward, c.reward_source
             changed[traj.id] = traj
     if ending:
         # The last stored step of each ending trajectory becomes its is_last step.
@@ -165,8 +165,8 @@ def trajectories_complete(
         Step.objects.filter(
             trajectory_id__in=ending, is_last=False, step_index=Subquery(last_index.values("step_index")[:1])
         ).update(is_last=True, updated_at=now)
-    rows = [(t.id, t.status, t.id in set(ending), t.reward) for t in changed.values()]
-    for i in range(0, len(rows), 1000):  # 4 parameters a row: within SQLite's limit
+    rows = [(t.id, t.status, t.id in set(ending), t.reward, t.reward_source) for t in changed.values()]
+    for i in range(0, len(rows), 1000):  # 5 parameters a row: within SQLite's limit
         backends.trajectories_end(rows[i : i + 1000], now)
     backends.rows_insert(events)
     ended = set(ending)

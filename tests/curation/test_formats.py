@@ -193,6 +193,8 @@ def _row(uid: str, prompt: list[int], response: list[int], *, reward, logprobs) 
         "response_ids": np.array(response, dtype=np.int32),
         "rollout_logprobs": logprobs,
         "reward": reward,
+        "reward_scope": "step" if reward is not None else None,
+        "reward_source": "env" if reward is not None else None,
         "policy_version": None,
         "staleness": None,
         "mask": False,

@@ -231,8 +231,10 @@ def test_a_claw_r1_flow_and_agent_work_unmodified_through_the_gateway_url(gw):
     assert steps[1]["messages"][: len(steps[0]["messages"])] == steps[0]["messages"]
     assert steps[1]["messages"][-1]["role"] == "tool"
     # and: the last step carries is_last and the reward; the trajectory is complete
-    assert (steps[0]["is_last"], steps[0]["reward"]) == (False, None)
+    # and: the earlier step is served the outcome as its branch's reward (its own is none)
+    assert (steps[0]["is_last"], steps[0]["reward"], steps[0]["reward_scope"]) == (False, 0.5, "branch")
     assert (steps[1]["is_last"], steps[1]["reward"], steps[1]["reward_status"]) == (True, 0.5, "final")
+    assert steps[1]["reward_scope"] == "step"
     t = trajectory_of(gw.server, gw.key, ep.trajectory_uid).json()
     assert (t["status"], t["reward"], t["prompt_group_uid"], t["metadata"]["task"]) == (
         "completed",

@@ -74,8 +74,10 @@ def test_a_claw_r1_black_box_agent_works_by_changing_only_the_gateway_url(gw):
         assert step["token_source"] == "upstream" and step["policy_version"] == 3
         assert step["prompt_group_uid"] == prompt_uid and step["drift"] is False
     # and: the last step carries is_last and the reward; the trajectory is complete
-    assert (steps[0]["is_last"], steps[0]["reward"]) == (False, None)
+    # and: the earlier step is served the outcome as its branch's reward (its own is none)
+    assert (steps[0]["is_last"], steps[0]["reward"], steps[0]["reward_scope"]) == (False, 1.0, "branch")
     assert (steps[1]["is_last"], steps[1]["reward"], steps[1]["reward_status"]) == (True, 1.0, "final")
+    assert steps[1]["reward_scope"] == "step"
     t = trajectory_of(gw.server, gw.key, traj).json()
     assert (t["status"], t["reward"], t["channel"], t["metadata"]["task"]) == (
         "completed",

@@ -226,8 +226,10 @@ def test_multi_step_agent_flow_runs_unmodified_with_exact_ids_and_a_gsm8k_reward
         assert step["rollout_logprobs"] == gen["log_probs"]
         assert step["response_text"] == "6 * 7 = 42.\n#### 42"
         assert step["prompt_group_uid"] == "wb-q7" and step["metadata"]["data_source"] == "openai/gsm8k"
-    assert (steps[0]["is_last"], steps[0]["reward"]) == (False, None)
+    # and: the earlier step is served the outcome as its branch's reward (its own is none)
+    assert (steps[0]["is_last"], steps[0]["reward"], steps[0]["reward_scope"]) == (False, 1.0, "branch")
     assert (steps[1]["is_last"], steps[1]["reward"], steps[1]["reward_status"]) == (True, 1.0, "final")
+    assert steps[1]["reward_scope"] == "step"
     assert trajectory_of(gw.server, gw.key, seen["trajectory_uid"]).json()["status"] == "completed"
 
 

@@ -597,11 +597,13 @@ def test_claw_r1_complete_rejects_a_non_finite_reward_and_changes_nothing(door_o
 #   PostgreSQL 23: the same with nextval + COPY per level instead of an INSERT.
 # These rollouts carry their reward on the last step only (Claw-R1's shape), so each
 # trajectory takes it as its own (effects._outcome_rewards): SQLite +6, PostgreSQL +7 (the
-# last steps' read, the trajectory locks and update, the audit rows, readiness settled).
+# last steps' read, the trajectory locks and update, the audit rows, readiness settled),
+# and +2 for the earlier steps' effective reward, the branch's outcome
+# (pool/services/effective_reward.py: one read of the steps' reward columns, one UPDATE).
 # Independent of the number of rollouts; one more level (two statements on PostgreSQL) per
 # extra turn of one trajectory inside the same batch. The Claw-R1 door adds one SELECT: the
 # upstream texts remembered from its /generate for the batch's response ids.
-WHITE_BOX_BATCH_MAX = {"sqlite": 23, "postgresql": 30}
+WHITE_BOX_BATCH_MAX = {"sqlite": 25, "postgresql": 32}
 DOOR_EXTRA = {"claw_r1": 1}
 
 

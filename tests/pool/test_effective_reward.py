@@ -1,0 +1,216 @@
+"""The effective reward (pool/services/effective_reward.py): one definition, read by every
+reader. Each case writes a trajectory through the one write path, rewards it one of the
+ways the API allows, and compares every step's (reward, reward_scope, reward_source,
+reward-final) as a read returns it (pool.selectors.steps_render) with the definition:
+its own reward, else its branch's (the own final reward of the branch's last rewarded
+step), else its trajectory's."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import pytest
+
+from pool.flags import Readiness
+from pool.models import Step
+from pool.selectors import branch_ends, steps_render
+from pool.services import (
+    CompletionIn,
+    RewardIn,
+    rewards_apply,
+    steps_ingest,
+    trajectories_complete,
+)
+from pool.services.effective_reward import EACH_STEP, LAST_STEP, assign
+from pool.services.readiness import readiness_sweep
+from tests.pool.factories import random_ids, step_in
+
+pytestmark = pytest.mark.django_db
+
+
+@dataclass(frozen=True)
+class Case:
+    """Steps as (branch, own reward or None), in step order; then the rewards that arrive;
+    then each step's expected (reward, scope, source, final)."""
+
+    name: str
+    steps: list[tuple[int, float | None]]
+    expected: list[tuple[float | None, str | None, str | None, bool]]
+    complete: float | None = None  # POST /complete {"reward": r} (None: complete without one)
+    complete_source: str = "env"
+    late: dict[int, tuple[float, str, bool]] = field(default_factory=dict)  # index -> (reward, source, final)
+    ended: bool = True
+
+
+CASES = [
+    Case(
+        "every step its own",
+        steps=[(0, 0.1), (0, 0.2), (0, 0.3)],
+        expected=[(0.1, "step", "env", True), (0.2, "step", "env", True), (0.3, "step", "env", True)],
+    ),
+    Case(
+        "last step only (Claw-R1): the others take the branch's",
+        steps=[(0, None), (0, None), (0, 1.0)],
+        expected=[(1.0, "branch", "env", True), (1.0, "branch", "env", True), (1.0, "step", "env", True)],
+    ),
+    Case(
+        "trajectory reward at completion",
+        steps=[(0, None), (0, None)],
+        complete=0.75,
+        expected=[(0.75, "trajectory", "env", True), (0.75, "trajectory", "env", True)],
+    ),
+    Case(
+        "a human trajectory reward says human",
+        steps=[(0, None)],
+        complete=0.5,
+        complete_source="human",
+        expected=[(0.5, "trajectory", "human", True)],
+    ),
+    Case(
+        "own beats branch beats trajectory",
+        steps=[(0, 0.2), (0, None), (0, 0.9), (1, None)],
+        complete=-1.0,
+        expected=[
+            (0.2, "step", "env", True),
+            (0.9, "branch", "env", True),
+            (0.9, "step", "env", True),
+            (-1.0, "trajectory", "env", True),  # branch 1 has no rewarded step
+        ],
+    ),
+    Case(
+        "each branch its own last reward",
+        steps=[(0, None), (0, 1.0), (1, None), (1, 0.0)],
+        expected=[
+            (1.0, "branch", "env", True),
+            (1.0, "step", "env", True),
+            (0.0, "branch", "env", True),
+            (0.0, "step", "env", True),
+        ],
+    ),
+    Case(
+        "late reward on the last step by POST /rewards",
+        steps=[(0, None), (0, None)],
+        late={1: (0.4, "rule", True)},
+        expected=[(0.4, "branch", "rule", True), (0.4, "step", "rule", True)],
+    ),
+    Case(
+        "a provisional own reward is served as its own but is not final, nor reaches the branch",
+        steps=[(0, None), (0, None)],
+        late={1: (0.3, "model", False)},
+        expected=[(None, None, None, False), (0.3, "step", "model", False)],
+    ),
+    Case(
+        "nothing rewarded: no reward at all",
+        steps=[(0, None), (0, None)],
+        expected=[(None, None, None, False), (None, None, None, False)],
+    ),
+    Case(
+        "a running trajectory shows its branch reward already",
+        steps=[(0, None), (0, 0.6)],
+        ended=False,
+        expected=[(0.6, "branch", "env", True), (0.6, "step", "env", True)],
+    ),
+]
+
+
+def _write(case: Case, traj: str) -> None:
+    rng = random.Random(7)
+    ctx = random_ids(rng, 16)
+    batch = []
+    for i, (branch, reward) in enumerate(case.steps):
+        response = random_ids(rng, 4)
+        batch.append(
+            step_in(
+                traj, i, prompt=list(ctx), response=response, branch=branch, reward=reward, policy_version=1
+            )
+        )
+        ctx = ctx + response
+    steps_ingest(steps=batch)
+    for index, (reward, source, final) in case.late.items():
+        rewards_apply(
+            rewards=[RewardIn(reward=reward, step_uid=f"{traj}:{index}", source=source, final=final)]
+        )
+    if case.ended:
+        trajectories_complete(
+            completions=[CompletionIn(uid=traj, reward=case.complete, reward_source=case.complete_source)]
+        )
+
+
+def _served(traj: str) -> list[tuple]:
+    steps = list(Step.objects.with_context().filter(trajectory__uid=traj).order_by("step_index"))
+    rows = steps_render(steps)
+    return [(r["reward"], r["reward_scope"], r["reward_source"], r["reward_status"] == "final") for r in rows]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_each_step_is_served_its_effective_reward(case: Case):
+    # given/when: the trajectory written and rewarded as the case says
+    _write(case, "t")
+    # then: every step's read is the definition's, and its REWARD_FINAL bit agrees
+    assert _served("t") == case.expected
+    bits = list(
+        Step.objects.filter(trajectory__uid="t").order_by("step_index").values_list("readiness", flat=True)
+    )
+    assert [bool(b & Readiness.REWARD_FINAL) for b in bits] == [e[3] for e in case.expected]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.ended], ids=lambda c: c.name)
+def test_the_sweep_repairs_nothing_after_the_writers(case: Case):
+    # given: a case written through the services
+    _write(case, "t")
+    before = _served("t")
+    # when: the periodic repair runs
+    out = readiness_sweep()
+    # then: it found nothing wrong, and the reads are unchanged
+    assert out["trajectories_refreshed"] == 0 and _served("t") == before
+
+
+def test_the_sweep_repairs_a_missing_effective_reward():
+    # given: a trajectory rewarded at completion whose steps lost their effective reward (a
+    # crash between the reward and its effects, simulated by clearing the columns)
+    _write(CASES[2], "t")
+    Step.objects.filter(trajectory__uid="t").update(effective_reward=None, reward_scope=None, readiness=0)
+    # when: the sweep runs
+    readiness_sweep()
+    # then: the steps are served the trajectory's reward again
+    assert [s[:2] for s in _served("t")] == [(0.75, "trajectory"), (0.75, "trajectory")]
+
+
+def test_a_later_reward_of_the_branch_replaces_an_earlier_one():
+    # given: a trajectory whose step 2 of 3 was rewarded, then its last step
+    _write(Case("x", steps=[(0, None), (0, 0.2), (0, None)], expected=[], ended=False), "t")
+    assert [s[:2] for s in _served("t")] == [(0.2, "branch"), (0.2, "step"), (0.2, "branch")]
+    rewards_apply(rewards=[RewardIn(reward=1.0, step_uid="t:2")])
+    # then: the branch's reward is its last rewarded step's
+    assert [s[:2] for s in _served("t")] == [(1.0, "branch"), (0.2, "step"), (1.0, "step")]
+
+
+def test_last_step_assignment_serves_zero_with_scope_none_to_the_other_steps():
+    # given: a trajectory of two branches rewarded at completion, with one own step reward
+    _write(
+        Case("x", steps=[(0, None), (0, 0.3), (0, None), (1, None), (1, None)], complete=1.0, expected=[]),
+        "t",
+    )
+    steps = list(Step.objects.with_context().filter(trajectory__uid="t").order_by("step_index"))
+    rows = steps_render(steps)
+    # when: served under each assignment
+    each = [dict(r) for r in rows]
+    assign(each, mode=EACH_STEP, branch_ends=branch_ends({steps[0].trajectory_id}))
+    last = [dict(r) for r in rows]
+    assign(last, mode=LAST_STEP, branch_ends=branch_ends({steps[0].trajectory_id}))
+    # then: each_step serves every effective reward; last_step the branch ends' and own ones
+    assert [(r["reward"], r["reward_scope"]) for r in each] == [
+        (0.3, "branch"),
+        (0.3, "step"),
+        (0.3, "branch"),
+        (1.0, "trajectory"),
+        (1.0, "trajectory"),
+    ]
+    assert [(r["reward"], r["reward_scope"]) for r in last] == [
+        (0.0, "none"),
+        (0.3, "step"),
+        (0.3, "branch"),
+        (0.0, "none"),
+        (1.0, "trajectory"),
+    ]
