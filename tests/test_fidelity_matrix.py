@@ -81,7 +81,7 @@ from tests.live import LiveServer, live_server, start_celery_worker, stop_proces
 
 POSTGRES = (os.environ.get("DATABASE_URL") or "").startswith("postgres")
 
-pytestmark = [pytest.mark.live, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.live, pytest.mark.timeout(900)]
 
 # --- the table --------------------------------------------------------------------------------
 # door -> the ways its rewards can arrive.
