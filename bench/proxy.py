@@ -24,6 +24,12 @@ Responses request (``instructions`` + ``input``, ``max_output_tokens``) that tra
 so the upstream does the same work; ``c1_added_p50_ms_messages`` and
 ``c1_added_p50_ms_responses`` are their p50 minus the direct chat p50.
 
+Logprobs: the gateway asks the upstream for the sampled tokens' logprobs on every call
+(CLAW_UPSTREAM_LOGPROBS, on by default), which makes the upstream's answers larger and the
+gateway parse and store more. A second gateway process with CLAW_UPSTREAM_LOGPROBS=0, before
+the same upstream, joins the c=1 alternation: ``c1_added_p50_ms_logprobs_on`` and
+``c1_added_p50_ms_logprobs_off`` are each gateway's chat p50 minus the direct p50.
+
 The load client is a minimal keep-alive HTTP/1.1 client on asyncio (uvloop) that sends
 prebuilt requests and reads Content-Length bodies, so that on a 2-core machine shared by
 the upstream, the gateway, PostgreSQL and the client, the client costs as little as
@@ -293,13 +299,15 @@ def main(argv: list[str] | None = None) -> None:
     upstream_url, upstream = start_upstream()
     print(f"demo upstream at {upstream_url} (zero latency)", flush=True)
     tmp = tempfile.TemporaryDirectory()
-    server = LiveServer(
-        Path(tmp.name),
-        {"CLAW_UPSTREAM_URL": f"{upstream_url}/v1", "CLAW_API_KEY_CACHE_SECONDS": "60"},
-        app=args.app,
+    common = {"CLAW_UPSTREAM_URL": f"{upstream_url}/v1", "CLAW_API_KEY_CACHE_SECONDS": "60"}
+    server = LiveServer(Path(tmp.name), {**common, "CLAW_UPSTREAM_LOGPROBS": "1"}, app=args.app)
+    (Path(tmp.name) / "logprobs-off").mkdir()
+    off_server = LiveServer(
+        Path(tmp.name) / "logprobs-off", {**common, "CLAW_UPSTREAM_LOGPROBS": "0"}, app=args.app
     )
     try:
         server.start()
+        off_server.start()
         db = "postgresql" if server.env.get("DATABASE_URL") else "sqlite"
         key = server.make_key("ingest", "read", name="bench-proxy")
         print(f"gateway at {server.url} (1 uvicorn process serving {args.app}, {db})", flush=True)
@@ -307,14 +315,20 @@ def main(argv: list[str] | None = None) -> None:
         gateway = Target("gateway", server.url, "/v1/chat/completions", {"authorization": f"Bearer {key}"})
         messages = Target("messages", server.url, "/v1/messages", {"x-api-key": key})
         responses = Target("responses", server.url, "/v1/responses", {"authorization": f"Bearer {key}"})
+        off_key = off_server.make_key("ingest", "read", name="bench-proxy-logprobs-off")
+        logprobs_off = Target(
+            "logprobs_off", off_server.url, "/v1/chat/completions", {"authorization": f"Bearer {off_key}"}
+        )
         n_c1 = args.c1_requests
-        bodies = make_bodies(WARMUP * 4 + n_c1 * 4 + 4096, args.prompt_chars, seed=0)
+        bodies = make_bodies(WARMUP * 5 + n_c1 * 5 + 4096, args.prompt_chars, seed=0)
         commit_ms = pg_commit_ms(server.env["DATABASE_URL"]) if db == "postgresql" else None
         if commit_ms is not None:
             print(f"PostgreSQL: a one-row INSERT + COMMIT takes {commit_ms:.2f} ms (p50) here", flush=True)
         assert server.proc is not None
         pids = {"gateway": server.proc.pid, "upstream": upstream.pid}
-        result = asyncio.run(_measure(args, direct, gateway, bodies, n_c1, pids, [messages, responses]))
+        result = asyncio.run(
+            _measure(args, direct, gateway, bodies, n_c1, pids, [messages, responses], [logprobs_off])
+        )
         result["pg_commit_p50_ms"] = commit_ms
         if args.workers_scaling:
             result.update(_workers_scaling(args, upstream_url, bodies))
@@ -340,6 +354,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(result), flush=True)
     finally:
         server.close()
+        off_server.close()
         upstream.terminate()
         upstream.wait(10)
         tmp.cleanup()
@@ -407,33 +422,43 @@ async def _measure(
     n_c1: int,
     pids: dict[str, int],
     doors: list[Target],
+    c1_only: list[Target],
 ) -> dict:
+    """``c1_only``: other chat gateways, measured at c=1 only (their calls are not counted in
+    ``_gateway_requests``, which the main gateway's stored steps are checked against)."""
     pos = 0
+    chats = {"direct", "gateway", *(t.name for t in c1_only)}  # sent the chat bodies as they are
 
     def take(k: int, target: Target) -> list[bytes]:
         nonlocal pos
         out = bodies[pos : pos + k]
         pos += k
-        return out if target.name in ("direct", "gateway") else [door_body(b, target.name) for b in out]
+        return out if target.name in chats else [door_body(b, target.name) for b in out]
 
     targets = [direct, gateway, *doors]
+    # c=1 only: the gateways with and without logprobs back to back.
+    c1_targets = [direct, gateway, *c1_only, *doors]
     gateway_requests = 0
+
+    def counted(t: Target, n: int) -> int:
+        return n if t in targets and t is not direct else 0
+
     # Warm-up: connections, imports, caches, the database's first plans.
-    for t in targets:
+    for t in c1_targets:
         await run_c1(t, take(WARMUP, t))
-        gateway_requests += WARMUP if t is not direct else 0
+        gateway_requests += counted(t, WARMUP)
     print(f"warm-up done ({WARMUP} requests each)", flush=True)
 
-    lat: dict[str, list[float]] = {t.name: [] for t in targets}
+    lat: dict[str, list[float]] = {t.name: [] for t in c1_targets}
     per_round = max(1, n_c1 // args.rounds)
     for r in range(args.rounds):
-        for t in targets:
+        for t in c1_targets:
             lat[t.name] += await run_c1(t, take(per_round, t))
             print(
                 f"c=1 round {r + 1}/{args.rounds} {t.name}: p50 {statistics.median(lat[t.name]):.2f} ms",
                 flush=True,
             )
-            gateway_requests += per_round if t is not direct else 0
+            gateway_requests += counted(t, per_round)
 
     rest = bodies[pos:]
     rest_of = {
@@ -466,6 +491,8 @@ async def _measure(
     g_rps = counts["gateway"][0] / counts["gateway"][1]
     return {
         "c1_added_p50_ms": round(g50 - d50, 3),
+        "c1_added_p50_ms_logprobs_on": round(g50 - d50, 3),
+        **{f"c1_added_p50_ms_{t.name}": round(pct(lat[t.name], 0.5) - d50, 3) for t in c1_only},
         "c1_added_p99_ms": round(g99 - d99, 3),
         "c32_direct_rps": round(d_rps, 1),
         "c32_gateway_rps": round(g_rps, 1),

@@ -327,6 +327,10 @@ if CLAW_UPSTREAM_TRANSPORT not in ("fast", "httpx"):
         f"CLAW_UPSTREAM_TRANSPORT must be fast or httpx, not {CLAW_UPSTREAM_TRANSPORT!r}"
     )
 CLAW_TOKENIZER = os.environ.get("CLAW_TOKENIZER", "")
+# Ask the upstream for the sampled tokens' logprobs on every call (the steps' rollout_logprobs;
+# the agent gets them only when it asked itself): gateway/proxy/fields.py. Off: only the
+# agent's own asks, and the other steps are flagged missing_logprobs.
+CLAW_UPSTREAM_LOGPROBS = env_bool("CLAW_UPSTREAM_LOGPROBS", True)
 # POST /v1/messages: "translate" (default) sends each call to the upstream's chat completions
 # with return_token_ids (exact ids); "passthrough" forwards it to an upstream serving
 # /v1/messages itself, whose answers carry no ids: its steps are retokenized with

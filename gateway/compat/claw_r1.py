@@ -65,10 +65,11 @@ from pool.services.reward_compute import (
 )
 
 from ..body import json_object
-from ..proxy import upstream
+from ..proxy import fields, upstream
 from ..proxy.access import authorise
 from ..proxy.db import run_db
 from ..proxy.errors import ProxyError, error_response
+from ..proxy.recording import COMPLETIONS
 from ..proxy.views import fault_event, upstream_fault
 from ..validation import parse_step_batch
 
@@ -212,8 +213,10 @@ async def submit_steps(request: HttpRequest, key: VerifiedKey) -> HttpResponse:
 async def generate(request: HttpRequest, key: VerifiedKey) -> HttpResponse:
     """``{"prompt_ids": [...], "sampling_params": {...}}`` -> ``{"token_ids", "log_probs",
     "stop_reason"}``: the upstream's ``/v1/completions`` on the token-id prompt, with
-    ``return_token_ids`` (and ``logprobs: 1`` when ``sampling_params.logprobs`` is true). The
-    ids are the upstream's own; an upstream that returns none is a 502, never a re-encoding.
+    ``return_token_ids`` and ``logprobs: 1`` (asked whether or not ``sampling_params.logprobs``
+    is, unless CLAW_UPSTREAM_LOGPROBS is off: gateway/proxy/fields.py), ``log_probs`` null
+    only when the upstream gave none. The ids are the upstream's own; an upstream that
+    returns none is a 502, never a re-encoding.
     Sampling params map as in Claw-R1: max_tokens (default CLAW_GENERATE_MAX_TOKENS),
     temperature, top_p, repetition_penalty (default 1.0 each) and model. The upstream's text
     of the ids is remembered for this source (submit_steps and compute_reward use it)."""
@@ -223,9 +226,7 @@ async def generate(request: HttpRequest, key: VerifiedKey) -> HttpResponse:
     headers = upstream.forward_headers(request.headers)
     headers["content-type"] = "application/json"
     try:
-        resp = await upstream.request(
-            "POST", "/v1/completions", content=orjson.dumps(payload), headers=headers
-        )
+        resp = await fields.request(fields.ask(COMPLETIONS, payload), "/v1/completions", headers)
     except upstream.UpstreamFault as f:
         raise await upstream_fault(f, "generate", None, key) from None
     if resp.status_code >= 400:

@@ -13,6 +13,13 @@ Contract:
   last message from the user, choice 0 calls the first tool (or the one tool_choice names):
   content null, finish_reason "tool_calls", ids = encode(compact json of the calls) + <|end|>
   (a tool call is never cut by max_tokens).
+- Logprobs, as vLLM gives them when asked: one per response id, part of the same pure
+  function (so the same in a stream's chunks as in the whole answer), in [-5, 0). Chat
+  (``logprobs: true``): ``choices[i].logprobs.content`` = [{token, logprob, bytes,
+  top_logprobs}], with ``top_logprobs: k`` (0-20) alternatives each; completions
+  (``logprobs: k``): ``tokens``, ``token_logprobs``, ``top_logprobs`` (max(k, 1) entries),
+  ``text_offset`` (from the start of the reply, across chunks too). The alternatives are made
+  up: the sampled token and others sharing the remaining probability, most likely first.
 - ``return_token_ids: true`` adds vLLM's (>= 0.10.2) fields: chat top-level ``prompt_token_ids``
   and ``choices[i].token_ids``; completions ``choices[i].prompt_token_ids`` and ``token_ids``.
   Streamed, ``prompt_token_ids`` rides on each choice's first chunk and ``token_ids`` are deltas.
@@ -47,6 +54,7 @@ import argparse
 import asyncio
 import hashlib
 import itertools
+import math
 import os
 import random
 import re
@@ -212,7 +220,7 @@ async def _detokenize(ctx: _Ctx, body: dict, send: Send) -> None:
 # --- chat completions -------------------------------------------------------------------------
 async def _chat(ctx: _Ctx, body: dict, send: Send) -> None:
     prompt = _chat_prompt(body, add_generation_prompt=True)
-    opts = _Options(body, ctx)
+    opts = _Options(body, ctx, chat=True)
     messages = body["messages"]
     judged = judge_reply(messages)
     if judged is not None:
@@ -447,7 +455,7 @@ async def _completions(ctx: _Ctx, body: dict, send: Send) -> None:
     if "prompt" not in body:
         raise HttpError(400, "prompt is required", param="prompt")
     prompt = _text_prompt(body["prompt"], add_special_tokens=True)
-    opts = _Options(body, ctx)
+    opts = _Options(body, ctx, chat=False)
     choices = [
         generate_reply(prompt, ctx.seed, i, opts.max_tokens, tool=None, loop=ctx.loop) for i in range(opts.n)
     ]
@@ -460,6 +468,7 @@ async def _completions(ctx: _Ctx, body: dict, send: Send) -> None:
     if opts.stream:
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
         plans = [_split_bounds(len(c.ids), max(1, -(-len(c.ids) // STREAM_CHUNK_TOKENS))) for c in choices]
+        offsets = [0] * len(choices)  # text_offset runs on across a choice's chunks
         for round_ in range(max(len(p) for p in plans)):
             for i, (c, plan) in enumerate(zip(choices, plans, strict=True)):
                 if round_ >= len(plan):
@@ -469,9 +478,14 @@ async def _completions(ctx: _Ctx, body: dict, send: Send) -> None:
                 choice: dict[str, Any] = {
                     "index": i,
                     "text": _tok.decode(ids),
-                    "logprobs": opts.completion_logprobs(ids, c.logprobs[a:b]) if opts.logprobs else None,
+                    "logprobs": (
+                        opts.completion_logprobs(ids, c.logprobs[a:b], start=offsets[i])
+                        if opts.logprobs
+                        else None
+                    ),
                     "finish_reason": c.finish_reason if b == len(c.ids) else None,
                 }
+                offsets[i] += sum(len(_tok.decode([t])) for t in ids)
                 if opts.return_ids:
                     if round_ == 0:
                         choice["prompt_token_ids"] = prompt
@@ -635,13 +649,27 @@ def judge_reply(messages: list) -> DemoReply | None:
         scores.append({"trajectory_id": rid, "explanation": why, "score": score})
     content = compact_json({"scores": scores})
     ids = [*_tok.encode(content), END]
-    return DemoReply(ids, [-0.01] * len(ids), content, None, "stop")
+    return DemoReply(ids, _logprobs(random.Random(content), len(ids)), content, None, "stop")
 
 
 def _logprobs(rng: random.Random, n: int) -> list[float]:
     # -5 * (1 - u) for u in [0, 1) lies in [-5, 0).
     r = rng.random
     return [-5.0 * (1.0 - r()) for _ in range(n)]
+
+
+def _top(token_id: int, logprob: float, k: int) -> list[tuple[int, float]]:
+    """The k "most likely" tokens at a position, made up: the sampled one, and k - 1 other
+    byte tokens sharing the probability left, (1 - p) / 2, (1 - p) / 4, ...; most likely first."""
+    if k <= 0:
+        return []
+    rest = math.log(-math.expm1(logprob))  # log(1 - p), finite for any logprob < 0
+    others = [(BYTE_OFFSET + (token_id - BYTE_OFFSET + j) % 256, rest - j * _LN2) for j in range(1, k)]
+    return sorted([(token_id, logprob), *others], key=lambda e: -e[1])
+
+
+_LN2 = math.log(2.0)
+MAX_TOP_LOGPROBS = 20  # vLLM's default --max-logprobs
 
 
 def _tool_to_call(tools: Any, tool_choice: Any, messages: list) -> str | None:
@@ -663,9 +691,9 @@ def _tool_to_call(tools: Any, tool_choice: Any, messages: list) -> str | None:
 class _Options:
     """The sampling-independent options of a completion request, validated."""
 
-    __slots__ = ("n", "max_tokens", "stream", "include_usage", "logprobs", "return_ids", "as_ids")
+    __slots__ = ("n", "max_tokens", "stream", "include_usage", "logprobs", "top", "return_ids", "as_ids")
 
-    def __init__(self, body: dict, ctx: _Ctx):
+    def __init__(self, body: dict, ctx: _Ctx, *, chat: bool):
         n = body.get("n", 1)
         if n is None:
             n = 1
@@ -680,6 +708,13 @@ class _Options:
         self.include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         lp = body.get("logprobs")
         self.logprobs = lp is not None and lp is not False
+        # Alternatives per token: chat top_logprobs; completions logprobs (an integer).
+        name, top = ("top_logprobs", body.get("top_logprobs")) if chat else ("logprobs", lp)
+        if top is None or type(top) is bool:
+            top = 0
+        if self.logprobs and (type(top) is not int or not 0 <= top <= MAX_TOP_LOGPROBS):
+            raise HttpError(400, f"{name} must be an integer in [0, {MAX_TOP_LOGPROBS}]", param=name)
+        self.top = top
         self.return_ids = ctx.token_ids and bool(body.get("return_token_ids"))
         self.as_ids = ctx.token_ids and bool(body.get("return_tokens_as_token_ids"))
 
@@ -687,27 +722,32 @@ class _Options:
         return f"token_id:{token_id}" if self.as_ids else _tok.token_text(token_id)
 
     def chat_logprobs(self, ids: list[int], lps: list[float]) -> list[dict]:
-        label, text, raw = self.as_ids, _tok.token_text, _tok.token_bytes
+        label, raw, k = self.token_label, _tok.token_bytes, self.top
         return [
             {
-                "token": f"token_id:{t}" if label else text(t),
+                "token": label(t),
                 "logprob": lp,
                 "bytes": raw(t),
-                "top_logprobs": [],
+                "top_logprobs": [
+                    {"token": label(a), "logprob": alp, "bytes": raw(a)} for a, alp in _top(t, lp, k)
+                ],
             }
             for t, lp in zip(ids, lps, strict=True)
         ]
 
-    def completion_logprobs(self, ids: list[int], lps: list[float]) -> dict:
-        labels = [self.token_label(t) for t in ids]
-        offsets, pos = [], 0
+    def completion_logprobs(self, ids: list[int], lps: list[float], *, start: int = 0) -> dict:
+        """``start``: the text offset of ids[0] in the reply (a stream's later chunks)."""
+        label, k = self.token_label, max(self.top, 1)
+        offsets, pos = [], start
         for t in ids:
             offsets.append(pos)
             pos += len(_tok.decode([t]))
         return {
-            "tokens": labels,
+            "tokens": [label(t) for t in ids],
             "token_logprobs": lps,
-            "top_logprobs": [{lab: lp} for lab, lp in zip(labels, lps, strict=True)],
+            "top_logprobs": [
+                {label(a): alp for a, alp in _top(t, lp, k)} for t, lp in zip(ids, lps, strict=True)
+            ],
             "text_offset": offsets,
         }
 

@@ -9,10 +9,11 @@ upstream works, so one process keeps hundreds of calls in flight. Per call:
    of a capability URL (see access.py);
 2. the trajectory is taken from the path, else X-Claw-Trajectory, else minted; its uid is
    returned in the X-Claw-Trajectory response header in every case;
-3. the body goes upstream with ``return_token_ids: true`` added;
+3. the body goes upstream asking for the exact token ids and the sampled tokens' logprobs
+   (fields.py: ``return_token_ids: true``, ``logprobs``);
 4. the answer is recorded as steps, committed, and only then returned (or, streamed, the
-   final ``data: [DONE]`` sent). vLLM's id fields are removed from what the agent receives
-   unless it asked for them itself.
+   final ``data: [DONE]`` sent). vLLM's id fields and the logprobs are taken out of what the
+   agent receives unless it asked for them itself.
 
 Faults: connection refused -> 502, timeout -> 504, an upstream 4xx/5xx is passed through
 with its body; each is stored as an Event of type ``upstream_error`` and no step is written.
@@ -27,7 +28,6 @@ from typing import Any
 
 import httpx
 import orjson
-from django.conf import settings
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
@@ -40,7 +40,7 @@ from pool.services import gateway_event_record
 from pool.services.api_keys import VerifiedKey
 
 from ..body import check_length, json_object
-from . import upstream
+from . import fields, upstream
 from .access import authorise
 from .db import run_db
 from .errors import ProxyError, error_response
@@ -51,9 +51,6 @@ log = logging.getLogger(__name__)
 
 TRAJECTORY_HEADER = "X-Claw-Trajectory"
 _PATHS = {CHAT: "/v1/chat/completions", COMPLETIONS: "/v1/completions"}
-# Upstreams (by CLAW_UPSTREAM_URL) that rejected ``return_token_ids`` as an unknown field
-# (e.g. OpenAI's own API): later calls go without it and fall back to CLAW_TOKENIZER.
-_ids_unsupported: set[str] = set()
 
 
 @csrf_exempt
@@ -186,21 +183,12 @@ async def _forward(
     request: HttpRequest, endpoint: str, ident: Identity, key: VerifiedKey, body: dict[str, Any]
 ) -> HttpResponseBase:
     headers = upstream.forward_headers(request.headers)
-    wants_ids = body.get("return_token_ids") is True
-    send = (
-        body
-        if wants_ids or settings.CLAW_UPSTREAM_URL in _ids_unsupported
-        else {**body, "return_token_ids": True}
-    )
-    content = orjson.dumps(send)
+    a = fields.ask(endpoint, body)
     path = _PATHS[endpoint]
     if body.get("stream") is True:
-        return await _stream(endpoint, ident, key, body, path, content, headers, wants_ids, request.body)
+        return await _stream(endpoint, ident, key, body, path, a, headers)
     try:
-        resp = await upstream.request("POST", path, content=content, headers=headers)
-        if resp.status_code == 400 and send is not body and _rejects_ids_field(resp.content):
-            _ids_unsupported.add(settings.CLAW_UPSTREAM_URL)
-            resp = await upstream.request("POST", path, content=request.body, headers=headers)
+        resp = await fields.request(a, path, headers)
     except upstream.UpstreamFault as f:
         raise await upstream_fault(f, endpoint, ident, key) from None
     if resp.status_code >= 400:
@@ -216,11 +204,11 @@ async def _forward(
         msg = "the upstream answered with a body that is not a JSON object"
         raise await invalid_answer(msg, endpoint, ident, key)
     outcome = await _record(endpoint, ident, key, body, answer)
-    if wants_ids:
-        out = resp.content
-    else:
-        strip_vendor_fields(answer)
+    if a.strips:  # the answer is parsed already: what the agent did not ask for goes here
+        fields.strip(answer, a)
         out = orjson.dumps(answer)
+    else:
+        out = resp.content
     response = HttpResponse(out, status=resp.status_code, content_type="application/json")
     if outcome.steps:
         response["X-Claw-Steps"] = ",".join(s.uid for s in outcome.steps)
@@ -269,29 +257,22 @@ async def _stream(
     key: VerifiedKey,
     body: dict[str, Any],
     path: str,
-    content: bytes,
+    a: fields.Ask,
     headers: dict[str, str],
-    wants_ids: bool,
-    original: bytes,
 ) -> HttpResponseBase:
     try:
-        resp = await upstream.open_stream(path, content=content, headers=headers)
-        if resp.status_code == 400 and not wants_ids and content != original:
-            raw = await _read_closed(resp)
-            if not _rejects_ids_field(raw):
-                return await _stream_error(resp.status_code, raw, endpoint, ident, key)
-            _ids_unsupported.add(settings.CLAW_UPSTREAM_URL)
-            resp = await upstream.open_stream(path, content=original, headers=headers)
+        resp, raw = await fields.open_stream(a, path, headers)
     except upstream.UpstreamFault as f:
         raise await upstream_fault(f, endpoint, ident, key) from None
-    if resp.status_code >= 400:
-        return await _stream_error(resp.status_code, await _read_closed(resp), endpoint, ident, key)
+    if raw is not None or resp.status_code >= 400:
+        raw = raw if raw is not None else await fields.read_closed(resp)
+        return await _stream_error(resp.status_code, raw, endpoint, ident, key)
     if "text/event-stream" not in resp.headers.get("content-type", ""):
         await resp.aclose()
         msg = "the upstream did not answer the stream request with an event stream"
         raise await invalid_answer(msg, endpoint, ident, key)
     response = StreamingHttpResponse(
-        _relay(resp, endpoint, ident, key, body, wants_ids), content_type="text/event-stream; charset=utf-8"
+        _relay(resp, endpoint, ident, key, body, a), content_type="text/event-stream; charset=utf-8"
     )
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
@@ -304,7 +285,7 @@ async def _relay(
     ident: Identity,
     key: VerifiedKey,
     body: dict[str, Any],
-    wants_ids: bool,
+    a: fields.Ask,
 ) -> AsyncIterator[bytes]:
     """Relay the upstream's events one by one; at ``[DONE]``, record, then send ``[DONE]``.
     A stream that breaks, errors or ends without ``[DONE]`` records an Event, not a step,
@@ -335,8 +316,8 @@ async def _relay(
                 yield b"data: " + data + b"\n\n"
                 return
             acc.add(chunk)
-            if not wants_ids:
-                strip_vendor_fields(chunk)
+            if a.strips:  # each chunk is parsed already: what the agent did not ask for goes here
+                fields.strip(chunk, a)
                 data = orjson.dumps(chunk)
             yield b"data: " + data + b"\n\n"
     except httpx.HTTPError as exc:
@@ -369,34 +350,12 @@ async def _stream_error(
     return _passthrough_error(status, raw)
 
 
-async def _read_closed(resp: httpx.Response) -> bytes:
-    try:
-        return await resp.aread()
-    except httpx.HTTPError:
-        return b""
-    finally:
-        await resp.aclose()
-
-
 def _error_event(status: int, message: str, code: str) -> bytes:
     err = orjson.loads(error_response(status, message, code=code).content)
     return b"data: " + orjson.dumps(err) + b"\n\n"
 
 
 # --- shared -----------------------------------------------------------------------------------
-def strip_vendor_fields(answer: dict[str, Any]) -> None:
-    """Remove vLLM's token-id fields (in place) from an answer or a stream chunk."""
-    answer.pop("prompt_token_ids", None)
-    for choice in answer.get("choices") or ():
-        if isinstance(choice, dict):
-            choice.pop("prompt_token_ids", None)
-            choice.pop("token_ids", None)
-
-
-def _rejects_ids_field(raw: bytes) -> bool:
-    return b"return_token_ids" in raw
-
-
 def _passthrough_error(status: int, raw: bytes) -> HttpResponse:
     """An upstream error answer: its JSON body as is (scrubbed of the upstream key), or a
     non-JSON body wrapped in OpenAI's error shape."""

@@ -27,6 +27,14 @@ def upstream_ids(
     return r.json()
 
 
+def upstream_received(upstream: str, name: str) -> list[dict[str, Any]]:
+    """The bodies the demo upstream was sent with the header ``x-test-record: NAME``, in
+    arrival order (tests/gateway/upstream_harness.py)."""
+    r = httpx.get(f"{upstream.removesuffix('/v1')}/test/received/{name}", timeout=30)
+    r.raise_for_status()
+    return r.json()
+
+
 def auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 

@@ -288,10 +288,13 @@ def test_sampling_params_map_to_the_upstream_and_max_tokens_cuts(gw):
         gw.gateway_url, prompt_ids, {"max_tokens": 5, "temperature": 0.5, "model": "claw-demo"}
     )
     assert r.status_code == 200, r.text
-    direct = upstream_ids(gw.upstream, {"prompt": prompt_ids, "max_tokens": 5}, endpoint="completions")
+    direct = upstream_ids(
+        gw.upstream, {"prompt": prompt_ids, "max_tokens": 5, "logprobs": 1}, endpoint="completions"
+    )
+    # the logprobs are asked and returned unasked (CLAW_UPSTREAM_LOGPROBS, on by default)
     assert r.json() == {
         "token_ids": direct["choices"][0]["token_ids"],
-        "log_probs": None,
+        "log_probs": direct["choices"][0]["logprobs"]["token_logprobs"],
         "stop_reason": "length",
     }
     assert len(r.json()["token_ids"]) == 5

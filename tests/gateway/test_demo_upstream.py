@@ -149,6 +149,44 @@ def test_logprobs_one_per_response_id_optionally_as_token_ids(demo_upstream):
     assert [e.logprob for e in entries] == [e.logprob for e in ch.logprobs.content]
 
 
+def test_top_logprobs_alternatives_and_offsets_are_the_same_streamed_or_not(demo_upstream):
+    c = client(demo_upstream)
+    # given: chat asking 3 alternatives per token, and completions asking logprobs 3
+    chat = dict(model="claw-demo", messages=MESSAGES, logprobs=True, top_logprobs=3, max_tokens=64)
+    cmpl = dict(model="claw-demo", prompt="Once upon", logprobs=3, max_tokens=30)
+
+    # when: each is asked whole and streamed
+    whole = c.chat.completions.create(**chat).choices[0].logprobs.content
+    streamed = [
+        e
+        for chunk in c.chat.completions.create(**chat, stream=True)
+        for ch in chunk.choices
+        if ch.logprobs
+        for e in ch.logprobs.content
+    ]
+    whole_c = c.completions.create(**cmpl).choices[0].logprobs
+    streamed_c = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for chunk in c.completions.create(**cmpl, stream=True):
+        for k, v in streamed_c.items():
+            v += getattr(chunk.choices[0].logprobs, k)
+
+    # then: the same entries either way
+    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in whole]
+    assert streamed_c == whole_c.model_dump()
+    # and: each chat entry has 3 alternatives, most likely first, one of them the sampled token
+    for e in whole:
+        alts = e.top_logprobs
+        assert len(alts) == 3 and [a.logprob for a in alts] == sorted((a.logprob for a in alts), reverse=True)
+        assert (e.token, e.logprob) in [(a.token, a.logprob) for a in alts]
+        assert all(a.logprob < 0 for a in alts)
+    # and: completions offsets run on from the start of the reply, the sampled token in each top
+    text = c.completions.create(**cmpl).choices[0].text
+    assert whole_c.text_offset[0] == 0 and whole_c.text_offset == sorted(whole_c.text_offset)
+    assert whole_c.text_offset[-1] < len(text) + 1
+    for tok, lp, top in zip(whole_c.tokens, whole_c.token_logprobs, whole_c.top_logprobs, strict=True):
+        assert top[tok] == lp and 1 <= len(top) <= 3
+
+
 def test_tool_call_reply_and_multi_turn_prompts_extend_without_drift(demo_upstream):
     c = client(demo_upstream)
     messages = list(MESSAGES)

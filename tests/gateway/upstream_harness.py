@@ -12,6 +12,14 @@ The hooks are request headers, which the gateway forwards like any other agent h
   disconnects, and then NAME is recorded. ``GET /test/disconnected`` lists the names
   recorded. A client still connected after HOLD_TIMEOUT_S gets the demo answer after all.
 
+Two more let a test see what the upstream was asked, and play a server that lacks a feature:
+
+- ``x-test-record: NAME`` keeps the request's JSON body; ``GET /test/received/NAME`` lists
+  the bodies kept under NAME, in arrival order.
+- ``x-test-refuse: FIELD[,FIELD...]`` answers a request whose body sets one of those fields
+  (to anything but null or false) 400, naming the first such field, as a server that does not
+  know it would; a request without them gets the demo answer.
+
 ``python -m tests.gateway.upstream_harness --fd N [demo upstream options]``
 """
 
@@ -37,6 +45,7 @@ def with_hooks(app: Any) -> Any:
     """``app`` with the test hooks described in the module docstring."""
     barriers: dict[str, _Barrier] = {}
     disconnected: list[str] = []
+    received: dict[str, list[Any]] = {}
 
     async def hooked(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -45,13 +54,27 @@ def with_hooks(app: Any) -> Any:
         if scope["path"] == "/test/disconnected":
             await _answer(send, 200, disconnected)
             return
+        if scope["path"].startswith(_RECEIVED):
+            await _answer(send, 200, received.get(scope["path"][len(_RECEIVED) :], []))
+            return
         headers = dict(scope["headers"])
         barrier, hold = headers.get(b"x-test-barrier"), headers.get(b"x-test-hold")
-        if barrier is None and hold is None:
+        record, refuse = headers.get(b"x-test-record"), headers.get(b"x-test-refuse")
+        if barrier is None and hold is None and record is None and refuse is None:
             await app(scope, receive, send)
             return
         # Read the body now: from then on, the client's receive() returns only on disconnect.
         body = await _read_body(receive)
+        if record is not None:
+            received.setdefault(record.decode(), []).append(orjson.loads(body) if body else None)
+        if refuse is not None:
+            sent = orjson.loads(body) if body else {}
+            named = [f for f in refuse.decode().split(",") if _is_set(sent.get(f))]
+            if named:
+                message = f"{named[0]} is not supported by this server"
+                error = {"message": message, "type": "invalid_request_error", "param": named[0], "code": None}
+                await _answer(send, 400, {"error": error})
+                return
         if barrier is not None:
             name, _, n = barrier.decode().rpartition(":")
             gate = barriers.setdefault(name, _Barrier(int(n)))
@@ -73,6 +96,13 @@ def with_hooks(app: Any) -> Any:
         await app(scope, _replay(body, receive), send)
 
     return hooked
+
+
+_RECEIVED = "/test/received/"
+
+
+def _is_set(value: Any) -> bool:
+    return value is not None and value is not False  # 0 is set: == would take it for False
 
 
 class _Barrier:

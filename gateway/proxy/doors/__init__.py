@@ -3,7 +3,8 @@ OpenAI Responses API (``POST /v1/responses``), under every gateway base URL.
 
 A door is a translator, not a second write path. Each call is translated into the chat
 completion it means, sent to the upstream's ``/v1/chat/completions`` with
-``return_token_ids`` (the only endpoint where vLLM and SGLang return exact ids), recorded by
+``return_token_ids`` (the only endpoint where vLLM and SGLang return exact ids) and
+``logprobs`` (gateway/proxy/fields.py), recorded by
 the chat-completions recording path (gateway/proxy/recording.py -> pool.ingest), and the
 answer is translated back into the door's own shape (or, streamed, its own event sequence).
 So a step recorded through a door holds the exact ids of the translated chat completion, the

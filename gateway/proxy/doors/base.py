@@ -6,7 +6,8 @@ Per call (the same steps as gateway/proxy/views.py, in the door's own shapes):
 2. the trajectory comes from the path, X-Claw-Trajectory, the door (a Responses
    ``previous_response_id`` names its own), else it is minted; X-Claw-Trajectory answers it;
 3. the door translates the body into a chat completion (a bad field: 400 naming it,
-   nothing sent, nothing written), which goes upstream with ``return_token_ids: true``;
+   nothing sent, nothing written), which goes upstream asking for the exact token ids and
+   the sampled tokens' logprobs (gateway/proxy/fields.py);
 4. the answer is recorded by the chat-completions recording path (record_answer ->
    pool.ingest.steps_append), committed, and only then translated back and returned (streamed:
    the door's final events are sent after the commit).
@@ -25,14 +26,13 @@ from typing import Any, Protocol
 
 import httpx
 import orjson
-from django.conf import settings
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 
 from pool.errors import PoolError
 from pool.services.api_keys import VerifiedKey
 
-from .. import upstream
+from .. import fields, upstream
 from ..access import authorise
 from ..errors import ProxyError
 from ..recording import CHAT, Identity
@@ -40,10 +40,8 @@ from ..stream import StreamAccumulator, sse_data
 from ..views import (
     TRAJECTORY_HEADER,
     _identity,
-    _ids_unsupported,
     _json_body,
     _record,
-    _rejects_ids_field,
     fault_event,
     invalid_answer,
     upstream_fault,
@@ -159,27 +157,16 @@ async def serve(
     return await answer(door, request, path_trajectory, path_group, api_key, capability, handle)
 
 
-def _upstream_body(prepared: Prepared, *, stream: bool) -> dict[str, Any]:
-    send = dict(prepared.chat)
-    if settings.CLAW_UPSTREAM_URL not in _ids_unsupported:
-        send["return_token_ids"] = True
-    if stream:
-        send["stream"] = True
-        send["stream_options"] = {"include_usage": True}
-    return send
+_STREAM = {"stream": True, "stream_options": {"include_usage": True}}
 
 
 async def _once(
     door: Door, request: HttpRequest, ident: Identity, key: VerifiedKey, prepared: Prepared
 ) -> HttpResponse:
     headers = upstream.forward_headers(request.headers)
-    send = _upstream_body(prepared, stream=False)
+    a = fields.ask(CHAT, prepared.chat)
     try:
-        resp = await upstream.request("POST", CHAT_PATH, content=orjson.dumps(send), headers=headers)
-        if resp.status_code == 400 and "return_token_ids" in send and _rejects_ids_field(resp.content):
-            _ids_unsupported.add(settings.CLAW_UPSTREAM_URL)
-            send.pop("return_token_ids")
-            resp = await upstream.request("POST", CHAT_PATH, content=orjson.dumps(send), headers=headers)
+        resp = await fields.request(a, CHAT_PATH, headers)
     except upstream.UpstreamFault as f:
         raise await upstream_fault(f, door.protocol, ident, key) from None
     if resp.status_code >= 400:
@@ -220,20 +207,14 @@ async def _stream(
     door: Door, request: HttpRequest, ident: Identity, key: VerifiedKey, prepared: Prepared
 ) -> HttpResponseBase:
     headers = upstream.forward_headers(request.headers)
-    send = _upstream_body(prepared, stream=True)
+    a = fields.ask(CHAT, prepared.chat, also=_STREAM)
     try:
-        resp = await upstream.open_stream(CHAT_PATH, content=orjson.dumps(send), headers=headers)
-        if resp.status_code == 400 and "return_token_ids" in send:
-            raw = await _read_closed(resp)
-            if not _rejects_ids_field(raw):
-                raise await _upstream_error(door, 400, raw, ident, key)
-            _ids_unsupported.add(settings.CLAW_UPSTREAM_URL)
-            send.pop("return_token_ids")
-            resp = await upstream.open_stream(CHAT_PATH, content=orjson.dumps(send), headers=headers)
+        resp, raw = await fields.open_stream(a, CHAT_PATH, headers)
     except upstream.UpstreamFault as f:
         raise await upstream_fault(f, door.protocol, ident, key) from None
-    if resp.status_code >= 400:
-        raise await _upstream_error(door, resp.status_code, await _read_closed(resp), ident, key)
+    if raw is not None or resp.status_code >= 400:
+        raw = raw if raw is not None else await fields.read_closed(resp)
+        raise await _upstream_error(door, resp.status_code, raw, ident, key)
     if "text/event-stream" not in resp.headers.get("content-type", ""):
         await resp.aclose()
         msg = "the upstream did not answer the stream request with an event stream"
@@ -295,15 +276,6 @@ async def _relay(
         yield writer.fail(status, e.message)
         return
     yield writer.finish(answer)
-
-
-async def _read_closed(resp: httpx.Response) -> bytes:
-    try:
-        return await resp.aread()
-    except httpx.HTTPError:
-        return b""
-    finally:
-        await resp.aclose()
 
 
 # --- helpers shared by the doors ----------------------------------------------------------------

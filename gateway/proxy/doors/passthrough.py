@@ -28,10 +28,11 @@ from pool.services.api_keys import VerifiedKey
 
 from .. import upstream
 from ..errors import ProxyError
+from ..fields import read_closed
 from ..recording import CHAT, Identity
 from ..stream import sse_data
 from ..views import _record, fault_event, invalid_answer, upstream_fault
-from .base import _read_closed, _upstream_error, answer, sse
+from .base import _upstream_error, answer, sse
 
 MESSAGES_PATH = "/v1/messages"
 _FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls"}
@@ -146,7 +147,7 @@ async def _stream(
     except upstream.UpstreamFault as f:
         raise await upstream_fault(f, door.protocol, ident, key) from None
     if resp.status_code >= 400:
-        raise await _upstream_error(door, resp.status_code, await _read_closed(resp), ident, key)
+        raise await _upstream_error(door, resp.status_code, await read_closed(resp), ident, key)
     if "text/event-stream" not in resp.headers.get("content-type", ""):
         await resp.aclose()
         msg = "the upstream did not answer the stream request with an event stream"
