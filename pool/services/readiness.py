@@ -59,14 +59,23 @@ def trajectories_refresh(*, trajectory_ids: Iterable[int]) -> set[int]:
     """Rewrite the trajectory-decided readiness bits of every step of these trajectories
     from their current state (one statement per chunk; steps whose bits do not change are
     not written). Returns the ids of their complete groups (to settle). Idempotent."""
-    ids = list(set(trajectory_ids))
+    ids = sorted(set(trajectory_ids))
     complete_groups: set[int] = set()
-    effective_reward.steps_refresh(trajectory_ids=ids)
     for chunk in _chunks(ids):
         rows = []
-        for tid, status, group_id, group_status in Trajectory.objects.filter(id__in=chunk).values_list(
-            "id", "status", "group_id", "group__status"
-        ):
+        # The trajectory rows are locked (in primary-key order) before any of their steps is
+        # written: every writer of a trajectory's steps' rewards or readiness (rewards_apply,
+        # trajectories_complete, this refresh for a group's other rollouts) locks its
+        # trajectories first, so two of them never hold each other's steps (a reward task
+        # and the completion that fills the group used to deadlock on PostgreSQL).
+        trajs = list(
+            Trajectory.objects.select_for_update(of=("self",))
+            .filter(id__in=chunk)
+            .order_by("id")
+            .values_list("id", "status", "group_id", "group__status")
+        )
+        effective_reward.steps_refresh(trajectory_ids=chunk)
+        for tid, status, group_id, group_status in trajs:
             bits = 0
             if status == Trajectory.Status.COMPLETED:
                 bits |= Readiness.TRAJECTORY_COMPLETE

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from .. import live
+from ..deadlocks import retry_on_deadlock
 from ..errors import InvalidInput, NotFound
 from ..ingest import backends, rules
 from ..models import RewardEvent, Step, Trajectory
@@ -25,6 +27,7 @@ class RewardIn:
     field_prefix: str = ""
 
 
+@retry_on_deadlock
 @transaction.atomic
 def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> list[RewardEvent]:
     """Apply rewards atomically (all or none). Each change is recorded as a RewardEvent.
@@ -38,21 +41,26 @@ def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> l
             raise InvalidInput(f"source must be one of {Step.RewardSource.values}", field=f"{p}source")
     step_uids = [r.step_uid for r in rewards if r.step_uid]
     traj_uids = [r.trajectory_uid for r in rewards if r.trajectory_uid]
-    # Lock in primary-key order so concurrent reward writers cannot deadlock; read only the
-    # reward columns, as tuples (model instances cost ~70 us each here).
+    # Lock the trajectories (those named and those of the steps named) in primary-key
+    # order, then the steps: every writer of a trajectory's steps locks its trajectory
+    # first (pool/services/readiness.py), so concurrent reward writers, completions and
+    # readiness refreshes cannot deadlock. Read only the reward columns of the steps, as
+    # tuples (model instances cost ~70 us each here).
+    trajs = {
+        t.uid: t
+        for t in Trajectory.objects.select_for_update()
+        .filter(
+            Q(uid__in=traj_uids) | Q(id__in=Step.objects.filter(uid__in=step_uids).values("trajectory_id"))
+        )
+        .only("id", "uid", "reward", "reward_source")
+        .order_by("id")
+    }
     steps = {
         row[1]: _StepReward(*row)
         for row in Step.objects.select_for_update()
         .filter(uid__in=step_uids)
         .order_by("id")
         .values_list("id", "uid", "trajectory_id", "reward", "reward_status", "reward_source")
-    }
-    trajs = {
-        t.uid: t
-        for t in Trajectory.objects.select_for_update()
-        .filter(uid__in=traj_uids)
-        .only("id", "uid", "reward", "reward_source")
-        .order_by("id")
     }
     events: list[RewardEvent] = []
     changed_steps: dict[int, _StepReward] = {}

@@ -10,6 +10,7 @@ from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
 from .. import live, tasks
+from ..deadlocks import retry_on_deadlock
 from ..errors import Conflict, InvalidInput, NotFound
 from ..ingest import TrajectorySpec, backends, policy_versions_ensure, rules, trajectory_ensure
 from ..models import Channel, RewardEvent, Step, Trajectory
@@ -100,6 +101,7 @@ class CompletionIn:
 ENDED = (Trajectory.Status.COMPLETED, Trajectory.Status.FAILED, Trajectory.Status.ABANDONED)
 
 
+@retry_on_deadlock
 @transaction.atomic
 def trajectories_complete(
     *, completions: list[CompletionIn], source_id: int | None = None
@@ -196,6 +198,7 @@ def trajectories_complete(
     return [trajs[c.uid] for c in completions]
 
 
+@retry_on_deadlock
 @transaction.atomic
 def trajectory_complete(
     *,
