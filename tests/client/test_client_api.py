@@ -49,6 +49,14 @@ def steps_of(uid: str, n: int = 2) -> list[dict]:
 
 
 def test_agent_writes_and_trainer_pulls_acks_nacks_and_replays(server):
+    """README: "The client (claw_client.ClawClient(url, key), httpx, no Django): agents call
+    submit_steps (msgpack=True for packed arrays), open_trajectory,
+    complete_trajectory/complete_trajectories, rewards, event, feedback, set_policy_version."
+    README: "Trainers write with claw.pull("grpo-main", consumer="ppo", batch_size=8) as
+    batch:, which acks when the block ends and nacks if it raises (the same units come
+    back)."
+    README: "batch.steps gives ids and logprobs as numpy arrays, batch.raw the exact bytes;
+    claw.replay(lease_id) returns them again; claw.batches(...) keeps pulling." """
     srv, keys = server
     with (
         ClawClient(srv.url, keys["agent"]) as agent,
@@ -62,6 +70,7 @@ def test_agent_writes_and_trainer_pulls_acks_nacks_and_replays(server):
         assert agent.submit_steps(steps_of("c-t0"))["created"] == 2
         assert agent.submit_steps(steps_of("c-t1") + steps_of("c-t2"), msgpack=True)["created"] == 4
         assert agent.submit_steps(steps_of("c-t0"))["duplicates"] == 2  # idempotent by uid
+        assert agent.rewards([{"step_uid": "c-t0:0", "reward": 0.5}]) == {"applied": 1, "received": 1}
         assert agent.complete_trajectory("c-t0", reward=1.0)["status"] == "completed"
         assert (
             agent.complete_trajectories(
@@ -83,6 +92,12 @@ def test_agent_writes_and_trainer_pulls_acks_nacks_and_replays(server):
             step = batch.steps[0]
             assert step["prompt_ids"].dtype == np.int32 and step["response_ids"].tolist() == [10, 11]
             assert step["rollout_logprobs"].tolist() == [-0.5, -0.25]
+            assert step["rollout_logprobs"].dtype == np.float64
+            # c-t0: step 0's own late reward, which its branch's step 1 is served too
+            assert [(s["uid"], s["reward"], s["reward_scope"]) for s in batch.steps] == [
+                ("c-t0:0", 0.5, "step"),
+                ("c-t0:1", 0.5, "branch"),
+            ]
             assert isinstance(batch.batch["steps"][0]["prompt_ids"], list)  # the JSON as served
         # then it was acked: the next pull gets another trajectory
         with trainer.pull("c-all", consumer="c1", batch_size=1) as second:
@@ -117,6 +132,7 @@ def test_agent_writes_and_trainer_pulls_acks_nacks_and_replays(server):
 
 
 def test_bad_input_raises_claw_error_with_the_param(server):
+    """README: "Errors raise ClawError(status, type, message, param)." """
     srv, keys = server
     with ClawClient(srv.url, keys["trainer"]) as trainer, ClawClient(srv.url, keys["agent"]) as agent:
         with pytest.raises(ClawError) as e:

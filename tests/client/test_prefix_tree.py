@@ -3,6 +3,11 @@
 Pure numpy, no database. Random cases are seeded loops (no hypothesis): small vocabularies
 force sharing, and token values are chosen so that little-endian byte prefixes can agree
 while whole tokens differ (1 vs 257, 0 vs 2**31 - 1 ...).
+
+README: "Steps that share token prefixes are merged into one packed pre-order tree (sort +
+LCP, O(N) memory, never an N×N mask): per packed token the input id, position id, parent
+index and subtree end, so query q may attend key k iff k <= q <= subtree_end[k]."
+(check_layout and the attention rule against brute force; the memory bound below)
 """
 
 from __future__ import annotations
@@ -253,3 +258,32 @@ def test_no_sequences():
         "savings": 0.0,
     }
     assert tree.nodes() == []
+
+
+def test_the_merge_takes_memory_linear_in_the_tokens_never_an_n_by_n_mask():
+    """README: "Steps that share token prefixes are merged into one packed pre-order tree
+    (sort + LCP, O(N) memory, never an N×N mask): ..." (the memory: the peak of the merge of
+    N sequences grows with N, and stays far below even a bit-packed N×N mask)"""
+    import tracemalloc
+
+    def peak(n: int) -> tuple[int, int]:
+        rng = np.random.default_rng(0)
+        shared = rng.integers(0, 50, 16).astype("<i4")
+        seqs = [
+            np.concatenate([shared[: rng.integers(0, 17)], rng.integers(0, 4, 8).astype("<i4")])
+            for _ in range(n)
+        ]
+        tracemalloc.start()
+        try:
+            tree = build_prefix_tree(seqs, prompt_lens=[len(s) // 2 for s in seqs])
+            _, top = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert tree.stats.n_sequences == n
+        return top, sum(len(s) for s in seqs)
+
+    small, small_tokens = peak(2_000)
+    large, large_tokens = peak(20_000)
+    # ten times the sequences: about ten times the memory (an N×N mask would be 100 times)
+    assert large / small < 2 * large_tokens / small_tokens
+    assert large < 20_000 * 20_000 / 8  # even bit-packed, a 20k x 20k mask is 50 MB

@@ -5,6 +5,11 @@ small agentic workload (shared system prompt, 2 rollouts x 3 turns, plus a dupli
 Flat: one forward per step. Packed: one forward over the prefix tree with its position ids
 and tree mask, through SDPA (boolean mask), eager attention (additive mask) and FlexAttention
 (our analytic BlockMask). Every response-token logprob must agree to 1e-4.
+
+README: "claw_client (no Django dependency) builds the same tree trainer-side, turns it into a
+boolean SDPA mask or a FlexAttention BlockMask, and recovers per-step response logprobs from
+the packed logits; a test shows they match the flat per-step forward of a small transformer
+to 1e-4 in fp32." (without Django: tests/client/test_client_package.py)
 """
 
 from __future__ import annotations

@@ -1,6 +1,13 @@
 """Pulling batches under leases (curation/services/consume.py, POST
 /api/v1/consumers/{name}/pull): exactly once per consumer, oldest-ready first, nothing
-blocks on a group that is not ready, nack and expiry redeliver, replay is byte-identical."""
+blocks on a group that is not ready, nack and expiry redeliver, replay is byte-identical.
+
+README: "Exactly once per consumer: a pull claims each unit (a whole prompt group, a
+trajectory without a group, or a step for unit: steps datasets) by inserting a Delivery row
+unique per consumer, dataset and unit; concurrent pullers (threads or processes, tested with
+8 on PostgreSQL) never share a unit, and one that loses a unit takes the next candidate."
+(each consumer once, step units, 8 threads and 8 processes here; the lost race in
+tests/curation/test_readme_trainer_promises.py)"""
 
 from __future__ import annotations
 
@@ -93,6 +100,7 @@ def test_each_consumer_gets_each_unit_once(trainer):
 
 
 def test_nack_and_expiry_make_a_batch_deliverable_again_and_ack_is_final(trainer):
+    """README: "An expired lease cannot be acked (409)." """
     dataset_create(name="all")
     uids = ready_group("g1")
     lease = pull(trainer).json()["lease_id"]
@@ -112,6 +120,8 @@ def test_nack_and_expiry_make_a_batch_deliverable_again_and_ack_is_final(trainer
 
 
 def test_replay_is_byte_identical_after_ack(trainer):
+    """README: "Replay and audit: the response is stored byte for byte with its lease, and
+    GET /api/v1/leases/{id}/batch returns it again, after an ack too." """
     dataset_create(name="all")
     ready_group("g1")
     first = pull(trainer)

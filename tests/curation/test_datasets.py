@@ -60,6 +60,8 @@ def admitted(spec: dict | None = None) -> dict[str, bool]:
 
 
 def test_empty_filters_admit_every_ready_step_and_nothing_else():
+    """README: "Empty filters admit every ready step that no operator rejected or
+    quarantined." """
     steps_ingest(
         steps=[
             step_in("done", 0, prompt=[1], response=[2]),
@@ -75,6 +77,14 @@ def test_empty_filters_admit_every_ready_step_and_nothing_else():
     assert "pending:0" not in admitted()
     rewards_apply(rewards=[RewardIn(trajectory_uid="unrewarded", reward=0.0)])
     assert set(admitted()) == {"done:0", "done:1", "unrewarded:0", "unrewarded:1"}
+    # an operator's rejection or quarantine takes a ready step out (and, groups kept whole,
+    # its rollout: a rollout is valid when all its steps pass)
+    for label, uid in (("rejected", "done:0"), ("quarantined", "unrewarded:1")):
+        steps_label(
+            step_ids=Step.objects.filter(uid=uid).values_list("id", flat=True), label=label, actor="op"
+        )
+    assert set(admitted({"grouping": {"keep_groups_whole": False}})) == {"done:1", "unrewarded:0"}
+    assert admitted() == {}
 
 
 def test_a_trajectory_reward_makes_its_steps_reward_final():
@@ -128,6 +138,11 @@ def test_a_late_reward_makes_a_group_ready():
 
 
 def test_a_group_with_a_rejected_rollout_is_dropped_or_masked():
+    """README: "Grouping: with keep_groups_whole (the default) the group is the unit; a rollout
+    is valid when all its steps pass; a complete group (or one with the dataset's
+    min_rollouts valid rollouts) with at least n valid rollouts is admitted whole, its
+    invalid rollouts served masked; a short group is dropped, or admitted with its bad
+    rollouts masked (short_groups: mask)." """
     group_upsert(uid="g", expected_rollouts=2)
     rollout("a", group="g", seed=1)
     rollout("b", group="g", seed=2, reward=0.0)
@@ -200,6 +215,10 @@ def test_preview_counts_what_is_admitted():
 
 
 def test_quality_flags_are_set_at_ingest_and_when_a_group_is_ready():
+    """README: "The Messages passthrough mode cannot have them (its upstream returns neither
+    ids nor logprobs): like every step stored without logprobs, its steps have
+    rollout_logprobs null and the quality flag missing_logprobs." (a white-box step sent
+    without logprobs; passthrough: tests/gateway/test_doors_anthropic.py)"""
     group_upsert(uid="g", expected_rollouts=2)
     rollout("a", group="g", seed=1, reward=1.0)
     steps_ingest(

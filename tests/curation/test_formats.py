@@ -1,6 +1,9 @@
 """Batch formats (curation/formats.py) pulled through POST /api/v1/consumers/{name}/pull:
 ``padded`` and ``tree`` hold exactly the steps the ``steps`` format serves, and replay of
-every format is byte-identical."""
+every format is byte-identical.
+
+README: "Formats (curation/formats.py): every format serves the same steps in the same
+order." """
 
 from __future__ import annotations
 
@@ -73,6 +76,14 @@ def pull(client, consumer: str, fmt: str):
 
 
 def test_padded_rows_unpad_to_exactly_the_source_steps(trainer, source):
+    """README: "padded is verl-style: prompts left-padded and responses right-padded with pad
+    id 0, input_ids (prompts then responses), attention_mask (1 on real tokens), position_ids
+    (0 at each row's first real token), response_mask, rollout_logprobs (aligned with the
+    response tokens, 0.0 on padding) and token_level_rewards (the step's reward on its last
+    response token, 0.0 elsewhere)."
+    README: "A masked step keeps its tokens but its response_mask row is all 0."
+    README: "In padded and tree such a step's logprobs are 0.0 and its has_rollout_logprobs
+    is false." """
     # given the same units pulled as steps by one consumer and padded by another
     rows = pull(trainer, "s", "steps").json()["batch"]["steps"]
     b = pull(trainer, "p", "padded").json()["batch"]
@@ -113,6 +124,8 @@ def test_padded_rows_unpad_to_exactly_the_source_steps(trainer, source):
 
 
 def test_padded_null_reward_is_zero_and_dtypes_are_numpy():
+    """README: "... token_level_rewards (the step's reward on its last response token, 0.0
+    elsewhere)": a null reward puts none (0.0 everywhere), ``reward`` keeps the null."""
     # given rendered rows, one with a null reward and no logprobs, one with an empty response
     rows = [
         _row("a", [5, 6], [7, 8, 9], reward=None, logprobs=None),
@@ -129,6 +142,13 @@ def test_padded_null_reward_is_zero_and_dtypes_are_numpy():
 
 
 def test_tree_rebuilds_every_step_and_stores_shared_prefixes_once(trainer, source):
+    """README: "tree is the batch as one packed prefix tree from claw_client.prefix_tree:
+    input_ids, position_ids, parent and subtree_end for tree attention, a response_mask, each
+    step's last_index (its ancestors are the step's sequence) and response slices
+    (response_offsets, response_index, with rollout_logprobs aligned), and stats with unique
+    vs total tokens."
+    README: "In padded and tree such a step's logprobs are 0.0 and its has_rollout_logprobs
+    is false." """
     rows = pull(trainer, "s", "steps").json()["batch"]["steps"]
     t = {
         k: np.array(v) if isinstance(v, list) else v
@@ -161,8 +181,10 @@ def test_tree_rebuilds_every_step_and_stores_shared_prefixes_once(trainer, sourc
         if not r["mask"]:
             covered[resp] = 1
         assert t["reward"][i] == r["reward"] and t["mask"][i] == r["mask"]
+        assert t["has_rollout_logprobs"][i] == (r["rollout_logprobs"] is not None)
     assert t["response_mask"].tolist() == covered.tolist()
     assert any(t["mask"]) and covered.sum() > 0
+    assert not all(t["has_rollout_logprobs"]) and any(t["has_rollout_logprobs"])
     # shared prompts and earlier turns are stored once
     stats = t["stats"]
     assert stats["total_tokens"] == sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)

@@ -42,6 +42,14 @@ def status(trainer, consumer="c1") -> dict:
 
 
 def test_stale_units_are_dropped_when_offered_and_counted(trainer):
+    """README: "Serving rules (optional, per dataset: "serving": {"stale_after": 2,
+    "capacity": 500}, also fields of the dataset builder): stale_after drops a unit with a
+    step more than that many policy versions behind the current one when it is offered (an
+    off-policy bound; filters.max_staleness instead excludes stale steps from admission)."
+    README: "Dropped units are never served to that consumer and are counted by reason: each
+    manifest has dropped (filtered, stale, capacity) for its pull, and GET
+    /api/v1/consumers/{name} gives the totals per dataset (units and steps dropped by reason,
+    leases by status, delivered and pending units)." """
     # given groups produced by policy versions 1, 2 and 3, with 3 current
     dataset_create(name="all", spec={"serving": {"stale_after": 1}})
     for v in (1, 2, 3):
@@ -56,13 +64,17 @@ def test_stale_units_are_dropped_when_offered_and_counted(trainer):
     entry = status(trainer)
     assert entry["dropped"] == {"filtered": 0, "stale": 2, "capacity": 0}
     assert entry["dropped_steps"]["stale"] == 8  # two groups of 2 rollouts x 2 steps
-    assert entry["leases"]["leased"] == 1 and entry["delivered_units"] == 2
+    assert entry["leases"] == {"leased": 1, "acked": 0, "released": 0, "expired": 0}
+    assert entry["delivered_units"] == 2 and entry["pending_units"] == 0
+    ready_group("later", version=3)
+    assert status(trainer)["pending_units"] == 1
     # and a dropped unit is never offered to that consumer again, even once acked
     trainer.post(f"/api/v1/leases/{body['lease_id']}/ack")
+    assert groups_of(pull(trainer).json()) == ["later"]
     assert pull(trainer).json()["lease_id"] is None
     # while another consumer is judged afresh: with version 4 current, v2 is stale too
     policy_version_set(version=4)
-    assert groups_of(pull(trainer, consumer="c2", batch_size=10).json()) == ["v3"]
+    assert groups_of(pull(trainer, consumer="c2", batch_size=10).json()) == ["v3", "later"]
     assert status(trainer, "c2")["dropped"]["stale"] == 3
 
 
@@ -73,6 +85,8 @@ def test_without_a_current_policy_version_nothing_is_stale(trainer):
 
 
 def test_capacity_keeps_the_newest_units_and_drops_the_older_ones(trainer):
+    """README: "capacity keeps at most that many ready units waiting for each consumer and
+    drops the oldest beyond it (a bounded buffer: a slow trainer stays on recent data)." """
     # given five ready groups waiting for a consumer whose dataset holds at most two
     dataset_create(name="all", spec={"serving": {"capacity": 2}})
     for g in range(5):

@@ -6,7 +6,10 @@ CLAW_CELERY_VISIBILITY_TIMEOUT has passed. With only its pool process killed (as
 killer would), the living worker retries the task (task_retry_on_worker_lost). Either way
 the retry completes a snapshot identical to a clean build of the same dataset version, with
 each frozen step once in each file and no leftover file. Runs in CI's PostgreSQL + Redis
-leg, against a private Redis."""
+leg, against a private Redis.
+
+README: "The task acks late and writes unnamed temporary files, so a worker killed mid-build
+leaves nothing on its disk, and the redelivered task completes the snapshot." """
 
 from __future__ import annotations
 

@@ -1,5 +1,14 @@
 """Snapshots (curation/services/snapshots.py, /api/v1/snapshots): a dataset version frozen
-into JSONL and Parquet files, built in chunks, idempotent, and never recorded half-built."""
+into JSONL and Parquet files, built in chunks, idempotent, and never recorded half-built.
+
+README: "Snapshots: POST /api/v1/snapshots {"dataset": "name"} (consume or admin) freezes
+what the dataset's current version admits and builds it in a Celery task."
+README: "The step ids are frozen at the first attempt, and the files, written in 1,000-step
+chunks (CLAW_SNAPSHOT_CHUNK_STEPS), are recorded only when complete, so a retry rebuilds the
+same content and hash."
+README: "Poll GET /api/v1/snapshots/{id} for status, progress and the manifest; download with
+GET /api/v1/snapshots/{id}/download?format=jsonl|parquet."
+(the columns: tests/curation/test_readme_trainer_promises.py)"""
 
 from __future__ import annotations
 
@@ -281,3 +290,30 @@ def test_scopes_reads_may_download_only_trainers_may_create(pool_with_labels, ma
     assert agent.post("/api/v1/snapshots", {"dataset": "all"}, format="json").status_code == 403
     assert client_for(None).get(f"/api/v1/snapshots/{snap.id}").status_code == 401
     assert Snapshot.objects.count() == before
+    # consume or admin keys create them
+    for scope in (Scope.CONSUME, Scope.ADMIN):
+        creator = client_for(make_key(scope, name=f"creator-{scope}"))
+        assert creator.post("/api/v1/snapshots", {"dataset": "all"}, format="json").status_code == 202
+    assert Snapshot.objects.count() == before + 2
+
+
+def test_files_are_written_in_chunks_of_the_setting(pool_with_labels, settings):
+    """README: "The step ids are frozen at the first attempt, and the files, written in
+    1,000-step chunks (CLAW_SNAPSHOT_CHUNK_STEPS), are recorded only when complete, so a
+    retry rebuilds the same content and hash." (the chunks: of the setting's size, progress
+    recorded after each; the default is in test_readme_trainer_promises.py)"""
+    # given: chunks of 5 steps, and a build that records what was done after each chunk
+    settings.CLAW_SNAPSHOT_CHUNK_STEPS = 5
+    snap = snapshot_create(dataset="all")
+    progress: list[tuple[int, int, dict]] = []
+
+    def seen(n: int) -> None:
+        s = Snapshot.objects.get(id=snap.id)
+        progress.append((n, s.steps_done, s.files))
+
+    # when: it is built
+    done = snapshot_build(snapshot_id=snap.id, on_chunk=seen)
+    # then: 12 steps in chunks of 5, 5 and 2, no file recorded before the end
+    assert progress == [(1, 5, {}), (2, 10, {}), (3, 12, {})]
+    assert done.status == "done" and set(done.files) == {"jsonl", "parquet"}
+    assert len(jsonl_rows(done)) == 12 and done.content_hash == build().content_hash

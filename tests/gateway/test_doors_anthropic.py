@@ -464,6 +464,9 @@ def passthrough(tmp_path_factory, demo_upstream) -> Iterator[Gateway]:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_passthrough_relays_the_upstreams_answer_and_records_retokenized_ids(passthrough, stream):
+    """README: "The Messages passthrough mode cannot have them (its upstream returns neither
+    ids nor logprobs): like every step stored without logprobs, its steps have
+    rollout_logprobs null and the quality flag missing_logprobs." """
     # given: an agent in a named trajectory, the gateway in passthrough mode
     traj = f"anth-passthrough-{stream}"
     client = passthrough.client(traj)
@@ -489,6 +492,7 @@ def test_passthrough_relays_the_upstreams_answer_and_records_retokenized_ids(pas
     [step] = steps_of(passthrough.server, passthrough.key, traj)
     assert step["token_source"] == "retokenized"
     assert step["metadata"]["upstream_mode"] == "passthrough" and step["metadata"]["response_id"] == reply.id
+    assert step["rollout_logprobs"] is None and "missing_logprobs" in step["quality_flags"]
     assert step["response_text"] == reply.content[0].text
     assert step["messages"] == [
         {"role": "system", "content": "Be terse."},

@@ -4,7 +4,13 @@ upstream for the sampled tokens' logprobs, the step stores them as rollout_logpr
 response id, the upstream's values), and the agent gets them only when it asked, then exactly
 as the upstream sent them. CLAW_UPSTREAM_LOGPROBS=0 asks only for the agent; an upstream
 that refuses the fields is asked again without them and remembered. What the upstream was
-sent is read back from the upstream harness (``x-test-record``)."""
+sent is read back from the upstream harness (``x-test-record``).
+
+README: "Logprobs come by default from every gateway door: each chat, completions, Messages,
+Responses and Claw-R1 /generate call asks the upstream for the sampled tokens' logprobs
+(CLAW_UPSTREAM_LOGPROBS, on by default), the step stores them as rollout_logprobs, and the
+agent gets them only if it asked for them." (one test per door, the gw fixture with the
+setting unset)"""
 
 from __future__ import annotations
 

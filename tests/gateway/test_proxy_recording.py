@@ -244,6 +244,8 @@ def test_branches_are_the_same_from_the_process_cache_or_the_pool(django_capture
 
 
 def test_a_trajectory_reward_reaches_every_branch_end_without_its_own(django_capture_on_commit_callbacks):
+    """README: "A completion that gives the reward to the last step (Claw-R1's
+    complete_trajectory) gives it to the last step of every branch that has no reward yet." """
     # given: a main agent (steps 0 and 3 on branch 0), a sub-agent (steps 1 and 2 on branch 1,
     # step 2 rewarded on its own) and a compaction (step 4, branch 2)
     branches.known.clear()

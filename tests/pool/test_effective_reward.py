@@ -145,6 +145,16 @@ def _served(traj: str) -> list[tuple]:
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_each_step_is_served_its_effective_reward(case: Case):
+    """README: "A step's effective reward is defined once (pool/services/effective_reward.py)
+    and stored on the step: its own reward, else its branch's (the own final reward of the
+    last step of its trajectory and branch that has one), else its trajectory's."
+    README: "reward_scope says which (step, branch or trajectory; null while there is none)
+    and reward_source where that reward came from (env, rule, model or human)."
+    README: "A provisional own reward is served as the step's reward, but the step is not
+    reward-final (reward_status pending) and the reward does not reach its branch."
+    README: "The trajectory's reward applies to every branch unless a branch gets its own: a
+    step without a reward of its own is served its branch's reward, else its trajectory's
+    (the effective reward: see "What a trainer receives" below)." """
     # given/when: the trajectory written and rewarded as the case says
     _write(case, "t")
     # then: every step's read is the definition's, and its REWARD_FINAL bit agrees
@@ -178,6 +188,9 @@ def test_the_sweep_repairs_a_missing_effective_reward():
 
 
 def test_a_later_reward_of_the_branch_replaces_an_earlier_one():
+    """README: "A branch gets its own by a final reward on one of its steps (POST
+    /api/v1/rewards with step_uid), and its other steps without one are served the reward of
+    the last such step." (the service under that endpoint)"""
     # given: a trajectory whose step 2 of 3 was rewarded, then its last step
     _write(Case("x", steps=[(0, None), (0, 0.2), (0, None)], expected=[], ended=False), "t")
     assert [s[:2] for s in _served("t")] == [(0.2, "branch"), (0.2, "step"), (0.2, "branch")]
@@ -187,6 +200,9 @@ def test_a_later_reward_of_the_branch_replaces_an_earlier_one():
 
 
 def test_last_step_assignment_serves_zero_with_scope_none_to_the_other_steps():
+    """README: "With last_step the last step of each branch carries it, and the other steps
+    their own reward if they have one, else 0.0 with reward_scope none and reward_source null
+    (as Claw-R1's own pool serves them):" """
     # given: a trajectory of two branches rewarded at completion, with one own step reward
     _write(
         Case("x", steps=[(0, None), (0, 0.3), (0, None), (1, None), (1, None)], complete=1.0, expected=[]),
@@ -207,10 +223,10 @@ def test_last_step_assignment_serves_zero_with_scope_none_to_the_other_steps():
         (1.0, "trajectory"),
         (1.0, "trajectory"),
     ]
-    assert [(r["reward"], r["reward_scope"]) for r in last] == [
-        (0.0, "none"),
-        (0.3, "step"),
-        (0.3, "branch"),
-        (0.0, "none"),
-        (1.0, "trajectory"),
+    assert [(r["reward"], r["reward_scope"], r["reward_source"]) for r in last] == [
+        (0.0, "none", None),
+        (0.3, "step", "env"),
+        (0.3, "branch", "env"),
+        (0.0, "none", None),
+        (1.0, "trajectory", "env"),
     ]

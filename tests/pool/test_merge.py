@@ -1,5 +1,9 @@
 """Prefix-tree merge results: enqueue on group completion, the tasks, idempotency, the API,
-the admin and the dashboard card. Real database, real HTTP stack (DRF test client)."""
+the admin and the dashboard card. Real database, real HTTP stack (DRF test client).
+
+README: "A Celery task merges a prompt group when it completes (idempotent, stored as a
+MergeResult); the API serves stats and nodes at GET /api/v1/groups/{uid}/prefix-tree; the
+dashboard shows the token savings." """
 
 from __future__ import annotations
 
