@@ -16,9 +16,12 @@ def collate_steps(batch: Any, *, pad_id: int = 0) -> dict[str, Any]:
     - ``prompts`` (B, P) left-padded, ``responses`` (B, R) right-padded, int64;
     - ``input_ids`` (B, P + R), ``attention_mask`` (B, P + R) and ``position_ids`` (B, P + R,
       0 at each row's first real token);
-    - ``response_mask`` (B, R) bool; ``rollout_logprobs`` (B, R) float32 (0 where absent);
+    - ``response_mask`` (B, R) bool: the real response tokens of the steps trained on (a
+      masked step's row is all False, as in the ``padded`` format); ``rollout_logprobs``
+      (B, R) float32 (0 where absent);
     - ``rewards`` (B,) float32 (0 where None) with ``has_reward`` (B,) bool;
-    - ``step_mask`` (B,) bool: the step is trained on (False: context of a whole group);
+    - ``step_mask`` (B,) bool: the step is trained on (False: a masked step, served only to
+      keep its group whole: the batch's ``mask`` true);
     - ``step_uids``: the uids, in row order.
     """
     import torch
@@ -39,11 +42,14 @@ def collate_steps(batch: Any, *, pad_id: int = 0) -> dict[str, Any]:
             prompts[i, p - len(prompt) :] = prompt
             prompt_mask[i, p - len(prompt) :] = True
         responses[i, : len(response)] = response
-        response_mask[i, : len(response)] = True
+        response_mask[i, : len(response)] = not s.get("mask", False)
         if s.get("rollout_logprobs") is not None:
             lp = torch.as_tensor(_floats(s["rollout_logprobs"]), dtype=torch.float32)
             logprobs[i, : len(lp)] = lp
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    response_real = torch.arange(r)[None, :] < torch.tensor([len(s["response_ids"]) for s in steps]).reshape(
+        n, 1
+    )
+    attention_mask = torch.cat([prompt_mask, response_real], dim=1)
     position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
     rewards = [s.get("reward") for s in steps]
     return {
@@ -56,7 +62,7 @@ def collate_steps(batch: Any, *, pad_id: int = 0) -> dict[str, Any]:
         "rollout_logprobs": logprobs,
         "rewards": torch.tensor([x if x is not None else 0.0 for x in rewards], dtype=torch.float32),
         "has_reward": torch.tensor([x is not None for x in rewards], dtype=torch.bool),
-        "step_mask": torch.tensor([bool(s.get("mask", True)) for s in steps], dtype=torch.bool),
+        "step_mask": torch.tensor([not s.get("mask", False) for s in steps], dtype=torch.bool),
         "step_uids": [s.get("uid") for s in steps],
     }
 

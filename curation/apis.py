@@ -64,6 +64,7 @@ def dataset_render(ds: Dataset, *, versions: bool = False) -> dict[str, Any]:
         "version": current.version if current else None,
         "filters": current.spec["filters"] if current else None,
         "grouping": current.spec["grouping"] if current else None,
+        "serving": current.spec.get("serving") if current else None,
         "created_at": ds.created_at,
         "updated_at": ds.updated_at,
     }
@@ -126,13 +127,15 @@ class DatasetDetailApi(APIView):
     def patch(self, request, name: str):
         data = _body(request, DATASET_FIELDS - {"name"})
         spec = None
-        if "filters" in data or "grouping" in data:
+        if "filters" in data or "grouping" in data or "serving" in data:
             current = self._get(name).current
             base = current.spec if current else {}
-            # PATCH: a part not given keeps the current version's.
+            # PATCH: a part not given keeps the current version's (the serving rules too: a
+            # filter edit used to reset a trainer's stale_after and capacity).
             spec = {
-                "filters": data.get("filters", base.get("filters")),
-                "grouping": data.get("grouping", base.get("grouping")),
+                part: data[part] if part in data else base.get(part)
+                for part in ("filters", "grouping", "serving")
+                if part in data or base.get(part) is not None
             }
         ds = services.dataset_update(
             name=name, spec=spec, description=data.get("description"), actor=_actor(request)

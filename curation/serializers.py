@@ -8,15 +8,17 @@ from rest_framework import serializers
 from gateway.serializers import StrictSerializer, struct_serializer
 from pool.models import Step
 
-from .specs import Filters, Grouping
+from .specs import Filters, Grouping, Serving
 
 DatasetFiltersSerializer = struct_serializer(Filters, "DatasetFilters")
 DatasetGroupingSerializer = struct_serializer(Grouping, "DatasetGrouping")
+DatasetServingSerializer = struct_serializer(Serving, "DatasetServing")
 
 
 class DatasetSpecSerializer(StrictSerializer):
     filters = DatasetFiltersSerializer(required=False, help_text="empty: every ready step")
     grouping = DatasetGroupingSerializer(required=False)
+    serving = DatasetServingSerializer(required=False)
 
 
 class DatasetWriteSerializer(DatasetSpecSerializer):
@@ -37,6 +39,7 @@ class DatasetSerializer(serializers.Serializer):
     version = serializers.IntegerField(allow_null=True, help_text="the current version")
     filters = DatasetFiltersSerializer()
     grouping = DatasetGroupingSerializer()
+    serving = DatasetServingSerializer(allow_null=True)
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
     versions = DatasetVersionSerializer(many=True, required=False)

@@ -165,10 +165,11 @@ def test_collate_pads_prompts_left_and_responses_right():
     assert t["input_ids"].tolist() == [[1, 2, 3, 4, 0, 0], [0, 0, 5, 6, 7, 8]]
     assert t["attention_mask"].tolist() == [[1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1]]
     assert t["position_ids"].tolist() == [[0, 1, 2, 3, 3, 3], [0, 0, 0, 1, 2, 3]]
-    assert t["response_mask"].tolist() == [[1, 0, 0], [1, 1, 1]]
+    # a masked step ("mask": true: served only to keep its group whole) trains no token
+    assert t["response_mask"].tolist() == [[0, 0, 0], [1, 1, 1]]
     assert t["rollout_logprobs"].tolist() == [[0, 0, 0], [-1, -2, -3]]
     assert t["rewards"].tolist() == [1.0, 0.0] and t["has_reward"].tolist() == [True, False]
-    assert t["step_uids"] == ["a", "b"] and t["step_mask"].tolist() == [True, True]
+    assert t["step_uids"] == ["a", "b"] and t["step_mask"].tolist() == [False, True]
 
 
 CRASHING_TRAINER = """

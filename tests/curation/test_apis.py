@@ -51,6 +51,34 @@ def test_create_preview_edit_and_read_a_dataset(agent, curator, reader):
     assert resp.status_code == 200 and resp.json()["steps"] == 0  # make_step sends no logprobs
 
 
+def test_a_patch_keeps_every_part_it_does_not_name(curator, reader):
+    # given: a dataset with serving rules and a reward assignment
+    spec = {
+        "name": "kept",
+        "filters": {"channel": "train"},
+        "grouping": {"reward_assignment": "last_step"},
+        "serving": {"stale_after": 2, "capacity": 50},
+    }
+    assert curator.post("/api/v1/datasets", spec, format="json").status_code == 201
+    # when: one part at a time is patched
+    assert (
+        curator.patch("/api/v1/datasets/kept", {"filters": {"channel": "val"}}, format="json").status_code
+        == 200
+    )
+    v2 = reader.get("/api/v1/datasets/kept").json()
+    assert (
+        curator.patch("/api/v1/datasets/kept", {"serving": {"stale_after": 5}}, format="json").status_code
+        == 200
+    )
+    v3 = reader.get("/api/v1/datasets/kept").json()
+    # then: a filter edit kept the serving rules and the grouping; a serving edit made a version
+    assert v2["version"] == 2 and v2["filters"]["channel"] == "val"
+    assert (v2["serving"]["stale_after"], v2["serving"]["capacity"]) == (2, 50)
+    assert v2["grouping"]["reward_assignment"] == "last_step"
+    assert v3["version"] == 3 and v3["serving"]["stale_after"] == 5 and v3["serving"]["capacity"] is None
+    assert (v3["filters"]["channel"], v3["grouping"]["reward_assignment"]) == ("val", "last_step")
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [

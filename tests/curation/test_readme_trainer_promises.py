@@ -382,8 +382,9 @@ def test_padded_and_tree_carry_per_row_lists_in_row_order(trainer, mixed):
 def test_collate_steps_of_a_pulled_batch_is_the_padded_layout(trainer, mixed):
     """README: "claw_client.collate_steps(batch) makes torch tensors of a steps batch in the
     padded layout (left-padded prompts, right-padded responses, attention mask, positions,
-    logprobs) with per-step rewards (0.0 where null, has_reward false); its response_mask
-    covers the real response tokens of every step, masked ones included." """
+    logprobs) with per-step rewards (0.0 where null, has_reward false); its response_mask is
+    the padded format's (a masked step's row is all 0) and step_mask is true for the steps
+    trained on." """
     torch = pytest.importorskip("torch")
     from claw_client import collate_steps
 
@@ -399,14 +400,11 @@ def test_collate_steps_of_a_pulled_batch_is_the_padded_layout(trainer, mixed):
     assert t["rollout_logprobs"].tolist() == [
         [float(np.float32(x)) for x in row] for row in padded["rollout_logprobs"]
     ]
-    # and the response mask covers every real response token, masked steps too
-    lens = [len(s["response_ids"]) for s in steps["batch"]["steps"]]
-    width = len(padded["responses"][0])
-    assert t["response_mask"].tolist() == [[c < n for c in range(width)] for n in lens]
-    unmasked = [i for i, m in enumerate(padded["mask"]) if not m]
-    assert [t["response_mask"][i].long().tolist() for i in unmasked] == [
-        padded["response_mask"][i] for i in unmasked
-    ]
+    # and the response mask is the padded format's (masked steps' rows all 0), step_mask the
+    # steps trained on
+    assert t["response_mask"].long().tolist() == padded["response_mask"]
+    assert t["step_mask"].tolist() == [not m for m in padded["mask"]]
+    assert any(padded["mask"]) and not all(padded["mask"])  # the batch has both kinds
     # and one reward per step: the served reward (none is null here: see the null case below)
     assert t["rewards"].tolist() == padded["reward"] and t["has_reward"].all()
     null = collate_steps({"steps": [{**steps["batch"]["steps"][0], "reward": None}]})
