@@ -37,10 +37,12 @@ def nobody(django_user_model):
 @pytest.fixture(autouse=True)
 def drained():
     """Events buffered by earlier tests are sent (to nobody) before the test starts, and the
-    per-process source-name cache is emptied: an earlier test's rolled-back Source can leave
-    its id to another source here (SQLite reuses a rolled-back id)."""
+    per-process source-name and group-uid caches are emptied: an earlier test's rolled-back
+    Source or PromptGroup can leave its id to another one here (SQLite reuses a rolled-back
+    id)."""
     live.flush_now()
     live._source_names.clear()
+    live._group_uids.clear()
     yield
 
 

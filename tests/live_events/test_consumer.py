@@ -101,9 +101,10 @@ async def test_a_step_submitted_through_the_api_arrives_as_a_steps_event(viewer,
     assert steps_event["recent"][0]["token_source"] == "client"
     (traj,) = steps_event["trajectories"]
     assert traj["uid"] == "e1" and traj["status"] == "completed" and traj["step_count"] == 2
-    assert traj["source"] == "agent" and traj["channel"] == "train"
+    assert traj["source"] == "agent" and traj["channel"] == "train" and traj["group"] == "g1"
     (completed,) = [e["data"] for e in events if e["kind"] == "trajectories.completed"]
     assert completed["count"] == 1 and completed["items"][0]["uid"] == "e1"
+    assert completed["items"][0]["group"] == "g1"  # the group's uid, as the pages name it
 
 
 async def test_a_burst_of_500_steps_arrives_in_a_few_coalesced_batches(viewer, agent_key):
