@@ -71,7 +71,15 @@ async def test_hello_carries_the_current_state(viewer, agent_key):
     (source,) = state["collect"]["sources"]
     assert source["name"] == "agent" and source["steps"] == 3 and source["last_seen"]
     assert state["represent"] == {"exact": 3, "retokenized": 0, "drift": 0}
-    assert set(state) == {"collect", "represent", "curate", "optimize", "consume", "policy_version"}
+    assert set(state) == {
+        "collect",
+        "represent",
+        "curate",
+        "optimize",
+        "consume",
+        "quality",
+        "policy_version",
+    }
     assert state["consume"] == {"leases_open": 0, "acked": 0, "consumers": 0}
 
 
