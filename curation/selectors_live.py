@@ -1,26 +1,61 @@
-"""The live dashboard's state on (re)connect: the counters of the requested topics.
+"""The dashboard's counters: one consistent read of the pool, for the pages as served and
+for the live websocket (its hello state, then a fresh state after events).
 
-Every read is an index (partial or small table) or a planner estimate, so a connect stays
-cheap on a big pool: on PostgreSQL the totals of the step and trajectory tables and the
-split of steps by token source come from the planner's statistics (pg_class.reltuples,
-pg_stats) once a table holds more than EXACT_BELOW rows; below that, and on SQLite, they are
-exact counts. Live events then move the counters; a reconnect catches up by reading them
-again.
+What each counter counts (the pages' labels say the same):
+
+=========================  ===============================================================
+collect.steps              steps stored (``GET /api/v1/stats``: ``steps``)
+collect.trajectories       trajectories stored, whatever their status (``trajectories``)
+collect.running            trajectories whose status is running
+                           (``trajectories_by_status.running``)
+represent.exact            steps whose token ids are exact: given by the client or returned
+                           by the upstream (token source client or upstream)
+represent.retokenized      steps whose ids a local tokenizer re-encoded from text
+represent.drift            steps whose prompt did not extend the previous step's prompt and
+                           response (``steps_drift``)
+curate.ready_steps         steps ready to train on: exact tokens, a final reward (their own
+                           or their trajectory's), trajectory completed, group complete
+                           (readiness READY: the steps API's ``ready``)
+curate.awaiting_reward     steps with no final reward yet, neither their own nor their
+                           trajectory's (readiness without REWARD_FINAL): never a ready step
+curate.ready_groups        prompt groups whose completed rollouts are all rewarded (ready_at)
+curate.labelled            steps with a curation label (accepted, rejected, quarantined)
+optimize.merged_groups     prompt groups with a done prefix-tree merge; ``tokens`` their
+                           step tokens, ``tokens_saved`` the tokens the merge shares
+consume.leases_open        leases taken and not acked yet; ``acked``; ``consumers``
+quality.steps              steps stored in the last RATES_WINDOW (an hour); ``drift_pct``
+                           the share of them with drift, ``errors`` gateway calls that
+                           failed (ERROR_EVENTS) and ``error_pct`` their share of the calls
+                           (steps + errors), in whole percent (None when there were none)
+policy_version             the current policy version, or None
+=========================  ===============================================================
+
+So ``exact + retokenized <= steps``, ``ready_steps + awaiting_reward <= steps`` and
+``running <= trajectories`` hold in every state, because every counter comes from the same
+statement (``_one_read``): one SELECT of one-row sub-selects reads one snapshot of the
+database (PostgreSQL takes a snapshot per statement even in READ COMMITTED; SQLite runs a
+statement in one read transaction, without the write lock an IMMEDIATE transaction takes),
+so no write can land between two counters. The counts are exact, as the API's are: ready
+steps, ready groups, labelled steps and drift are ranges of partial indexes; the step total,
+the token-source split and awaiting reward are one scan of the step table (on PostgreSQL an
+index-only scan of step_curation, the narrow index holding token_source and readiness);
+trajectories and running one scan of the trajectory table; the rest small tables. The live
+websocket bounds how often a process reads them (curation/consumers.py).
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.db import connection
-from django.db.models import Count, Max, Q, Sum
+from django.db.models import Count, Max, Q, QuerySet, Sum, Value
+from django.utils import timezone
 
-from pool.flags import TRAINABLE_VALUES
-from pool.models import MergeResult, PolicyVersion, PromptGroup, Step, Trajectory
+from pool.flags import READY, Readiness
+from pool.models import Event, MergeResult, PolicyVersion, PromptGroup, Step, Trajectory
 
 from .models import Consumer, Lease
-
-EXACT_BELOW = 50_000  # rows: an exact COUNT(*) below this costs a few milliseconds
 
 # The state sections each topic needs ("overview" and unknown topics: all of them).
 SECTIONS: dict[str, tuple[str, ...]] = {
@@ -30,126 +65,206 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "optimization": ("optimize",),
     "consumption": ("consume", "curate"),
 }
-ALL = ("collect", "represent", "curate", "optimize", "consume")
+ALL = ("collect", "represent", "curate", "optimize", "consume", "quality")
+# The window of the overview's quality counters (drift and error rates).
+RATES_WINDOW = timedelta(hours=1)
+# Gateway events that mean a call failed (gateway/proxy/views.py _fault_event).
+ERROR_EVENTS = ("upstream_error", "record_failed")
+# Readiness values without a final reward (the counter "awaiting reward").
+AWAITING_REWARD_VALUES = [v for v in range(READY + 1) if not v & int(Readiness.REWARD_FINAL)]
+EXACT_TOKEN_SOURCES = (Step.TokenSource.CLIENT, Step.TokenSource.UPSTREAM)
 
 
-def live_state(topics: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    """The hello state for ``topics``: {"collect", "represent", "curate", "optimize",
-    "consume"} as far as the topics need them, and "policy_version" (the current one, or
-    None)."""
+def sections(topics: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """The state sections ``topics`` need, in ALL's order."""
     wanted: set[str] = set()
     for topic in topics:
         wanted.update(SECTIONS.get(topic, ALL))
-    state: dict[str, Any] = {}
-    for name in ALL:
-        if name in wanted:
-            state[name] = _READERS[name]()
-    state["policy_version"] = (
-        PolicyVersion.objects.filter(is_current=True).values_list("version", flat=True).first()
-    )
+    return tuple(name for name in ALL if name in wanted)
+
+
+def live_state(topics: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """The counters ``topics`` need, from one consistent read (see the module docstring):
+    {"collect", "represent", "curate", "optimize", "consume"} as far as the topics need
+    them, and "policy_version". ``collect`` also lists the sources (their steps and when
+    they were last seen; a second statement)."""
+    wanted = sections(topics)
+    scan = {k: v for name in wanted for k, v in _STEP_SCAN.get(name, {}).items()}
+    parts = [_row(PolicyVersion.objects.filter(is_current=True), policy_version=Max("version"))]
+    parts += [_row(Step.objects, **scan)] if scan else []
+    parts += [part for name in wanted for part in _PARTS[name]()]
+    row = _one_read(parts)
+    state: dict[str, Any] = {name: _SHAPES[name](row) for name in wanted}
+    state["policy_version"] = row["policy_version"]
+    if "collect" in state:
+        state["collect"]["sources"] = _sources()
     return state
 
 
-def _collect() -> dict[str, Any]:
-    steps = _total(Step)
-    sources = [
-        {"name": name or "", "steps": n or 0, "last_seen": last.isoformat() if last else None}
-        for name, n, last in Trajectory.objects.values("source__name")
-        .annotate(n=Sum("step_count"), last=Max("updated_at"))
-        .order_by("source__name")
-        .values_list("source__name", "n", "last")
+def state_for(state: dict[str, Any], topics: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """The part of a full state (``live_state(ALL)``) that ``topics`` need: what
+    ``live_state(topics)`` would have read."""
+    return {name: state[name] for name in sections(topics)} | {"policy_version": state["policy_version"]}
+
+
+# --- the parts of the one statement --------------------------------------------------------------
+# Counters of one scan of the step table, per section: on PostgreSQL an index-only scan of
+# step_curation, the narrow index that holds token_source and readiness.
+_STEP_SCAN: dict[str, dict[str, Any]] = {
+    "collect": {"steps": Count("id")},
+    "represent": {
+        "exact": Count("id", filter=Q(token_source__in=EXACT_TOKEN_SOURCES)),
+        "retokenized": Count("id", filter=Q(token_source=Step.TokenSource.RETOKENIZED)),
+    },
+    "curate": {"awaiting_reward": Count("id", filter=Q(readiness__in=AWAITING_REWARD_VALUES))},
+}
+
+
+def _collect() -> list[QuerySet]:
+    return [
+        _row(
+            Trajectory.objects,
+            trajectories=Count("id"),
+            running=Count("id", filter=Q(status=Trajectory.Status.RUNNING)),
+        ),
     ]
-    return {
-        "steps": steps,
-        "trajectories": _total(Trajectory),
-        # traj_status_updated: a range of the index (running trajectories are few)
-        "running": Trajectory.objects.filter(status=Trajectory.Status.RUNNING).count(),
-        "sources": sources,
-    }
 
 
-def _represent() -> dict[str, Any]:
-    split = _token_sources()
-    retokenized = split.get(Step.TokenSource.RETOKENIZED, 0)
-    exact = split.get(Step.TokenSource.CLIENT, 0) + split.get(Step.TokenSource.UPSTREAM, 0)
+def _represent() -> list[QuerySet]:
     # step_drift: a partial index of the drifting steps only
-    drift = Step.objects.filter(drift=True).count()
-    return {"exact": exact, "retokenized": retokenized, "drift": drift}
+    return [_row(Step.objects.filter(drift=True), drift=Count("id"))]
 
 
-def _curate() -> dict[str, Any]:
-    return {
-        # step_ready: the partial index holds exactly these steps (an index-only count)
-        "ready_steps": Step.objects.filter(readiness__in=TRAINABLE_VALUES).count(),
+def _curate() -> list[QuerySet]:
+    return [
+        # step_ready: the partial index holds every trainable readiness value, READY among them
+        _row(Step.objects.filter(readiness=READY), ready_steps=Count("id")),
         # group_ready: partial index of ready groups
-        "ready_groups": PromptGroup.objects.filter(ready_at__isnull=False).count(),
+        _row(PromptGroup.objects.filter(ready_at__isnull=False), ready_groups=Count("id")),
         # step_labelled: partial index of labelled steps
-        "labelled": Step.objects.filter(~Q(label="")).count(),
-    }
+        _row(Step.objects.filter(~Q(label="")), labelled=Count("id")),
+    ]
 
 
-def _optimize() -> dict[str, Any]:
-    got = MergeResult.objects.filter(status=MergeResult.Status.DONE, group__isnull=False).aggregate(
-        groups=Count("id"), tokens=Sum("total_tokens"), unique=Sum("unique_tokens")
-    )
-    tokens = got["tokens"] or 0
-    saved = tokens - (got["unique"] or 0)
+def _optimize() -> list[QuerySet]:
+    return [
+        _row(
+            MergeResult.objects.filter(status=MergeResult.Status.DONE, group__isnull=False),
+            merged_groups=Count("id"),
+            merge_tokens=Sum("total_tokens"),
+            merge_unique=Sum("unique_tokens"),
+        )
+    ]
+
+
+def _consume() -> list[QuerySet]:
+    return [
+        _row(
+            Lease.objects,
+            leases_open=Count("id", filter=Q(status=Lease.Status.LEASED)),
+            leases_acked=Count("id", filter=Q(status=Lease.Status.ACKED)),
+        ),
+        _row(Consumer.objects, consumers=Count("id")),
+    ]
+
+
+def _quality() -> list[QuerySet]:
+    since = timezone.now() - RATES_WINDOW
+    return [
+        # step_created: a range of the index (the last hour)
+        _row(
+            Step.objects.filter(created_at__gte=since),
+            recent_steps=Count("id"),
+            recent_drift=Count("id", filter=Q(drift=True)),
+        ),
+        _row(Event.objects.filter(type__in=ERROR_EVENTS, created_at__gte=since), recent_errors=Count("id")),
+    ]
+
+
+_PARTS = {
+    "collect": _collect,
+    "represent": _represent,
+    "curate": _curate,
+    "optimize": _optimize,
+    "consume": _consume,
+    "quality": _quality,
+}
+
+
+# --- the sections, from the statement's one row ---------------------------------------------------
+def _optimize_shape(row: dict[str, Any]) -> dict[str, Any]:
+    # int(): a raw SUM of a bigint column is a numeric (Decimal) on PostgreSQL
+    tokens = int(row["merge_tokens"] or 0)
+    saved = tokens - int(row["merge_unique"] or 0)
     return {
-        "merged_groups": got["groups"],
+        "merged_groups": row["merged_groups"],
         "tokens": tokens,
         "tokens_saved": saved,
         "saved_pct": round(100 * saved / tokens) if tokens else None,
     }
 
 
-def _consume() -> dict[str, Any]:
-    got = Lease.objects.aggregate(
-        open=Count("id", filter=Q(status=Lease.Status.LEASED)),
-        acked=Count("id", filter=Q(status=Lease.Status.ACKED)),
-    )
-    return {"leases_open": got["open"], "acked": got["acked"], "consumers": Consumer.objects.count()}
+def _quality_shape(row: dict[str, Any]) -> dict[str, Any]:
+    steps, drift, errors = row["recent_steps"], row["recent_drift"], row["recent_errors"]
+    return {
+        "window_hours": int(RATES_WINDOW.total_seconds() // 3600),
+        "steps": steps,
+        "drift_pct": round(100 * drift / steps) if steps else None,
+        "errors": errors,
+        "error_pct": round(100 * errors / (steps + errors)) if steps + errors else None,
+    }
 
 
-_READERS = {
-    "collect": _collect,
-    "represent": _represent,
-    "curate": _curate,
-    "optimize": _optimize,
-    "consume": _consume,
+_SHAPES = {
+    "collect": lambda r: {"steps": r["steps"], "trajectories": r["trajectories"], "running": r["running"]},
+    "represent": lambda r: {"exact": r["exact"], "retokenized": r["retokenized"], "drift": r["drift"]},
+    "curate": lambda r: {
+        "ready_steps": r["ready_steps"],
+        "awaiting_reward": r["awaiting_reward"],
+        "ready_groups": r["ready_groups"],
+        "labelled": r["labelled"],
+    },
+    "optimize": _optimize_shape,
+    "quality": _quality_shape,
+    "consume": lambda r: {
+        "leases_open": r["leases_open"],
+        "acked": r["leases_acked"],
+        "consumers": r["consumers"],
+    },
 }
 
 
-# --- estimates ---------------------------------------------------------------------------------
-def _total(model: Any) -> int:
-    """Rows of ``model``'s table: the planner's estimate on PostgreSQL for a big table,
-    else exact."""
-    estimate = _reltuples(model._meta.db_table)
-    if estimate is not None and estimate >= EXACT_BELOW:
-        return estimate
-    return model.objects.count()
+def _sources() -> list[dict[str, Any]]:
+    return [
+        {
+            "name": name or "",
+            "trajectories": trajectories,
+            "steps": n or 0,
+            "last_seen": last.isoformat() if last else None,
+        }
+        for name, trajectories, n, last in Trajectory.objects.values("source__name")
+        .annotate(trajectories=Count("id"), n=Sum("step_count"), last=Max("updated_at"))
+        .order_by("source__name")
+        .values_list("source__name", "trajectories", "n", "last")
+    ]
 
 
-def _token_sources() -> dict[str, int]:
-    """Steps per token source: exact on a small table, else the planner's most-common-value
-    frequencies times its row estimate (PostgreSQL)."""
-    total = _reltuples(Step._meta.db_table)
-    if total is not None and total >= EXACT_BELOW:
-        with connection.cursor() as cur:
-            cur.execute(
-                "SELECT most_common_vals::text::text[], most_common_freqs FROM pg_stats"
-                " WHERE tablename = %s AND attname = 'token_source'",
-                [Step._meta.db_table],
-            )
-            row = cur.fetchone()
-        if row and row[0]:
-            return {v: round(f * total) for v, f in zip(row[0], row[1], strict=True)}
-    return dict(Step.objects.values("token_source").annotate(n=Count("id")).values_list("token_source", "n"))
+# --- one statement ------------------------------------------------------------------------------
+def _row(qs: QuerySet, **aggregates: Any) -> QuerySet:
+    """``qs.aggregate(**aggregates)`` left unevaluated, to be one part of ``_one_read``:
+    grouped by a constant, which is no GROUP BY, so it is one row."""
+    return qs.order_by().annotate(_one=Value(1)).values("_one").annotate(**aggregates).values(*aggregates)
 
 
-def _reltuples(table: str) -> int | None:
-    if connection.vendor != "postgresql":
-        return None
+def _one_read(parts: list[QuerySet]) -> dict[str, Any]:
+    """The columns of every one-row query in ``parts`` (distinct names), read by one SELECT
+    that joins them: one statement, one snapshot of the database."""
+    sql, params = [], []
+    for i, qs in enumerate(parts):
+        part, part_params = qs.query.sql_with_params()
+        sql.append(f"({part}) AS {connection.ops.quote_name(f'part{i}')}")
+        params.extend(part_params)
     with connection.cursor() as cur:
-        cur.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)", [table])
-        row = cur.fetchone()
-    return int(row[0]) if row and row[0] is not None and row[0] >= 0 else None
+        cur.execute("SELECT * FROM " + " CROSS JOIN ".join(sql), params)
+        names = [c[0] for c in cur.description]
+        return dict(zip(names, cur.fetchone(), strict=True))

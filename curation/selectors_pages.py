@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from pool.flags import READINESS_NAMES
 from pool.flags import names as flag_names
-from pool.models import Event, MergeResult, PolicyVersion, PromptGroup, Source, Step, Trajectory
+from pool.models import MergeResult, PolicyVersion, PromptGroup, Source, Step, Trajectory
 from pool.selectors import pool_stats, steps_render
 
 from .models import Consumer, Dataset, Lease, Snapshot
@@ -30,10 +30,6 @@ from .selectors_live import live_state
 
 # Minutes shown by the overview's ingestion-rate chart (one point per minute).
 RATE_MINUTES = 30
-# Window of the drift and error rates on the overview.
-RATES_WINDOW = timedelta(hours=1)
-# Gateway events that mean a call failed (gateway/proxy/views.py _fault_event).
-ERROR_EVENTS = ("upstream_error", "record_failed")
 # Rows per page of the step list; groups on the optimization page; snapshots and leases shown.
 STEP_PAGE = 50
 GROUP_PAGE = 50
@@ -47,27 +43,18 @@ TREE_W, TREE_ROW = 1000, 22
 
 # --- overview ---------------------------------------------------------------------------------
 def overview() -> dict[str, Any]:
-    """Everything the overview shows: the five stage counters (the live hello state),
-    the ingestion rate per minute, sources and their health, drift and error rates."""
-    stats = pool_stats()
-    now = timezone.now()
-    since = now - RATES_WINDOW
-    recent = Step.objects.filter(created_at__gte=since).aggregate(
-        steps=Count("id"), drift=Count("id", filter=Q(drift=True))
-    )
-    errors = Event.objects.filter(type__in=ERROR_EVENTS, created_at__gte=since).count()
-    calls = recent["steps"] + errors
+    """Everything the overview shows: the counters of the five stages and the last hour's
+    quality (``state``: the live hello state, one consistent read, curation/selectors_live.py),
+    the ingestion rate per minute, sources and their health, and token storage."""
+    state = live_state(["overview"])
+    quality = state["quality"]
+    calls = quality["steps"] + quality["errors"]
     return {
-        "stats": stats,
-        # The live websocket's hello state: the page starts from the numbers live events move.
-        "state": live_state(["overview"]),
-        "rate": ingest_rate(now=now),
+        "stats": pool_stats(),
+        "state": state,
+        "rate": ingest_rate(),
         "sources": sources_health(),
-        "window_hours": int(RATES_WINDOW.total_seconds() // 3600),
-        "recent_steps": recent["steps"],
-        "drift_rate": recent["drift"] / recent["steps"] if recent["steps"] else None,
-        "errors": errors,
-        "error_rate": errors / calls if calls else None,
+        "error_rate": quality["errors"] / calls if calls else None,
     }
 
 

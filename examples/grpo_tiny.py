@@ -16,7 +16,16 @@ Each training step:
 4. takes an Adam step, leaves the ``with`` block (ack), then ``set_policy_version(v + 1)``,
    which the server's curation uses for staleness/freshness.
 
-One JSON line per step is printed. No Django: only ``claw_client``, numpy and torch.
+Before training on a batch it checks it (``batch_check``): a step to train on (unmasked)
+with a null reward would be trained on as reward 0, and one without rollout logprobs without
+importance correction, silently. Such a batch is refused: the lease is nacked (the steps go
+back to the pool) and ``main`` exits with status 2 and a message naming the steps, unless
+``--allow-null-rewards`` / ``--allow-missing-logprobs`` accept them.
+
+One JSON line per step is printed, with ``mean_reward`` (the mean reward of the batch's
+steps trained on, as the advantages see them) and ``groups_with_variance`` (the fraction of
+its groups whose rewards are not all equal: the others give GRPO no signal). No Django:
+only ``claw_client``, numpy and torch.
 
 Run from the repository root against a server, with a consume key (it pulls and publishes
 policy versions)::
@@ -87,21 +96,84 @@ class TinyLM(nn.Module):
         return self.head(self.ln(x))  # (1, U, V)
 
 
+class BadBatch(Exception):
+    """A pulled batch the trainer refuses to train on (raised inside the pull: nacked)."""
+
+
+SHOWN_UIDS = 10  # step uids a refusal names (then "and N more")
+
+
+def batch_check(
+    tree: dict[str, Any], *, allow_null_rewards: bool = False, allow_missing_logprobs: bool = False
+) -> None:
+    """Raise BadBatch naming the steps to train on (unmasked) that have a null reward or no
+    rollout logprobs, unless allowed. Masked steps are context only: never trained on."""
+    trained = [i for i, m in enumerate(tree["mask"]) if not m]
+    problems = []
+    null = [tree["uid"][i] for i in trained if tree["reward"][i] is None]
+    if null and not allow_null_rewards:
+        problems.append(
+            f"{len(null)} of the {len(trained)} steps to train on have a null reward ({_uids(null)}): "
+            "they would be trained on as reward 0 (--allow-null-rewards accepts that)"
+        )
+    bare = [tree["uid"][i] for i in trained if not tree["has_rollout_logprobs"][i]]
+    if bare and not allow_missing_logprobs:
+        problems.append(
+            f"{len(bare)} of the {len(trained)} steps to train on have no rollout logprobs ({_uids(bare)}): "
+            "they would be trained on without importance correction (--allow-missing-logprobs accepts that)"
+        )
+    if problems:
+        raise BadBatch("refused the batch; " + "; ".join(problems))
+
+
+def _uids(uids: Sequence[str]) -> str:
+    shown = ", ".join(uids[:SHOWN_UIDS])
+    return shown + (f" and {len(uids) - SHOWN_UIDS} more" if len(uids) > SHOWN_UIDS else "")
+
+
+def batch_rewards(tree: dict[str, Any]) -> dict[str, Any]:
+    """The rewards of the steps trained on (unmasked), as the advantages see them (a null,
+    when allowed, counts 0): their mean, how many were null, and the fraction of groups (a
+    step without a group is a group of one) whose rewards are not all equal."""
+    r = _rewards(tree["reward"])
+    keep = ~np.asarray([bool(m) for m in tree["mask"]], dtype=bool)
+    groups = _group_rows(tree["prompt_group_uid"], keep)
+    varied = sum(1 for rows in groups if r[rows].max() > r[rows].min())
+    return {
+        "mean_reward": float(r[keep].mean()) if keep.any() else None,
+        "null_rewards": sum(1 for x, k in zip(tree["reward"], keep, strict=True) if k and x is None),
+        "groups_with_variance": varied / len(groups) if groups else None,
+    }
+
+
 def grpo_advantages(
     rewards: Sequence[float | None], groups: Sequence[str | None], masked: Sequence[bool], eps: float = 1e-6
 ) -> np.ndarray:
     """Per row ``(r - mean) / (std + eps)`` over the unmasked rows of its prompt group (a row
-    without a group is its own group, advantage 0). Masked rows get 0; a null reward counts 0."""
-    r = np.array([0.0 if x is None else float(x) for x in rewards], dtype=np.float64)
-    keep = ~np.asarray(masked, dtype=bool)
+    without a group is its own group, advantage 0). Masked rows get 0; a null reward counts 0
+    (``batch_check`` refuses such a batch unless allowed)."""
+    r = _rewards(rewards)
     adv = np.zeros(len(r), dtype=np.float64)
+    for rows in _group_rows(groups, ~np.asarray(masked, dtype=bool)):
+        vals = r[rows]
+        adv[rows] = (vals - vals.mean()) / (vals.std() + eps)
+    return adv
+
+
+def _rewards(rewards: Sequence[float | None]) -> np.ndarray:
+    return np.array([0.0 if x is None else float(x) for x in rewards], dtype=np.float64)
+
+
+def _group_rows(groups: Sequence[str | None], keep: np.ndarray) -> list[np.ndarray]:
+    """The kept rows of each prompt group, in first-seen order (a row without a group is its
+    own group); groups with no kept row are left out."""
     keys = [g if g is not None else f"\0row{i}" for i, g in enumerate(groups)]
+    out = []
     for key in dict.fromkeys(keys):
         rows = np.array([i for i, k in enumerate(keys) if k == key and keep[i]], dtype=np.int64)
         if len(rows):
-            vals = r[rows]
-            adv[rows] = (vals - vals.mean()) / (vals.std() + eps)
-    return adv
+            out.append(rows)
+    return out
 
 
 def policy_loss(model: TinyLM, tree: dict[str, Any], ratio_cap: float = 2.0) -> tuple[torch.Tensor, dict]:
@@ -134,7 +206,7 @@ def policy_loss(model: TinyLM, tree: dict[str, Any], ratio_cap: float = 2.0) -> 
     stats = {
         "response_tokens": n,
         "mean_logprob": float(lp.detach()[valid].mean()) if n else 0.0,
-        "mean_reward": float(np.mean([r for r in tree["reward"] if r is not None] or [0.0])),
+        **batch_rewards(tree),
     }
     return loss, stats
 
@@ -152,12 +224,16 @@ def train(
     version_client: ClawClient | None = None,
     seed: int = 0,
     log: Callable[[str], Any] | None = print,
+    allow_null_rewards: bool = False,
+    allow_missing_logprobs: bool = False,
 ) -> list[dict[str, Any]]:
     """``steps`` GRPO steps on ``dataset`` as ``consumer``; one stats dict per step.
 
     A pull that finds nothing ready ends training early (the stats list is then shorter).
     After each acked step the policy version becomes ``v + 1`` (``policy_version`` is the
-    starting v, default 0), set through ``version_client`` (default ``client``).
+    starting v, default 0), set through ``version_client`` (default ``client``). A batch
+    ``batch_check`` refuses raises BadBatch, after the steps trained before it; its lease is
+    nacked.
     """
     torch.manual_seed(seed)
     model = model if model is not None else TinyLM()
@@ -170,6 +246,9 @@ def train(
             if not batch:
                 break
             tree = batch.batch
+            batch_check(
+                tree, allow_null_rewards=allow_null_rewards, allow_missing_logprobs=allow_missing_logprobs
+            )
             loss, extra = policy_loss(model, tree)
             if not math.isfinite(loss.item()):
                 raise FloatingPointError(f"non-finite loss {float(loss)}")  # nacks the lease
@@ -210,6 +289,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--start-version", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--allow-null-rewards", action="store_true", help="train on steps with a null reward, as reward 0"
+    )
+    p.add_argument(
+        "--allow-missing-logprobs",
+        action="store_true",
+        help="train on steps without rollout logprobs, without importance correction",
+    )
     a = p.parse_args(argv)
     if not a.key:
         p.error("--key (or CLAW_API_KEY) is required")
@@ -226,7 +313,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 policy_version=a.start_version,
                 version_client=vclient,
                 seed=a.seed,
+                allow_null_rewards=a.allow_null_rewards,
+                allow_missing_logprobs=a.allow_missing_logprobs,
             )
+        except BadBatch as exc:
+            print(f"grpo_tiny: {exc}", file=sys.stderr)
+            return 2
         finally:
             if vclient is not None:
                 vclient.close()

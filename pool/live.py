@@ -148,21 +148,27 @@ class _Flusher(threading.Thread):
             self.rate_steps, self.rate_since = 0, now
         if not raw:
             return
-        batches = coalesce(raw)
-        self.send(
-            [(GROUP_PREFIX + topic, {"type": "live.batch", "events": events}) for topic, events in batches]
-        )
-
-    def send(self, messages: list[tuple[str, dict[str, Any]]]) -> None:
         from channels.layers import InMemoryChannelLayer, get_channel_layer
 
         layer = get_channel_layer()
         if layer is None:
             return
+        if isinstance(layer, InMemoryChannelLayer) and (_consumer_loop is None or _consumer_loop.is_closed()):
+            return  # nobody connected to this process: nothing to deliver
+        name_groups(raw)
+        batches = coalesce(raw)
+        self.send(
+            layer,
+            [(GROUP_PREFIX + topic, {"type": "live.batch", "events": events}) for topic, events in batches],
+        )
+
+    def send(self, layer: Any, messages: list[tuple[str, dict[str, Any]]]) -> None:
+        from channels.layers import InMemoryChannelLayer
+
         if isinstance(layer, InMemoryChannelLayer):
             loop = _consumer_loop
             if loop is None or loop.is_closed():
-                return  # nobody connected to this process: nothing to deliver
+                return
             # Not waited for: a consumer loop that stopped (a finished test) must not stall us.
             asyncio.run_coroutine_threadsafe(_send_all(layer, messages), loop).add_done_callback(_logged)
             return
@@ -228,6 +234,70 @@ def _merge(kind: str, current: dict[str, Any], new: dict[str, Any]) -> dict[str,
     return {"kind": kind, "data": data}
 
 
+# --- prompt groups by uid -------------------------------------------------------------------------
+# Live items name a prompt group by its uid, as the pages and the API do. The services only
+# know its id, and a query per write would cost the write path a statement, so a builder
+# leaves the id under GROUP_ID and the flusher names the groups of a whole tick at once, after
+# the commit (so a uid cached here belongs to a committed group): one query per tick for
+# groups it has not seen, none when nobody listens.
+GROUP_ID = "_group_id"
+GROUP_UIDS_CACHED = 10_000  # uids remembered per process (then forgotten at once); uids never change
+_group_uids: dict[int, str] = {}
+
+
+def name_groups(raw: Iterable[tuple[str, dict[str, Any], tuple[str, ...]]]) -> None:
+    """Replace the GROUP_ID of every trajectory item of these events by ``group``, the group's
+    uid (None without a group, or when the database cannot be read: the event still goes)."""
+    items = {  # by identity: one write's completed trajectory is in both of its events
+        id(item): item
+        for kind, data, _topics in raw
+        if kind in ("steps", "trajectories.completed")
+        for item in data["trajectories" if kind == "steps" else "items"]
+        if GROUP_ID in item
+    }
+    missing = {item[GROUP_ID] for item in items.values()} - {None} - _group_uids.keys()
+    if missing:
+        _group_uids_read(missing)
+    for item in items.values():
+        group_id = item.pop(GROUP_ID)
+        item["group"] = _group_uids.get(group_id) if group_id is not None else None
+
+
+def _group_uids_read(ids: set[int]) -> None:
+    from django.db import DatabaseError, connection
+
+    from .models import PromptGroup
+
+    try:
+        found = dict(PromptGroup.objects.filter(id__in=ids).values_list("id", "uid"))
+    except DatabaseError:
+        log.warning("live: prompt group uids could not be read", exc_info=True)
+        return
+    finally:
+        # The flusher keeps no connection between ticks: none to go stale, and none to hold
+        # a database (a test database being dropped) open.
+        connection.close()
+    if len(_group_uids) + len(found) > GROUP_UIDS_CACHED:
+        _group_uids.clear()
+    _group_uids.update(found)
+
+
+def trajectory_item(
+    *, uid: str, source: str, channel: str, status: str, step_count: int, group_id: int | None
+) -> dict[str, Any]:
+    """One trajectory of a live event (``steps``' trajectories, ``trajectories.completed``'s
+    items): uid, source, channel, status, step_count and group (its uid, named by the
+    flusher)."""
+    return {
+        "uid": uid,
+        "source": source,
+        "channel": channel,
+        "status": status,
+        "step_count": step_count,
+        GROUP_ID: group_id,
+    }
+
+
 # --- event builders (called by the services) ----------------------------------------------------
 _source_names: dict[int, str] = {}
 
@@ -265,14 +335,14 @@ def steps_written(written: Any) -> None:
     completed = []
     for tid, n in end.items():
         t = written.trajectories[tid]
-        item = {
-            "uid": t.uid,
-            "source": source,
-            "channel": written.channel,
-            "status": "completed" if tid in ended else ("ended" if t.ended else "running"),
-            "step_count": n,
-            "group": t.group_id,
-        }
+        item = trajectory_item(
+            uid=t.uid,
+            source=source,
+            channel=written.channel,
+            status="completed" if tid in ended else ("ended" if t.ended else "running"),
+            step_count=n,
+            group_id=t.group_id,
+        )
         trajectories.append(item)
         if tid in ended and not t.ended:
             completed.append(item)

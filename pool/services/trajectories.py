@@ -184,14 +184,14 @@ def trajectories_complete(
         trajectories_settle(trajectory_ids=[t.id for t in changed.values() if t.group_id not in filled])
     if ending:
         items = [
-            {
-                "uid": t.uid,
-                "source": live.source_name(t.source_id),
-                "channel": t.channel,
-                "status": t.status,
-                "step_count": t.step_count,
-                "group": t.group_id,
-            }
+            live.trajectory_item(
+                uid=t.uid,
+                source=live.source_name(t.source_id),
+                channel=t.channel,
+                status=t.status,
+                step_count=t.step_count,
+                group_id=t.group_id,
+            )
             for t in (changed[i] for i in ending)
         ]
         live.publish("trajectories.completed", {"count": len(items), "items": items[-live.RECENT_ITEMS :]})

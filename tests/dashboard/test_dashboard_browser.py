@@ -61,6 +61,32 @@ class Api:
         assert resp.status_code < 300, resp.text
         return resp.json()
 
+    def get(self, path: str) -> dict:
+        resp = httpx.get(f"{self.url}{path}", headers=self.headers, timeout=30)
+        assert resp.status_code == 200, resp.text
+        return resp.json()
+
+    def numbers(self) -> dict[str, int]:
+        """The overview's counters as the API counts them (the stats and the step list)."""
+        stats = self.get("/api/v1/stats")
+        steps: list[dict] = []
+        url: str | None = "/api/v1/steps?page_size=1000"
+        while url:
+            page = self.get(url)
+            steps += page["results"]
+            url = page["next"] and page["next"].removeprefix(self.url)
+        return {
+            "collect.steps": stats["steps"],
+            "collect.trajectories": stats["trajectories"],
+            "collect.running": stats["trajectories_by_status"].get("running", 0),
+            "represent.exact": sum(s["token_source"] in ("client", "upstream") for s in steps),
+            "represent.retokenized": sum(s["token_source"] == "retokenized" for s in steps),
+            "represent.drift": stats["steps_drift"],
+            "curate.ready_steps": sum(s["ready"] for s in steps),
+            "curate.awaiting_reward": sum("reward_final" not in s["readiness"] for s in steps),
+            "curate.labelled": sum(s["label"] is not None for s in steps),
+        }
+
 
 @pytest.fixture
 def server(tmp_path) -> Iterator[tuple[LiveServer, Api, Api]]:
@@ -280,6 +306,80 @@ def test_a_step_posted_through_the_api_appears_live(server, browser):
     expect(row.locator("[data-cell=status]")).to_have_text("done")
     expect(row.locator("progress")).to_have_js_property("position", 1)
     shot(consumption, "consumption-live")
+
+
+@needs_live
+def test_the_overviews_numbers_after_live_updates_are_the_apis(server, browser):
+    from playwright.sync_api import expect
+
+    srv, agent, _ = server
+    reader = Api(srv.url, srv.make_key("read", name="dash-reader"))
+    context, _ = browser
+    overview = first_page(context)
+    sign_in(overview, srv.url)
+    collection = context.new_page()
+    collection.goto(f"{srv.url}/collection/")
+    for page in (overview, collection):
+        expect(page.locator("#live-status")).to_have_attribute("data-state", "live")
+    before = reader.numbers()
+    for path, value in before.items():
+        expect(overview.locator(f'[data-live="{path}"]')).to_have_text(str(value))
+
+    # when agents write while the pages are open: a two-rollout group, completed with
+    # rewards (ready), a running trajectory and one completed without a reward
+    agent.post("/api/v1/groups", {"uid": "bg", "expected_rollouts": 2})
+    agent.post(
+        "/api/v1/steps",
+        {
+            "steps": [
+                {
+                    "trajectory_uid": "bg-r0",
+                    "prompt_group_uid": "bg",
+                    "step_index": 0,
+                    "prompt_ids": [1, 2],
+                    "response_ids": [3],
+                },
+                {
+                    "trajectory_uid": "bg-r0",
+                    "prompt_group_uid": "bg",
+                    "step_index": 1,
+                    "prompt_ids": [1, 2, 3, 4],
+                    "response_ids": [5],
+                },
+                {
+                    "trajectory_uid": "bg-r1",
+                    "prompt_group_uid": "bg",
+                    "step_index": 0,
+                    "prompt_ids": [1, 2],
+                    "response_ids": [6],
+                },
+                {"trajectory_uid": "b-run", "step_index": 0, "prompt_ids": [7], "response_ids": [8]},
+                {
+                    "trajectory_uid": "b-nor",
+                    "step_index": 0,
+                    "prompt_ids": [7],
+                    "response_ids": [9],
+                    "is_last": True,
+                },
+            ]
+        },
+    )
+    agent.post("/api/v1/trajectories/bg-r0/complete", {"reward": 1.0})
+    agent.post("/api/v1/trajectories/bg-r1/complete", {"reward": 0.0})
+    after = reader.numbers()
+    assert after["collect.steps"] == before["collect.steps"] + 5
+    assert after["curate.ready_steps"] == before["curate.ready_steps"] + 3
+    assert after["collect.running"] == before["collect.running"] + 1
+    # then, without a reload, every overview counter becomes the API's number
+    for path, value in after.items():
+        expect(overview.locator(f'[data-live="{path}"]')).to_have_text(str(value), timeout=10_000)
+    shot(overview, "overview-numbers")
+    # and the live Collection rows name the group by its uid, linked to its page
+    for uid in ("bg-r0", "bg-r1"):
+        link = collection.locator(f'#trajectories tr[data-uid="{uid}"]').get_by_role(
+            "link", name="bg", exact=True
+        )
+        expect(link).to_have_attribute("href", "/optimization/groups/bg/")
 
 
 WRITE_WHILE_DOWN = """

@@ -1,10 +1,13 @@
 """examples/grpo_tiny.py end to end against a real server process (tests/live.py): an agent
 submits GRPO groups of steps with rewards, the tiny trainer pulls them in the ``tree`` format,
 takes 3 policy-gradient steps (one packed forward each), acks every lease and advances the
-policy version by one per step."""
+policy version by one per step. A batch with null rewards or without rollout logprobs is
+refused (exit 2, naming the steps, the lease nacked) unless a flag allows it, and each step
+prints the batch's mean reward and the fraction of its groups with reward variance."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 
@@ -13,7 +16,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from claw_client import ClawClient  # noqa: E402
-from examples.grpo_tiny import TinyLM, grpo_advantages, main, train  # noqa: E402
+from examples.grpo_tiny import (  # noqa: E402
+    BadBatch,
+    TinyLM,
+    batch_check,
+    batch_rewards,
+    grpo_advantages,
+    main,
+    train,
+)
 from tests.live import LiveServer, live_server  # noqa: E402
 
 pytestmark = pytest.mark.live
@@ -119,3 +130,130 @@ def test_main_runs_against_the_server(server, capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 2 and '"policy_version": 102' in out[-1]
+
+
+# --- refusing bad data, and what each step prints ------------------------------------------------
+def known_tree() -> dict:
+    """The per-row fields of a tree batch: group a varies (1, 0), group b does not (0, 0),
+    a groupless row (its own group of one), and a masked row (context: not trained on)."""
+    return {
+        "uid": ["a0", "a1", "b0", "b1", "solo", "ctx"],
+        "prompt_group_uid": ["a", "a", "b", "b", None, "a"],
+        "reward": [1.0, 0.0, 0.0, 0.0, 0.5, None],
+        "mask": [False, False, False, False, False, True],
+        "has_rollout_logprobs": [True, True, True, True, True, False],
+    }
+
+
+def test_the_batch_rewards_of_a_known_batch():
+    got = batch_rewards(known_tree())
+    # mean of the 5 trained rows: (1 + 0 + 0 + 0 + 0.5) / 5; 1 of 3 groups varies
+    assert got == {
+        "mean_reward": pytest.approx(0.3),
+        "null_rewards": 0,
+        "groups_with_variance": pytest.approx(1 / 3),
+    }
+    # and the masked row's null reward and missing logprobs do not matter: it is not trained on
+    batch_check(known_tree())
+
+
+def test_batch_check_names_the_steps_with_null_rewards_or_no_logprobs():
+    tree = known_tree()
+    tree["reward"][0] = None  # a0's 1.0
+    tree["has_rollout_logprobs"][2] = False
+    with pytest.raises(BadBatch) as err:
+        batch_check(tree)
+    message = str(err.value)
+    assert "1 of the 5 steps to train on have a null reward (a0)" in message
+    assert "1 of the 5 steps to train on have no rollout logprobs (b0)" in message
+    assert "--allow-null-rewards" in message and "--allow-missing-logprobs" in message
+    batch_check(tree, allow_null_rewards=True, allow_missing_logprobs=True)
+    # with a null allowed it counts 0, as in the advantages: group a no longer varies
+    assert batch_rewards(tree) == {
+        "mean_reward": pytest.approx(0.5 / 5),
+        "null_rewards": 1,
+        "groups_with_variance": pytest.approx(0.0),
+    }
+
+
+def seed_source(
+    srv: LiveServer, keys: dict[str, str], name: str, steps: list[dict], *, failed=(), **filters
+) -> None:
+    """``steps`` submitted by a source of their own (and the trajectories ``failed`` ended as
+    failed), and a dataset ``name`` of that source's steps only (``filters`` added)."""
+    with ClawClient(srv.url, srv.make_key("ingest", name=name)) as agent:
+        for group in {s["prompt_group_uid"] for s in steps if s.get("prompt_group_uid")}:
+            agent._request("POST", "/groups", json={"uid": group, "expected_rollouts": ROLLOUTS})
+        assert agent.submit_steps(steps)["created"] == len(steps)
+        for uid in failed:
+            agent._request("POST", f"/trajectories/{uid}/complete", json={"status": "failed"})
+    with ClawClient(srv.url, keys["admin"]) as admin:
+        admin.create_dataset(name, filters={"sources": [name], **filters})
+
+
+def run(srv, keys, dataset: str, *flags: str, capsys) -> tuple[int, list[str], str]:
+    argv = ["--url", srv.url, "--key", keys["trainer"], "--dataset", dataset, "--steps", "1"]
+    code = main([*argv, "--batch-size", "2", "--consumer", dataset, *flags])
+    out = capsys.readouterr()
+    return code, out.out.strip().splitlines(), out.err
+
+
+def test_a_batch_with_null_rewards_is_refused_then_runs_with_the_flag(server, capsys):
+    srv, keys = server
+    # given a ready group whose second rollout failed without a reward, in a dataset that
+    # admits steps without a final reward (readiness "any")
+    steps = rollout("nulls-g", 0, 0, reward=1.0)
+    steps += [s | {"reward": None, "is_last": False} for s in rollout("nulls-g", 0, 1, reward=0.0)]
+    seed_source(srv, keys, "nulls", steps, failed=["nulls-g-r1"], readiness="any")
+    # when the trainer pulls it: refused, exit 2, the steps named, nothing trained
+    code, out, err = run(srv, keys, "nulls", capsys=capsys)
+    assert code == 2 and out == []
+    assert "2 of the 4 steps to train on have a null reward (nulls-g-r1:0, nulls-g-r1:1)" in err
+    assert "they would be trained on as reward 0 (--allow-null-rewards accepts that)" in err
+    # and the lease was nacked: with the flag the same steps are served, and trained on
+    code, out, err = run(srv, keys, "nulls", "--allow-null-rewards", capsys=capsys)
+    assert code == 0, err
+    (line,) = out
+    row = json.loads(line)
+    assert row["steps"] == 4 and row["null_rewards"] == 2
+    assert row["mean_reward"] == pytest.approx(0.25)  # 0, 1 and two nulls counted 0
+
+
+def test_a_batch_without_rollout_logprobs_is_refused_then_runs_with_the_flag(server, capsys):
+    srv, keys = server
+    # given a complete, rewarded group whose steps came without rollout logprobs
+    steps = [
+        {k: v for k, v in s.items() if k != "rollout_logprobs"}
+        for k in range(ROLLOUTS)
+        for s in rollout("bare-g", 0, k, reward=float(k))
+    ]
+    seed_source(srv, keys, "bare", steps)
+    # when the trainer pulls it: refused, naming them
+    code, out, err = run(srv, keys, "bare", capsys=capsys)
+    assert code == 2 and out == []
+    uids = "bare-g-r0:0, bare-g-r0:1, bare-g-r1:0, bare-g-r1:1"
+    assert f"4 of the 4 steps to train on have no rollout logprobs ({uids})" in err
+    assert "--allow-missing-logprobs" in err and "null reward" not in err
+    # and with the flag the same batch is trained on
+    code, out, err = run(srv, keys, "bare", "--allow-missing-logprobs", capsys=capsys)
+    assert code == 0, err
+    assert json.loads(out[0])["steps"] == 4
+
+
+def test_each_step_prints_the_mean_reward_and_the_groups_with_variance(server, capsys):
+    srv, keys = server
+    # given two complete groups: "vary" rewards its rollouts 1 and 0, "flat" both 0
+    steps = [s for k in range(ROLLOUTS) for s in rollout("vary", 0, k, reward=float(k == 0))]
+    steps += [s for k in range(ROLLOUTS) for s in rollout("flat", 1, k, reward=0.0)]
+    seed_source(srv, keys, "known", steps)
+    # when one step trains on both (2 groups per pull)
+    code, out, err = run(srv, keys, "known", capsys=capsys)
+    assert code == 0, err
+    (line,) = out
+    row = json.loads(line)
+    # then it prints their mean reward (8 steps: one last step rewarded 1, the rest 0) and
+    # that one group of two has reward variance
+    assert row["steps"] == 8 and row["groups"] == 2
+    assert row["mean_reward"] == pytest.approx(1 / 8)
+    assert row["groups_with_variance"] == pytest.approx(0.5)
+    assert row["null_rewards"] == 0

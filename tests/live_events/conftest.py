@@ -12,6 +12,7 @@ import pytest
 from channels.db import database_sync_to_async as sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import Permission
+from django.db import close_old_connections
 from django.test import Client
 
 from pool import live
@@ -37,11 +38,30 @@ def nobody(django_user_model):
 @pytest.fixture(autouse=True)
 def drained():
     """Events buffered by earlier tests are sent (to nobody) before the test starts, and the
-    per-process source-name cache is emptied: an earlier test's rolled-back Source can leave
-    its id to another source here (SQLite reuses a rolled-back id)."""
+    per-process source-name and group-uid caches are emptied: an earlier test's rolled-back
+    Source or PromptGroup can leave its id to another one here (SQLite reuses a rolled-back
+    id)."""
     live.flush_now()
     live._source_names.clear()
+    live._group_uids.clear()
     yield
+
+
+def in_thread(fn: Callable) -> Callable:
+    """``fn`` on a worker thread (database_sync_to_async), its connection given back when it
+    returns. Without this a test-client request keeps its connection (Django disconnects
+    close_old_connections from the request signals in tests) in the test's context, where
+    database_sync_to_async, which closes connections outside the function's context, never
+    sees it: on PostgreSQL it stays checked out of the pool, and the test database cannot be
+    dropped at the end."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            close_old_connections()
+
+    return sync_to_async(run)
 
 
 def session_cookie(user) -> str:
@@ -70,7 +90,8 @@ async def socket(user=None, topics: str = "overview"):
 
 async def until(comm: WebsocketCommunicator, done: Callable[[list[dict]], bool]) -> list[dict]:
     """Receive batches until ``done(events so far)``; fails at the deadline. Returns every
-    event received, in order, each message's events tagged with its message number."""
+    event received, in order, each message's events tagged with its message number. The
+    counters' "state" messages in between are skipped (``state_until`` waits for those)."""
     events: list[dict[str, Any]] = []
     deadline = time.monotonic() + DEADLINE
     n = 0
@@ -78,6 +99,8 @@ async def until(comm: WebsocketCommunicator, done: Callable[[list[dict]], bool])
         left = deadline - time.monotonic()
         assert left > 0, f"condition not met by the deadline; got {events!r}"[:2000]
         msg = await comm.receive_json_from(timeout=left)
+        if msg["type"] == "state":
+            continue
         assert msg["type"] == "batch", msg
         n += 1
         events.extend(dict(e, message=n) for e in msg["events"])
@@ -86,3 +109,23 @@ async def until(comm: WebsocketCommunicator, done: Callable[[list[dict]], bool])
 
 def total(events: list[dict], kind: str, key: str = "count") -> int:
     return sum(e["data"][key] for e in events if e["kind"] == kind)
+
+
+async def state_until(comm: WebsocketCommunicator, done: Callable[[dict], bool]) -> tuple[dict, list[dict]]:
+    """Receive until a "state" message (the counters read again) whose state satisfies
+    ``done``; fails at the deadline with the last state seen. Returns that state and the
+    events of the batches received before it."""
+    events: list[dict[str, Any]] = []
+    last: dict[str, Any] | None = None
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no state met the condition by the deadline; the last was {last!r}"[:2000]
+        msg = await comm.receive_json_from(timeout=left)
+        if msg["type"] == "batch":
+            events.extend(msg["events"])
+            continue
+        assert msg["type"] == "state", msg
+        last = msg["state"]
+        if done(last):
+            return last, events

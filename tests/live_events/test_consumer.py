@@ -71,7 +71,15 @@ async def test_hello_carries_the_current_state(viewer, agent_key):
     (source,) = state["collect"]["sources"]
     assert source["name"] == "agent" and source["steps"] == 3 and source["last_seen"]
     assert state["represent"] == {"exact": 3, "retokenized": 0, "drift": 0}
-    assert set(state) == {"collect", "represent", "curate", "optimize", "consume", "policy_version"}
+    assert set(state) == {
+        "collect",
+        "represent",
+        "curate",
+        "optimize",
+        "consume",
+        "quality",
+        "policy_version",
+    }
     assert state["consume"] == {"leases_open": 0, "acked": 0, "consumers": 0}
 
 
@@ -101,9 +109,10 @@ async def test_a_step_submitted_through_the_api_arrives_as_a_steps_event(viewer,
     assert steps_event["recent"][0]["token_source"] == "client"
     (traj,) = steps_event["trajectories"]
     assert traj["uid"] == "e1" and traj["status"] == "completed" and traj["step_count"] == 2
-    assert traj["source"] == "agent" and traj["channel"] == "train"
+    assert traj["source"] == "agent" and traj["channel"] == "train" and traj["group"] == "g1"
     (completed,) = [e["data"] for e in events if e["kind"] == "trajectories.completed"]
     assert completed["count"] == 1 and completed["items"][0]["uid"] == "e1"
+    assert completed["items"][0]["group"] == "g1"  # the group's uid, as the pages name it
 
 
 async def test_a_burst_of_500_steps_arrives_in_a_few_coalesced_batches(viewer, agent_key):

@@ -8,7 +8,6 @@
 
   function $(sel, root) { return (root || document).querySelector(sel); }
   function $all(sel, root) { return Array.prototype.slice.call((root || document).querySelectorAll(sel)); }
-  function num(el) { var n = Number((el.textContent || "").replace(/[^0-9.\-]/g, "")); return isNaN(n) ? 0 : n; }
   function text(el, value) { if (el) el.textContent = value === null || value === undefined ? "–" : String(value); }
   function el(tag, attrs, content) {
     var e = document.createElement(tag);
@@ -60,12 +59,13 @@
   }
   var Live = window.ClawLive;
 
-  // Counters: every [data-live="stage.key"] element holds one number of the hello state.
-  function counters(path) { return $all("[data-live='" + path + "']"); }
-  function setCounter(path, value) { counters(path).forEach(function (e) { text(e, value); }); }
-  function addCounter(path, delta) {
-    if (!delta) return;
-    counters(path).forEach(function (e) { text(e, Math.max(0, num(e) + delta)); });
+  // Counters: every [data-live="stage.key"] element holds one number of the state (the hello
+  // state, then each "state" message: one consistent read on the server). They are set from
+  // it only, never moved by adding up events, so they always agree with each other.
+  function setCounter(path, value) {
+    $all("[data-live='" + path + "']").forEach(function (e) {
+      text(e, value === null || value === undefined ? value : value + (e.dataset.suffix || ""));
+    });
   }
   function applyState(state, prefix) {
     Object.keys(state || {}).forEach(function (k) {
@@ -76,19 +76,22 @@
   }
   Live.onState(function (state) {
     applyState(state, "");
+    var pct = $("#optimize-pct");
+    if (pct && state && state.optimize) {
+      text(pct, state.optimize.saved_pct === null ? "nothing merged yet" : state.optimize.saved_pct + "% saved");
+    }
     ((state && state.collect && state.collect.sources) || []).forEach(function (s) {
-      sourceRows(s.name).forEach(function (row) { text($("[data-cell=steps]", row), s.steps); });
+      sourceRows(s.name).forEach(function (row) {
+        text($("[data-cell=steps]", row), s.steps);
+        text($("[data-cell=trajectories]", row), s.trajectories);
+      });
     });
   });
 
-  // Sources: [data-source=name] rows with steps and last-seen cells.
+  // Sources: [data-source=name] rows with trajectories, steps and last-seen cells.
   function sourceRows(name) { return $all("tr[data-source='" + cssEscape(name) + "']"); }
-  function touchSource(name, n) {
-    sourceRows(name).forEach(function (row) {
-      var cell = $("[data-cell=steps]", row);
-      if (cell) text(cell, num(cell) + n);
-      text($("[data-cell=last_seen]", row), "just now");
-    });
+  function touchSource(name) {
+    sourceRows(name).forEach(function (row) { text($("[data-cell=last_seen]", row), "just now"); });
   }
 
   // Live rows of a filtered table: an item is shown when it matches every data-filter-*.
@@ -161,50 +164,23 @@
   }
 
   Live.on("steps", function (d) {
-    addCounter("collect.steps", d.count);
-    addCounter("represent.drift", d.drift);
-    var recent = d.recent || [];
-    if (recent.length === d.count) { // uncapped: the token sources are exact
-      var exact = recent.filter(function (s) { return s.token_source === "client" || s.token_source === "upstream"; }).length;
-      addCounter("represent.exact", exact);
-      addCounter("represent.retokenized", recent.filter(function (s) { return s.token_source === "retokenized"; }).length);
-    }
-    Object.keys(d.by_source || {}).forEach(function (name) { touchSource(name, d.by_source[name]); });
+    Object.keys(d.by_source || {}).forEach(touchSource);
     (d.trajectories || []).slice().reverse().forEach(upsertTrajectory);
-    recent.slice().reverse().forEach(addStep);
+    (d.recent || []).slice().reverse().forEach(addStep);
   });
   Live.on("trajectories.completed", function (d) {
-    addCounter("collect.running", -(d.count || 0));
     (d.items || []).forEach(upsertTrajectory);
   });
-  Live.on("readiness", function (d) {
-    addCounter("curate.ready_steps", d.ready_steps);
-    addCounter("curate.ready_groups", d.ready_groups);
-  });
 
-  // Optimization: merges (per group: the latest tokens and tokens saved).
-  var merged = {};
-  $all("tr[data-group]").forEach(function (row) {
-    var t = $("[data-cell=tokens]", row), s = $("[data-cell=saved]", row);
-    if (t && t.textContent.trim() !== "–") merged[row.dataset.group] = { tokens: num(t), saved: parseInt(s.textContent, 10) || 0 };
-  });
+  // Optimization: a group's row shows its latest merge (the totals come with the state).
   Live.on("merge", function (d) {
     (d.items || []).forEach(function (m) {
-      var before = merged[m.group];
-      addCounter("optimize.tokens", m.tokens - (before ? before.tokens : 0));
-      addCounter("optimize.tokens_saved", m.tokens_saved - (before ? before.saved : 0));
-      if (!before) addCounter("optimize.merged_groups", 1);
-      merged[m.group] = { tokens: m.tokens, saved: m.tokens_saved };
       var row = $("tr[data-group='" + cssEscape(m.group) + "']");
       if (row) {
         text($("[data-cell=tokens]", row), m.tokens);
         text($("[data-cell=saved]", row), m.tokens_saved + (m.tokens ? " (" + Math.round(100 * m.tokens_saved / m.tokens) + "%)" : ""));
       }
     });
-    var pct = $("#optimize-pct"), total = $("[data-live='optimize.tokens']");
-    if (pct && total && num(total) > 0) {
-      text(pct, Math.round(100 * num($("[data-live='optimize.tokens_saved']")) / num(total)) + "% saved");
-    }
   });
 
   // Consumption: snapshot progress bars and leases.
@@ -250,8 +226,6 @@
     }
   });
   Live.on("lease", function (d) {
-    addCounter("consume.leases_open", (d.taken || 0) - (d.acked || 0));
-    addCounter("consume.acked", d.acked);
     (d.items || []).forEach(function (l) {
       var row = $("tr[data-lease='" + cssEscape(String(l.id)) + "']");
       if (row) text($("[data-cell=status]", row), l.status);

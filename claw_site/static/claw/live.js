@@ -1,8 +1,12 @@
 /* Claw-R1 live dashboard client: one websocket to ws/live/, no dependencies.
  *
  *   ClawLive.on("steps", function (data) { ... });   // per event, with its data
- *   ClawLive.onState(function (state) { ... });      // hello state, on every (re)connect
+ *   ClawLive.onState(function (state) { ... });      // the counters: the hello state on every
+ *                                                    // (re)connect, then each "state" message
  *   ClawLive.connect(["overview", "collection"]);
+ *
+ * Counters only ever come from a state (one consistent read on the server, sent again after
+ * events); events move rows, progress bars and the rate chart.
  *
  * Reconnects with backoff (0.5 s doubling to 5 s). Sets data-state="live"|"reconnecting"
  * (and "closed" when the server refuses: 4401 not logged in, 4403 not allowed, 4400 bad
@@ -57,9 +61,11 @@
       } catch (err) {
         return;
       }
-      if (body.type === "hello") {
-        delay = 500;
-        status("live", "live");
+      if (body.type === "hello" || body.type === "state") {
+        if (body.type === "hello") {
+          delay = 500;
+          status("live", "live");
+        }
         for (var i = 0; i < stateHandlers.length; i++) {
           try {
             stateHandlers[i](body.state);
