@@ -14,6 +14,8 @@ from .flags import READY, Readiness
 from .models import Event, Feedback, MergeResult, PolicyVersion, PromptGroup, Step, Trajectory
 
 REWARD_FINAL = int(Readiness.REWARD_FINAL)
+# Readiness values without a final effective reward.
+AWAITING_REWARD_VALUES = [v for v in range(READY + 1) if not v & REWARD_FINAL]
 
 
 def steps_render(steps: Sequence[Step]) -> list[dict[str, Any]]:
@@ -122,7 +124,9 @@ def pool_stats() -> dict[str, Any]:
     """Counts and token economics of the whole pool (a handful of aggregate queries)."""
     steps = Step.objects.aggregate(
         steps=Count("id"),
-        reward_pending=Count("id", filter=Q(reward_status=Step.RewardStatus.PENDING)),
+        # Steps without a final effective reward (the REWARD_FINAL bit: its own, its
+        # branch's or its trajectory's), the dashboard's "awaiting reward": never a ready step.
+        reward_pending=Count("id", filter=Q(readiness__in=AWAITING_REWARD_VALUES)),
         drift=Count("id", filter=Q(drift=True)),
         tokens=Sum("seq_len"),
     )

@@ -116,6 +116,8 @@ def api_numbers(reader) -> dict[str, Any]:
     errors = Event.objects.filter(type__in=("upstream_error", "record_failed"), created_at__gte=since).count()
     merged = MergeResult.objects.filter(status=MergeResult.Status.DONE, group__isnull=False)
     tokens = merged.aggregate(t=Sum("total_tokens"), u=Sum("unique_tokens"))
+    # the API's two views of "awaiting reward" agree: its stats and its step reads
+    assert stats["steps_reward_pending"] == sum("reward_final" not in s["readiness"] for s in steps)
     return {
         "collect.steps": stats["steps"],
         "collect.trajectories": stats["trajectories"],
@@ -124,7 +126,7 @@ def api_numbers(reader) -> dict[str, Any]:
         "represent.retokenized": sum(s["token_source"] == "retokenized" for s in steps),
         "represent.drift": stats["steps_drift"],
         "curate.ready_steps": sum(s["ready"] for s in steps),
-        "curate.awaiting_reward": sum("reward_final" not in s["readiness"] for s in steps),
+        "curate.awaiting_reward": stats["steps_reward_pending"],
         "curate.ready_groups": PromptGroup.objects.filter(ready_at__isnull=False).count(),
         "curate.labelled": sum(s["label"] is not None for s in steps),
         "optimize.merged_groups": merged.count(),
