@@ -89,11 +89,22 @@ def trajectories_refresh(*, trajectory_ids: Iterable[int]) -> set[int]:
 
 
 def rewards_settle(*, rewarded: Iterable[int], refresh: Iterable[int]) -> None:
-    """Readiness after rewards (rewards_apply): the trajectories whose reward changed, or
-    with a step whose reward changed (its branch's other steps take it as their effective
-    reward, or lose it when it went back to pending), are recomputed; the complete groups
-    of all of them are settled."""
-    groups = trajectories_refresh(trajectory_ids=set(refresh) | set(rewarded))
+    """Readiness after rewards (rewards_apply). ``refresh``: trajectories whose reward
+    changed, or with a step whose reward went back to pending, are recomputed whole.
+    ``rewarded``: in the others a step's final own reward set its own bit in the reward
+    statement, and only their steps without an own reward can change (they take it as
+    their branch's: effective_reward.steps_refresh, which writes their bit too). The
+    complete groups of all of them are settled."""
+    refresh = set(refresh)
+    groups = trajectories_refresh(trajectory_ids=refresh)
+    rest = sorted(set(rewarded) - refresh)
+    effective_reward.steps_refresh(trajectory_ids=rest)
+    for chunk in _chunks(rest):
+        groups.update(
+            Trajectory.objects.filter(id__in=chunk, group__status=PromptGroup.Status.COMPLETE).values_list(
+                "group_id", flat=True
+            )
+        )
     groups_settle(group_ids=groups)
 
 

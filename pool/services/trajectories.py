@@ -172,10 +172,23 @@ def trajectories_complete(
         backends.trajectories_end(rows[i : i + 1000], now)
     backends.rows_insert(events)
     ended = set(ending)
-    for traj in changed.values():
-        if traj.id in ended and traj.status == Trajectory.Status.COMPLETED and traj.reward is None:
-            # A reward function of its data source may score it (pool/services/reward_compute.py).
-            tasks.enqueue_on_commit(tasks.trajectory_rewards_compute, traj.id)
+    unscored = [
+        t.id
+        for t in changed.values()
+        if t.id in ended and t.status == Trajectory.Status.COMPLETED and t.reward is None
+    ]
+    if unscored:
+        # A reward function of its data source may score it (pool/services/reward_compute.py),
+        # unless its last step has a final reward already (the task would skip it): one read
+        # instead of an outbox row and a task per such trajectory.
+        scored = set(
+            Step.objects.filter(
+                trajectory_id__in=unscored, is_last=True, reward_status=Step.RewardStatus.FINAL
+            ).values_list("trajectory_id", flat=True)
+        )
+        for tid in unscored:
+            if tid not in scored:
+                tasks.enqueue_on_commit(tasks.trajectory_rewards_compute, tid)
     if changed:
         # Groups first: a group these completions fill settles all its rollouts at once, so
         # each step's readiness is rewritten once, not once for its trajectory and again for
