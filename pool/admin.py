@@ -5,7 +5,7 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from ..models import (
+from .models import (
     ApiKey,
     AuditEvent,
     Event,
@@ -35,7 +35,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke selected API keys")
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
-        from ..services import api_key_revoke
+        from .services import api_key_revoke
 
         for prefix in queryset.values_list("prefix", flat=True):
             api_key_revoke(prefix=prefix, actor=f"user:{request.user.get_username()}")
@@ -206,8 +206,8 @@ class RewardFunctionAdmin(admin.ModelAdmin):
         def clean_path(self) -> str:
             from django.core.exceptions import ValidationError
 
-            from ..rewards.base import RewardError
-            from ..rewards.registry import load
+            from .rewards.base import RewardError
+            from .rewards.registry import load
 
             path = self.cleaned_data["path"]
             try:

@@ -2,7 +2,7 @@
 and step tags.
 
 Every page here is read-only. Datasets and queues are written by their services (new
-versions, normalised specs), labels and tags by the step actions (pool/admin/curation.py),
+versions, normalised specs), labels and tags by the step actions (curation/admin/steps.py),
 so the admin can never write a row that skips its audit or its version.
 """
 
@@ -16,7 +16,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
 
-from .models import Dataset, DatasetVersion, LabelEvent, ReviewClaim, ReviewQueue, StepTag
+from ..models import Dataset, DatasetVersion, LabelEvent, ReviewClaim, ReviewQueue, StepTag
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

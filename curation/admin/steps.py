@@ -1,6 +1,6 @@
 """Admin for curation work on steps, trajectories and prompt groups.
 
-Lists filter on every curation signal (pool/admin/filters.py) at a fixed number of queries
+Lists filter on every curation signal (curation/admin/filters.py) at a fixed number of queries
 per page: the heavy columns are deferred and related rows come in the same query. Pages
 are read-only; every change goes through a bulk action that calls a service
 (curation.services.steps_label / trajectories_label, pool.services.rewards_apply), so each
@@ -27,11 +27,14 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
-from .. import tokens
-from ..errors import PoolError
-from ..flags import quality_text, readiness_text
-from ..models import PromptGroup, RewardEvent, Step, Trajectory
-from ..services import RewardIn, rewards_apply
+from pool import tokens
+from pool.errors import PoolError
+from pool.flags import quality_text, readiness_text
+from pool.models import PromptGroup, RewardEvent, Step, Trajectory
+from pool.services import RewardIn, rewards_apply
+
+from ..models import LabelEvent, StepTag
+from ..services import steps_label, trajectories_label
 from .filters import FeedbackFilter, GroupReadyFilter, LabelFilter, QualityFilter, ReadinessFilter, TagFilter
 
 # Longest tag (curation.services.labels.MAX_TAG_LEN; curation imports pool, not the reverse).
@@ -238,13 +241,11 @@ class StepAdmin(admin.ModelAdmin):
 
     @admin.display(description="tags")
     def tags_display(self, obj: Step) -> str:
-        from curation.models import StepTag
 
         return ", ".join(StepTag.objects.filter(step=obj).order_by("tag").values_list("tag", flat=True))
 
     @admin.display(description="label history")
     def label_history(self, obj: Step) -> str:
-        from curation.models import LabelEvent
 
         rows = LabelEvent.objects.filter(step=obj).order_by("-created_at", "-id")[:HISTORY_ROWS]
         return _history_html(
@@ -541,18 +542,6 @@ class PromptGroupAdmin(admin.ModelAdmin):
 
 
 # --- helpers ------------------------------------------------------------------------------------
-def steps_label(**kwargs: Any) -> int:
-    from curation.services import steps_label as label  # curation depends on pool, not the reverse
-
-    return label(**kwargs)
-
-
-def trajectories_label(**kwargs: Any) -> int:
-    from curation.services import trajectories_label as label
-
-    return label(**kwargs)
-
-
 def _label_with(
     model_admin: admin.ModelAdmin,
     request: HttpRequest,

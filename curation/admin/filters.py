@@ -12,8 +12,10 @@ from __future__ import annotations
 from django.contrib import admin
 from django.db.models import Exists, F, OuterRef, Q, QuerySet
 
-from ..flags import QUALITY_NAMES, READINESS_NAMES, READY, READY_ANY_TOKENS
-from ..models import Feedback, Step
+from pool.flags import QUALITY_NAMES, READINESS_NAMES, READY, READY_ANY_TOKENS
+from pool.models import Feedback, Step
+
+from ..models import StepTag
 
 # Every value a readiness column can hold (4 bits).
 _READINESS_VALUES = range(READY + 1)
@@ -94,7 +96,6 @@ class TagFilter(admin.SimpleListFilter):
         return [("__none__", "untagged"), *((t, t) for t in tags)]
 
     def queryset(self, request, queryset: QuerySet) -> QuerySet | None:
-        from curation.models import StepTag
 
         value = self.value()
         if value == "__none__":
