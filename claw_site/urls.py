@@ -2,10 +2,11 @@ from django.contrib import admin
 from django.urls import include, path
 
 from gateway.apis import healthz
-from gateway.ops import metrics_view, readyz
+
+from .ops import metrics_view, readyz
 
 # JSON for API and gateway paths, Django's page elsewhere.
-handler404 = "gateway.ops.not_found"
+handler404 = "claw_site.ops.not_found"
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),

@@ -17,9 +17,10 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
 from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
 
-from claw_site.redis_conn import redis_client
 from curation.models import Lease, Snapshot
 from pool.models import MergeResult, Step, Trajectory
+
+from .redis_conn import redis_client
 
 
 def dependencies_check() -> dict[str, str]:
