@@ -15,7 +15,7 @@ from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from gateway.auth import ConsumeScope, ReadScope, _ScopePermission, key_id_of, user_id_of
+from gateway.auth import ConsumeScope, ReadScope, ScopePermission, key_id_of, user_id_of
 from pool.errors import Conflict, InvalidInput, NotFound
 from pool.models import Scope, Step, Trajectory
 
@@ -29,7 +29,7 @@ DATASET_FIELDS = {"name", "description", "filters", "grouping", "serving"}
 MAX_LABEL_TARGETS = 10_000
 
 
-class CurateScope(_ScopePermission):
+class CurateScope(ScopePermission):
     """Curation writes: admin keys, and signed-in operators (staff sessions)."""
 
     scopes = (Scope.ADMIN,)

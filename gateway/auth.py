@@ -99,7 +99,7 @@ def source_id_of(request) -> int | None:
     return user.source_id if isinstance(user, KeyPrincipal) else None
 
 
-class _ScopePermission(permissions.BasePermission):
+class ScopePermission(permissions.BasePermission):
     """Grants a request whose key holds any of ``scopes`` (admin keys and staff sessions hold
     them all); anonymous requests are 401, others 403."""
 
@@ -115,23 +115,23 @@ class _ScopePermission(permissions.BasePermission):
         return False
 
 
-class IngestScope(_ScopePermission):
+class IngestScope(ScopePermission):
     scopes = (Scope.INGEST,)
 
 
-class ReadScope(_ScopePermission):
+class ReadScope(ScopePermission):
     """Reads are open to read, ingest and consume keys (a writer may read back its data)."""
 
     scopes = (Scope.READ, Scope.INGEST, Scope.CONSUME)
 
 
-class ConsumeScope(_ScopePermission):
+class ConsumeScope(ScopePermission):
     """Pulling batches under leases: trainers (consume keys)."""
 
     scopes = (Scope.CONSUME,)
 
 
-class PolicyWriteScope(_ScopePermission):
+class PolicyWriteScope(ScopePermission):
     """Policy versions are published by trainers (consume) or by agents that sample (ingest)."""
 
     scopes = (Scope.CONSUME, Scope.INGEST)
