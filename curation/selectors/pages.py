@@ -30,18 +30,6 @@ TRAJECTORY_PAGE = 50
 STEP_PAGE = 50
 
 
-def keyset_page(qs: QuerySet, *, before: int | None, limit: int) -> tuple[list[Any], int | None]:
-    """One page of ``qs`` (ordered by -id) below id ``before``: the rows and the id to pass
-    as ``before`` for the next page, or None on the last. One query (limit + 1 rows), by
-    primary key whatever the page's depth."""
-    if before is not None:
-        qs = qs.filter(id__lt=before)
-    rows = list(qs[: limit + 1])
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return rows, (rows[-1].id if more else None)
-
-
 def overview() -> dict[str, Any]:
     """Everything the overview shows: the counters of the five stages and the last hour's
     quality (``state``: the live hello state, one consistent read, curation/selectors/live.py),
@@ -102,7 +90,6 @@ def policy_current() -> PolicyVersion | None:
     return PolicyVersion.objects.filter(is_current=True).first()
 
 
-# --- collection -------------------------------------------------------------------------------
 def source_names() -> list[str]:
     return list(Source.objects.order_by("name").values_list("name", flat=True))
 
@@ -136,7 +123,6 @@ def trajectories_browse(
     return keyset_page(qs, before=before, limit=limit)
 
 
-# --- representation ---------------------------------------------------------------------------
 def steps_browse(
     *,
     source: str = "",
@@ -174,3 +160,15 @@ def steps_browse(
     if drift:
         qs = qs.filter(drift=True)
     return keyset_page(qs, before=before, limit=limit)
+
+
+def keyset_page(qs: QuerySet, *, before: int | None, limit: int) -> tuple[list[Any], int | None]:
+    """One page of ``qs`` (ordered by -id) below id ``before``: the rows and the id to pass
+    as ``before`` for the next page, or None on the last. One query (limit + 1 rows), by
+    primary key whatever the page's depth."""
+    if before is not None:
+        qs = qs.filter(id__lt=before)
+    rows = list(qs[: limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, (rows[-1].id if more else None)

@@ -212,7 +212,9 @@ def beat_schedule() -> list[Periodic]:
     Each task must be registered (a typo fails here, at start, not silently later); an entry
     must be an interval (seconds, a timedelta or celery's ``schedule``): embedded mode runs
     no crontab."""
-    celery_app.loader.import_default_modules()  # the apps' tasks modules (autodiscovery)
+    # Import the apps' tasks modules now (autodiscovery is lazy). Not loader.import_default_modules:
+    # its Django fixup runs django.setup() again, which reconfigures logging.
+    celery_app.autodiscover_tasks(force=True)
     out = []
     for name, entry in settings.CELERY_BEAT_SCHEDULE.items():
         if entry["task"] not in celery_app.tasks:
