@@ -203,7 +203,7 @@ def count_steps() -> int:
 
 
 def preview() -> dict:
-    from curation.selectors import dataset_preview
+    from curation.selectors.specs import dataset_preview
     from curation.specs import spec_parse
 
     return dataset_preview(spec_parse(SPEC))

@@ -158,7 +158,7 @@ def hello_state(steps: int, runs: int = 20) -> dict:
 
         django.setup()
         call_command("migrate", verbosity=0)
-        from curation.selectors_live import live_state
+        from curation.selectors.live import live_state
 
         gen, grown = WPool(), 0
         for size in sorted({min(20_000, steps), steps}):

@@ -113,7 +113,7 @@ def measure(key: str, consumer: str, pulls: int) -> dict:
     from django.test import Client
 
     from pool.models import Step
-    from pool.selectors import steps_render
+    from pool.selectors.steps import steps_render
 
     client = Client(HTTP_AUTHORIZATION=f"Bearer {key}")
     times, reads = [], []

@@ -17,11 +17,15 @@ from rest_framework.views import APIView
 
 from gateway.auth import ConsumeScope, ReadScope, ScopePermission, key_id_of, user_id_of
 from pool.errors import Conflict, InvalidInput, NotFound
-from pool.models import Scope, Step, Trajectory
+from pool.models import Scope
+from pool.selectors.steps import step_ids_by_uid
+from pool.selectors.trajectories import trajectory_ids_by_uid
 
-from . import selectors, services
 from . import serializers as cs
+from . import services
 from .models import Dataset, Lease, Snapshot
+from .selectors.consumption import consumer_status, lease_body, snapshot_get
+from .selectors.specs import dataset_get, dataset_preview, datasets_list
 from .services import consume, snapshots
 from .specs import spec_parse
 
@@ -86,8 +90,7 @@ class DatasetListCreateApi(APIView):
         operation_id="datasets_list",
     )
     def get(self, request):
-        rows = Dataset.objects.select_related("current").order_by("name")[:1000]
-        return Response([dataset_render(d) for d in rows])
+        return Response([dataset_render(d) for d in datasets_list(limit=1000)])
 
     @extend_schema(
         summary='Create a dataset: {"name", "description", "filters": {...}, "grouping": {...}}',
@@ -110,7 +113,7 @@ class DatasetDetailApi(APIView):
         return [CurateScope()] if self.request.method in ("PUT", "PATCH") else [ReadScope()]
 
     def _get(self, name: str) -> Dataset:
-        ds = Dataset.objects.select_related("current").filter(name=name).first()
+        ds = dataset_get(name)
         if ds is None:
             raise NotFound(f"dataset {name!r} does not exist", field="name")
         return ds
@@ -162,10 +165,10 @@ class DatasetPreviewApi(APIView):
         summary="What a saved dataset admits now: counts and token statistics", responses=cs.PreviewSerializer
     )
     def get(self, request, name: str):
-        ds = Dataset.objects.select_related("current").filter(name=name).first()
+        ds = dataset_get(name)
         if ds is None or ds.current is None:
             raise NotFound(f"dataset {name!r} does not exist", field="name")
-        preview = selectors.dataset_preview(spec_parse(ds.current.spec))
+        preview = dataset_preview(spec_parse(ds.current.spec))
         return Response({"dataset": ds.name, "version": ds.current.version, **preview})
 
 
@@ -179,7 +182,7 @@ class SpecPreviewApi(APIView):
     )
     def post(self, request):
         data = _body(request, {"filters", "grouping"})
-        return Response(selectors.dataset_preview(spec_parse(_spec_of(data))))
+        return Response(dataset_preview(spec_parse(_spec_of(data))))
 
 
 class LabelApi(APIView):
@@ -202,12 +205,11 @@ class LabelApi(APIView):
             or len(uids) > MAX_LABEL_TARGETS
         ):
             raise InvalidInput(f"{key} must be a list of at most {MAX_LABEL_TARGETS} uids", field=key)
-        model = Step if key == "step_uids" else Trajectory
-        found = dict(model.objects.filter(uid__in=uids).values_list("uid", "id"))
+        found = (step_ids_by_uid if key == "step_uids" else trajectory_ids_by_uid)(uids)
         missing = [u for u in uids if u not in found]
         if missing:
             raise NotFound(
-                f"{model._meta.verbose_name} {missing[0]!r} does not exist",
+                f"{'step' if key == 'step_uids' else 'trajectory'} {missing[0]!r} does not exist",
                 field=f"{key}[{uids.index(missing[0])}]",
             )
         for name in ("tags_add", "tags_remove"):
@@ -301,10 +303,10 @@ class LeaseBatchApi(APIView):
         responses=cs.PullResultSerializer,
     )
     def get(self, request, lease_id):
-        lease = Lease.objects.filter(id=lease_id).only("body").first()
-        if lease is None:
+        body = lease_body(lease_id)
+        if body is None:
             raise NotFound(f"lease {lease_id} does not exist", field="lease")
-        return HttpResponse(bytes(lease.body), content_type="application/json")
+        return HttpResponse(body, content_type="application/json")
 
 
 class ConsumerDetailApi(APIView):
@@ -316,7 +318,7 @@ class ConsumerDetailApi(APIView):
         responses=OpenApiTypes.OBJECT,
     )
     def get(self, request, name: str):
-        found = selectors.consumer_status(name)
+        found = consumer_status(name)
         if found is None:
             raise NotFound(f"consumer {name!r} has never pulled", field="name")
         return Response(found)
@@ -352,7 +354,7 @@ class SnapshotCreateApi(APIView):
     def post(self, request):
         data = _body(request, {"dataset"})
         snap = snapshots.snapshot_create(dataset=data.get("dataset"), actor=_actor(request))  # type: ignore[arg-type]
-        snap = Snapshot.objects.select_related("dataset_version__dataset").get(id=snap.id)
+        snap = _snapshot(snap.id)
         return Response(snapshot_render(snap), status=status.HTTP_202_ACCEPTED)
 
 
@@ -407,12 +409,7 @@ class SnapshotDownloadApi(APIView):
 
 
 def _snapshot(snapshot_id) -> Snapshot:
-    snap = (
-        Snapshot.objects.select_related("dataset_version__dataset")
-        .defer("step_ids", "masked_ids")
-        .filter(id=snapshot_id)
-        .first()
-    )
+    snap = snapshot_get(snapshot_id)
     if snap is None:
         raise NotFound(f"snapshot {snapshot_id} does not exist", field="snapshot")
     return snap

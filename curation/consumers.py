@@ -2,7 +2,7 @@
 
 It rejects anonymous users (close 4401) and users without the permission of a requested
 topic (close 4403), joins the Channels groups ``live.<topic>`` (pool/live.py publishes
-there), sends ``{"type": "hello", "state": ...}`` (curation/selectors_live.py) and then
+there), sends ``{"type": "hello", "state": ...}`` (curation/selectors/live.py) and then
 forwards each coalesced batch as ``{"type": "batch", "events": [...]}``. Before forwarding,
 the permissions are checked again against a fresh read of the user (at most once a second),
 so a deactivated user or a removed permission closes the socket with 4403.
@@ -40,7 +40,7 @@ from django.db import close_old_connections
 
 from pool import live
 
-from .selectors_live import live_state, state_for
+from .selectors.live import live_state, state_for
 
 log = logging.getLogger(__name__)
 

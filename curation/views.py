@@ -27,7 +27,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from pool.errors import Conflict, InvalidInput, NotFound, PoolError
 from pool.services.merge import group_merge_ensure, merge_tree_render
 
-from . import charts, selectors, selectors_pages, services
+from . import charts, services
 from .forms import (
     BatchForm,
     DatasetForm,
@@ -38,7 +38,13 @@ from .forms import (
     StepFilterForm,
     TrajectoryFilterForm,
 )
-from .selectors_live import live_state
+from .selectors.consumption import consumers_health, lease_body, leases_recent, snapshots_recent
+from .selectors.live import live_state
+from .selectors.optimization import group_get, optimization_overview, prefix_tree_layout
+from .selectors.pages import overview, policy_current, sources_health, steps_browse, trajectories_browse
+from .selectors.review import review_progress, review_queue_get, review_queues_list
+from .selectors.specs import dataset_preview, dataset_versions, datasets_list, datasets_with_current
+from .selectors.timeline import step_inspect, step_token_ids, trajectory_timeline
 from .services.snapshots import snapshot_create
 from .specs import spec_dump, spec_parse
 
@@ -73,7 +79,7 @@ logout = auth_views.LogoutView.as_view()
 def home(request: HttpRequest) -> HttpResponse:
     """Overview: the counters of every stage, the ingestion rate, sources, policy, drift
     and error rates. Live events (static/claw/live.js) move the numbers forward."""
-    data = selectors_pages.overview()
+    data = overview()
     chart = charts.line_chart(
         [r["steps"] for r in data["rate"]],
         labels=[timezone.localtime(r["minute"]).strftime("%H:%M") for r in data["rate"]],
@@ -84,7 +90,7 @@ def home(request: HttpRequest) -> HttpResponse:
         {
             **data,
             "chart": chart,
-            "policy": selectors_pages.policy_current(),
+            "policy": policy_current(),
             "page": "overview",
             "live_topics": "overview",
         },
@@ -96,7 +102,7 @@ def collection(request: HttpRequest) -> HttpResponse:
     """Trajectories as they arrive, filtered server-side; live rows obey the same filter."""
     form = TrajectoryFilterForm(request.GET or None)
     filters = form.cleaned_data if form.is_valid() else {}
-    rows, next_before = selectors.trajectories_browse(
+    rows, next_before = trajectories_browse(
         status=filters.get("status", ""),
         channel=filters.get("channel", ""),
         source=filters.get("source", ""),
@@ -112,7 +118,7 @@ def collection(request: HttpRequest) -> HttpResponse:
             "rows": rows,
             "next_before": next_before,
             "paged": bool(filters.get("before")),
-            "sources": selectors_pages.sources_health(),
+            "sources": sources_health(),
             "live_filter": {k: filters.get(k) or "" for k in ("status", "channel", "source", "group")},
             # Live rows are only prepended to the first page, and not when "has ready" is on
             # (readiness is not in the events).
@@ -128,7 +134,7 @@ def steps(request: HttpRequest) -> HttpResponse:
     """Representation: the newest steps with their token source and drift."""
     form = StepFilterForm(request.GET or None)
     filters = form.cleaned_data if form.is_valid() else {}
-    rows, next_before = selectors_pages.steps_browse(
+    rows, next_before = steps_browse(
         source=filters.get("source", ""),
         token_source=filters.get("token_source", ""),
         drift=filters.get("drift", False),
@@ -158,7 +164,7 @@ def steps(request: HttpRequest) -> HttpResponse:
 def step(request: HttpRequest, step_id: int) -> HttpResponse:
     """The step inspector: prompt and response as text, tokens on demand, token source,
     drift location, reward and feedback."""
-    found = selectors_pages.step_inspect(step_id)
+    found = step_inspect(step_id)
     if found is None:
         raise Http404("no such step")
     return render(
@@ -170,7 +176,7 @@ def step(request: HttpRequest, step_id: int) -> HttpResponse:
 def optimization(request: HttpRequest) -> HttpResponse:
     """Prompt groups with their prefix-tree savings, and the savings chart."""
     before = _int(request.GET.get("before"))
-    data = selectors_pages.optimization_overview(before=before)
+    data = optimization_overview(before=before)
     merged = [r for r in data["rows"] if r["tokens"]]
     chart = charts.bar_chart([(r["group"].uid, r["saved"], r["tokens"]) for r in merged[:25]])
     return render(
@@ -191,7 +197,7 @@ def group_tree(request: HttpRequest, uid: str) -> HttpResponse:
     """One group's prefix tree (the API's groups/<uid>/prefix-tree, drawn): shared spans,
     branches and the steps through each. A small group is merged during the request; a
     large one is queued and the page says so."""
-    group = selectors_pages.group_get(uid)
+    group = group_get(uid)
     if group is None:
         raise Http404("no such prompt group")
     body = merge_tree_render(group_merge_ensure(uid=uid))
@@ -201,7 +207,7 @@ def group_tree(request: HttpRequest, uid: str) -> HttpResponse:
         {
             "group": group,
             "merge": body,
-            "layout": selectors_pages.prefix_tree_layout(body),
+            "layout": prefix_tree_layout(body),
             "page": "optimization",
             "live_topics": "optimization",
         },
@@ -213,7 +219,7 @@ def group_tree(request: HttpRequest, uid: str) -> HttpResponse:
 def consumption(request: HttpRequest) -> HttpResponse:
     """Batch configuration with its preview, snapshots (live progress), consumers with lag
     and leases, and replayable batches. A POST (operators) requests a snapshot."""
-    names = [d.name for d in selectors_pages.datasets_with_current()]
+    names = [d.name for d in datasets_with_current()]
     snapshot_form = SnapshotForm(datasets=names)
     status = 200
     if request.method == "POST":
@@ -239,9 +245,9 @@ def consumption(request: HttpRequest) -> HttpResponse:
             "form": form,
             "config": config,
             "snapshot_form": snapshot_form,
-            "snapshots": selectors_pages.snapshots_recent(),
-            "consumers": selectors_pages.consumers_health(),
-            "leases": selectors_pages.leases_recent(),
+            "snapshots": snapshots_recent(),
+            "consumers": consumers_health(),
+            "leases": leases_recent(),
             "page": "consumption",
             "live_topics": "consumption",
         },
@@ -256,7 +262,7 @@ def _batch_config(form: BatchForm, names: list[str]) -> dict[str, Any] | None:
         return None
     d = form.cleaned_data if form.is_bound and form.is_valid() else {}
     name = d.get("dataset") or names[0]
-    found = selectors.dataset_versions(name)
+    found = dataset_versions(name)
     if found is None or found[0].current is None:
         return None
     spec = spec_dump(spec_parse(found[0].current.spec))
@@ -274,7 +280,7 @@ def _batch_config(form: BatchForm, names: list[str]) -> dict[str, Any] | None:
         "pull": pull,
         "pull_json": json.dumps(pull),
         "max_staleness": spec["filters"]["max_staleness"],
-        "preview": selectors.dataset_preview(spec_parse(spec)),
+        "preview": dataset_preview(spec_parse(spec)),
     }
 
 
@@ -282,7 +288,7 @@ def _batch_config(form: BatchForm, names: list[str]) -> dict[str, Any] | None:
 def lease_batch(request: HttpRequest, lease_id: uuid.UUID) -> HttpResponse:
     """Replay: a lease's batch exactly as first served (the API's leases/<id>/batch, for
     people signed in to the pages)."""
-    body = selectors_pages.lease_body(lease_id)
+    body = lease_body(lease_id)
     if body is None:
         raise Http404("no such lease")
     return HttpResponse(body, content_type="application/json")
@@ -293,7 +299,7 @@ def lease_batch(request: HttpRequest, lease_id: uuid.UUID) -> HttpResponse:
 def trajectories(request: HttpRequest) -> HttpResponse:
     form = TrajectoryFilterForm(request.GET or None)
     filters = form.cleaned_data if form.is_valid() else {}
-    rows, next_before = selectors.trajectories_browse(
+    rows, next_before = trajectories_browse(
         status=filters.get("status", ""),
         channel=filters.get("channel", ""),
         source=filters.get("source", ""),
@@ -312,7 +318,7 @@ def trajectories(request: HttpRequest) -> HttpResponse:
 @allowed(VIEW)
 def trajectory(request: HttpRequest, uid: str) -> HttpResponse:
     """The step timeline; a POST is an operator's label change on every step."""
-    timeline = selectors.trajectory_timeline(uid)
+    timeline = trajectory_timeline(uid)
     if timeline is None:
         raise Http404("no such trajectory")
     form = LabelForm()
@@ -343,7 +349,7 @@ def trajectory(request: HttpRequest, uid: str) -> HttpResponse:
 @allowed("pool.view_step")
 def step_tokens(request: HttpRequest, step_id: int) -> JsonResponse:
     """One step's exact token ids, on demand (the timeline does not load them)."""
-    ids = selectors.step_token_ids(step_id)
+    ids = step_token_ids(step_id)
     if ids is None:
         raise Http404("no such step")
     return JsonResponse(ids)
@@ -370,23 +376,21 @@ def curation(request: HttpRequest) -> HttpResponse:
         status, preview = 400, None
     else:
         initial = {}
-        edit = selectors.dataset_versions(request.GET["dataset"]) if request.GET.get("dataset") else None
+        edit = dataset_versions(request.GET["dataset"]) if request.GET.get("dataset") else None
         if edit is not None:
             dataset = edit[0]
             initial = DatasetForm.initial_from_spec(dataset.current.spec) if dataset.current else {}
             initial |= {"name": dataset.name, "description": dataset.description}
         form = DatasetForm(initial=initial)
         # The first numbers come with the page; the page's script refreshes them as it changes.
-        preview = selectors.dataset_preview(
-            spec_parse(edit[0].current.spec if edit and edit[0].current else {})
-        )
+        preview = dataset_preview(spec_parse(edit[0].current.spec if edit and edit[0].current else {}))
         status = 200
     return render(
         request,
         "curation/curation.html",
         {
             "form": form,
-            "datasets": selectors.datasets_list(),
+            "datasets": datasets_list(),
             "preview": preview,
             "counts": live_state(["curation"])["curate"],
             "page": "curation",
@@ -422,7 +426,7 @@ def curation_preview(request: HttpRequest) -> JsonResponse:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         return JsonResponse({"error": f"the body is not JSON: {exc}", "field": "spec"}, status=400)
     try:
-        preview = selectors.dataset_preview(spec_parse(raw))
+        preview = dataset_preview(spec_parse(raw))
     except InvalidInput as exc:
         return JsonResponse({"error": exc.message, "field": exc.field}, status=400)
     return JsonResponse(preview)
@@ -430,11 +434,11 @@ def curation_preview(request: HttpRequest) -> JsonResponse:
 
 @allowed(CURATE)
 def dataset(request: HttpRequest, name: str) -> HttpResponse:
-    found = selectors.dataset_versions(name)
+    found = dataset_versions(name)
     if found is None:
         raise Http404("no such dataset")
     ds, versions = found
-    preview = selectors.dataset_preview(spec_parse(ds.current.spec)) if ds.current else None
+    preview = dataset_preview(spec_parse(ds.current.spec)) if ds.current else None
     return render(
         request,
         "curation/dataset.html",
@@ -453,7 +457,7 @@ def review(request: HttpRequest, queue: str | None = None) -> HttpResponse:
     """The queue's next item, claimed at once, with its feedback form. POST: submit (then
     the next item) or skip (give it back and move on)."""
     default = services.review_queue_default()  # idempotent: the default queue always exists
-    q = default if queue in (None, default.name) else selectors.review_queue_get(queue)
+    q = default if queue in (None, default.name) else review_queue_get(queue)
     if q is None:
         raise Http404("no such review queue")
     skipped_key = f"review-skipped-{q.pk}"
@@ -500,7 +504,7 @@ def review(request: HttpRequest, queue: str | None = None) -> HttpResponse:
         form = ReviewForm(initial={"claim": claim.pk if claim else None}, queue=q)
     timeline = None
     if claim is not None:
-        timeline = selectors.trajectory_timeline(trajectory_id=claim.trajectory_id)
+        timeline = trajectory_timeline(trajectory_id=claim.trajectory_id)
     return render(
         request,
         "curation/review.html",
@@ -509,7 +513,7 @@ def review(request: HttpRequest, queue: str | None = None) -> HttpResponse:
             "claim": claim,
             "form": form,
             "timeline": timeline,
-            "progress": selectors.review_progress(q),
+            "progress": review_progress(q),
             "skipped": len(skipped),
         },
         status=400 if form.errors else 200,
@@ -528,7 +532,7 @@ def _int(value: Any) -> int | None:
 def review_queues(request: HttpRequest) -> HttpResponse:
     """Every queue with its progress; operators create queues here."""
     services.review_queue_default()  # listed even before anyone reviewed
-    datasets = [(d.id, d.name) for d in selectors.datasets_list()]
+    datasets = [(d.id, d.name) for d in datasets_list()]
     form = QueueForm(datasets=datasets)
     if request.method == "POST":
         _require(request, CURATE)
@@ -547,6 +551,6 @@ def review_queues(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "curation/review_queues.html",
-        {"queues": selectors.review_queues_list(), "form": form},
+        {"queues": review_queues_list(), "form": form},
         status=400 if form.errors else 200,
     )

@@ -9,16 +9,32 @@ import uuid
 from urllib.parse import quote
 
 from django.db import connection
-from django.http import JsonResponse
-from django.shortcuts import get_object_or_404
+from django.http import Http404, JsonResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import generics, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from pool import selectors
 from pool.errors import InvalidInput
-from pool.models import Event, Feedback, PolicyVersion, PromptGroup, Step, Trajectory
+from pool.selectors.events import (
+    event_render,
+    events_listed,
+    feedback_listed,
+    feedback_render,
+    policy_version_render,
+    policy_versions_list,
+    policy_versions_listed,
+)
+from pool.selectors.stats import pool_stats
+from pool.selectors.steps import step_get, steps_listed, steps_render
+from pool.selectors.trajectories import (
+    group_get,
+    group_render,
+    groups_listed,
+    trajectories_listed,
+    trajectory_get,
+    trajectory_render,
+)
 from pool.services import (
     CompletionIn,
     RewardIn,
@@ -45,6 +61,13 @@ def _methods_scope(request, write=IngestScope, read=ReadScope):
     return [write()] if request.method not in ("GET", "HEAD", "OPTIONS") else [read()]
 
 
+def _found(row):
+    """``row``, or the API's 404 when a selector found none."""
+    if row is None:
+        raise Http404
+    return row
+
+
 def _one_or_many(data, key: str):
     """Accept ``{key: [...]}`` or a single object; returns (items, field prefix format)."""
     if isinstance(data, dict) and key in data:
@@ -56,7 +79,9 @@ def _one_or_many(data, key: str):
 class StepListCreateApi(generics.GenericAPIView):
     filterset_class = StepFilter
     parser_classes = [StepBatchParser, StepBatchMsgpackParser]
-    queryset = Step.objects.with_context().defer("seq_delta", "content_hash")
+
+    def get_queryset(self):
+        return steps_listed()
 
     def get_permissions(self):
         return _methods_scope(self.request)
@@ -85,7 +110,7 @@ class StepListCreateApi(generics.GenericAPIView):
     def get(self, request):
         qs = self.filter_queryset(self.get_queryset())
         page = self.paginate_queryset(qs)
-        return self.get_paginated_response(selectors.steps_render(page))
+        return self.get_paginated_response(steps_render(page))
 
 
 class StepDetailApi(APIView):
@@ -93,14 +118,15 @@ class StepDetailApi(APIView):
 
     @extend_schema(responses=s.StepReadSerializer, summary="One step, exactly as written")
     def get(self, request, uid: str):
-        step = get_object_or_404(Step.objects.with_context(), uid=uid)
-        return Response(selectors.steps_render([step])[0])
+        return Response(steps_render([_found(step_get(uid=uid))])[0])
 
 
 # --- trajectories ---------------------------------------------------------------------------
 class TrajectoryListCreateApi(generics.GenericAPIView):
     filterset_class = TrajectoryFilter
-    queryset = Trajectory.objects.select_related("group", "source")
+
+    def get_queryset(self):
+        return trajectories_listed()
 
     def get_permissions(self):
         return _methods_scope(self.request)
@@ -126,8 +152,8 @@ class TrajectoryListCreateApi(generics.GenericAPIView):
             source_id=source_id_of(request),
             api_key_id=key_id_of(request) if addressable else None,
         )
-        traj = Trajectory.objects.select_related("group", "source").get(id=traj.id)
-        body = selectors.trajectory_render(traj)
+        traj = _found(trajectory_get(id=traj.id))
+        body = trajectory_render(traj)
         body["base_url"] = None
         if token is not None:
             segments = "/".join(
@@ -139,7 +165,7 @@ class TrajectoryListCreateApi(generics.GenericAPIView):
     @extend_schema(responses=s.TrajectorySerializer(many=True))
     def get(self, request):
         page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
-        return self.get_paginated_response([selectors.trajectory_render(t) for t in page])
+        return self.get_paginated_response([trajectory_render(t) for t in page])
 
 
 class TrajectoryDetailApi(APIView):
@@ -147,8 +173,7 @@ class TrajectoryDetailApi(APIView):
 
     @extend_schema(responses=s.TrajectorySerializer)
     def get(self, request, uid: str):
-        traj = get_object_or_404(Trajectory.objects.select_related("group", "source"), uid=uid)
-        return Response(selectors.trajectory_render(traj))
+        return Response(trajectory_render(_found(trajectory_get(uid=uid))))
 
 
 class TrajectoryCompleteApi(APIView):
@@ -166,8 +191,7 @@ class TrajectoryCompleteApi(APIView):
             reward_source=d["reward_source"],
             source_id=source_id_of(request),
         )
-        traj = Trajectory.objects.select_related("group", "source").get(uid=uid)
-        return Response(selectors.trajectory_render(traj))
+        return Response(trajectory_render(_found(trajectory_get(uid=uid))))
 
 
 class TrajectoryCompletionsApi(APIView):
@@ -198,7 +222,9 @@ class TrajectoryCompletionsApi(APIView):
 # --- groups ---------------------------------------------------------------------------------
 class GroupListCreateApi(generics.GenericAPIView):
     filterset_class = GroupFilter
-    queryset = PromptGroup.objects.all()
+
+    def get_queryset(self):
+        return groups_listed()
 
     def get_permissions(self):
         return _methods_scope(self.request)
@@ -208,12 +234,12 @@ class GroupListCreateApi(generics.GenericAPIView):
         ser = s.GroupUpsertSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
         group = group_upsert(**ser.validated_data)
-        return Response(selectors.group_render(group))
+        return Response(group_render(group))
 
     @extend_schema(responses=s.GroupSerializer(many=True))
     def get(self, request):
         page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
-        return self.get_paginated_response([selectors.group_render(g) for g in page])
+        return self.get_paginated_response([group_render(g) for g in page])
 
 
 class GroupDetailApi(APIView):
@@ -221,7 +247,7 @@ class GroupDetailApi(APIView):
 
     @extend_schema(responses=s.GroupSerializer)
     def get(self, request, uid: str):
-        return Response(selectors.group_render(get_object_or_404(PromptGroup, uid=uid)))
+        return Response(group_render(_found(group_get(uid=uid))))
 
 
 class GroupPrefixTreeApi(APIView):
@@ -280,7 +306,9 @@ class RewardApi(APIView):
 
 class EventApi(generics.GenericAPIView):
     filterset_class = EventFilter
-    queryset = Event.objects.select_related("trajectory", "step")
+
+    def get_queryset(self):
+        return events_listed()
 
     def get_permissions(self):
         return _methods_scope(self.request)
@@ -303,25 +331,14 @@ class EventApi(generics.GenericAPIView):
     @extend_schema(responses=s.EventReadSerializer(many=True), summary="List events (cursor-paginated)")
     def get(self, request):
         page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
-        return self.get_paginated_response(
-            [
-                {
-                    "id": e.id,
-                    "type": e.type,
-                    "payload": e.payload,
-                    "occurred_at": e.occurred_at,
-                    "trajectory_uid": e.trajectory.uid if e.trajectory_id else None,
-                    "step_uid": e.step.uid if e.step_id else None,
-                    "created_at": e.created_at,
-                }
-                for e in page
-            ]
-        )
+        return self.get_paginated_response([event_render(e) for e in page])
 
 
 class FeedbackApi(generics.GenericAPIView):
     filterset_class = FeedbackFilter
-    queryset = Feedback.objects.select_related("trajectory", "step")
+
+    def get_queryset(self):
+        return feedback_listed()
 
     def get_permissions(self):
         return _methods_scope(self.request)
@@ -341,27 +358,14 @@ class FeedbackApi(generics.GenericAPIView):
     @extend_schema(responses=s.FeedbackReadSerializer(many=True), summary="List feedback (cursor-paginated)")
     def get(self, request):
         page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
-        return self.get_paginated_response(
-            [
-                {
-                    "id": f.id,
-                    "step_uid": f.step.uid if f.step_id else None,
-                    "trajectory_uid": f.trajectory.uid if f.trajectory_id else None,
-                    "rating": f.rating,
-                    "label": f.label,
-                    "correction": f.correction,
-                    "comment": f.comment,
-                    "author": f.author,
-                    "created_at": f.created_at,
-                }
-                for f in page
-            ]
-        )
+        return self.get_paginated_response([feedback_render(f) for f in page])
 
 
 class PolicyVersionApi(generics.GenericAPIView):
-    queryset = PolicyVersion.objects.all()
     pagination_class = None
+
+    def get_queryset(self):
+        return policy_versions_listed()
 
     def get_permissions(self):
         return _methods_scope(self.request, write=PolicyWriteScope)
@@ -378,16 +382,13 @@ class PolicyVersionApi(generics.GenericAPIView):
         ser.is_valid(raise_exception=True)
         d = ser.validated_data
         pv = policy_version_set(version=d["version"], current=d["current"], metadata=d.get("metadata"))
-        return Response({"version": pv.version, "is_current": pv.is_current, "metadata": pv.metadata})
+        return Response(policy_version_render(pv))
 
     @extend_schema(
         responses=s.PolicyVersionReadSerializer(many=True), summary="Policy versions, newest first"
     )
     def get(self, request):
-        rows = PolicyVersion.objects.order_by("-version")[:1000]
-        return Response(
-            [{"version": p.version, "is_current": p.is_current, "metadata": p.metadata} for p in rows]
-        )
+        return Response([policy_version_render(p) for p in policy_versions_list()])
 
 
 class StatsApi(APIView):
@@ -395,7 +396,7 @@ class StatsApi(APIView):
 
     @extend_schema(responses=OpenApiResponse(description="Pool counts and token economics"))
     def get(self, request):
-        return Response(selectors.pool_stats())
+        return Response(pool_stats())
 
 
 def healthz(request):

@@ -334,7 +334,7 @@ class Step(models.Model):
                 condition=Q(readiness__in=TRAINABLE_VALUES),
                 name="step_ready",
             ),
-            # Dataset previews and admission (curation/selectors.py): steps aggregated per
+            # Dataset previews and admission (curation/selectors/specs.py): steps aggregated per
             # trajectory read only this narrow index (an index-only scan in trajectory order),
             # never the wide rows with their token deltas. PostgreSQL; elsewhere a plain index.
             models.Index(

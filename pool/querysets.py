@@ -1,4 +1,4 @@
-"""Reusable read filters. Selectors (pool/selectors.py) compose these."""
+"""Reusable read filters. Selectors (pool/selectors/) compose these."""
 
 from __future__ import annotations
 

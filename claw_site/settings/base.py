@@ -205,9 +205,11 @@ CELERY_TASK_DEFAULT_QUEUE = os.environ.get(
 )  # isolates deployments sharing a Redis
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
-# Periodic work (celery beat in production; `serve` runs the same tasks on a timer in
-# embedded mode): the readiness sweep catches what an effect missed and abandons idle
-# trajectories, so no group waits forever.
+# Periodic work: celery beat runs this schedule when there is a broker (REDIS_URL); in
+# embedded mode `serve` runs exactly the same entries itself, each task by name at its
+# interval (gateway/management/commands/serve.py, beat_schedule). The readiness sweep catches
+# what an effect missed and abandons idle trajectories, so no group waits forever; leases
+# expire; the outbox relay sends the tasks a process could not publish.
 CLAW_SWEEP_SECONDS = env_float("CLAW_SWEEP_SECONDS", 60.0)
 CELERY_BEAT_SCHEDULE = {
     "readiness-sweep": {"task": "pool.readiness_sweep", "schedule": CLAW_SWEEP_SECONDS},
@@ -216,6 +218,16 @@ CELERY_BEAT_SCHEDULE = {
 }
 # A process whose broker refused a task retries its outbox after this, doubling to 8x.
 CLAW_OUTBOX_RETRY_SECONDS = env_float("CLAW_OUTBOX_RETRY_SECONDS", 2.0)
+
+# --- serve (gateway/management/commands/serve.py) --------------------------------------------
+# Where `manage.py serve` listens (its --host, --port and --workers default to these), the
+# demo upstream's port (0: PORT + 1) and the demo agents' pace, and uvicorn's log level.
+CLAW_SERVE_HOST = os.environ.get("HOST", "").strip() or "127.0.0.1"
+CLAW_SERVE_PORT = env_int("PORT", 8000)
+CLAW_SERVE_WORKERS = env_int("CLAW_WORKERS", 1)
+CLAW_DEMO_UPSTREAM_PORT = env_int("CLAW_DEMO_UPSTREAM_PORT", 0)
+CLAW_DEMO_PACE_S = env_float("CLAW_DEMO_PACE_S", 1.0)
+CLAW_UVICORN_LOG_LEVEL = os.environ.get("CLAW_UVICORN_LOG_LEVEL", "").strip() or "warning"
 
 # --- Security headers -----------------------------------------------------------------------
 # SecurityMiddleware: nosniff and the referrer policy; XFrameOptionsMiddleware: DENY;

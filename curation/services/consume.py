@@ -28,12 +28,12 @@ from pool import live
 from pool.errors import Conflict, InvalidInput, NotFound
 from pool.ingest import backends
 from pool.models import PolicyVersion, PromptGroup, Step, Trajectory
-from pool.selectors import branch_ends, steps_render
+from pool.selectors.steps import branch_ends, steps_render
 from pool.services import effective_reward
 
 from ..formats import RENDERERS
 from ..models import Consumer, Dataset, Delivery, Lease, Skip
-from ..selectors import Compiled, dataset_steps, spec_compile, units_admitted
+from ..selectors.specs import Compiled, dataset_steps, spec_compile, units_admitted
 from ..specs import spec_parse
 
 UNITS = ("groups", "steps")

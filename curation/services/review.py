@@ -21,6 +21,7 @@ from pool.models import Feedback, Step, Trajectory
 from pool.services import RewardIn, feedback_create, rewards_apply
 
 from ..models import ReviewClaim, ReviewQueue
+from ..selectors.review import review_candidates
 
 DEFAULT_QUEUE = "default"
 # Candidates tried per claim before giving up (each miss means another reviewer took that
@@ -91,8 +92,6 @@ def review_claim_next(
     claim on the oldest unclaimed item, else None (the queue is empty for now). Safe under
     concurrency: a lost race moves on to the next candidate. ``exclude``: trajectory ids
     not to claim anew (those the reviewer skipped, so Skip moves on)."""
-    from ..selectors import review_candidates
-
     now = timezone.now()
     held = (
         ReviewClaim.objects.filter(queue=queue, user_id=user_id, done_at__isnull=True, expires_at__gt=now)

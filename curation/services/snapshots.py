@@ -33,12 +33,12 @@ from django.utils import timezone
 from pool import flags, live, tokens
 from pool.errors import InvalidInput, NotFound
 from pool.models import Feedback, Step
-from pool.selectors import branch_ends
+from pool.selectors.steps import branch_ends
 from pool.services import effective_reward
 from pool.tasks import enqueue_on_commit
 
 from ..models import Dataset, Snapshot, StepTag
-from ..selectors import dataset_admitted
+from ..selectors.specs import dataset_admitted
 from ..specs import spec_parse
 
 FORMATS = ("jsonl", "parquet")

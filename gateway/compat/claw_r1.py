@@ -52,7 +52,7 @@ from django.views.decorators.csrf import csrf_exempt
 from pool.errors import PoolError
 from pool.ingest import rules
 from pool.rewards import RewardSample
-from pool.selectors import generation_texts
+from pool.selectors.steps import generation_texts
 from pool.services import steps_ingest, trajectory_complete, trajectory_register
 from pool.services.api_keys import VerifiedKey
 from pool.services.capabilities import trajectory_init

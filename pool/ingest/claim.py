@@ -14,8 +14,9 @@ another process's write, makes the claim miss and the general path run.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
+
+from cachetools import LRUCache
 
 from .. import tokens
 from ..models import Step
@@ -50,13 +51,13 @@ def tail_load(trajectory_id: int, start: int, end: int) -> Tail:
 
 
 class RecentAppends:
-    """LRU of each trajectory's latest append, bounded by the number of tokens held.
-    Thread-safe (the gateway records from a thread pool)."""
+    """LRU of each trajectory's latest append, bounded by the number of tokens held
+    (cachetools.LRUCache sized by each tail's tokens). Thread-safe (the gateway records
+    from a thread pool); the cache itself is not, so every access holds the lock."""
 
     def __init__(self, max_tokens: int):
         self.max_tokens = max_tokens
-        self._data: OrderedDict[str, tuple[Tail, int]] = OrderedDict()
-        self._tokens = 0
+        self._data: LRUCache[str, Tail] = LRUCache(maxsize=max_tokens, getsizeof=_tail_tokens)
         self._lock = threading.Lock()
 
     def get(self, trajectory_uid: str, end: int) -> Tail | None:
@@ -66,30 +67,21 @@ class RecentAppends:
 
     def latest(self, trajectory_uid: str) -> Tail | None:
         with self._lock:
-            hit = self._data.get(trajectory_uid)
-            if hit is None:
-                return None
-            self._data.move_to_end(trajectory_uid)
-            return hit[0]
+            return self._data.get(trajectory_uid)  # a hit becomes the most recent
 
     def put(self, trajectory_uid: str, tail: Tail) -> None:
-        size = sum(len(p.full) for p in tail.steps)
         with self._lock:
-            old = self._data.pop(trajectory_uid, None)
-            if old is not None:
-                self._tokens -= old[1]
-            if size > self.max_tokens:
-                return
-            self._data[trajectory_uid] = (tail, size)
-            self._tokens += size
-            while self._tokens > self.max_tokens:
-                _, (_, dropped) = self._data.popitem(last=False)
-                self._tokens -= dropped
+            self._data.pop(trajectory_uid, None)
+            if _tail_tokens(tail) <= self.max_tokens:  # a larger one is not kept (nor raises)
+                self._data[trajectory_uid] = tail  # evicts the least recent past max_tokens
 
     def clear(self) -> None:
         with self._lock:
             self._data.clear()
-            self._tokens = 0
+
+
+def _tail_tokens(tail: Tail) -> int:
+    return sum(len(p.full) for p in tail.steps)
 
 
 # 16 M tokens = 64 MB of int32: the latest call of thousands of live trajectories.

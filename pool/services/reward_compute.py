@@ -43,7 +43,7 @@ from ..errors import Unprocessable
 from ..models import PromptGroup, RewardFailure, Step, Trajectory
 from ..rewards.base import RewardError, RewardResult, RewardSample, as_result, is_group, source_of
 from ..rewards.registry import Resolved, resolve
-from ..selectors import generation_texts
+from ..selectors.steps import generation_texts
 from .rewards import RewardIn, rewards_apply
 
 log = logging.getLogger(__name__)

@@ -1,11 +1,11 @@
 """What a dataset admits follows readiness, quality, freshness, labels and grouping exactly
-(curation/selectors.py), one test per rule."""
+(curation/selectors/specs.py), one test per rule."""
 
 from __future__ import annotations
 
 import pytest
 
-from curation.selectors import dataset_admitted, dataset_preview
+from curation.selectors.specs import dataset_admitted, dataset_preview
 from curation.services import dataset_create, dataset_update, steps_label
 from curation.specs import spec_parse
 from pool.errors import Conflict, InvalidInput

@@ -1,12 +1,12 @@
-"""Keyset paging of the browse pages (curation.selectors.keyset_page): every row once,
+"""Keyset paging of the browse pages (curation.selectors.pages.keyset_page): every row once,
 newest first, across pages, and no next page after the last."""
 
 from __future__ import annotations
 
 import pytest
 
-from curation import selectors_pages
-from curation.selectors import trajectories_browse
+from curation.selectors.optimization import optimization_overview
+from curation.selectors.pages import steps_browse, trajectories_browse
 from pool.services import steps_ingest
 from pool.services.groups import group_upsert
 from tests.pool.factories import step_in
@@ -28,11 +28,11 @@ def test_steps_trajectories_and_groups_page_by_id_without_gaps_or_repeats():
         group_upsert(uid=f"g{i}", expected_rollouts=1)
         steps_ingest(steps=[step_in(f"t{i}", 0, prompt=[1, i], response=[2], group=f"g{i}")])
 
-    steps = pages(lambda b: selectors_pages.steps_browse(before=b, limit=3))
+    steps = pages(lambda b: steps_browse(before=b, limit=3))
     trajs = pages(lambda b: trajectories_browse(before=b, limit=3))
 
     def groups(b):
-        o = selectors_pages.optimization_overview(before=b, limit=3)
+        o = optimization_overview(before=b, limit=3)
         return [r["group"] for r in o["rows"]], o["next_before"]
 
     for got in (steps, trajs, pages(groups)):

@@ -12,7 +12,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from curation.models import Dataset, ReviewClaim
-from curation.selectors import dataset_preview
+from curation.selectors.specs import dataset_preview
 from curation.services import dataset_create, user_create
 from curation.specs import spec_parse
 from pool.models import Feedback, RewardEvent, Step, Trajectory
@@ -225,7 +225,7 @@ def test_trajectory_list_filters_and_reads_a_bounded_number_of_queries():
 
 
 def test_trajectory_list_pages_by_keyset(monkeypatch):
-    monkeypatch.setattr("curation.selectors.TRAJECTORY_PAGE", 2)
+    monkeypatch.setattr("curation.selectors.pages.TRAJECTORY_PAGE", 2)
     for i in range(3):
         steps_ingest(steps=[step_in(f"p{i}", 0, prompt=[1], response=[2])])
     client = signed_in("reviewer")

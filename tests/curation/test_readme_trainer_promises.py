@@ -29,7 +29,7 @@ from django.utils import timezone
 
 from curation import tasks as curation_tasks
 from curation.models import Delivery, Lease, Skip
-from curation.selectors import dataset_preview
+from curation.selectors.specs import dataset_preview
 from curation.services import consume, steps_label
 from curation.services.snapshots import snapshot_build
 from curation.specs import spec_parse

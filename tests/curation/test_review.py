@@ -11,7 +11,7 @@ from django.db import connection, connections
 from django.utils import timezone
 
 from curation.models import ReviewClaim
-from curation.selectors import review_progress
+from curation.selectors.review import review_progress
 from curation.services import (
     review_claim_next,
     review_queue_create,

@@ -10,7 +10,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from curation.selectors_live import live_state
+from curation.selectors.live import live_state
 from tests.conftest import client_for
 from tests.curation.test_pages import signed_in
 from tests.dashboard.traffic import EXPECTED, api_numbers, consistent, drive, page_numbers, state_numbers

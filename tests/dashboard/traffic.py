@@ -17,7 +17,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from curation.models import Consumer, Lease
-from curation.selectors_live import RATES_WINDOW
+from curation.selectors.live import RATES_WINDOW
 from curation.services import dataset_create
 from curation.services.labels import steps_label
 from pool.ingest import StepIn

@@ -182,7 +182,7 @@ from collections import Counter
 from datetime import timedelta
 from django.db.models import F
 from django.utils import timezone
-from curation.selectors import review_candidates, review_progress
+from curation.selectors.review import review_candidates, review_progress
 from curation.services import review_queue_default
 from pool.flags import QUALITY_NAMES, READY, names
 from pool.models import PromptGroup, RewardEvent, Step, Trajectory
@@ -406,9 +406,10 @@ def test_sweep_forever_outlives_a_failed_run(monkeypatch):
         second.set()
         return {"abandoned": 0}
 
-    monkeypatch.setattr(tasks, "readiness_sweep", flaky)
+    monkeypatch.setattr(tasks.readiness_sweep, "run", flaky)
+    schedule = [serve.Periodic(name="readiness-sweep", task="pool.readiness_sweep", every_s=0.01)]
     stop = threading.Event()
-    thread = threading.Thread(target=serve.sweep_forever, args=(stop, 0.01), daemon=True)
+    thread = threading.Thread(target=serve.sweep_forever, args=(stop, schedule), daemon=True)
     # when the loop runs
     thread.start()
     try:

@@ -11,7 +11,7 @@ import asyncio
 import pytest
 
 from curation import consumers
-from curation.selectors_live import live_state
+from curation.selectors.live import live_state
 from tests.conftest import client_for, make_step, post_steps
 from tests.dashboard.traffic import EXPECTED, api_numbers, consistent, drive, state_numbers
 from tests.live_events.conftest import DEADLINE, in_thread, socket, state_until, total, until

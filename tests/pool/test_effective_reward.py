@@ -14,7 +14,7 @@ import pytest
 
 from pool.flags import Readiness
 from pool.models import Step
-from pool.selectors import branch_ends, steps_render
+from pool.selectors.steps import branch_ends, steps_render
 from pool.services import (
     CompletionIn,
     RewardIn,

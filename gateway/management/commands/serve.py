@@ -13,11 +13,16 @@ Production (claw_site.settings.production): CLAW_DEMO is off, so nothing of the 
 without CLAW_UPSTREAM_URL serve still runs (API, pages, admin) and logs that the gateway has no
 upstream. In embedded mode (no REDIS_URL) it logs that Celery tasks run eagerly in-process.
 
-Periodic work: in embedded mode (no REDIS_URL, so no celery beat) serve runs the beat schedule's
-task itself, pool.readiness_sweep every CLAW_SWEEP_SECONDS, in a daemon thread (``sweep_forever``)
-that logs and survives errors and is stopped and joined on exit. With REDIS_URL set, run
-``celery -A claw_site beat`` (settings.CELERY_BEAT_SCHEDULE) next to the workers; serve then
-sweeps nothing, so two schedulers never race.
+Periodic work: in embedded mode (no REDIS_URL, so no celery beat) serve runs celery beat's
+schedule itself: every entry of settings.CELERY_BEAT_SCHEDULE, its task looked up by name
+and called in-process at the entry's interval (``beat_schedule``, ``sweep_forever``), in a
+daemon thread that logs and survives errors and is stopped and joined on exit. With
+REDIS_URL set, run ``celery -A claw_site beat`` next to the workers; serve then runs none of
+it, so two schedulers never race.
+
+Its environment (HOST, PORT, CLAW_WORKERS, CLAW_DEMO_UPSTREAM_PORT, CLAW_DEMO_PACE_S,
+CLAW_UVICORN_LOG_LEVEL) is read by the settings, through their strict env helpers
+(claw_site/settings/base.py, section "serve").
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +47,8 @@ import uvicorn
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections, connections
+
+from claw_site.celery import app as celery_app
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +63,9 @@ class Command(BaseCommand):
     help = "Serve Claw-R1 on 127.0.0.1:$PORT (default 8000); in demo mode also the demo upstream and agents."
 
     def add_arguments(self, parser):
-        parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
-        parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
-        parser.add_argument("--workers", type=int, default=int(os.environ.get("CLAW_WORKERS", "1")))
+        parser.add_argument("--host", default=settings.CLAW_SERVE_HOST)
+        parser.add_argument("--port", type=int, default=settings.CLAW_SERVE_PORT)
+        parser.add_argument("--workers", type=int, default=settings.CLAW_SERVE_WORKERS)
         parser.add_argument(
             "--fd",
             type=int,
@@ -79,12 +89,12 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, _raise_system_exit)
         try:
             if demo:
-                upstream_port = int(os.environ.get("CLAW_DEMO_UPSTREAM_PORT") or port + 1)
+                upstream_port = settings.CLAW_DEMO_UPSTREAM_PORT or port + 1
                 children.append(self._start_demo_upstream(upstream_port))
                 key = _demo_key()
                 connections.close_all()  # the server and the traffic thread open their own
                 local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-                pace = float(os.environ.get("CLAW_DEMO_PACE_S") or 1.0)
+                pace = settings.CLAW_DEMO_PACE_S
                 threading.Thread(
                     target=self._demo_traffic,
                     args=(f"http://{local}:{port}", key, stop, pace),
@@ -92,17 +102,17 @@ class Command(BaseCommand):
                     daemon=True,
                 ).start()
             if not settings.REDIS_URL:
+                schedule = beat_schedule()
                 connections.close_all()  # the sweep thread opens its own
                 sweeper = threading.Thread(
-                    target=sweep_forever,
-                    args=(stop, float(settings.CLAW_SWEEP_SECONDS)),
-                    name="claw-sweep",
-                    daemon=True,
+                    target=sweep_forever, args=(stop, schedule), name="claw-sweep", daemon=True
                 )
                 sweeper.start()
                 threads.append(sweeper)
+                every = ", ".join(f"{p.task} every {p.every_s:g} s" for p in schedule)
                 self.stdout.write(
-                    f"Readiness sweep in-process every {settings.CLAW_SWEEP_SECONDS:g} s (no REDIS_URL: no celery beat)"
+                    f"Readiness sweep in-process every {settings.CLAW_SWEEP_SECONDS:g} s, with the rest of "
+                    f"celery beat's schedule (no REDIS_URL: no celery beat): {every}"
                 )
             if settings.CELERY_TASK_ALWAYS_EAGER:
                 log.warning(
@@ -120,7 +130,7 @@ class Command(BaseCommand):
                 port=port,
                 fd=fd,
                 workers=workers,
-                log_level=os.environ.get("CLAW_UVICORN_LOG_LEVEL", "warning"),
+                log_level=settings.CLAW_UVICORN_LOG_LEVEL,
                 # The project's logging (settings.LOGGING), not uvicorn's default: its handlers
                 # mask the keys and tokens in gateway and capability URL paths. A copy, because
                 # dictConfig consumes parts of the dict it is given.
@@ -188,28 +198,74 @@ class Command(BaseCommand):
         run_demo_traffic(base_url, key, stop=stop, pace_s=pace_s)
 
 
-def sweep_forever(stop: threading.Event, interval_s: float) -> None:
-    """Run the periodic tasks (pool.readiness_sweep, curation.leases_expire, called
-    in-process) every ``interval_s`` seconds until ``stop`` is set: celery beat's schedule for embedded mode.
-    Never raises: an error is logged and the next run comes on time. The thread's database
-    connections are closed after every run, so none is left idle (or holding SQLite's WAL)
-    between runs, nor open at exit."""
-    from curation import tasks as curation_tasks
-    from pool import tasks as pool_tasks
+@dataclass(frozen=True, slots=True)
+class Periodic:
+    """One entry of celery beat's schedule, as serve runs it."""
 
-    while not stop.wait(interval_s):
+    name: str  # the entry's key in CELERY_BEAT_SCHEDULE
+    task: str  # the registered name of its task
+    every_s: float  # its interval
+
+
+def beat_schedule() -> list[Periodic]:
+    """settings.CELERY_BEAT_SCHEDULE, every entry, in its order: what celery beat would run.
+    Each task must be registered (a typo fails here, at start, not silently later); an entry
+    must be an interval (seconds, a timedelta or celery's ``schedule``): embedded mode runs
+    no crontab."""
+    # Import the apps' tasks modules now (autodiscovery is lazy). Not loader.import_default_modules:
+    # its Django fixup runs django.setup() again, which reconfigures logging.
+    celery_app.autodiscover_tasks(force=True)
+    out = []
+    for name, entry in settings.CELERY_BEAT_SCHEDULE.items():
+        if entry["task"] not in celery_app.tasks:
+            raise CommandError(f"CELERY_BEAT_SCHEDULE[{name!r}]: no task named {entry['task']!r}")
+        every = entry["schedule"]
+        every = getattr(every, "run_every", every)  # celery.schedules.schedule
+        if isinstance(every, timedelta):
+            every = every.total_seconds()
+        if not isinstance(every, int | float) or isinstance(every, bool) or every <= 0:
+            raise CommandError(
+                f"CELERY_BEAT_SCHEDULE[{name!r}]: serve runs intervals only (seconds or a timedelta), "
+                f"not {entry['schedule']!r}; set REDIS_URL and run celery beat"
+            )
+        out.append(Periodic(name=name, task=entry["task"], every_s=float(every)))
+    return out
+
+
+def sweep_forever(
+    stop: threading.Event, schedule: list[Periodic], *, clock: Callable[[], float] = time.monotonic
+) -> None:
+    """Run each entry of ``schedule`` (``beat_schedule``), its task called in-process by
+    name, every ``every_s`` seconds from now until ``stop`` is set: celery beat's schedule for
+    embedded mode. Entries due together run in the schedule's order. Never raises: a failed
+    task is logged and its next run comes on time, the other entries' too. The thread's
+    database connections are closed after every round, so none is left idle (or holding
+    SQLite's WAL) between runs, nor open at exit."""
+    start = clock()
+    due = {p.name: start + p.every_s for p in schedule}
+    while schedule and not stop.wait(max(0.0, min(due.values()) - clock())):
+        now = clock()
         try:
             close_old_connections()
-            changed = pool_tasks.readiness_sweep()
-            if any(changed.values()):
-                log.info("readiness sweep: %s", changed)
-            expired = curation_tasks.leases_expire()
-            if expired:
-                log.info("expired %d leases", expired)
-        except Exception:  # noqa: BLE001 - the loop must outlive a failed run (the DB restarting)
-            log.exception("readiness sweep failed; the next run is in %g s", interval_s)
+            for p in schedule:
+                if due[p.name] > now:
+                    continue
+                # The next run is one interval after this one was due: no drift, and a run
+                # that took longer than its interval is not repeated to catch up.
+                due[p.name] += p.every_s * (int((now - due[p.name]) // p.every_s) + 1)
+                _run_periodic(p)
         finally:
             connections.close_all()
+
+
+def _run_periodic(p: Periodic) -> None:
+    try:
+        result = celery_app.tasks[p.task]()
+    except Exception:  # noqa: BLE001 - the loop must outlive a failed run (the DB restarting)
+        log.exception("periodic task %s failed; the next run is in %g s", p.task, p.every_s)
+        return
+    if result and (not isinstance(result, dict) or any(result.values())):
+        log.info("%s: %s", p.task, result)
 
 
 def _prepare_multiprocess_metrics() -> None:

@@ -36,7 +36,7 @@ from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
-from pool.selectors import step_by_response_id
+from pool.selectors.steps import step_by_response_id
 from pool.services.api_keys import VerifiedKey
 
 from ..db import run_db

@@ -1,4 +1,5 @@
-"""Reads of curation: what a dataset spec admits, and its preview.
+"""What a dataset admits: a spec compiled to step predicates, its preview, its admitted
+steps and units.
 
 A spec (curation/specs.py) compiles to two step predicates:
 
@@ -17,15 +18,15 @@ is the step: every step that passes and whose group is complete.
 
 Everything is evaluated in the database, in one statement per question: the preview at
 200k steps is one aggregate over the step table (bench/curation.py measures it).
+
+The dataset catalogue (datasets and their versions) is read here too.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import EmptyResultSet
@@ -45,26 +46,12 @@ from django.db.models import (
     When,
 )
 from django.db.models.functions import Coalesce
-from django.utils import timezone
 
-from pool.flags import QUALITY_NAMES, READINESS_NAMES, READY, READY_ANY_TOKENS, Readiness
-from pool.flags import names as flag_names
-from pool.models import Feedback, PolicyVersion, PromptGroup, RewardEvent, Step, Trajectory
-from pool.selectors import steps_render
+from pool.flags import QUALITY_NAMES, READY, Readiness
+from pool.models import Feedback, PolicyVersion, PromptGroup, Step, Trajectory
 
-from .models import (
-    Consumer,
-    Dataset,
-    DatasetVersion,
-    Delivery,
-    LabelEvent,
-    Lease,
-    ReviewClaim,
-    ReviewQueue,
-    Skip,
-    StepTag,
-)
-from .specs import Filters, Spec, spec_parse
+from ..models import Dataset, DatasetVersion, StepTag
+from ..specs import Filters, Spec
 
 _LABEL_VALUE = {"none": "", "accepted": "accepted", "rejected": "rejected", "quarantined": "quarantined"}
 
@@ -369,345 +356,23 @@ def units_admitted(c: Compiled, restrict: Q | None = None) -> dict[int, dict[int
     return out
 
 
-# --- review queues ---------------------------------------------------------------------------
-def review_scope(queue: ReviewQueue) -> QuerySet:
-    """The trajectories a queue reviews, done or not: completed ones, and (default queue)
-    those without feedback, or (other queues) those with a step its dataset or filters
-    admit at step level."""
-    base = Trajectory.objects.filter(status=Trajectory.Status.COMPLETED)
-    if queue.is_default:
-        return base
-    if queue.dataset_id is not None and queue.dataset.current_id is not None:
-        spec = spec_parse(queue.dataset.current.spec)
-    else:
-        spec = spec_parse({"filters": queue.filters or {}})
-    c = spec_compile(spec)
-    steps = dataset_step_rows(c).filter(c.passes, trajectory_id=OuterRef("pk"))
-    return base.filter(Exists(steps))
+def datasets_list(limit: int | None = None) -> list[Dataset]:
+    """Every dataset (the first ``limit`` by name) with its current version (one query)."""
+    return list(Dataset.objects.select_related("current").order_by("name")[:limit])
 
 
-def _has_feedback() -> Q:
-    return Q(Exists(Feedback.objects.filter(trajectory_id=OuterRef("pk")))) | Q(
-        Exists(Feedback.objects.filter(step__trajectory_id=OuterRef("pk")))
-    )
-
-
-def review_candidates(queue: ReviewQueue, *, now: datetime) -> QuerySet:
-    """Items nobody holds and nobody finished, oldest completion first."""
-    held_or_done = ReviewClaim.objects.filter(queue=queue, trajectory_id=OuterRef("pk")).filter(
-        Q(done_at__isnull=False) | Q(expires_at__gt=now)
-    )
-    qs = review_scope(queue).filter(~Exists(held_or_done))
-    if queue.is_default:
-        qs = qs.filter(~_has_feedback())
-    return qs.order_by("completed_at", "id")
-
-
-def review_progress(queue: ReviewQueue) -> dict[str, int]:
-    """{"done", "total", "held"}: for the progress bar."""
-    scope = review_scope(queue)
-    if queue.is_default:
-        total = scope.count()
-        done = scope.filter(_has_feedback()).count()
-    else:
-        total = scope.count()
-        done = ReviewClaim.objects.filter(queue=queue, done_at__isnull=False).count()
-    held = ReviewClaim.objects.filter(
-        queue=queue, done_at__isnull=True, expires_at__gt=timezone.now()
-    ).count()
-    return {"done": done, "total": total, "held": held}
-
-
-# --- pages ------------------------------------------------------------------------------------
-# Rows per page of the trajectory browser (keyset on id: one bounded query per page).
-TRAJECTORY_PAGE = 50
-
-
-def keyset_page(qs: QuerySet, *, before: int | None, limit: int) -> tuple[list[Any], int | None]:
-    """One page of ``qs`` (ordered by -id) below id ``before``: the rows and the id to pass
-    as ``before`` for the next page, or None on the last. One query (limit + 1 rows), by
-    primary key whatever the page's depth."""
-    if before is not None:
-        qs = qs.filter(id__lt=before)
-    rows = list(qs[: limit + 1])
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return rows, (rows[-1].id if more else None)
-
-
-def trajectories_browse(
-    *,
-    status: str = "",
-    channel: str = "",
-    source: str = "",
-    group: str = "",
-    has_ready: bool = False,
-    before: int | None = None,
-    limit: int | None = None,
-) -> tuple[list[Trajectory], int | None]:
-    """One page of trajectories, newest first, and the ``before`` cursor of the next page
-    (None on the last). One query: source and group are joined, never fetched per row."""
-    limit = limit or TRAJECTORY_PAGE
-    qs = Trajectory.objects.select_related("source", "group").order_by("-id")
-    if status:
-        qs = qs.filter(status=status)
-    if channel:
-        qs = qs.filter(channel=channel)
-    if source:
-        qs = qs.filter(source__name=source)
-    if group:
-        qs = qs.filter(group__uid=group)
-    if has_ready:
-        # The step_ready partial index holds exactly these readiness values.
-        ready = Step.objects.filter(trajectory_id=OuterRef("pk"), readiness__in=[READY, READY_ANY_TOKENS])
-        qs = qs.filter(Exists(ready))
-    return keyset_page(qs, before=before, limit=limit)
-
-
-@dataclass(slots=True)
-class StepView:
-    """A step as the trajectory and review pages show it."""
-
-    step: Step
-    messages: list[dict[str, str]]
-    response_text: str | None
-    readiness: list[str]
-    quality: list[str]
-    tags: list[str]
-    label_events: list[Any]
-    reward_events: list[Any]
-    feedback: list[Feedback]
-
-
-BRANCH_DX, BRANCH_DY, BRANCH_PAD = 44, 34, 18
-
-
-def branches_layout(steps: Sequence[Step]) -> dict[str, Any] | None:
-    """The trajectory's branches drawn as lanes (one per branch, steps left to right in
-    step order), each branch's first step joined to the step it branched from
-    (gateway/proxy/branches.py: compactions, sub-agents, retries). None for a trajectory of
-    one branch. Pure: reads the steps' branch and parent_step_id only."""
-    if not steps or all(s.branch == 0 and s.parent_step_id is None for s in steps):
-        return None
-    lanes = sorted({s.branch for s in steps})
-    lane_of = {b: i for i, b in enumerate(lanes)}
-    at: dict[int, tuple[int, int]] = {}
-    nodes = []
-    for col, s in enumerate(steps):  # steps come in step_index order
-        x, y = BRANCH_PAD + col * BRANCH_DX, BRANCH_PAD + lane_of[s.branch] * BRANCH_DY
-        at[s.id] = (x, y)
-        nodes.append({"x": x, "y": y, "index": s.step_index, "branch": s.branch, "uid": s.uid})
-    index_of: dict[int | None, int] = {s.id: s.step_index for s in steps}
-    edges = []
-    last: dict[int, tuple[int, int]] = {}
-    info: dict[int, dict[str, Any]] = {}
-    for s in steps:
-        here = at[s.id]
-        if s.branch in last:
-            edges.append(
-                {
-                    "x1": last[s.branch][0],
-                    "y1": last[s.branch][1],
-                    "x2": here[0],
-                    "y2": here[1],
-                    "fork": False,
-                }
-            )
-        else:
-            parent = at.get(s.parent_step_id) if s.parent_step_id is not None else None
-            if parent is not None:
-                edges.append({"x1": parent[0], "y1": parent[1], "x2": here[0], "y2": here[1], "fork": True})
-            info[s.branch] = {
-                "branch": s.branch,
-                "first": s.step_index,
-                "steps": 0,
-                "from": index_of.get(s.parent_step_id),
-            }
-        info[s.branch]["steps"] += 1
-        last[s.branch] = here
-    return {
-        "width": 2 * BRANCH_PAD + (len(steps) - 1) * BRANCH_DX,
-        "height": 2 * BRANCH_PAD + (len(lanes) - 1) * BRANCH_DY,
-        "nodes": nodes,
-        "edges": edges,
-        "branches": [info[b] for b in lanes],
-    }
-
-
-def trajectory_timeline(uid: str | None = None, *, trajectory_id: int | None = None) -> dict[str, Any] | None:
-    """A trajectory (by uid or id) with every step's text, flags, labels, rewards and
-    feedback, or None.
-    Six queries whatever the step count (no per-step reads); token ids stay in the
-    database (step_token_ids loads one step's on demand)."""
-    key = {"uid": uid} if uid is not None else {"id": trajectory_id}
-    traj = Trajectory.objects.select_related("source", "group").filter(**key).first()
-    if traj is None:
-        return None
-    steps = list(
-        Step.objects.filter(trajectory=traj)
-        .defer("seq_delta", "rollout_logprobs", "seq_hash", "content_hash", "response_hash")
-        .order_by("step_index")
-    )
-    ids = [s.id for s in steps]
-    tags: dict[int, list[str]] = {i: [] for i in ids}
-    for sid, tag in StepTag.objects.filter(step_id__in=ids).order_by("tag").values_list("step_id", "tag"):
-        tags[sid].append(tag)
-    labels: dict[int, list[Any]] = {i: [] for i in ids}
-    for ev in LabelEvent.objects.filter(step_id__in=ids).order_by("-created_at", "-id"):
-        labels[ev.step_id].append(ev)
-    rewards: dict[int | None, list[Any]] = {i: [] for i in ids} | {None: []}
-    for ev in RewardEvent.objects.filter(Q(step_id__in=ids) | Q(trajectory=traj)).order_by(
-        "-created_at", "-id"
-    ):
-        rewards[ev.step_id if ev.step_id in labels else None].append(ev)
-    feedback: dict[int | None, list[Feedback]] = {i: [] for i in ids} | {None: []}
-    for fb in Feedback.objects.filter(Q(step_id__in=ids) | Q(trajectory=traj)).order_by("-created_at", "-id"):
-        feedback[fb.step_id if fb.step_id in labels else None].append(fb)
-    views = [
-        StepView(
-            step=s,
-            messages=_messages_text(s.messages),
-            response_text=s.response_text,
-            readiness=flag_names(s.readiness, READINESS_NAMES),
-            quality=flag_names(s.quality_flags, QUALITY_NAMES),
-            tags=tags[s.id],
-            label_events=labels[s.id],
-            reward_events=rewards[s.id],
-            feedback=feedback[s.id],
-        )
-        for s in steps
-    ]
-    return {
-        "trajectory": traj,
-        "steps": views,
-        "branches": branches_layout(steps),
-        "reward_events": rewards[None],
-        "feedback": feedback[None],
-    }
-
-
-def _messages_text(messages: Any) -> list[dict[str, str]]:
-    """Chat messages as (role, text) pairs; content parts that are not text are shown as
-    JSON, so nothing is hidden."""
-    if not isinstance(messages, list):
-        return []
-    out = []
-    for m in messages:
-        if isinstance(m, dict):
-            content = m.get("content")
-            text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
-            out.append({"role": str(m.get("role", "")), "text": text})
-        else:
-            out.append({"role": "", "text": json.dumps(m, ensure_ascii=False)})
-    return out
-
-
-def step_token_ids(step_id: int) -> dict[str, Any] | None:
-    """One step's exact token ids (rebuilt by steps_render), as plain lists, or None."""
-    step = Step.objects.select_related("trajectory__group").filter(id=step_id).first()
-    if step is None:
-        return None
-    r = steps_render([step])[0]
-    return {
-        "uid": r["uid"],
-        "token_source": r["token_source"],
-        "drift_offset": r["drift_offset"],
-        "prompt_ids": r["prompt_ids"].tolist(),
-        "response_ids": r["response_ids"].tolist(),
-    }
-
-
-def datasets_list() -> list[Dataset]:
-    """Every dataset with its current version (one query)."""
-    return list(Dataset.objects.select_related("current").order_by("name"))
+def dataset_get(name: str) -> Dataset | None:
+    """The dataset ``name`` with its current version, or None."""
+    return Dataset.objects.select_related("current").filter(name=name).first()
 
 
 def dataset_versions(name: str) -> tuple[Dataset, list[DatasetVersion]] | None:
     """A dataset and its versions, newest first, or None."""
-    dataset = Dataset.objects.select_related("current").filter(name=name).first()
+    dataset = dataset_get(name)
     if dataset is None:
         return None
     return dataset, list(dataset.versions.order_by("-version"))
 
 
-def review_queues_list() -> list[tuple[ReviewQueue, dict[str, int]]]:
-    """Every review queue (default first) with its progress: three counts per queue, and
-    queues are few (an operator creates each by hand)."""
-    queues = ReviewQueue.objects.select_related("dataset__current").order_by("-is_default", "name")
-    return [(q, review_progress(q)) for q in queues]
-
-
-def review_queue_get(name: str) -> ReviewQueue | None:
-    return ReviewQueue.objects.select_related("dataset__current").filter(name=name).first()
-
-
-# --- consumers -------------------------------------------------------------------------------
-def consumer_status(name: str) -> dict[str, Any] | None:
-    """A consumer's progress per dataset it pulled from: its leases by status, the units
-    delivered to it, the ready units still waiting for it (under the dataset's current
-    version), and the units dropped for it, by reason (Skip rows; specs.Serving). None if it
-    never pulled. A few grouped counts on indexed columns."""
-    consumer = Consumer.objects.filter(name=name).first()
-    if consumer is None:
-        return None
-    datasets: dict[int, dict[str, Any]] = {}
-
-    def entry(dataset_id: int) -> dict[str, Any]:
-        return datasets.setdefault(
-            dataset_id,
-            {
-                "leases": {s.value: 0 for s in Lease.Status},
-                "delivered_units": 0,
-                "dropped": {r.label: 0 for r in Skip.Reason},
-                "dropped_steps": {r.label: 0 for r in Skip.Reason},
-            },
-        )
-
-    leases = (
-        Lease.objects.filter(consumer=consumer)
-        .values_list("dataset_version__dataset_id", "status")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    for dataset_id, status, n in leases:
-        entry(dataset_id)["leases"][status] = n
-    delivered = (
-        Delivery.objects.filter(consumer=consumer)
-        .values_list("dataset_id")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    for dataset_id, n in delivered:
-        entry(dataset_id)["delivered_units"] = n
-    current_skips: dict[int, int] = {}
-    skips = (
-        Skip.objects.filter(consumer=consumer)
-        .values_list("dataset_version__dataset_id", "dataset_version_id", "reason")
-        .annotate(n=Count("id"), steps=Coalesce(Sum("steps"), 0))
-        .order_by()
-    )
-    current = dict(
-        Dataset.objects.filter(id__in={row[0] for row in skips} | set(datasets)).values_list(
-            "id", "current_id"
-        )
-    )
-    for dataset_id, version_id, reason, n, steps in skips:
-        e = entry(dataset_id)
-        label = Skip.Reason(reason).label
-        e["dropped"][label] += n
-        e["dropped_steps"][label] += steps
-        if version_id == current.get(dataset_id):
-            current_skips[dataset_id] = current_skips.get(dataset_id, 0) + n
-    ready = (
-        PromptGroup.objects.filter(ready_at__isnull=False).count()
-        + Trajectory.objects.filter(group__isnull=True, status=Trajectory.Status.COMPLETED).count()
-        if datasets
-        else 0
-    )
-    names = dict(Dataset.objects.filter(id__in=list(datasets)).values_list("id", "name"))
-    out = []
-    for dataset_id, e in sorted(datasets.items(), key=lambda kv: names.get(kv[0], "")):
-        # Units a group-unit pull could still offer (steps-unit pulls count steps instead).
-        pending = max(0, ready - e["delivered_units"] - current_skips.get(dataset_id, 0))
-        out.append({"dataset": names.get(dataset_id), **e, "pending_units": pending})
-    return {"name": consumer.name, "created_at": consumer.created_at, "datasets": out}
+def datasets_with_current() -> list[Dataset]:
+    return list(Dataset.objects.select_related("current").filter(current__isnull=False).order_by("name"))

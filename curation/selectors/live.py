@@ -52,11 +52,11 @@ from django.db import connection
 from django.db.models import Count, Max, Q, QuerySet, Sum, Value
 from django.utils import timezone
 
-from pool import selectors as pool_selectors
 from pool.flags import READY
 from pool.models import Event, MergeResult, PolicyVersion, PromptGroup, Step, Trajectory
+from pool.selectors.stats import AWAITING_REWARD_VALUES
 
-from .models import Consumer, Lease
+from ..models import Consumer, Lease
 
 # The state sections each topic needs ("overview" and unknown topics: all of them).
 SECTIONS: dict[str, tuple[str, ...]] = {
@@ -71,8 +71,6 @@ ALL = ("collect", "represent", "curate", "optimize", "consume", "quality")
 RATES_WINDOW = timedelta(hours=1)
 # Gateway events that mean a call failed (gateway/proxy/views.py _fault_event).
 ERROR_EVENTS = ("upstream_error", "record_failed")
-# Readiness values without a final reward (the counter "awaiting reward"): the pool's own.
-AWAITING_REWARD_VALUES = pool_selectors.AWAITING_REWARD_VALUES
 EXACT_TOKEN_SOURCES = (Step.TokenSource.CLIENT, Step.TokenSource.UPSTREAM)
 
 

@@ -1,4 +1,6 @@
-"""Reads of the pool: representations and aggregates. Views call these, never the ORM."""
+"""Reads of steps: the API representation of steps (token ids rebuilt exactly), the last
+step of each branch, a door's remembered upstream texts, and the step a Responses call
+answered with."""
 
 from __future__ import annotations
 
@@ -6,16 +8,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
-from django.db.models import Count, Max, Q, Sum
-from django.db.models.functions import Length
+from django.db.models import Max, QuerySet
 
-from . import flags, tokens
-from .flags import READY, Readiness
-from .models import Event, Feedback, MergeResult, PolicyVersion, PromptGroup, Step, Trajectory
+from .. import flags, tokens
+from ..flags import READY, Readiness
+from ..models import GenerationText, Step
+from ..services.generation_texts import response_ids_hash
 
 REWARD_FINAL = int(Readiness.REWARD_FINAL)
-# Readiness values without a final effective reward.
-AWAITING_REWARD_VALUES = [v for v in range(READY + 1) if not v & REWARD_FINAL]
 
 
 def steps_render(steps: Sequence[Step]) -> list[dict[str, Any]]:
@@ -89,93 +89,11 @@ def branch_ends(trajectory_ids: Iterable[int]) -> set[tuple[str, int, int]]:
     }
 
 
-def trajectory_render(t: Trajectory) -> dict[str, Any]:
-    return {
-        "uid": t.uid,
-        "prompt_group_uid": t.group.uid if t.group_id else None,
-        "channel": t.channel,
-        "status": t.status,
-        "reward": t.reward,
-        "reward_source": t.reward_source,
-        "step_count": t.step_count,
-        "policy_version": t.policy_version_id,
-        "metadata": t.metadata,
-        "source": t.source.name if t.source_id else None,
-        "created_at": t.created_at,
-        "updated_at": t.updated_at,
-        "completed_at": t.completed_at,
-    }
-
-
-def group_render(g: PromptGroup) -> dict[str, Any]:
-    return {
-        "uid": g.uid,
-        "status": g.status,
-        "expected_rollouts": g.expected_rollouts,
-        "dataset": g.dataset,
-        "ground_truth": g.ground_truth,
-        "metadata": g.metadata,
-        "created_at": g.created_at,
-        "completed_at": g.completed_at,
-    }
-
-
-def pool_stats() -> dict[str, Any]:
-    """Counts and token economics of the whole pool (a handful of aggregate queries)."""
-    steps = Step.objects.aggregate(
-        steps=Count("id"),
-        # Steps without a final effective reward (the REWARD_FINAL bit: its own, its
-        # branch's or its trajectory's), the dashboard's "awaiting reward": never a ready step.
-        reward_pending=Count("id", filter=Q(readiness__in=AWAITING_REWARD_VALUES)),
-        drift=Count("id", filter=Q(drift=True)),
-        tokens=Sum("seq_len"),
-    )
-    traj = dict(Trajectory.objects.values_list("status").annotate(n=Count("id")).values_list("status", "n"))
-    groups = dict(
-        PromptGroup.objects.values_list("status").annotate(n=Count("id")).values_list("status", "n")
-    )
-    stored = _stored_token_bytes()
-    current = PolicyVersion.objects.filter(is_current=True).values_list("version", flat=True).first()
-    merges = MergeResult.objects.filter(status=MergeResult.Status.DONE).aggregate(
-        total=Sum("total_tokens"), unique=Sum("unique_tokens")
-    )
-    naive = (steps["tokens"] or 0) * tokens.TOKEN_BYTES
-    return {
-        "steps": steps["steps"],
-        "steps_reward_pending": steps["reward_pending"],
-        "steps_drift": steps["drift"],
-        "trajectories": sum(traj.values()),
-        "trajectories_by_status": traj,
-        "groups": sum(groups.values()),
-        "groups_by_status": groups,
-        "events": Event.objects.count(),
-        "feedback": Feedback.objects.count(),
-        "current_policy_version": current,
-        "tokens": {
-            "step_tokens": steps["tokens"] or 0,
-            "naive_bytes": naive,
-            "stored_bytes": stored,
-            "dedup_ratio": (stored / naive) if naive else 1.0,
-        },
-        "merge": {
-            "total_tokens": merges["total"] or 0,
-            "unique_tokens": merges["unique"] or 0,
-        },
-    }
-
-
-def _stored_token_bytes() -> int:
-    # LENGTH() of a blob/bytea is its size in bytes on both SQLite and PostgreSQL.
-    return Step.objects.aggregate(n=Sum(Length("seq_delta")))["n"] or 0
-
-
 def generation_texts(
     *, source_id: int | None, responses: Sequence[Sequence[int] | np.ndarray]
 ) -> list[str | None]:
     """The remembered upstream text of each response (pool/services/generation_texts.py) of
     this source, None where unknown. One query."""
-    from .models import GenerationText
-    from .services.generation_texts import response_ids_hash
 
     if source_id is None or not responses:
         return [None] * len(responses)
@@ -200,3 +118,20 @@ def step_by_response_id(*, trajectory_uid: str, response_id: str) -> dict[str, A
         .first()
     )
     return dict(row) if row is not None else None
+
+
+def steps_listed() -> QuerySet[Step]:
+    """The steps ``GET /api/v1/steps`` pages through (the view applies its filters and
+    cursor): trajectory and group joined for ``steps_render``, the token bytes and content
+    hash left in the database (the render loads the token chains in one query)."""
+    return Step.objects.with_context().defer("seq_delta", "content_hash")
+
+
+def step_get(*, uid: str) -> Step | None:
+    """The step ``uid`` with what ``steps_render`` reads joined, or None."""
+    return Step.objects.with_context().filter(uid=uid).first()
+
+
+def step_ids_by_uid(uids: Iterable[str]) -> dict[str, int]:
+    """The ids of the steps among these uids (one query); an unknown uid is absent."""
+    return dict(Step.objects.filter(uid__in=set(uids)).values_list("uid", "id"))

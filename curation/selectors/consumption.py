@@ -1,0 +1,149 @@
+"""Reads of consumption: each consumer's progress (leases, deliveries, drops) and health,
+the recent leases and snapshots, and a lease's batch as first served."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.db.models import Count, Max, Q, Sum
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from pool.models import PromptGroup, Trajectory
+
+from ..models import Consumer, Dataset, Delivery, Lease, Skip, Snapshot
+
+# Snapshots and leases shown by the consumption page.
+SNAPSHOTS_SHOWN = 20
+LEASES_SHOWN = 30
+
+
+def consumer_status(name: str) -> dict[str, Any] | None:
+    """A consumer's progress per dataset it pulled from: its leases by status, the units
+    delivered to it, the ready units still waiting for it (under the dataset's current
+    version), and the units dropped for it, by reason (Skip rows; specs.Serving). None if it
+    never pulled. A few grouped counts on indexed columns."""
+    consumer = Consumer.objects.filter(name=name).first()
+    if consumer is None:
+        return None
+    datasets: dict[int, dict[str, Any]] = {}
+
+    def entry(dataset_id: int) -> dict[str, Any]:
+        return datasets.setdefault(
+            dataset_id,
+            {
+                "leases": {s.value: 0 for s in Lease.Status},
+                "delivered_units": 0,
+                "dropped": {r.label: 0 for r in Skip.Reason},
+                "dropped_steps": {r.label: 0 for r in Skip.Reason},
+            },
+        )
+
+    leases = (
+        Lease.objects.filter(consumer=consumer)
+        .values_list("dataset_version__dataset_id", "status")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    for dataset_id, status, n in leases:
+        entry(dataset_id)["leases"][status] = n
+    delivered = (
+        Delivery.objects.filter(consumer=consumer)
+        .values_list("dataset_id")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    for dataset_id, n in delivered:
+        entry(dataset_id)["delivered_units"] = n
+    current_skips: dict[int, int] = {}
+    skips = (
+        Skip.objects.filter(consumer=consumer)
+        .values_list("dataset_version__dataset_id", "dataset_version_id", "reason")
+        .annotate(n=Count("id"), steps=Coalesce(Sum("steps"), 0))
+        .order_by()
+    )
+    current = dict(
+        Dataset.objects.filter(id__in={row[0] for row in skips} | set(datasets)).values_list(
+            "id", "current_id"
+        )
+    )
+    for dataset_id, version_id, reason, n, steps in skips:
+        e = entry(dataset_id)
+        label = Skip.Reason(reason).label
+        e["dropped"][label] += n
+        e["dropped_steps"][label] += steps
+        if version_id == current.get(dataset_id):
+            current_skips[dataset_id] = current_skips.get(dataset_id, 0) + n
+    ready = (
+        PromptGroup.objects.filter(ready_at__isnull=False).count()
+        + Trajectory.objects.filter(group__isnull=True, status=Trajectory.Status.COMPLETED).count()
+        if datasets
+        else 0
+    )
+    names = dict(Dataset.objects.filter(id__in=list(datasets)).values_list("id", "name"))
+    out = []
+    for dataset_id, e in sorted(datasets.items(), key=lambda kv: names.get(kv[0], "")):
+        # Units a group-unit pull could still offer (steps-unit pulls count steps instead).
+        pending = max(0, ready - e["delivered_units"] - current_skips.get(dataset_id, 0))
+        out.append({"dataset": names.get(dataset_id), **e, "pending_units": pending})
+    return {"name": consumer.name, "created_at": consumer.created_at, "datasets": out}
+
+
+def snapshots_recent(limit: int = SNAPSHOTS_SHOWN) -> list[Snapshot]:
+    """The newest snapshots (snapshot_created index) with their dataset version."""
+    return list(
+        Snapshot.objects.select_related("dataset_version__dataset")
+        .defer("step_ids", "masked_ids", "manifest")
+        .order_by("-created_at")[:limit]
+    )
+
+
+def consumers_health() -> list[dict[str, Any]]:
+    """Every consumer with its leases by status, the steps it acked and its lag (time since
+    its last pull). Consumers are few (one per trainer); one query."""
+    now = timezone.now()
+    rows = Consumer.objects.annotate(
+        n_open=Count("leases", filter=Q(leases__status=Lease.Status.LEASED)),
+        n_acked=Count("leases", filter=Q(leases__status=Lease.Status.ACKED)),
+        n_lost=Count("leases", filter=Q(leases__status__in=[Lease.Status.EXPIRED, Lease.Status.RELEASED])),
+        steps_acked=Sum("leases__n_steps", filter=Q(leases__status=Lease.Status.ACKED)),
+        last_pull=Max("leases__created_at"),
+    ).order_by("name")
+    return [
+        {
+            "name": c.name,
+            "open": c.n_open,
+            "acked": c.n_acked,
+            "lost": c.n_lost,
+            "steps_acked": c.steps_acked or 0,
+            "last_pull": c.last_pull,
+            "lag_seconds": (now - c.last_pull).total_seconds() if c.last_pull else None,
+        }
+        for c in rows
+    ]
+
+
+def leases_recent(limit: int = LEASES_SHOWN) -> list[Lease]:
+    """The newest leases (lease_created index), without their bodies."""
+    return list(
+        Lease.objects.select_related("consumer", "dataset_version__dataset")
+        .defer("body")
+        .order_by("-created_at")[:limit]
+    )
+
+
+def lease_body(lease_id: uuid.UUID) -> bytes | None:
+    """A lease's batch exactly as first served (the replay), or None."""
+    body = Lease.objects.filter(id=lease_id).values_list("body", flat=True).first()
+    return bytes(body) if body is not None else None
+
+
+def snapshot_get(snapshot_id: uuid.UUID | str) -> Snapshot | None:
+    """A snapshot with its dataset version and dataset, without its step id lists, or None."""
+    return (
+        Snapshot.objects.select_related("dataset_version__dataset")
+        .defer("step_ids", "masked_ids")
+        .filter(id=snapshot_id)
+        .first()
+    )

@@ -1,0 +1,233 @@
+"""Reads of one trajectory and its steps, as the trajectory, review and step-inspector pages
+show them: every step's text, flags, labels, rewards and feedback, the branches drawn as
+lanes, and one step's exact token ids on demand. A bounded number of queries whatever the
+step count (no per-step reads)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import Q
+
+from pool.flags import QUALITY_NAMES, READINESS_NAMES
+from pool.flags import names as flag_names
+from pool.models import Feedback, RewardEvent, Step, Trajectory
+from pool.selectors.steps import steps_render
+
+from ..models import LabelEvent, StepTag
+
+
+@dataclass(slots=True)
+class StepView:
+    """A step as the trajectory and review pages show it."""
+
+    step: Step
+    messages: list[dict[str, str]]
+    response_text: str | None
+    readiness: list[str]
+    quality: list[str]
+    tags: list[str]
+    label_events: list[Any]
+    reward_events: list[Any]
+    feedback: list[Feedback]
+
+
+BRANCH_DX, BRANCH_DY, BRANCH_PAD = 44, 34, 18
+
+
+def branches_layout(steps: Sequence[Step]) -> dict[str, Any] | None:
+    """The trajectory's branches drawn as lanes (one per branch, steps left to right in
+    step order), each branch's first step joined to the step it branched from
+    (gateway/proxy/branches.py: compactions, sub-agents, retries). None for a trajectory of
+    one branch. Pure: reads the steps' branch and parent_step_id only."""
+    if not steps or all(s.branch == 0 and s.parent_step_id is None for s in steps):
+        return None
+    lanes = sorted({s.branch for s in steps})
+    lane_of = {b: i for i, b in enumerate(lanes)}
+    at: dict[int, tuple[int, int]] = {}
+    nodes = []
+    for col, s in enumerate(steps):  # steps come in step_index order
+        x, y = BRANCH_PAD + col * BRANCH_DX, BRANCH_PAD + lane_of[s.branch] * BRANCH_DY
+        at[s.id] = (x, y)
+        nodes.append({"x": x, "y": y, "index": s.step_index, "branch": s.branch, "uid": s.uid})
+    index_of: dict[int | None, int] = {s.id: s.step_index for s in steps}
+    edges = []
+    last: dict[int, tuple[int, int]] = {}
+    info: dict[int, dict[str, Any]] = {}
+    for s in steps:
+        here = at[s.id]
+        if s.branch in last:
+            edges.append(
+                {
+                    "x1": last[s.branch][0],
+                    "y1": last[s.branch][1],
+                    "x2": here[0],
+                    "y2": here[1],
+                    "fork": False,
+                }
+            )
+        else:
+            parent = at.get(s.parent_step_id) if s.parent_step_id is not None else None
+            if parent is not None:
+                edges.append({"x1": parent[0], "y1": parent[1], "x2": here[0], "y2": here[1], "fork": True})
+            info[s.branch] = {
+                "branch": s.branch,
+                "first": s.step_index,
+                "steps": 0,
+                "from": index_of.get(s.parent_step_id),
+            }
+        info[s.branch]["steps"] += 1
+        last[s.branch] = here
+    return {
+        "width": 2 * BRANCH_PAD + (len(steps) - 1) * BRANCH_DX,
+        "height": 2 * BRANCH_PAD + (len(lanes) - 1) * BRANCH_DY,
+        "nodes": nodes,
+        "edges": edges,
+        "branches": [info[b] for b in lanes],
+    }
+
+
+def trajectory_timeline(uid: str | None = None, *, trajectory_id: int | None = None) -> dict[str, Any] | None:
+    """A trajectory (by uid or id) with every step's text, flags, labels, rewards and
+    feedback, or None.
+    Six queries whatever the step count (no per-step reads); token ids stay in the
+    database (step_token_ids loads one step's on demand)."""
+    key = {"uid": uid} if uid is not None else {"id": trajectory_id}
+    traj = Trajectory.objects.select_related("source", "group").filter(**key).first()
+    if traj is None:
+        return None
+    steps = list(
+        Step.objects.filter(trajectory=traj)
+        .defer("seq_delta", "rollout_logprobs", "seq_hash", "content_hash", "response_hash")
+        .order_by("step_index")
+    )
+    ids = [s.id for s in steps]
+    tags: dict[int, list[str]] = {i: [] for i in ids}
+    for sid, tag in StepTag.objects.filter(step_id__in=ids).order_by("tag").values_list("step_id", "tag"):
+        tags[sid].append(tag)
+    labels: dict[int, list[Any]] = {i: [] for i in ids}
+    for ev in LabelEvent.objects.filter(step_id__in=ids).order_by("-created_at", "-id"):
+        labels[ev.step_id].append(ev)
+    rewards: dict[int | None, list[Any]] = {i: [] for i in ids} | {None: []}
+    for ev in RewardEvent.objects.filter(Q(step_id__in=ids) | Q(trajectory=traj)).order_by(
+        "-created_at", "-id"
+    ):
+        rewards[ev.step_id if ev.step_id in labels else None].append(ev)
+    feedback: dict[int | None, list[Feedback]] = {i: [] for i in ids} | {None: []}
+    for fb in Feedback.objects.filter(Q(step_id__in=ids) | Q(trajectory=traj)).order_by("-created_at", "-id"):
+        feedback[fb.step_id if fb.step_id in labels else None].append(fb)
+    views = [
+        StepView(
+            step=s,
+            messages=_messages_text(s.messages),
+            response_text=s.response_text,
+            readiness=flag_names(s.readiness, READINESS_NAMES),
+            quality=flag_names(s.quality_flags, QUALITY_NAMES),
+            tags=tags[s.id],
+            label_events=labels[s.id],
+            reward_events=rewards[s.id],
+            feedback=feedback[s.id],
+        )
+        for s in steps
+    ]
+    return {
+        "trajectory": traj,
+        "steps": views,
+        "branches": branches_layout(steps),
+        "reward_events": rewards[None],
+        "feedback": feedback[None],
+    }
+
+
+def _messages_text(messages: Any) -> list[dict[str, str]]:
+    """Chat messages as (role, text) pairs; content parts that are not text are shown as
+    JSON, so nothing is hidden."""
+    if not isinstance(messages, list):
+        return []
+    out = []
+    for m in messages:
+        if isinstance(m, dict):
+            content = m.get("content")
+            text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+            out.append({"role": str(m.get("role", "")), "text": text})
+        else:
+            out.append({"role": "", "text": json.dumps(m, ensure_ascii=False)})
+    return out
+
+
+def step_token_ids(step_id: int) -> dict[str, Any] | None:
+    """One step's exact token ids (rebuilt by steps_render), as plain lists, or None."""
+    step = Step.objects.select_related("trajectory__group").filter(id=step_id).first()
+    if step is None:
+        return None
+    r = steps_render([step])[0]
+    return {
+        "uid": r["uid"],
+        "token_source": r["token_source"],
+        "drift_offset": r["drift_offset"],
+        "prompt_ids": r["prompt_ids"].tolist(),
+        "response_ids": r["response_ids"].tolist(),
+    }
+
+
+@dataclass(slots=True)
+class StepInspect:
+    """One step for the inspector: the step's timeline view (text, flags, labels, rewards,
+    feedback), where its text came from, and its neighbours in the trajectory."""
+
+    view: StepView
+    trajectory: Trajectory
+    prompt_text: str | None  # decoded by CLAW_TOKENIZER when no chat messages are stored
+    response_text: str | None
+    text_origin: str  # "stored", "decoded" or "unknown"
+    readiness_missing: list[str]
+    previous_id: int | None
+    next_id: int | None
+
+
+def step_inspect(step_id: int, *, decode: bool = True) -> StepInspect | None:
+    """The step ``step_id`` for the inspector, or None. The text is what was stored; when
+    none was and a local tokenizer is configured (CLAW_TOKENIZER), the exact token ids are
+    decoded with it (marked "decoded": a rendering, not what the model saw as text)."""
+    row = Step.objects.filter(id=step_id).values_list("trajectory_id", "step_index").first()
+    if row is None:
+        return None
+    timeline = trajectory_timeline(trajectory_id=row[0])
+    if timeline is None:  # deleted in between
+        return None
+    views = timeline["steps"]
+    at = next(i for i, v in enumerate(views) if v.step.id == step_id)
+    v = views[at]
+    prompt_text, response_text, origin = None, v.response_text, "stored"
+    if not v.messages and v.response_text is None:
+        origin = "unknown"
+        if decode:
+            decoded = _decode(v.step)
+            if decoded is not None:
+                prompt_text, response_text, origin = decoded[0], decoded[1], "decoded"
+    return StepInspect(
+        view=v,
+        trajectory=timeline["trajectory"],
+        prompt_text=prompt_text,
+        response_text=response_text,
+        text_origin=origin,
+        readiness_missing=[
+            n for n in READINESS_NAMES if n not in flag_names(v.step.readiness, READINESS_NAMES)
+        ],
+        previous_id=views[at - 1].step.id if at > 0 else None,
+        next_id=views[at + 1].step.id if at + 1 < len(views) else None,
+    )
+
+
+def _decode(step: Step) -> tuple[str, str] | None:
+    from gateway.proxy.tokenizer import get_tokenizer
+
+    tok = get_tokenizer()
+    if tok is None:
+        return None
+    step = Step.objects.select_related("trajectory__group").get(id=step.id)
+    r = steps_render([step])[0]
+    return tok.decode(r["prompt_ids"].tolist()), tok.decode(r["response_ids"].tolist())

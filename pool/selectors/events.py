@@ -1,0 +1,65 @@
+"""Reads of service events, feedback and policy versions: listed for the API's pages, and
+their API representations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+
+from ..models import Event, Feedback, PolicyVersion
+
+# Policy versions ``GET /api/v1/policy-versions`` returns at most, newest first.
+POLICY_VERSIONS_SHOWN = 1000
+
+
+def events_listed() -> QuerySet[Event]:
+    """The events ``GET /api/v1/events`` pages through (filters and cursor: the view's),
+    with what ``event_render`` reads joined."""
+    return Event.objects.select_related("trajectory", "step")
+
+
+def event_render(e: Event) -> dict[str, Any]:
+    return {
+        "id": e.id,
+        "type": e.type,
+        "payload": e.payload,
+        "occurred_at": e.occurred_at,
+        "trajectory_uid": e.trajectory.uid if e.trajectory_id else None,
+        "step_uid": e.step.uid if e.step_id else None,
+        "created_at": e.created_at,
+    }
+
+
+def feedback_listed() -> QuerySet[Feedback]:
+    """The feedback ``GET /api/v1/feedback`` pages through (filters and cursor: the view's),
+    with what ``feedback_render`` reads joined."""
+    return Feedback.objects.select_related("trajectory", "step")
+
+
+def feedback_render(f: Feedback) -> dict[str, Any]:
+    return {
+        "id": f.id,
+        "step_uid": f.step.uid if f.step_id else None,
+        "trajectory_uid": f.trajectory.uid if f.trajectory_id else None,
+        "rating": f.rating,
+        "label": f.label,
+        "correction": f.correction,
+        "comment": f.comment,
+        "author": f.author,
+        "created_at": f.created_at,
+    }
+
+
+def policy_versions_listed() -> QuerySet[PolicyVersion]:
+    """Every policy version, newest first."""
+    return PolicyVersion.objects.order_by("-version")
+
+
+def policy_versions_list(limit: int = POLICY_VERSIONS_SHOWN) -> list[PolicyVersion]:
+    """The newest ``limit`` policy versions, newest first."""
+    return list(policy_versions_listed()[:limit])
+
+
+def policy_version_render(p: PolicyVersion) -> dict[str, Any]:
+    return {"version": p.version, "is_current": p.is_current, "metadata": p.metadata}
