@@ -3,7 +3,7 @@
 Two kinds of metric, chosen so that every scrape tells the truth whichever process answers:
 
 - **Pool state** (steps, trajectories, leases, queue depth, build durations) is read from the
-  database and Redis at scrape time (``pool_metric_families`` in gateway/observability.py,
+  database and Redis at scrape time (``pool_metric_families`` in claw_site/observability.py,
   which /metrics, gateway/ops.py, hands to ``exposition`` here), so every process reports
   the same numbers and nothing is lost when a process restarts.
 - **Proxy latency** is only known inside the process that served the call. With

@@ -854,7 +854,7 @@ def test_each_filter_admits_what_the_readme_says(trainer, admin, filter_world, f
 
 
 def test_a_preview_is_one_statement_on_the_steps_whatever_their_number(admin):
-    """README: "A spec compiles to one aggregate statement (curation/selectors.py), so a
+    """README: "A spec compiles to one aggregate statement (curation/selectors/specs.py), so a
     preview at 200k steps is one query." """
     table = Step._meta.db_table
 
