@@ -12,6 +12,8 @@ reported `copy_steps_per_s` and `ratio`) and once committing per 100 rows like t
 Each round also submits the same steps as MessagePack with packed int32 arrays
 (``claw_client.encode_step_batch``), reported as ``ratio_msgpack``; ``ratio`` is JSON.
 Rounds alternate API and COPY so both see the same machine load; figures are medians.
+``server_cpu_ms_per_batch`` (and ``_msgpack``): the server processes' CPU per batch of 100
+steps (user + system, /proc), which other work on the machine disturbs less than the ratios.
 Prints progress, then one JSON line.
 """
 
@@ -60,6 +62,18 @@ def w_ingest(n_steps: int, seed: int = 0, prefix: str = "wi") -> list[dict]:
     return steps
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` and its descendants, alive now (Linux
+    /proc; 0.0 elsewhere). uvicorn --workers runs the app in children of ``pid``."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return 0.0
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return own + sum(tree_cpu_s(int(c)) for c in children)
+
+
 class ApiRunner:
     """A server process (own database) and a pool of HTTP client threads."""
 
@@ -69,6 +83,7 @@ class ApiRunner:
         self.server.extra_args = ["--workers", str(workers)] if workers > 1 else []
         self.server.start()
         self.db = "postgresql" if "DATABASE_URL" in self.server.env else "sqlite"
+        self.cpu_ms_per_batch: float = 0.0  # the server's CPU per batch in the last run
         key = self.server.make_key("ingest", name="bench")
         self.headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
         # Warm-up outside the timing: connections, imports, caches, the key.
@@ -104,6 +119,8 @@ class ApiRunner:
                         errors.append(f"{r.status_code} {r.text[:200]}")
                         return
 
+        assert self.server.proc is not None
+        cpu0 = tree_cpu_s(self.server.proc.pid)
         t0 = time.perf_counter()
         threads = [threading.Thread(target=worker) for _ in range(clients)]
         for t in threads:
@@ -111,6 +128,7 @@ class ApiRunner:
         for t in threads:
             t.join()
         elapsed = time.perf_counter() - t0
+        self.cpu_ms_per_batch = (tree_cpu_s(self.server.proc.pid) - cpu0) * 1000 / len(bodies)
         if errors:
             raise SystemExit(f"API errors: {errors[:3]}")
         return len(steps) / elapsed
@@ -221,6 +239,7 @@ def main() -> None:
     )
     url = os.environ.get("DATABASE_URL")
     api_rates, packed_rates, copy_rates, batched_rates = [], [], [], []
+    api_cpu, packed_cpu = [], []
     with tempfile.TemporaryDirectory() as tmp:
         api = ApiRunner(Path(tmp), workers=args.workers)
         copy = PgCopy(url) if url else SqliteCopy(Path(tmp))
@@ -229,10 +248,12 @@ def main() -> None:
                 steps = w_ingest(args.steps, seed=r, prefix=f"r{r}")
                 rows = rows_of(steps)
                 api_rates.append(api.run(steps, clients=args.clients))
+                api_cpu.append(api.cpu_ms_per_batch)
                 packed = [
                     dict(s, uid=f"p{s['uid']}", trajectory_uid=f"p{s['trajectory_uid']}") for s in steps
                 ]
                 packed_rates.append(api.run(packed, clients=args.clients, encoding="msgpack"))
+                packed_cpu.append(api.cpu_ms_per_batch)
                 copy_rates.append(copy.run(rows, batched=False))
                 batched_rates.append(copy.run(rows, batched=True))
                 print(
@@ -261,6 +282,10 @@ def main() -> None:
                 "api_msgpack_steps_per_s": round(statistics.median(packed_rates), 1),
                 "ratio_msgpack": round(statistics.median(packed_ratios), 3),
                 "copy_batched_steps_per_s": round(statistics.median(batched_rates), 1),
+                # The server processes' CPU per batch of 100 (PostgreSQL's own not counted):
+                # steadier than the ratios on a shared machine.
+                "server_cpu_ms_per_batch": round(statistics.median(api_cpu), 1),
+                "server_cpu_ms_per_batch_msgpack": round(statistics.median(packed_cpu), 1),
             }
         )
     )
