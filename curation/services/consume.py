@@ -24,13 +24,14 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from gateway.renderers import dumps
-from pool import live
 from pool.errors import Conflict, InvalidInput, NotFound
 from pool.ingest import backends
+from pool.ingest.effects import emit
 from pool.models import PolicyVersion, PromptGroup, Step, Trajectory
 from pool.selectors import branch_ends, steps_render
 from pool.services import effective_reward
 
+from ..events import LeaseChanged
 from ..formats import RENDERERS
 from ..models import Consumer, Dataset, Delivery, Lease, Skip
 from ..selectors import Compiled, dataset_steps, spec_compile, units_admitted
@@ -172,15 +173,18 @@ def leases_expire(*, consumer_id: int | None = None, now=None) -> int:
 
 # --- helpers --------------------------------------------------------------------------------
 def lease_publish(lease: Lease, *, consumer: str, dataset: str, taken: int = 0, acked: int = 0) -> None:
-    """The live ``lease`` event (after the commit)."""
-    item = {
-        "id": str(lease.id),
-        "consumer": consumer,
-        "dataset": dataset,
-        "status": lease.status,
-        "steps": lease.n_steps,
-    }
-    live.publish("lease", {"taken": taken, "acked": acked, "items": [item]})
+    """Emit ``LeaseChanged`` (its effect: the live ``lease`` event, after the commit)."""
+    emit(
+        LeaseChanged(
+            lease_id=str(lease.id),
+            consumer=consumer,
+            dataset=dataset,
+            status=lease.status,
+            steps=lease.n_steps,
+            taken=taken,
+            acked=acked,
+        )
+    )
 
 
 def _consumer(name: str) -> Consumer:

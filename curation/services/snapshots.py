@@ -30,13 +30,14 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from pool import flags, live, tokens
+from pool import flags, tokens
 from pool.errors import InvalidInput, NotFound
+from pool.ingest.effects import emit
 from pool.models import Feedback, Step
 from pool.selectors import branch_ends
 from pool.services import effective_reward
-from pool.tasks import enqueue_on_commit
 
+from ..events import SnapshotChanged, SnapshotRequested
 from ..models import Dataset, Snapshot, StepTag
 from ..selectors import dataset_admitted
 from ..specs import spec_parse
@@ -110,14 +111,12 @@ def snapshot_create(*, dataset: str, actor: str = "") -> Snapshot:
     ds = Dataset.objects.select_related("current").filter(name=dataset).first()
     if ds is None or ds.current is None:
         raise NotFound(f"dataset {dataset!r} does not exist", field="dataset")
-    from ..tasks import snapshot_build as build_task
-
     with transaction.atomic():
         snap = Snapshot.objects.create(id=uuid.uuid4(), dataset_version=ds.current, created_by=actor)
         # Published first: in embedded mode the build runs in the enqueue's on-commit
         # callback, so a "pending" registered after it would follow (and undo) its "done".
         snapshot_publish(snap.id, Snapshot.Status.PENDING, 0, None)
-        enqueue_on_commit(build_task, str(snap.id))
+        emit(SnapshotRequested(snapshot_id=str(snap.id)))  # its build: curation/tasks.py
     return snap
 
 
@@ -169,17 +168,8 @@ def snapshot_build(
 
 
 def snapshot_publish(snapshot_id: uuid.UUID, status: str, steps: int, total: int | None) -> None:
-    """The live ``snapshot`` event (topics consumption and ``snapshot.<id>``): its status,
-    steps written and progress (0..1; 0 while the total is unknown)."""
-    if status == Snapshot.Status.DONE:
-        progress = 1.0
-    else:
-        progress = round(steps / total, 4) if total else 0.0
-    live.publish(
-        "snapshot",
-        {"id": str(snapshot_id), "status": status, "progress": progress, "steps": steps},
-        topics=("consumption", f"snapshot.{snapshot_id}"),
-    )
+    """Emit ``SnapshotChanged`` (its effect: the live ``snapshot`` event, curation/events.py)."""
+    emit(SnapshotChanged(snapshot_id=str(snapshot_id), status=status, steps=steps, total=total))
 
 
 # --- helpers --------------------------------------------------------------------------------
