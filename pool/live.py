@@ -36,7 +36,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Sum
 
-from .events import LiveEvent, StepItem, TrajectoryItem
+from .events import LiveEvent, MergeItem, StepItem, TrajectoryItem
 from .models import PromptGroup, Source, Trajectory
 
 if TYPE_CHECKING:
@@ -413,6 +413,7 @@ def rewards_set(event: RewardsSet) -> None:
 
 
 def feedback_recorded(event: FeedbackRecorded) -> None:
+    """The ``feedback`` event: one feedback recorded."""
     send({"kind": "feedback", "data": {"count": 1}})
 
 
@@ -430,10 +431,11 @@ def groups_ready(event: GroupsReady) -> None:
 
 
 def merge_done(event: MergeDone) -> None:
-    item = {
+    """The ``merge`` event of a group's stored merge."""
+    item: MergeItem = {
         "group": event.group_uid,
         "group_id": event.group_id,
         "tokens": event.tokens,
         "tokens_saved": event.tokens_saved,
     }
-    send({"kind": "merge", "data": {"items": [item]}})  # type: ignore[typeddict-item]
+    send({"kind": "merge", "data": {"items": [item]}})

@@ -184,8 +184,11 @@ _loud: list[Effect] = []  # StepsWritten effects that may query after a fused ap
 
 
 def register(
-    effect: Callable[[E], None], on: type[E] = StepsWritten, *, quiet_on_append: bool = False
-) -> Callable[[E], None]:  # type: ignore[assignment]
+    effect: Callable[[E], None],
+    on: type[E] = StepsWritten,  # type: ignore[assignment]
+    *,
+    quiet_on_append: bool = False,
+) -> Callable[[E], None]:
     """Run ``effect`` after every event of type ``on`` (idempotent: registering twice is
     once). ``quiet_on_append``: see the module docstring."""
     effects = _registry.setdefault(on, [])

@@ -144,7 +144,7 @@ def _outcome_rewards(written: StepsWritten) -> set[int]:
             rewards=[
                 RewardIn(
                     trajectory_uid=t,
-                    reward=float(r),
+                    reward=float(r),  # type: ignore[arg-type]  # the query keeps reward__isnull=False
                     source=src or Step.RewardSource.ENV,
                     metadata={"from_last_step": uid},
                 )
