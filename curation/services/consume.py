@@ -115,7 +115,7 @@ def consumer_pull(*, consumer: str, pull: PullIn) -> Lease | None:
             return None
         _render(lease, ds, who, c, steps)
         lease.save(update_fields=["n_units", "n_steps", "content_hash", "body"])
-        lease_publish(lease, consumer=who.name, dataset=ds.name, taken=1)
+        lease_changed(lease, consumer=who.name, dataset=ds.name, taken=1)
     return lease
 
 
@@ -132,7 +132,7 @@ def lease_ack(*, lease_id: uuid.UUID, consumer: str | None = None) -> Lease:
             )
         lease.status, lease.acked_at = Lease.Status.ACKED, timezone.now()
         lease.save(update_fields=["status", "acked_at"])
-        lease_publish(lease, consumer=consumer or "", dataset="", acked=1)
+        lease_changed(lease, consumer=consumer or "", dataset="", acked=1)
         return lease
 
 
@@ -172,7 +172,7 @@ def leases_expire(*, consumer_id: int | None = None, now=None) -> int:
 
 
 # --- helpers --------------------------------------------------------------------------------
-def lease_publish(lease: Lease, *, consumer: str, dataset: str, taken: int = 0, acked: int = 0) -> None:
+def lease_changed(lease: Lease, *, consumer: str, dataset: str, taken: int = 0, acked: int = 0) -> None:
     """Emit ``LeaseChanged`` (its effect: the live ``lease`` event, after the commit)."""
     emit(
         LeaseChanged(
