@@ -86,6 +86,42 @@ def test_services_never_import_tasks_nor_the_live_notifier(path):
     assert not imported & {"pool.tasks", "curation.tasks", "pool.live", "pool.live.publish"}
 
 
+def _module_graph() -> dict[str, set[str]]:
+    """Import edges between the modules of pool/ and curation/ (at any depth: a lazy import
+    is an edge too), but for AppConfig.ready(), which runs after every module is loaded, and
+    a package's re-exports of its own submodules."""
+    modules = {}
+    for p in [*ROOT.glob("pool/**/*.py"), *ROOT.glob("curation/**/*.py")]:
+        if "migrations" not in p.parts and p.name != "apps.py":
+            parts = p.relative_to(ROOT).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return {
+        name: {m for m in _imports(p) if m in modules and m != name and not m.startswith(name + ".")}
+        for name, p in modules.items()
+    }
+
+
+def test_services_tasks_and_effects_import_in_no_circle():
+    # given: the import graph of the write services, the tasks, the registry and the notifier
+    graph = _module_graph()
+    mine = [
+        m
+        for m in graph
+        if m.startswith(("pool.services", "curation.services"))
+        or m in {"pool.tasks", "curation.tasks", "pool.ingest.effects", "pool.live", "curation.events"}
+    ]
+    # then: none of them reaches itself again
+    for start in mine:
+        seen_: set[str] = set()
+        todo = list(graph[start])
+        while todo:
+            m = todo.pop()
+            assert m != start, f"{start} imports itself through {sorted(seen_)}"
+            if m not in seen_:
+                seen_.add(m)
+                todo.extend(graph[m])
+
+
 def test_the_registry_imports_no_service_task_or_notifier():
     imported = _imports(ROOT / "pool/ingest/effects.py")
     assert {m for m in imported if m.startswith("pool.")} <= {
