@@ -4,3 +4,13 @@ from django.apps import AppConfig
 class CurationConfig(AppConfig):
     name = "curation"
     verbose_name = "Curation"
+
+    def ready(self) -> None:
+        """Register curation's effects in the pool's registry (pool/ingest/effects.py), once."""
+        from pool.ingest import effects
+
+        from . import events, tasks
+
+        effects.register(events.snapshot_live, events.SnapshotChanged)
+        effects.register(tasks.snapshot_build_enqueue, events.SnapshotRequested)
+        effects.register(events.lease_live, events.LeaseChanged)

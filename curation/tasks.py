@@ -1,45 +1,45 @@
-"""Celery tasks of curation. Thin and idempotent: one service call."""
+"""Celery tasks of curation. Thin and idempotent: one service call.
+
+Services never import tasks: a service emits an event (curation/events.py) and the
+enqueueing is an effect of it, defined here and registered in curation/apps.py. The retry
+settings are the pool's (pool.tasks.RETRY).
+"""
 
 from __future__ import annotations
 
 from celery import shared_task
-from django.db import InterfaceError, OperationalError
 
-_TRANSIENT = (OperationalError, InterfaceError)
+from pool.tasks import RETRY, enqueue_on_commit
+
+from .events import SnapshotRequested
+from .services import consume, snapshots
 
 
-@shared_task(
-    name="curation.leases_expire",
-    autoretry_for=_TRANSIENT,
-    retry_backoff=True,
-    retry_backoff_max=300,
-    max_retries=5,
-)
+@shared_task(name="curation.leases_expire", **RETRY)
 def leases_expire() -> int:
     """Periodic (celery beat): end every lease past its expiry, so its units are
     deliverable again. A consumer's own pull does this for its leases too; this keeps the
     lease table honest for consumers that stopped pulling. Idempotent."""
-    from .services.consume import leases_expire as expire
-
-    return expire()
+    return consume.leases_expire()
 
 
 @shared_task(
     name="curation.snapshot_build",
     acks_late=True,  # a worker killed mid-build: the task is redelivered and rebuilds
-    autoretry_for=_TRANSIENT,
-    retry_backoff=True,
-    retry_backoff_max=300,
-    max_retries=5,
     # Its pool process killed (settings: task_retry_on_worker_lost): rebuild 10 s later, not
     # Celery's default 3 minutes.
     default_retry_delay=10,
+    **RETRY,
 )
 def snapshot_build(snapshot_id: str) -> None:
     """Build a snapshot's files. Idempotent: a done or vanished snapshot is left alone, and
     an interrupted build is redone from scratch with the same content. A build whose worker
     or pool process dies is run again (redelivery or retry); after max_retries the snapshot
     stays "building"."""
-    from .services.snapshots import snapshot_build as build
+    snapshots.snapshot_build(snapshot_id=snapshot_id)
 
-    build(snapshot_id=snapshot_id)
+
+# --- effects (registered in curation/apps.py) ---------------------------------------------------
+def snapshot_build_enqueue(event: SnapshotRequested) -> None:
+    """A requested snapshot's build, after the commit (through the pool's outbox)."""
+    enqueue_on_commit(snapshot_build, event.snapshot_id)

@@ -5,3 +5,44 @@ class PoolConfig(AppConfig):
     name = "pool"
     verbose_name = "Data pool"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        """Register the pool's effects (pool/ingest/effects.py), once, in the order they run."""
+        from . import live, tasks
+        from .ingest import effects
+        from .ingest.effects import (
+            FeedbackRecorded,
+            GroupMergeRequested,
+            GroupsCompleted,
+            GroupsReady,
+            MergeDone,
+            RewardsSet,
+            StepsMergeRequested,
+            StepsWritten,
+            TrajectoriesEnded,
+        )
+        from .services import groups, readiness, rewards, trajectories
+
+        # Stored steps. None of these queries after a fused append (quiet_on_append).
+        for effect in (
+            effects.trajectory_counters,
+            effects.group_anchors,
+            rewards.steps_written_rewards,
+            readiness.steps_written_settle,
+            groups.steps_written_groups,
+            live.steps_written,
+            trajectories.steps_written_ended,
+        ):
+            effects.register(effect, StepsWritten, quiet_on_append=True)
+        # Ended trajectories: their computed reward, then the live event.
+        effects.register(tasks.trajectories_ended_enqueue, TrajectoriesEnded)
+        effects.register(live.trajectories_ended, TrajectoriesEnded)
+        # Completed groups: their rollouts' readiness, then their merge and computed rewards.
+        effects.register(readiness.groups_completed_settle, GroupsCompleted)
+        effects.register(tasks.groups_completed_enqueue, GroupsCompleted)
+        effects.register(live.groups_ready, GroupsReady)
+        effects.register(live.rewards_set, RewardsSet)
+        effects.register(live.feedback_recorded, FeedbackRecorded)
+        effects.register(live.merge_done, MergeDone)
+        effects.register(tasks.group_merge_enqueue, GroupMergeRequested)
+        effects.register(tasks.steps_merge_enqueue, StepsMergeRequested)

@@ -1,8 +1,10 @@
 """Live events: the one notifier behind the dashboard's websocket (curation/consumers.py).
 
-``publish(kind, data, topics=...)`` is called by the services after what they report (inside
-a transaction it waits for the commit with ``transaction.on_commit``; a rolled-back write
-publishes nothing). It only appends to a process-local buffer under a lock: a few
+Events are typed (pool/events.py) and sent only by effects registered for the pool's
+writes (the builders at the end of this module, registered in pool/apps.py; curation's in
+curation/events.py): ``send(event, topics=...)``, or ``publish(kind, data, topics=...)``
+under it. Inside a transaction an event waits for the commit with
+``transaction.on_commit``; a rolled-back write publishes nothing. It only appends to a process-local buffer under a lock: a few
 microseconds, whatever the channel layer. A daemon flusher thread (started on the first
 publish, restarted after a fork) wakes every ``CLAW_LIVE_TICK_MS`` (100 ms), coalesces the
 buffer per topic and kind, and sends at most one message per topic per tick to the Channels
@@ -28,10 +30,24 @@ import os
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
+from django.db.models import Sum
+
+from .events import LiveEvent, MergeItem, StepItem, TrajectoryItem
+from .models import PromptGroup, Source, Trajectory
+
+if TYPE_CHECKING:
+    from .ingest.effects import (
+        FeedbackRecorded,
+        GroupsReady,
+        MergeDone,
+        RewardsSet,
+        StepsWritten,
+        TrajectoriesEnded,
+    )
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +87,11 @@ def publish(kind: str, data: dict[str, Any], *, topics: tuple[str, ...] | None =
         transaction.on_commit(lambda: _push(kind, data, chosen))
     else:
         _push(kind, data, chosen)
+
+
+def send(event: LiveEvent, *, topics: tuple[str, ...] | None = None) -> None:
+    """``publish`` a typed event (pool/events.py)."""
+    publish(event["kind"], event["data"], topics=topics)  # type: ignore[arg-type]
 
 
 def attach_loop(loop: asyncio.AbstractEventLoop) -> None:
@@ -264,10 +285,6 @@ def name_groups(raw: Iterable[tuple[str, dict[str, Any], tuple[str, ...]]]) -> N
 
 
 def _group_uids_read(ids: set[int]) -> None:
-    from django.db import DatabaseError, connection
-
-    from .models import PromptGroup
-
     try:
         found = dict(PromptGroup.objects.filter(id__in=ids).values_list("id", "uid"))
     except DatabaseError:
@@ -282,22 +299,6 @@ def _group_uids_read(ids: set[int]) -> None:
     _group_uids.update(found)
 
 
-def trajectory_item(
-    *, uid: str, source: str, channel: str, status: str, step_count: int, group_id: int | None
-) -> dict[str, Any]:
-    """One trajectory of a live event (``steps``' trajectories, ``trajectories.completed``'s
-    items): uid, source, channel, status, step_count and group (its uid, named by the
-    flusher)."""
-    return {
-        "uid": uid,
-        "source": source,
-        "channel": channel,
-        "status": status,
-        "step_count": step_count,
-        GROUP_ID: group_id,
-    }
-
-
 # --- event builders (called by the services) ----------------------------------------------------
 _source_names: dict[int, str] = {}
 
@@ -309,17 +310,31 @@ def source_name(source_id: int | None) -> str:
         return ""
     name = _source_names.get(source_id)
     if name is None:
-        from .models import Source
-
         name = Source.objects.filter(id=source_id).values_list("name", flat=True).first() or ""
         _source_names[source_id] = name
     return name
 
 
-def steps_written(written: Any) -> None:
-    """The ``steps`` event of one write (and ``trajectories.completed`` for the trajectories
-    its last steps ended), from the effects' record: one publish per write, no query but the
-    first sight of a source. ``written``: pool.ingest.effects.StepsWritten."""
+def trajectory_item(
+    *, uid: str, source: str, channel: str, status: str, step_count: int, group_id: int | None
+) -> TrajectoryItem:
+    """One trajectory of a live event (``steps``' trajectories, ``trajectories.completed``'s
+    items): uid, source, channel, status, step_count and group (its uid, named by the
+    flusher)."""
+    item: Any = {
+        "uid": uid,
+        "source": source,
+        "channel": channel,
+        "status": status,
+        "step_count": step_count,
+        GROUP_ID: group_id,
+    }
+    return item
+
+
+def steps_written(written: StepsWritten) -> None:
+    """The ``steps`` event of one write, from the effects' record: one publish per write, no
+    query but the first sight of a source."""
     steps = written.steps
     source = source_name(written.source_id)
     drift = 0
@@ -332,22 +347,20 @@ def steps_written(written: Any) -> None:
         if s.is_last:
             ended.add(s.trajectory_id)
     trajectories = []
-    completed = []
     for tid, n in end.items():
         t = written.trajectories[tid]
-        item = trajectory_item(
-            uid=t.uid,
-            source=source,
-            channel=written.channel,
-            status="completed" if tid in ended else ("ended" if t.ended else "running"),
-            step_count=n,
-            group_id=t.group_id,
+        trajectories.append(
+            trajectory_item(
+                uid=t.uid,
+                source=source,
+                channel=written.channel,
+                status="completed" if tid in ended else ("ended" if t.ended else "running"),
+                step_count=n,
+                group_id=t.group_id,
+            )
         )
-        trajectories.append(item)
-        if tid in ended and not t.ended:
-            completed.append(item)
     uid_of = {t.id: t.uid for t in written.trajectories.values()}
-    recent = [
+    recent: list[StepItem] = [
         {
             "id": s.id,
             "uid": s.uid,
@@ -359,15 +372,70 @@ def steps_written(written: Any) -> None:
         }
         for s in steps[-RECENT_STEPS:]
     ]
-    publish(
-        "steps",
+    send(
         {
-            "count": len(steps),
-            "by_source": {source: len(steps)},
-            "drift": drift,
-            "trajectories": trajectories[-RECENT_ITEMS:],
-            "recent": recent,
-        },
+            "kind": "steps",
+            "data": {
+                "count": len(steps),
+                "by_source": {source: len(steps)},
+                "drift": drift,
+                "trajectories": trajectories[-RECENT_ITEMS:],
+                "recent": recent,
+            },
+        }
     )
-    if completed:
-        publish("trajectories.completed", {"count": len(completed), "items": completed[-RECENT_ITEMS:]})
+
+
+def trajectories_ended(event: TrajectoriesEnded) -> None:
+    """The ``trajectories.completed`` event of the trajectories a write ended (not the late
+    last steps of ended ones). No query but the first sight of a source."""
+    items = [
+        trajectory_item(
+            uid=t.uid,
+            source=source_name(t.source_id),
+            channel=t.channel,
+            status=t.status,
+            step_count=t.step_count,
+            group_id=t.group_id,
+        )
+        for t in event.trajectories
+        if t.just_ended
+    ]
+    if items:
+        send(
+            {"kind": "trajectories.completed", "data": {"count": len(items), "items": items[-RECENT_ITEMS:]}}
+        )
+
+
+def rewards_set(event: RewardsSet) -> None:
+    """The ``rewards`` event: how many rewards a write applied."""
+    send({"kind": "rewards", "data": {"count": event.count}})
+
+
+def feedback_recorded(event: FeedbackRecorded) -> None:
+    """The ``feedback`` event: one feedback recorded."""
+    send({"kind": "feedback", "data": {"count": 1}})
+
+
+def groups_ready(event: GroupsReady) -> None:
+    """The ``readiness`` event for the groups that become ready now (two small reads, only
+    when some group is ready; run before their ``ready_at`` is written)."""
+    newly = list(
+        PromptGroup.objects.filter(id__in=event.group_ids, ready_at__isnull=True).values_list("id", flat=True)
+    )
+    if newly:
+        steps = Trajectory.objects.filter(group_id__in=newly, status=Trajectory.Status.COMPLETED).aggregate(
+            n=Sum("step_count")
+        )["n"]
+        send({"kind": "readiness", "data": {"ready_steps": steps or 0, "ready_groups": len(newly)}})
+
+
+def merge_done(event: MergeDone) -> None:
+    """The ``merge`` event of a group's stored merge."""
+    item: MergeItem = {
+        "group": event.group_uid,
+        "group_id": event.group_id,
+        "tokens": event.tokens,
+        "tokens_saved": event.tokens_saved,
+    }
+    send({"kind": "merge", "data": {"items": [item]}})

@@ -1,89 +1,86 @@
 """Celery tasks of the pool. Thin and idempotent: ids in, one service call.
 
-Enqueued with transaction.on_commit by the services that make them necessary. Database
-hiccups (a lost connection, a failover) are retried with exponential backoff; any other
-error is the service's to record.
+Tasks import services; services never import tasks. A service emits an event
+(pool/ingest/effects.py) and the enqueueing of the tasks it makes necessary is an effect of
+that event, defined here and registered in pool/apps.py: it stores an outbox row in the
+write's transaction and publishes the task after the commit (``enqueue_on_commit``).
+Database hiccups (a lost connection, a failover) are retried with exponential backoff
+(``RETRY``, shared with curation/tasks.py); any other error is the service's to record.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from celery import shared_task
 from django.db import InterfaceError, OperationalError, transaction
 
+from .errors import NotFound
+from .ingest.effects import GroupMergeRequested, GroupsCompleted, StepsMergeRequested, TrajectoriesEnded
+from .models import OutboxTask
+from .services import merge, outbox, readiness, reward_compute
+
 log = logging.getLogger(__name__)
 
-_TRANSIENT = (OperationalError, InterfaceError)
+# The retry settings of every task (here and in curation/tasks.py): transient database
+# errors only, backoff doubling up to 5 minutes, five tries.
+RETRY: dict[str, Any] = {
+    "autoretry_for": (OperationalError, InterfaceError),
+    "retry_backoff": True,
+    "retry_backoff_max": 300,
+    "max_retries": 5,
+}
 
 
-@shared_task(
-    name="pool.group_merge",
-    autoretry_for=_TRANSIENT,
-    retry_backoff=True,
-    retry_backoff_max=300,
-    max_retries=5,
-)
+@shared_task(name="pool.group_merge", **RETRY)
 def group_merge(group_id: int) -> None:
     """Compute (or refresh) the prefix-tree merge of a complete prompt group. Idempotent: an
     unchanged input is skipped; a vanished group is ignored."""
-    from .services.merge import group_merge_compute
-
-    if group_merge_compute(group_id=group_id) is None:
+    if merge.group_merge_compute(group_id=group_id) is None:
         log.info("group_merge: group %s no longer exists", group_id)
 
 
-@shared_task(
-    name="pool.steps_merge",
-    autoretry_for=_TRANSIENT,
-    retry_backoff=True,
-    retry_backoff_max=300,
-    max_retries=5,
-)
+@shared_task(name="pool.steps_merge", **RETRY)
 def steps_merge(key: str, step_ids: list[int]) -> None:
     """Merge the content of a batch or snapshot on demand, stored under ``key``. Idempotent:
     an unchanged input is skipped; if some of the steps are gone, nothing is stored."""
-    from .errors import NotFound
-    from .services.merge import steps_merge_compute
-
     try:
-        steps_merge_compute(key=key, step_ids=step_ids)
+        merge.steps_merge_compute(key=key, step_ids=step_ids)
     except NotFound as exc:
         log.warning("steps_merge %s skipped: %s", key, exc.message)
 
 
-@shared_task(
-    name="pool.trajectory_rewards_compute",
-    autoretry_for=_TRANSIENT,
-    retry_backoff=True,
-    retry_backoff_max=300,
-    max_retries=5,
-)
+@shared_task(name="pool.trajectory_rewards_compute", **RETRY)
 def trajectory_rewards_compute(trajectory_id: int) -> dict[str, int]:
     """Compute the reward of a completed trajectory whose data source names a reward
     function (pool/services/reward_compute.py). Idempotent: a rewarded, running or vanished
     trajectory is skipped; a failing function is recorded as a RewardFailure, not raised."""
-    from .services.reward_compute import trajectory_rewards_compute as compute
-
-    return compute(trajectory_id=trajectory_id)
+    return reward_compute.trajectory_rewards_compute(trajectory_id=trajectory_id)
 
 
-@shared_task(
-    name="pool.group_rewards_compute",
-    autoretry_for=_TRANSIENT,
-    retry_backoff=True,
-    retry_backoff_max=300,
-    max_retries=5,
-)
+@shared_task(name="pool.group_rewards_compute", **RETRY)
 def group_rewards_compute(group_id: int) -> dict[str, int]:
     """Compute the rewards of a complete group's unrewarded rollouts (a group function such
     as the LLM judge scores them together). Idempotent, like trajectory_rewards_compute."""
-    from .services.reward_compute import group_rewards_compute as compute
-
-    return compute(group_id=group_id)
+    return reward_compute.group_rewards_compute(group_id=group_id)
 
 
-def enqueue_on_commit(task, *args) -> None:
+@shared_task(name="pool.outbox_relay", **RETRY)
+def outbox_relay() -> dict[str, int]:
+    """Periodic (celery beat): send the tasks a process could not publish and left behind
+    (its broker was down and it stopped before the broker came back)."""
+    return outbox.outbox_relay()
+
+
+@shared_task(name="pool.readiness_sweep", **RETRY)
+def readiness_sweep() -> dict[str, int]:
+    """Periodic (celery beat): abandon idle trajectories, complete groups, repair readiness
+    an effect missed. Idempotent and bounded per run (pool/services/readiness.py)."""
+    return readiness.readiness_sweep()
+
+
+def enqueue_on_commit(task: Any, *args: Any) -> None:
     """Enqueue ``task(*args)`` once the caller's transaction commits, through the outbox.
 
     The task is stored (``OutboxTask``) in the caller's transaction, so it is durable exactly
@@ -93,9 +90,6 @@ def enqueue_on_commit(task, *args) -> None:
     stays and this process's background relay sends it when the broker is back
     (pool/services/outbox.py).
     """
-    from .models import OutboxTask
-    from .services import outbox
-
     row = OutboxTask.objects.create(name=task.name, args=list(args))
 
     def publish() -> None:
@@ -105,31 +99,25 @@ def enqueue_on_commit(task, *args) -> None:
     transaction.on_commit(publish, robust=True)
 
 
-@shared_task(
-    name="pool.outbox_relay",
-    autoretry_for=_TRANSIENT,
-    retry_backoff=True,
-    retry_backoff_max=300,
-    max_retries=5,
-)
-def outbox_relay() -> dict[str, int]:
-    """Periodic (celery beat): send the tasks a process could not publish and left behind
-    (its broker was down and it stopped before the broker came back)."""
-    from .services.outbox import outbox_relay as relay
-
-    return relay()
+# --- effects: the tasks that follow a write (registered in pool/apps.py) -------------------------
+def groups_completed_enqueue(event: GroupsCompleted) -> None:
+    """A complete group's prefix-tree merge and computed rewards."""
+    for gid in event.group_ids:
+        enqueue_on_commit(group_merge, gid)
+        enqueue_on_commit(group_rewards_compute, gid)
 
 
-@shared_task(
-    name="pool.readiness_sweep",
-    autoretry_for=_TRANSIENT,
-    retry_backoff=True,
-    retry_backoff_max=300,
-    max_retries=5,
-)
-def readiness_sweep() -> dict[str, int]:
-    """Periodic (celery beat): abandon idle trajectories, complete groups, repair readiness
-    an effect missed. Idempotent and bounded per run (pool/services/readiness.py)."""
-    from .services.readiness import readiness_sweep as sweep
+def trajectories_ended_enqueue(event: TrajectoriesEnded) -> None:
+    """The computed reward of an ended trajectory without one (the task decides whether its
+    data source names a reward function)."""
+    for t in event.trajectories:
+        if t.reward_pending:
+            enqueue_on_commit(trajectory_rewards_compute, t.id)
 
-    return sweep()
+
+def group_merge_enqueue(event: GroupMergeRequested) -> None:
+    enqueue_on_commit(group_merge, event.group_id)
+
+
+def steps_merge_enqueue(event: StepsMergeRequested) -> None:
+    enqueue_on_commit(steps_merge, event.key, list(event.step_ids))

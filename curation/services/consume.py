@@ -24,13 +24,14 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from gateway.renderers import dumps
-from pool import live
 from pool.errors import Conflict, InvalidInput, NotFound
 from pool.ingest import backends
+from pool.ingest.effects import emit
 from pool.models import PolicyVersion, PromptGroup, Step, Trajectory
 from pool.selectors.steps import branch_ends, steps_render
 from pool.services import effective_reward
 
+from ..events import LeaseChanged
 from ..formats import RENDERERS
 from ..models import Consumer, Dataset, Delivery, Lease, Skip
 from ..selectors.specs import Compiled, dataset_steps, spec_compile, units_admitted
@@ -114,7 +115,7 @@ def consumer_pull(*, consumer: str, pull: PullIn) -> Lease | None:
             return None
         _render(lease, ds, who, c, steps)
         lease.save(update_fields=["n_units", "n_steps", "content_hash", "body"])
-        lease_publish(lease, consumer=who.name, dataset=ds.name, taken=1)
+        lease_changed(lease, consumer=who.name, dataset=ds.name, taken=1)
     return lease
 
 
@@ -131,7 +132,7 @@ def lease_ack(*, lease_id: uuid.UUID, consumer: str | None = None) -> Lease:
             )
         lease.status, lease.acked_at = Lease.Status.ACKED, timezone.now()
         lease.save(update_fields=["status", "acked_at"])
-        lease_publish(lease, consumer=consumer or "", dataset="", acked=1)
+        lease_changed(lease, consumer=consumer or "", dataset="", acked=1)
         return lease
 
 
@@ -171,16 +172,19 @@ def leases_expire(*, consumer_id: int | None = None, now=None) -> int:
 
 
 # --- helpers --------------------------------------------------------------------------------
-def lease_publish(lease: Lease, *, consumer: str, dataset: str, taken: int = 0, acked: int = 0) -> None:
-    """The live ``lease`` event (after the commit)."""
-    item = {
-        "id": str(lease.id),
-        "consumer": consumer,
-        "dataset": dataset,
-        "status": lease.status,
-        "steps": lease.n_steps,
-    }
-    live.publish("lease", {"taken": taken, "acked": acked, "items": [item]})
+def lease_changed(lease: Lease, *, consumer: str, dataset: str, taken: int = 0, acked: int = 0) -> None:
+    """Emit ``LeaseChanged`` (its effect: the live ``lease`` event, after the commit)."""
+    emit(
+        LeaseChanged(
+            lease_id=str(lease.id),
+            consumer=consumer,
+            dataset=dataset,
+            status=lease.status,
+            steps=lease.n_steps,
+            taken=taken,
+            acked=acked,
+        )
+    )
 
 
 def _consumer(name: str) -> Consumer:

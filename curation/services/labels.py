@@ -9,6 +9,7 @@ from django.db import transaction
 from pool.errors import InvalidInput
 from pool.ingest import backends
 from pool.models import Step
+from pool.services.labels import steps_label_set, steps_note_set
 
 from ..models import LabelEvent, StepTag
 
@@ -80,9 +81,9 @@ def steps_label(
             if change:
                 events.append(LabelEvent(step_id=sid, user_id=user_id, actor=actor, changes=change))
         if label_to:
-            Step.objects.filter(id__in=label_to).update(label=label)
+            steps_label_set(step_ids=label_to, label=label)  # type: ignore[arg-type]
         if note_to:
-            Step.objects.filter(id__in=note_to).update(note=note)
+            steps_note_set(step_ids=note_to, note=note)  # type: ignore[arg-type]
         if remove:
             StepTag.objects.filter(step_id__in=chunk, tag__in=remove).delete()
         backends.rows_insert(new_tags)

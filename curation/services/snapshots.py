@@ -1,6 +1,8 @@
 """Snapshots: a dataset version's admitted steps frozen into JSONL and Parquet files.
 
-``snapshot_create`` records the request and enqueues ``curation.snapshot_build`` on commit.
+``snapshot_create`` records the request and emits ``SnapshotRequested``, whose effect
+(curation/tasks.py) enqueues ``curation.snapshot_build`` on commit; every status change is a
+``SnapshotChanged``, whose effect is the live ``snapshot`` event (curation/events.py).
 The build freezes the admitted step ids at its first attempt, then writes both files in
 bounded chunks (keyset over the frozen ids) to local temporary files, stores them under a
 per-attempt folder and, last, records the file names and marks the snapshot done in one
@@ -30,13 +32,14 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from pool import flags, live, tokens
+from pool import flags, tokens
 from pool.errors import InvalidInput, NotFound
+from pool.ingest.effects import emit
 from pool.models import Feedback, Step
 from pool.selectors.steps import branch_ends
 from pool.services import effective_reward
-from pool.tasks import enqueue_on_commit
 
+from ..events import SnapshotChanged, SnapshotRequested
 from ..models import Dataset, Snapshot, StepTag
 from ..selectors.specs import dataset_admitted
 from ..specs import spec_parse
@@ -110,14 +113,12 @@ def snapshot_create(*, dataset: str, actor: str = "") -> Snapshot:
     ds = Dataset.objects.select_related("current").filter(name=dataset).first()
     if ds is None or ds.current is None:
         raise NotFound(f"dataset {dataset!r} does not exist", field="dataset")
-    from ..tasks import snapshot_build as build_task
-
     with transaction.atomic():
         snap = Snapshot.objects.create(id=uuid.uuid4(), dataset_version=ds.current, created_by=actor)
         # Published first: in embedded mode the build runs in the enqueue's on-commit
         # callback, so a "pending" registered after it would follow (and undo) its "done".
-        snapshot_publish(snap.id, Snapshot.Status.PENDING, 0, None)
-        enqueue_on_commit(build_task, str(snap.id))
+        snapshot_changed(snap.id, Snapshot.Status.PENDING, 0, None)
+        emit(SnapshotRequested(snapshot_id=str(snap.id)))  # its build: curation/tasks.py
     return snap
 
 
@@ -163,23 +164,14 @@ def snapshot_build(
         _remove(stored)
         log.info("snapshot %s: attempt %s superseded by a newer one", snap.id, snap.attempt)
     else:
-        snapshot_publish(snap.id, Snapshot.Status.DONE, manifest["steps"], manifest["steps"])
+        snapshot_changed(snap.id, Snapshot.Status.DONE, manifest["steps"], manifest["steps"])
         log.info("snapshot %s: done by attempt %s, %d steps", snap.id, snap.attempt, manifest["steps"])
     return Snapshot.objects.get(id=snap.id)
 
 
-def snapshot_publish(snapshot_id: uuid.UUID, status: str, steps: int, total: int | None) -> None:
-    """The live ``snapshot`` event (topics consumption and ``snapshot.<id>``): its status,
-    steps written and progress (0..1; 0 while the total is unknown)."""
-    if status == Snapshot.Status.DONE:
-        progress = 1.0
-    else:
-        progress = round(steps / total, 4) if total else 0.0
-    live.publish(
-        "snapshot",
-        {"id": str(snapshot_id), "status": status, "progress": progress, "steps": steps},
-        topics=("consumption", f"snapshot.{snapshot_id}"),
-    )
+def snapshot_changed(snapshot_id: uuid.UUID, status: str, steps: int, total: int | None) -> None:
+    """Emit ``SnapshotChanged`` (its effect: the live ``snapshot`` event, curation/events.py)."""
+    emit(SnapshotChanged(snapshot_id=str(snapshot_id), status=status, steps=steps, total=total))
 
 
 # --- helpers --------------------------------------------------------------------------------
@@ -202,7 +194,7 @@ def _attempt_start(snapshot_id) -> Snapshot | None:
         snap.attempt = uuid.uuid4().hex
         snap.status, snap.steps_done, snap.error = Snapshot.Status.BUILDING, 0, ""
         snap.save()
-        snapshot_publish(snap.id, snap.status, 0, snap.steps_total)
+        snapshot_changed(snap.id, snap.status, 0, snap.steps_total)
     log.info("snapshot %s: attempt %s started, %d steps", snap.id, snap.attempt, snap.steps_total)
     return snap
 
@@ -217,7 +209,7 @@ def _attempt_fail(snap: Snapshot, stored: list[str], exc: BaseException) -> None
             error=f"{type(exc).__name__}: {exc}"[:2000],
             updated_at=timezone.now(),
         )
-        snapshot_publish(snap.id, Snapshot.Status.FAILED, 0, snap.steps_total)
+        snapshot_changed(snap.id, Snapshot.Status.FAILED, 0, snap.steps_total)
     except Exception:  # noqa: BLE001 - the original error is the one raised
         log.exception("snapshot %s: could not record the failed attempt", snap.id)
 
@@ -265,7 +257,7 @@ def _write(
                 Snapshot.objects.filter(id=snap.id, attempt=snap.attempt).update(
                     steps_done=stats.steps, updated_at=timezone.now()
                 )
-                snapshot_publish(snap.id, Snapshot.Status.BUILDING, stats.steps, snap.steps_total)
+                snapshot_changed(snap.id, Snapshot.Status.BUILDING, stats.steps, snap.steps_total)
                 if on_chunk is not None:
                     on_chunk(n)
         finally:

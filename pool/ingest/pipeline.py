@@ -18,8 +18,9 @@ Stages:
   trajectory's latest append is checked by the claim itself, never trusted blindly;
 * **write** (backends.py): binary COPY for batches and a fused claim+insert statement for a
   proxied call on PostgreSQL, bulk_create elsewhere;
-* **effects** (effects.py): trajectory counters and status, group anchors and completion,
-  the merge enqueued on commit, then every effect other apps registered.
+* **effects** (effects.py): the effects registered for ``StepsWritten``, the pool's first
+  (pool/apps.py: counters and status, anchors, rewards, readiness, group completion, the
+  live event, trajectory ending), then those other apps registered.
 """
 
 from __future__ import annotations

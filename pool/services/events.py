@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from django.db import transaction
 from django.utils import timezone
 
-from .. import live
 from ..errors import InvalidInput, NotFound
+from ..ingest.effects import FeedbackRecorded, emit
 from ..models import Event, Feedback, Step, Trajectory
 
 
@@ -92,7 +92,7 @@ def feedback_create(
         source_id=source_id,
         user_id=user_id,
     )
-    live.publish("feedback", {"count": 1})
+    emit(FeedbackRecorded(feedback_id=feedback.id))
     return feedback
 
 

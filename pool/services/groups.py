@@ -9,9 +9,8 @@ from django.db import transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
-from .. import tasks
+from ..ingest.effects import GroupsCompleted, StepsWritten, emit
 from ..models import PromptGroup, Trajectory
-from .readiness import trajectories_settle
 
 TERMINAL = (Trajectory.Status.COMPLETED, Trajectory.Status.FAILED, Trajectory.Status.ABANDONED)
 
@@ -46,8 +45,9 @@ def group_upsert(
 
 def groups_check_complete(*, group_ids: Iterable[int]) -> list[int]:
     """Mark open groups complete once ``expected_rollouts`` trajectories have ended, and
-    enqueue their prefix-tree merge on commit. Idempotent; call inside the writer's
-    transaction. Returns the ids that became complete."""
+    emit ``GroupsCompleted`` (its effects settle the rollouts' readiness and enqueue the
+    groups' prefix-tree merge and computed rewards on commit). Idempotent; call inside the
+    writer's transaction. Returns the ids that became complete."""
     ids = list(group_ids)
     if not ids:
         return []
@@ -63,11 +63,16 @@ def groups_check_complete(*, group_ids: Iterable[int]) -> list[int]:
         PromptGroup.objects.filter(id__in=ready, status=PromptGroup.Status.OPEN).update(
             status=PromptGroup.Status.COMPLETE, completed_at=timezone.now()
         )
-        # Every rollout's steps now have their group; then the groups' own readiness.
-        trajectories_settle(
-            trajectory_ids=Trajectory.objects.filter(group_id__in=ready).values_list("id", flat=True)
-        )
-        for gid in ready:
-            tasks.enqueue_on_commit(tasks.group_merge, gid)
-            tasks.enqueue_on_commit(tasks.group_rewards_compute, gid)
+        emit(GroupsCompleted(group_ids=tuple(ready)))
     return ready
+
+
+def steps_written_groups(written: StepsWritten) -> None:
+    """The effect of stored steps on groups: a last step may complete its group."""
+    groups = {
+        gid
+        for s in written.steps
+        if s.is_last and (gid := written.trajectories[s.trajectory_id].group_id) is not None
+    }
+    if groups:
+        groups_check_complete(group_ids=groups)

@@ -35,8 +35,9 @@ from django.db import transaction
 
 from claw_client import PrefixTree, build_prefix_tree
 
-from .. import live, tasks, tokens
+from .. import tokens
 from ..errors import NotFound
+from ..ingest.effects import GroupMergeRequested, MergeDone, StepsMergeRequested, emit
 from ..models import MergeResult, PromptGroup, Step
 
 log = logging.getLogger(__name__)
@@ -85,9 +86,9 @@ def steps_merge_compute(*, key: str, step_ids: Sequence[int]) -> MergeResult:
 
 
 def steps_merge_enqueue(*, key: str, step_ids: Sequence[int]) -> None:
-    """Enqueue :func:`steps_merge_compute` once the caller's transaction commits."""
-    ids = [int(i) for i in step_ids]
-    tasks.enqueue_on_commit(tasks.steps_merge, key, ids)
+    """Enqueue :func:`steps_merge_compute` once the caller's transaction commits (an effect
+    of ``StepsMergeRequested``, pool/tasks.py)."""
+    emit(StepsMergeRequested(key=key, step_ids=tuple(int(i) for i in step_ids)))
 
 
 def group_merge_ensure(*, uid: str, sync_max_tokens: int | None = None) -> MergeResult:
@@ -116,8 +117,7 @@ def group_merge_ensure(*, uid: str, sync_max_tokens: int | None = None) -> Merge
         if row.status != MergeResult.Status.PENDING:
             row.status = MergeResult.Status.PENDING
             row.save(update_fields=["status", "updated_at"])
-        group_id = group.id
-        tasks.enqueue_on_commit(tasks.group_merge, group_id)
+        emit(GroupMergeRequested(group_id=group.id))
     return row
 
 
@@ -234,11 +234,12 @@ def _merge(*, key: str, group_id: int | None, inputs: Sequence[_Input]) -> Merge
             setattr(row, name, value)
         row.save()
         if group_id is not None and row.status == MergeResult.Status.DONE:
-            item = {
-                "group": key.removeprefix("group:"),
-                "group_id": group_id,
-                "tokens": row.total_tokens,
-                "tokens_saved": row.total_tokens - row.unique_tokens,
-            }
-            live.publish("merge", {"items": [item]})
+            emit(
+                MergeDone(
+                    group_uid=key.removeprefix("group:"),
+                    group_id=group_id,
+                    tokens=row.total_tokens,
+                    tokens_saved=row.total_tokens - row.unique_tokens,
+                )
+            )
     return row

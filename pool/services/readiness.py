@@ -9,8 +9,9 @@ A step's ``readiness`` bits (pool/flags.py) come from four facts:
   ``trajectories_refresh``.
 
 Every change of those facts calls in here, inside the writer's transaction: the write
-pipeline's effects (a trajectory ended), rewards_apply, trajectory_complete and
-groups_check_complete. ``readiness_sweep`` (a periodic task) abandons idle trajectories and
+pipeline's effects (a trajectory ended: ``steps_written_settle``), rewards_apply,
+trajectory_complete and the completion of groups (``groups_completed_settle``, an effect of
+``GroupsCompleted``; both registered in pool/apps.py). ``readiness_sweep`` (a periodic task) abandons idle trajectories and
 repairs anything a crash between commit and effect could have missed. Every function
 recomputes from the source columns, so each is idempotent and safe to repeat.
 
@@ -27,14 +28,15 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q, Sum
+from django.db.models import F, Q
 from django.utils import timezone
 
-from .. import live
 from ..flags import GROUP_QUALITY, Quality, Readiness
 from ..ingest import backends
+from ..ingest.effects import GroupsCompleted, GroupsReady, StepsWritten, emit
 from ..models import PromptGroup, Step, Trajectory
 from . import effective_reward
+from .groups import groups_check_complete
 
 # Ids per statement: bounded statements on every database (SQLite caps the number of
 # parameters at 32,766); a chunk of trajectories is one SELECT and one UPDATE.
@@ -43,6 +45,23 @@ CHUNK = 1000
 # the next run goes on, so one run stays short however far behind it is.
 SWEEP_CHUNK = 2000
 MAX_SWEEP_ROUNDS = 50
+
+
+def steps_written_settle(written: StepsWritten) -> None:
+    """The effect of stored steps on readiness: settle the trajectories the write ends, or
+    that had ended (``StepsWritten.settled``). No query for a write into running
+    trajectories."""
+    ended = written.settled()
+    if ended:
+        trajectories_settle(trajectory_ids=ended)
+
+
+def groups_completed_settle(event: GroupsCompleted) -> None:
+    """The effect of completed groups on readiness: every rollout's steps now have their
+    group; then the groups' own readiness."""
+    trajectories_settle(
+        trajectory_ids=Trajectory.objects.filter(group_id__in=event.group_ids).values_list("id", flat=True)
+    )
 
 
 def trajectories_settle(*, trajectory_ids: Iterable[int]) -> None:
@@ -130,21 +149,10 @@ def groups_settle(*, group_ids: Iterable[int]) -> None:
         )
         ready = complete - waiting
         if ready:
-            _publish_ready(ready)
+            emit(GroupsReady(group_ids=frozenset(ready)))  # before ready_at: who is new is told by it
         PromptGroup.objects.filter(id__in=ready, ready_at__isnull=True).update(ready_at=now)
         PromptGroup.objects.filter(id__in=set(chunk) - ready, ready_at__isnull=False).update(ready_at=None)
         _group_quality(ready)
-
-
-def _publish_ready(ready: set[int]) -> None:
-    """The live ``readiness`` event for the groups that become ready now (two small reads,
-    only when some group is ready)."""
-    newly = list(PromptGroup.objects.filter(id__in=ready, ready_at__isnull=True).values_list("id", flat=True))
-    if newly:
-        steps = Trajectory.objects.filter(group_id__in=newly, status=Trajectory.Status.COMPLETED).aggregate(
-            n=Sum("step_count")
-        )["n"]
-        live.publish("readiness", {"ready_steps": steps or 0, "ready_groups": len(newly)})
 
 
 def _group_quality(group_ids: set[int]) -> None:
@@ -206,8 +214,6 @@ def readiness_sweep(*, now=None) -> dict[str, int]:
     4. settle complete groups that are not ready yet.
 
     Returns counts of what it changed."""
-    from .groups import groups_check_complete
-
     now = now or timezone.now()
     out = {"abandoned": 0, "groups_completed": 0, "trajectories_refreshed": 0, "groups_settled": 0}
     cutoff = now - timedelta(seconds=settings.CLAW_TRAJECTORY_IDLE_TIMEOUT_SECONDS)

@@ -5,14 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from .. import live
 from ..deadlocks import retry_on_deadlock
 from ..errors import InvalidInput, NotFound
 from ..ingest import backends, rules
+from ..ingest.effects import RewardsSet, StepsWritten, emit
 from ..models import RewardEvent, Step, Trajectory
+from . import effective_reward
 from .readiness import rewards_settle
 
 
@@ -105,8 +106,76 @@ def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> l
         | {st.trajectory_id for st in changed_steps.values() if st.reward_status != Step.RewardStatus.FINAL},
     )
     if events:
-        live.publish("rewards", {"count": len(events)})
+        touched = frozenset(changed_trajs) | {st.trajectory_id for st in changed_steps.values()}
+        emit(RewardsSet(count=len(events), trajectory_ids=touched))
     return events
+
+
+def steps_written_rewards(written: StepsWritten) -> None:
+    """The effect of stored steps on rewards (registered in pool/apps.py): outcome rewards,
+    then the effective rewards of the branches a final reward reaches. No query for a write
+    without a rewarded step (every proxied call)."""
+    done = _outcome_rewards(written)
+    _effective_rewards(written, done=done)
+
+
+def _outcome_rewards(written: StepsWritten) -> set[int]:
+    """A trajectory ended by a last step with a final reward of its own, but without a
+    reward itself, takes that reward as the trajectory's (audited, through rewards_apply)
+    when some of its steps have no final reward: the outcome reward of Claw-R1's flows,
+    which put the score on the last step only. Without it the earlier steps would never be
+    ready, nor the group. One query, only for a write that holds such a last step; a
+    trajectory whose every step is rewarded (W-ingest) is left as it is. Returns the
+    trajectories it rewarded (their effective rewards are refreshed)."""
+    last = [s.id for s in written.steps if s.is_last and s.reward_final]
+    if not last:
+        return set()
+    unrewarded = Step.objects.filter(trajectory_id=OuterRef("trajectory_id")).exclude(
+        reward_status=Step.RewardStatus.FINAL
+    )
+    rows = list(
+        Step.objects.filter(id__in=last, trajectory__reward__isnull=True, reward__isnull=False)
+        .filter(Exists(unrewarded))
+        .order_by("trajectory_id")
+        .values_list("trajectory__uid", "reward", "reward_source", "uid", "trajectory_id")
+    )
+    if rows:
+        rewards_apply(
+            rewards=[
+                RewardIn(
+                    trajectory_uid=t,
+                    reward=float(r),  # type: ignore[arg-type]  # the query keeps reward__isnull=False
+                    source=src or Step.RewardSource.ENV,
+                    metadata={"from_last_step": uid},
+                )
+                for t, r, src, uid, _tid in rows
+            ],
+            source_id=written.source_id,
+        )
+    return {row[4] for row in rows}
+
+
+def _effective_rewards(written: StepsWritten, *, done: set[int]) -> None:
+    """A final reward written on a step becomes the effective reward of the steps of its
+    branch that have none (pool/services/effective_reward.py): refreshed for the
+    trajectories where such steps may exist (the write holds one, or the trajectory had
+    steps before it), unless readiness settles them anyway. No query for a write without a
+    rewarded step (every proxied call), nor for a batch whose trajectories it creates with
+    every step rewarded (W-ingest). ``done``: trajectories the outcome rewards refreshed."""
+    rewarded = {s.trajectory_id for s in written.steps if s.reward_final}
+    if not rewarded:
+        return
+    unrewarded = {s.trajectory_id for s in written.steps if not s.reward_final}
+    settled = written.settled()
+    refresh = {
+        tid
+        for tid in rewarded
+        if tid not in settled
+        and tid not in done
+        and (tid in unrewarded or not written.trajectories[tid].created)
+    }
+    if refresh:
+        effective_reward.steps_refresh(trajectory_ids=refresh)
 
 
 @dataclass(slots=True)

@@ -9,10 +9,10 @@ from django.db import transaction
 from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
-from .. import live, tasks
 from ..deadlocks import retry_on_deadlock
 from ..errors import Conflict, InvalidInput, NotFound
 from ..ingest import TrajectorySpec, backends, policy_versions_ensure, rules, trajectory_ensure
+from ..ingest.effects import EndedTrajectory, StepsWritten, TrajectoriesEnded, emit
 from ..models import Channel, RewardEvent, Step, Trajectory
 from .groups import groups_check_complete
 from .readiness import trajectories_settle
@@ -171,44 +171,89 @@ def trajectories_complete(
     for i in range(0, len(rows), 1000):  # 5 parameters a row: within SQLite's limit
         backends.trajectories_end(rows[i : i + 1000], now)
     backends.rows_insert(events)
-    ended = set(ending)
-    unscored = [
-        t.id
-        for t in changed.values()
-        if t.id in ended and t.status == Trajectory.Status.COMPLETED and t.reward is None
-    ]
-    if unscored:
-        # A reward function of its data source may score it (pool/services/reward_compute.py),
-        # unless its last step has a final reward already (the task would skip it): one read
-        # instead of an outbox row and a task per such trajectory.
-        scored = set(
-            Step.objects.filter(
-                trajectory_id__in=unscored, is_last=True, reward_status=Step.RewardStatus.FINAL
-            ).values_list("trajectory_id", flat=True)
+    if ending:
+        # A reward function of its data source may score a completed trajectory without a
+        # reward (pool/services/reward_compute.py), unless its last step has a final reward
+        # already (the task would skip it): one read instead of an outbox row and a task
+        # per such trajectory.
+        unscored = [
+            t.id
+            for t in (changed[i] for i in ending)
+            if t.status == Trajectory.Status.COMPLETED and t.reward is None
+        ]
+        scored = (
+            set(
+                Step.objects.filter(
+                    trajectory_id__in=unscored, is_last=True, reward_status=Step.RewardStatus.FINAL
+                ).values_list("trajectory_id", flat=True)
+            )
+            if unscored
+            else set()
         )
-        for tid in unscored:
-            if tid not in scored:
-                tasks.enqueue_on_commit(tasks.trajectory_rewards_compute, tid)
+        # Before the groups: a trajectory's own reward task is enqueued before its group's.
+        emit(
+            TrajectoriesEnded(
+                trajectories=tuple(
+                    EndedTrajectory(
+                        id=t.id,
+                        uid=t.uid,
+                        source_id=t.source_id,
+                        channel=t.channel,
+                        status=t.status,
+                        step_count=t.step_count,
+                        group_id=t.group_id,
+                        reward_pending=t.status == Trajectory.Status.COMPLETED
+                        and t.reward is None
+                        and t.id not in scored,
+                    )
+                    for t in (changed[i] for i in ending)
+                )
+            )
+        )
     if changed:
         # Groups first: a group these completions fill settles all its rollouts at once, so
         # each step's readiness is rewritten once, not once for its trajectory and again for
         # its group; only the other trajectories are settled after.
         filled = set(groups_check_complete(group_ids={t.group_id for t in changed.values() if t.group_id}))
         trajectories_settle(trajectory_ids=[t.id for t in changed.values() if t.group_id not in filled])
-    if ending:
-        items = [
-            live.trajectory_item(
-                uid=t.uid,
-                source=live.source_name(t.source_id),
-                channel=t.channel,
-                status=t.status,
-                step_count=t.step_count,
-                group_id=t.group_id,
-            )
-            for t in (changed[i] for i in ending)
-        ]
-        live.publish("trajectories.completed", {"count": len(items), "items": items[-live.RECENT_ITEMS :]})
     return [trajs[c.uid] for c in completions]
+
+
+def steps_written_ended(written: StepsWritten) -> None:
+    """The effect of stored steps on trajectory ending: the trajectories a last step of
+    this write ends are a ``TrajectoriesEnded``, like those ``trajectories_complete`` ends
+    (one home for what follows: the computed-reward task, the live event). A last step
+    without a final reward leaves the reward to a reward function of its data source, even
+    for a trajectory that had ended. No query."""
+    end: dict[int, int] = {}
+    pending: dict[int, bool] = {}
+    for s in written.steps:
+        if s.step_index >= end.get(s.trajectory_id, 0):
+            end[s.trajectory_id] = s.step_index + 1
+        if s.is_last:
+            pending[s.trajectory_id] = pending.get(s.trajectory_id, False) or not s.reward_final
+    if not pending:
+        return
+    ended = []
+    for tid, reward_pending in sorted(pending.items()):
+        t = written.trajectories[tid]
+        if t.ended and not reward_pending:
+            continue
+        ended.append(
+            EndedTrajectory(
+                id=tid,
+                uid=t.uid,
+                source_id=written.source_id,
+                channel=written.channel,
+                status=Trajectory.Status.COMPLETED,
+                step_count=end[tid],
+                group_id=t.group_id,
+                reward_pending=reward_pending,
+                just_ended=not t.ended,
+            )
+        )
+    if ended:
+        emit(TrajectoriesEnded(trajectories=tuple(ended)))
 
 
 @retry_on_deadlock
