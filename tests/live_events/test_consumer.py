@@ -6,9 +6,11 @@ Redis with REDIS_URL) and the publisher's flusher thread. Committed transactions
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from channels.db import database_sync_to_async as sync_to_async
+from django.conf import settings
 from django.contrib.auth.models import Permission
 from django.db import connection
 
@@ -119,11 +121,15 @@ async def test_a_burst_of_500_steps_arrives_in_a_few_coalesced_batches(viewer, a
     agent = client_for(agent_key)
     writes = 100  # of 5 steps each
 
+    took: list[float] = []
+
     def burst() -> None:
         try:
+            start = time.monotonic()
             for w in range(writes):
                 resp = post_steps(agent, [make_step(f"b{w}", i, group=None) for i in range(5)])
                 assert resp.status_code == 201, resp.content
+            took.append(time.monotonic() - start)
         finally:
             connection.close()  # this thread's own connection
 
@@ -131,12 +137,16 @@ async def test_a_burst_of_500_steps_arrives_in_a_few_coalesced_batches(viewer, a
         await comm.receive_json_from(timeout=DEADLINE)  # hello
         thread = threading.Thread(target=burst)
         thread.start()
-        events = await until(comm, lambda ev: total(ev, "steps") >= 500)
+        # the writes take what the machine allows; the deadline runs from their end (the
+        # consumer keeps delivering meanwhile: this loop is free while the thread runs)
         await sync_to_async(thread.join)()
-    # then every step is counted exactly once, in far fewer messages than writes
-    assert total(events, "steps") == 500
+        events = await until(comm, lambda ev: total(ev, "steps") >= 500)
+    # then every step is counted exactly once, in at most one message per tick of the
+    # burst (coalesced: far fewer than writes when the writes come faster than the ticks)
+    assert total(events, "steps") == 500 and took
     messages = {e["message"] for e in events if e["kind"] == "steps"}
-    assert len(messages) < writes // 2
+    ticks = took[0] / (settings.CLAW_LIVE_TICK_MS / 1000)
+    assert len(messages) <= min(writes, int(ticks) + 2), (len(messages), ticks)
     # and the capped lists hold the latest entries
     last = [e["data"] for e in events if e["kind"] == "steps"][-1]
     assert len(last["recent"]) <= 20 and last["recent"][-1]["uid"] == f"b{writes - 1}-s4"
@@ -150,8 +160,7 @@ async def test_a_revoked_permission_closes_the_socket_with_4403(viewer, monkeypa
         await sync_to_async(_revoke)(viewer, "view_trajectory")
         await sync_to_async(_publish_feedback)()
         # then the batch is not delivered: the socket closes with 4403
-        msg = await comm.receive_output(timeout=DEADLINE)
-        assert msg == {"type": "websocket.close", "code": 4403}
+        assert await _closed_without_feedback(comm) == 4403
 
 
 async def test_a_deactivated_user_is_closed_with_4403(viewer, monkeypatch):
@@ -161,7 +170,19 @@ async def test_a_deactivated_user_is_closed_with_4403(viewer, monkeypatch):
         viewer.is_active = False
         await sync_to_async(viewer.save)()
         await sync_to_async(_publish_feedback)()
-        assert (await comm.receive_output(timeout=DEADLINE))["code"] == 4403
+        assert await _closed_without_feedback(comm) == 4403
+
+
+async def _closed_without_feedback(comm) -> int:
+    """The close code the socket ends with. Messages queued before the permission changed
+    (the rate of earlier tests' writes, say) may come first; the feedback published after
+    the change never does."""
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        msg = await comm.receive_output(timeout=max(deadline - time.monotonic(), 0.01))
+        if msg["type"] == "websocket.close":
+            return msg["code"]
+        assert '"feedback"' not in msg.get("text", ""), msg
 
 
 def _revoke(user, codename: str) -> None:
