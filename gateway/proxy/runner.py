@@ -136,7 +136,7 @@ class ChatSender:
         self.path = PATHS[endpoint]
 
     def headers(self, request: HttpRequest) -> dict[str, str]:
-        return upstream.forward_headers(request.headers)
+        return upstream.forward_meta(request.META)
 
     async def send(self, call: Call, prepared: Prepared, headers: dict[str, str]) -> httpx.Response:
         prepared.ask, resp = await send(self.endpoint, prepared.chat, headers, also=prepared.also)

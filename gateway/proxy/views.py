@@ -27,13 +27,14 @@ from django.views.decorators.csrf import csrf_exempt
 
 from claw_site.redaction import redact
 
-from . import upstream
+from . import envelope, upstream
 from .access import authorise
 from .doors.chat import CHAT_DOOR, COMPLETIONS_DOOR, passthrough_error
-from .envelope import TRAJECTORY_HEADER
 from .errors import ProxyError, error_response
 from .faults import fault_event
 from .runner import serve
+
+TRAJECTORY_HEADER = envelope.TRAJECTORY_HEADER
 
 __all__ = ["TRAJECTORY_HEADER", "chat_completions", "completions", "models", "unknown_endpoint"]
 
