@@ -173,6 +173,8 @@ class Known:
         self._lock = threading.Lock()
 
     def get(self, trajectory_uid: str, end: int) -> Branches | None:
+        if trajectory_uid not in self._data:  # a new trajectory, most calls' case: no lock
+            return None
         with self._lock:
             hit = self._data.get(trajectory_uid)  # a hit is the most recent
             return hit if hit is not None and hit.end == end else None

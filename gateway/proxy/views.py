@@ -3,7 +3,9 @@
 capability URL ``/t/c/<token>/<trajectory>/<group>/v1/`` (the token alone authorises).
 
 Plain async Django views (no DRF): under ASGI a call never holds a thread while the
-upstream works, so one process keeps hundreds of calls in flight. Per call:
+upstream works, so one process keeps hundreds of calls in flight. Chat completions and
+completions are doors (doors/chat.py, the identity translation) served by the runner
+(runner.py), as every door is. Per call:
 
 1. the agent's credential is checked: its key (scope ingest, cached) or the trajectory token
    of a capability URL (see access.py);
