@@ -14,6 +14,12 @@ Measured in one run, alternating direct and gateway blocks so drift in the machi
 hits both alike:
 * concurrency 1: latency p50/p99 of each, after a warm-up; added = gateway - direct;
 * concurrency 32: throughput (requests/s) over a fixed duration;
+* the baseline: a bare relay (``relay_app`` below: raw ASGI under the same uvicorn, the
+  body sent upstream as is through the gateway's transport, the answer returned as is; no
+  Django, no parsing, no recording; its requests carry the fields the gateway adds, so the
+  upstream answers the same bytes) takes the same c=32 block after the gateway's: its CPU
+  per call is ``c32_relay_cpu_ms_per_call`` and ``gateway_over_relay_cpu`` the gateway's over
+  it (what recording, auth and the field rules cost over forwarding alone);
 * concurrency 32 through the production entry point (``manage.py serve``) with CLAW_WORKERS=1
   and 2, alternating (``c32_gateway_rps_workers_1``/``_2``): how the app scales with processes
   on this machine (skip with ``--no-workers-scaling``).
@@ -56,6 +62,81 @@ import orjson
 from tests.live import ROOT, LiveServer, free_port
 
 WARMUP = 100
+
+
+# --- the baseline: a bare relay -----------------------------------------------------------------
+_RELAY_UPSTREAM = os.environ.get("BENCH_RELAY_UPSTREAM", "")
+
+
+async def relay_app(scope: dict, receive, send) -> None:  # type: ignore[no-untyped-def]
+    """A bare relay of POST /v1/chat/completions to BENCH_RELAY_UPSTREAM: the body as is,
+    the answer as is, through the gateway's own transport (see the module docstring)."""
+    if scope["type"] != "http":
+        return
+    chunks = []
+    more = True
+    while more:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        more = message.get("more_body", False)
+    from gateway.proxy.transport import FastTransport
+
+    global _relay_transport
+    if _relay_transport is None:
+        _relay_transport = FastTransport()
+    req = httpx.Request(
+        "POST",
+        _RELAY_UPSTREAM + scope["path"],
+        content=b"".join(chunks),
+        headers={"content-type": "application/json", "accept-encoding": "identity"},
+    )
+    resp = await _relay_transport.handle_async_request(req)
+    body = await resp.aread()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": resp.status_code,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+_relay_transport = None
+
+
+def start_relay(upstream_url: str) -> tuple[str, subprocess.Popen]:
+    """The bare relay in its own uvicorn process; returns once it answers."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "bench.proxy:relay_app",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--lifespan",
+            "off",
+            "--no-access-log",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "BENCH_RELAY_UPSTREAM": upstream_url},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            httpx.post(f"{url}/v1/chat/completions", content=b"{}", timeout=1)
+            return url, proc
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("the relay did not start")
 
 
 # --- load client ----------------------------------------------------------------------------------
@@ -168,6 +249,14 @@ def door_body(chat: bytes, door: str) -> bytes:
     return orjson.dumps(
         {**common, "max_output_tokens": body["max_tokens"], "instructions": system, "input": user}
     )
+
+
+def relay_body(chat: bytes) -> bytes:
+    """The chat request as the gateway sends it upstream (ids and logprobs asked), so the
+    relay's upstream does the same work and answers the same bytes."""
+    body = orjson.loads(chat)
+    body.update(return_token_ids=True, logprobs=True, top_logprobs=0)
+    return orjson.dumps(body)
 
 
 async def run_c1(target: Target, bodies: list[bytes]) -> list[float]:
@@ -298,6 +387,7 @@ def main(argv: list[str] | None = None) -> None:
     install_uvloop()
     upstream_url, upstream = start_upstream()
     print(f"demo upstream at {upstream_url} (zero latency)", flush=True)
+    relay_url, relay = start_relay(upstream_url)
     tmp = tempfile.TemporaryDirectory()
     common = {"CLAW_UPSTREAM_URL": f"{upstream_url}/v1", "CLAW_API_KEY_CACHE_SECONDS": "60"}
     server = LiveServer(Path(tmp.name), {**common, "CLAW_UPSTREAM_LOGPROBS": "1"}, app=args.app)
@@ -312,6 +402,7 @@ def main(argv: list[str] | None = None) -> None:
         key = server.make_key("ingest", "read", name="bench-proxy")
         print(f"gateway at {server.url} (1 uvicorn process serving {args.app}, {db})", flush=True)
         direct = Target("direct", upstream_url, "/v1/chat/completions", {})
+        bare = Target("relay", relay_url, "/v1/chat/completions", {})
         gateway = Target("gateway", server.url, "/v1/chat/completions", {"authorization": f"Bearer {key}"})
         messages = Target("messages", server.url, "/v1/messages", {"x-api-key": key})
         responses = Target("responses", server.url, "/v1/responses", {"authorization": f"Bearer {key}"})
@@ -325,9 +416,9 @@ def main(argv: list[str] | None = None) -> None:
         if commit_ms is not None:
             print(f"PostgreSQL: a one-row INSERT + COMMIT takes {commit_ms:.2f} ms (p50) here", flush=True)
         assert server.proc is not None
-        pids = {"gateway": server.proc.pid, "upstream": upstream.pid}
+        pids = {"gateway": server.proc.pid, "upstream": upstream.pid, "relay": relay.pid}
         result = asyncio.run(
-            _measure(args, direct, gateway, bodies, n_c1, pids, [messages, responses], [logprobs_off])
+            _measure(args, direct, gateway, bodies, n_c1, pids, [messages, responses], [logprobs_off], bare)
         )
         result["pg_commit_p50_ms"] = commit_ms
         if args.workers_scaling:
@@ -355,8 +446,9 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         server.close()
         off_server.close()
-        upstream.terminate()
-        upstream.wait(10)
+        for proc in (relay, upstream):
+            proc.terminate()
+            proc.wait(10)
         tmp.cleanup()
 
 
@@ -423,6 +515,7 @@ async def _measure(
     pids: dict[str, int],
     doors: list[Target],
     c1_only: list[Target],
+    relay: Target,
 ) -> dict:
     """``c1_only``: other chat gateways, measured at c=1 only (their calls are not counted in
     ``_gateway_requests``, which the main gateway's stored steps are checked against)."""
@@ -433,18 +526,20 @@ async def _measure(
         nonlocal pos
         out = bodies[pos : pos + k]
         pos += k
+        if target is relay:
+            return [relay_body(b) for b in out]
         return out if target.name in chats else [door_body(b, target.name) for b in out]
 
-    targets = [direct, gateway, *doors]
+    targets = [direct, gateway, relay, *doors]
     # c=1 only: the gateways with and without logprobs back to back.
     c1_targets = [direct, gateway, *c1_only, *doors]
     gateway_requests = 0
 
     def counted(t: Target, n: int) -> int:
-        return n if t in targets and t is not direct else 0
+        return n if t in targets and t is not direct and t is not relay else 0
 
     # Warm-up: connections, imports, caches, the database's first plans.
-    for t in c1_targets:
+    for t in [*c1_targets, relay]:
         await run_c1(t, take(WARMUP, t))
         gateway_requests += counted(t, WARMUP)
     print(f"warm-up done ({WARMUP} requests each)", flush=True)
@@ -464,10 +559,11 @@ async def _measure(
     rest_of = {
         "direct": rest,
         "gateway": rest,
+        "relay": [relay_body(b) for b in rest],
         **{t.name: [door_body(b, t.name) for b in rest] for t in doors},
     }
     counts = {t.name: [0, 0.0] for t in targets}
-    cpu = {"gateway": 0.0, "upstream": 0.0}
+    cpu = {"gateway": 0.0, "upstream": 0.0, "relay": 0.0}
     for r in range(args.rounds):
         for t in targets:
             before = {name: cpu_seconds(pid) for name, pid in pids.items()}
@@ -476,11 +572,13 @@ async def _measure(
             )
             counts[t.name][0] += n
             counts[t.name][1] += secs
-            if t is not direct:
+            if t is not direct and t is not relay:
                 gateway_requests += n
             if t is gateway:
-                for name, pid in pids.items():
-                    cpu[name] += cpu_seconds(pid) - before[name]
+                for name in ("gateway", "upstream"):
+                    cpu[name] += cpu_seconds(pids[name]) - before[name]
+            if t is relay:
+                cpu["relay"] += cpu_seconds(pids["relay"]) - before["relay"]
             print(
                 f"c={args.concurrency} round {r + 1}/{args.rounds} {t.name}: {n / secs:.0f} req/s", flush=True
             )
@@ -505,6 +603,12 @@ async def _measure(
         # CPU per call through the gateway at c=32 (process CPU time / calls): where the time goes.
         "c32_gateway_cpu_ms_per_call": round(cpu["gateway"] / counts["gateway"][0] * 1000, 3),
         "c32_upstream_cpu_ms_per_call": round(cpu["upstream"] / counts["gateway"][0] * 1000, 3),
+        # The same call through the bare relay: what forwarding alone costs.
+        "c32_relay_cpu_ms_per_call": round(cpu["relay"] / counts["relay"][0] * 1000, 3),
+        "c32_relay_rps": round(counts["relay"][0] / counts["relay"][1], 1),
+        "gateway_over_relay_cpu": round(
+            (cpu["gateway"] / counts["gateway"][0]) / (cpu["relay"] / counts["relay"][0]), 3
+        ),
         **{f"c1_added_p50_ms_{t.name}": round(pct(lat[t.name], 0.5) - d50, 3) for t in doors},
         **{f"c1_{t.name}_p50_ms": round(pct(lat[t.name], 0.5), 3) for t in doors},
         **{f"c32_{t.name}_rps": round(counts[t.name][0] / counts[t.name][1], 1) for t in doors},

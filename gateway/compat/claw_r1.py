@@ -47,6 +47,7 @@ from typing import Any
 import orjson
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from pool.errors import PoolError
@@ -65,12 +66,12 @@ from pool.services.reward_compute import (
 )
 
 from ..body import json_object
-from ..proxy import fields, upstream
-from ..proxy.access import authorise
+from ..proxy import runner, upstream
 from ..proxy.db import run_db
-from ..proxy.errors import ProxyError, error_response
+from ..proxy.envelope import Call, receive
+from ..proxy.errors import ProxyError
+from ..proxy.faults import fault_event, upstream_fault
 from ..proxy.recording import COMPLETIONS
-from ..proxy.views import fault_event, upstream_fault
 from ..validation import parse_step_batch
 
 log = logging.getLogger(__name__)
@@ -100,20 +101,18 @@ def _view(handler):
     @csrf_exempt
     async def view(
         request: HttpRequest, *, api_key: str | None = None, capability: str | None = None, **kwargs: str
-    ) -> HttpResponse:
-        if request.method != "POST":
-            return error_response(
-                405, f"method {request.method} not allowed; use POST", code="method_not_allowed"
-            )
-        try:
-            key = await authorise(
-                request, api_key=api_key, capability=capability, trajectory_uid=kwargs.get("trajectory_uid")
-            )
-            return await handler(request, key, **kwargs)
-        except ProxyError as e:
-            return error_response(e.status, e.message, code=e.code, param=e.param)
-        except PoolError as e:
-            return error_response(e.status_code, e.message, code=e.code, param=e.field)
+    ) -> HttpResponseBase:
+        async def handle(call: Call) -> HttpResponse:
+            return await handler(request, call.key, **kwargs)
+
+        return await receive(
+            request,
+            handle,
+            path_trajectory=kwargs.get("trajectory_uid"),
+            api_key=api_key,
+            capability=capability,
+            identity=False,
+        )
 
     view.__name__ = handler.__name__
     view.__doc__ = handler.__doc__
@@ -226,7 +225,7 @@ async def generate(request: HttpRequest, key: VerifiedKey) -> HttpResponse:
     headers = upstream.forward_headers(request.headers)
     headers["content-type"] = "application/json"
     try:
-        resp = await fields.request(fields.ask(COMPLETIONS, payload), "/v1/completions", headers)
+        _, resp = await runner.send(COMPLETIONS, payload, headers)
     except upstream.UpstreamFault as f:
         raise await upstream_fault(f, "generate", None, key) from None
     if resp.status_code >= 400:

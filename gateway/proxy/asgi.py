@@ -10,7 +10,9 @@ and do their database work on their own long-lived threads (gateway/proxy/db.py)
 
 ``GatewayASGIHandler`` is Django's handler (same request/response objects, URL resolver,
 views and exception-to-response conversion) with an empty middleware chain, no per-request
-thread context and no signal hops. ``with_gateway(app)`` sends the gateway paths to it and
+thread context and no signal hops; the view runs in the request's own task, with one
+watcher task that cancels it when the client disconnects (Django spawns two and waits on
+both). ``with_gateway(app)`` sends the gateway paths to it and
 everything else to ``app``.
 """
 
@@ -74,24 +76,32 @@ class GatewayASGIHandler(ASGIHandler):
             return
         request.urlconf = ROUTES
         # As Django does: a client that disconnects cancels the view (and a streamed relay).
-        disconnect = asyncio.ensure_future(self.listen_for_disconnect(receive))
-        work = asyncio.ensure_future(self._respond(request, send))
+        # The view runs in this task (one task per request fewer than Django's two, and no
+        # asyncio.wait): the watcher cancels it when the client goes.
+        work = asyncio.current_task()
+        assert work is not None
+        state = _Watch()
+        watcher = asyncio.ensure_future(self._watch(receive, work, state))
         try:
-            await asyncio.wait((disconnect, work), return_when=asyncio.FIRST_COMPLETED)
+            await self._respond(request, send)
+        except asyncio.CancelledError:
+            if not state.aborted:
+                raise  # cancelled from outside (the server shutting down): not ours to swallow
         finally:
-            for task in (work, disconnect):
-                if not task.done():
-                    task.cancel()
-                    try:
-                        await task
-                    except (asyncio.CancelledError, RequestAborted):
-                        pass
+            state.done = True
+            watcher.cancel()
             body_file.close()
-        if not disconnect.cancelled():
-            disconnect.exception()  # RequestAborted, or nothing: retrieved, not raised
-        failure = None if work.cancelled() else work.exception()
-        if failure is not None:
-            raise failure  # a server error: the ASGI server logs it
+        if state.aborted:
+            work.uncancel()  # the cancellation was ours, and is spent
+
+    async def _watch(self, receive: Any, work: asyncio.Task, state: _Watch) -> None:
+        """Wait for the client's disconnect; cancel the view's task when it comes first."""
+        try:
+            await self.listen_for_disconnect(receive)
+        except (RequestAborted, AssertionError):  # a disconnect, or a message out of place
+            if not state.done:
+                state.aborted = True
+                work.cancel()
 
     async def _respond(self, request: Any, send: Any) -> None:
         response = await self.run_get_response(request)
@@ -103,6 +113,14 @@ class GatewayASGIHandler(ASGIHandler):
             pass  # the client went away while we were sending
         # The gateway's database connections live on its own threads, so the
         # request_finished signal (closing this thread's connections) has nothing to do.
+
+
+class _Watch:
+    __slots__ = ("aborted", "done")
+
+    def __init__(self) -> None:
+        self.aborted = False  # the client went away: the view was cancelled for it
+        self.done = False  # the view returned: nothing left to cancel
 
 
 def with_gateway(app: ASGIApp) -> ASGIApp:

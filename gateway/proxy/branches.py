@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from cachetools import LRUCache
 from django.db.models import Max
 
 from pool import tokens
@@ -169,23 +169,19 @@ class Known:
 
     def __init__(self, max_trajectories: int):
         self.max = max_trajectories
-        self._data: OrderedDict[str, Branches] = OrderedDict()
+        self._data: LRUCache[str, Branches] = LRUCache(maxsize=max_trajectories)
         self._lock = threading.Lock()
 
     def get(self, trajectory_uid: str, end: int) -> Branches | None:
+        if trajectory_uid not in self._data:  # a new trajectory, most calls' case: no lock
+            return None
         with self._lock:
-            hit = self._data.get(trajectory_uid)
-            if hit is None or hit.end != end:
-                return None
-            self._data.move_to_end(trajectory_uid)
-            return hit
+            hit = self._data.get(trajectory_uid)  # a hit is the most recent
+            return hit if hit is not None and hit.end == end else None
 
     def put(self, trajectory_uid: str, state: Branches) -> None:
         with self._lock:
             self._data[trajectory_uid] = state
-            self._data.move_to_end(trajectory_uid)
-            while len(self._data) > self.max:
-                self._data.popitem(last=False)
 
     def clear(self) -> None:
         with self._lock:

@@ -19,6 +19,16 @@ class ProxyError(Exception):
         self.param = param
 
 
+class DoorInputError(Exception):
+    """A request field a door cannot translate: answered 400 naming ``param``."""
+
+    def __init__(self, message: str, *, param: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.status = status
+
+
 def error_response(
     status: int, message: str, *, code: str | None = None, param: str | None = None
 ) -> HttpResponse:

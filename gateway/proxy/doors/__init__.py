@@ -1,5 +1,6 @@
-"""More doors into the gateway: the Anthropic Messages API (``POST /v1/messages``) and the
-OpenAI Responses API (``POST /v1/responses``), under every gateway base URL.
+"""The doors into the gateway: OpenAI chat completions and completions, the Anthropic
+Messages API (``POST /v1/messages``) and the OpenAI Responses API (``POST /v1/responses``),
+under every gateway base URL.
 
 A door is a translator, not a second write path. Each call is translated into the chat
 completion it means, sent to the upstream's ``/v1/chat/completions`` with
@@ -10,7 +11,12 @@ answer is translated back into the door's own shape (or, streamed, its own event
 So a step recorded through a door holds the exact ids of the translated chat completion, the
 chat messages they were rendered from, and ``metadata.protocol`` naming the door.
 
-base.py        the door runner: auth, identity, upstream call, recording, faults
+chat.py        chat completions and completions: the identity translation
+base.py        what the translating doors share (Translator) and helpers for their answers
 anthropic.py   Messages <-> chat completions, Anthropic SSE and errors, count_tokens
+passthrough.py the Messages passthrough: a sending strategy of the runner
 responses.py   Responses <-> chat completions, Responses SSE, previous_response_id
+
+The envelope (auth, identity, errors), the upstream call, its retries, streaming, recording
+and faults are the runner's (gateway/proxy/runner.py), one for every door.
 """

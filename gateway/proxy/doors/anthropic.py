@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import json
 import threading
-from collections import OrderedDict
 from typing import Any
 
+import httpx
 import orjson
+from cachetools import LRUCache
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
@@ -44,12 +45,12 @@ from django.views.decorators.csrf import csrf_exempt
 from pool.services.api_keys import VerifiedKey
 
 from .. import tokenizer, upstream
-from ..access import authorise
+from ..envelope import Call, receive
 from ..errors import ProxyError
 from ..recording import Identity
-from ..views import TRAJECTORY_HEADER, _identity, _json_body
-from .base import DoorInputError, Prepared, first_choice, new_id, serve, sse, token_counts
-from .passthrough import serve_passthrough
+from ..runner import Prepared, serve
+from . import passthrough
+from .base import DoorInputError, Translator, first_choice, new_id, sse, token_counts
 
 PROTOCOL = "anthropic-messages"
 
@@ -83,9 +84,8 @@ async def messages(
     capability: str | None = None,
 ) -> HttpResponseBase:
     """``POST /v1/messages`` (streamed or not), recorded as one step."""
-    if settings.CLAW_MESSAGES_UPSTREAM_MODE == "passthrough":
-        return await serve_passthrough(DOOR, request, trajectory_uid, prompt_group_uid, api_key, capability)
-    return await serve(DOOR, request, trajectory_uid, prompt_group_uid, api_key, capability)
+    door = PASSTHROUGH if settings.CLAW_MESSAGES_UPSTREAM_MODE == "passthrough" else DOOR
+    return await serve(door, request, trajectory_uid, prompt_group_uid, api_key, capability)
 
 
 @csrf_exempt
@@ -100,24 +100,23 @@ async def count_tokens(
     """``POST /v1/messages/count_tokens`` -> ``{"input_tokens": n}``: the translated prompt
     counted by the upstream's /tokenize (vLLM), else by CLAW_TOKENIZER, else 501. Nothing is
     recorded."""
-    ident: Identity | None = None
-    try:
-        if request.method != "POST":
-            raise ProxyError(405, f"method {request.method} not allowed; use POST", code="method_not_allowed")
-        ident = _identity(request, trajectory_uid, prompt_group_uid)
-        await authorise(request, api_key=api_key, capability=capability, trajectory_uid=ident.trajectory_uid)
-        body = _json_body(request)
-        chat = to_chat(body, counting=True)
-        response = HttpResponse(
+
+    async def handle(call: Call) -> HttpResponse:
+        chat = to_chat(call.body(), counting=True)
+        return HttpResponse(
             orjson.dumps({"input_tokens": await _count(request, chat)}), content_type="application/json"
         )
-    except DoorInputError as e:
-        response = DOOR.error_response(e.status, e.message, param=e.param)
-    except ProxyError as e:
-        response = DOOR.error_response(e.status, e.message, code=e.code, param=e.param)
-    if ident is not None and not ident.new:
-        response[TRAJECTORY_HEADER] = ident.trajectory_uid
-    return response
+
+    return await receive(
+        request,
+        handle,
+        errors=DOOR.error_response,
+        path_trajectory=trajectory_uid,
+        path_group=prompt_group_uid,
+        api_key=api_key,
+        capability=capability,
+        name_minted=False,
+    )
 
 
 async def _count(request: HttpRequest, chat: dict[str, Any]) -> int:
@@ -154,7 +153,7 @@ async def _count(request: HttpRequest, chat: dict[str, Any]) -> int:
 
 
 # --- the door ---------------------------------------------------------------------------------
-class AnthropicDoor:
+class AnthropicDoor(Translator):
     protocol = PROTOCOL
 
     def error_response(
@@ -169,7 +168,7 @@ class AnthropicDoor:
             response["WWW-Authenticate"] = 'Bearer realm="claw"'
         return response
 
-    async def prepare(
+    async def translate(
         self, body: dict[str, Any], ident: Identity, key: VerifiedKey, *, scoped: bool
     ) -> tuple[Prepared, Identity]:
         chat = to_chat(body)
@@ -211,11 +210,41 @@ class AnthropicDoor:
             "usage": {"input_tokens": n_in, "output_tokens": n_out},
         }
 
-    def writer(self, prepared: Prepared) -> _Writer:
+    def door_writer(self, prepared: Prepared) -> _Writer:
         return _Writer(prepared)
 
 
+class PassthroughDoor(AnthropicDoor):
+    """The Messages door with CLAW_MESSAGES_UPSTREAM_MODE=passthrough: the call is only
+    translated to be recorded, and goes upstream by the Messages passthrough
+    (doors/passthrough.py)."""
+
+    async def translate(
+        self, body: dict[str, Any], ident: Identity, key: VerifiedKey, *, scoped: bool
+    ) -> tuple[Prepared, Identity]:
+        meta = {"protocol": PROTOCOL, "upstream_mode": "passthrough"}
+        chat = to_chat(body)
+        prepared = Prepared(
+            chat=chat, stream=body.get("stream") is True, meta=meta, request=body, sender=passthrough.MESSAGES
+        )
+        return prepared, ident
+
+    def problem(self, prepared: Prepared, answer: Any) -> str | None:
+        return passthrough.problem(answer)
+
+    def respond(self, prepared: Prepared, answer: dict[str, Any], resp: httpx.Response) -> HttpResponse:
+        return HttpResponse(resp.content, content_type="application/json")
+
+    def writer(self, prepared: Prepared) -> passthrough.Writer:  # type: ignore[override]
+        return passthrough.Writer(_error_event)
+
+
+def _error_event(status: int, message: str) -> bytes:
+    return sse("error", error_body(status, message))
+
+
 DOOR = AnthropicDoor()
+PASSTHROUGH = PassthroughDoor()
 
 
 def error_body(status: int, message: str) -> dict[str, Any]:
@@ -581,7 +610,7 @@ def _stop(choice: dict[str, Any], request: dict[str, Any]) -> tuple[str | None, 
 # --- tool-call argument strings (see the module docstring) -----------------------------------
 _ARGS_MAX = 65_536
 _args_lock = threading.Lock()
-_args: OrderedDict[str, str] = OrderedDict()
+_args: LRUCache[str, str] = LRUCache(maxsize=_ARGS_MAX)
 
 
 def _remember_arguments(call: dict[str, Any]) -> None:
@@ -590,9 +619,6 @@ def _remember_arguments(call: dict[str, Any]) -> None:
     if isinstance(call_id, str) and isinstance(raw, str):
         with _args_lock:
             _args[call_id] = raw
-            _args.move_to_end(call_id)
-            while len(_args) > _ARGS_MAX:
-                _args.popitem(last=False)
 
 
 def _arguments(call_id: str, value: dict[str, Any]) -> str:

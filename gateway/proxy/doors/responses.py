@@ -42,7 +42,8 @@ from pool.services.api_keys import VerifiedKey
 from ..db import run_db
 from ..errors import error_response
 from ..recording import Identity
-from .base import DoorInputError, Prepared, first_choice, new_id, serve, sse, token_counts
+from ..runner import serve
+from .base import DoorInputError, Prepared, Translator, first_choice, new_id, sse, token_counts
 
 PROTOCOL = "openai-responses"
 _NONCE = 24  # hex characters of a response id's random part
@@ -61,7 +62,7 @@ async def responses(
     return await serve(DOOR, request, trajectory_uid, prompt_group_uid, api_key, capability)
 
 
-class ResponsesDoor:
+class ResponsesDoor(Translator):
     protocol = PROTOCOL
 
     def error_response(
@@ -69,7 +70,7 @@ class ResponsesDoor:
     ) -> HttpResponse:
         return error_response(status, message, code=code, param=param)
 
-    async def prepare(
+    async def translate(
         self, body: dict[str, Any], ident: Identity, key: VerifiedKey, *, scoped: bool
     ) -> tuple[Prepared, Identity]:
         model = body.get("model")
@@ -140,7 +141,7 @@ class ResponsesDoor:
         }
         return out
 
-    def writer(self, prepared: Prepared) -> _Writer:
+    def door_writer(self, prepared: Prepared) -> _Writer:
         return _Writer(prepared, self)
 
 

@@ -1,0 +1,115 @@
+"""The request envelope every gateway endpoint shares (the OpenAI doors, Messages,
+Responses, count_tokens and the Claw-R1 compat views): POST only; the call's identity (its
+trajectory from the path, X-Claw-Trajectory, else minted; its prompt group; its policy
+version); its credential (an ingest key, or a capability URL's token: access.py); its JSON
+body on demand; errors in the door's own shape; and the X-Claw-Trajectory answer header."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
+
+from pool.errors import PoolError
+from pool.ingest import rules
+from pool.services.api_keys import VerifiedKey
+
+from ..body import check_length, json_object
+from .access import authorise
+from .errors import DoorInputError, ProxyError, error_response
+from .recording import Identity
+
+TRAJECTORY_HEADER = "X-Claw-Trajectory"
+
+ErrorShape = Callable[..., HttpResponse]  # (status, message, *, code, param) -> the door's error
+
+
+@dataclass(slots=True)
+class Call:
+    """One authorised call: its request, credential and identity (None for the compat views,
+    which name no trajectory of their own)."""
+
+    request: HttpRequest
+    key: VerifiedKey
+    ident: Identity | None
+    scoped: bool  # the trajectory was named (path or header), not minted
+
+    def body(self) -> dict[str, Any]:
+        """The request's JSON object (400 for anything else, 413 past the body limit)."""
+        length = self.request.META.get("CONTENT_LENGTH")
+        check_length(int(length) if length and length.isdigit() else None)
+        return json_object(self.request.body)
+
+
+async def receive(
+    request: HttpRequest,
+    handle: Callable[[Call], Awaitable[HttpResponseBase]],
+    *,
+    errors: ErrorShape = error_response,
+    path_trajectory: str | None = None,
+    path_group: str | None = None,
+    api_key: str | None = None,
+    capability: str | None = None,
+    identity: bool = True,
+    name_minted: bool = True,
+) -> HttpResponseBase:
+    """Answer ``request`` with ``handle(call)`` inside the envelope (module docstring).
+    ``identity=False``: no identity (the capability is checked against ``path_trajectory``),
+    no header; ``name_minted=False``: the header only names a trajectory the call named. A
+    handler that continues another trajectory (a Responses previous_response_id) sets
+    ``call.ident``; the header names it once the handler returned."""
+    ident: Identity | None = None
+    try:
+        if request.method != "POST":
+            raise ProxyError(405, f"method {request.method} not allowed; use POST", code="method_not_allowed")
+        if identity:
+            ident = call_identity(request, path_trajectory, path_group)
+            traj: str | None = ident.trajectory_uid
+        else:
+            traj = path_trajectory
+        key = await authorise(request, api_key=api_key, capability=capability, trajectory_uid=traj)
+        call = Call(request, key, ident, path_trajectory is not None or (ident is not None and not ident.new))
+        response = await handle(call)
+        ident = call.ident
+    except DoorInputError as e:
+        response = errors(e.status, e.message, code="invalid_request", param=e.param)
+    except ProxyError as e:
+        response = errors(e.status, e.message, code=e.code, param=e.param)
+    except PoolError as e:
+        response = errors(e.status_code, e.message, code=e.code, param=e.field)
+    if ident is not None and (name_minted or not ident.new):
+        response[TRAJECTORY_HEADER] = ident.trajectory_uid
+    return response
+
+
+def call_identity(request: HttpRequest, path_trajectory: str | None, path_group: str | None) -> Identity:
+    """The call's trajectory, prompt group and policy version (400 for a bad one)."""
+    meta = request.META
+    traj = path_trajectory or meta.get("HTTP_X_CLAW_TRAJECTORY") or None
+    new = traj is None
+    if traj is None:
+        traj = uuid.uuid4().hex
+    group = path_group if path_group is not None else meta.get("HTTP_X_CLAW_PROMPT_GROUP") or None
+    if group == "-":  # the scoped URL's "no group"
+        group = None
+    for name, value in (("trajectory", traj), ("prompt group", group)):
+        if value is not None and (not value.strip() or len(value) > rules.MAX_UID_LEN):
+            raise ProxyError(
+                400, f"the {name} uid must be 1 to {rules.MAX_UID_LEN} characters", code="invalid_uid"
+            )
+    version = meta.get("HTTP_X_CLAW_POLICY_VERSION")
+    policy_version = None
+    if version not in (None, ""):
+        try:
+            policy_version = int(version)
+        except ValueError:
+            policy_version = -1
+        if not 0 <= policy_version < 2**63:
+            raise ProxyError(
+                400, "X-Claw-Policy-Version must be a non-negative integer", code="invalid_policy_version"
+            )
+    return Identity(trajectory_uid=traj, prompt_group_uid=group, policy_version=policy_version, new=new)

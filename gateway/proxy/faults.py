@@ -1,0 +1,96 @@
+"""A proxied call's failures, stored as Events and raised as ProxyErrors, and the recording
+of its answer (whose failures are faults too). Shared by the runner and compat's /generate."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.db import DatabaseError
+
+from pool.errors import PoolError
+from pool.services import gateway_event_record
+from pool.services.api_keys import VerifiedKey
+
+from . import upstream
+from .db import run_db
+from .errors import ProxyError
+from .recording import Identity, Outcome, record_answer
+
+log = logging.getLogger(__name__)
+
+
+async def record(
+    endpoint: str,
+    ident: Identity,
+    key: VerifiedKey,
+    body: dict[str, Any],
+    answer: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+) -> Outcome:
+    """Commit the call's steps; a database failure is answered 503 (the agent may retry),
+    a Conflict (ended trajectory, other group) with its own status."""
+    try:
+        return await run_db(
+            record_answer,
+            endpoint=endpoint,
+            ident=ident,
+            request=body,
+            answer=answer,
+            source_id=key.source_id,
+            extra=extra,
+        )
+    except PoolError as e:
+        await fault_event(
+            e.status_code, "record_rejected", e.message, endpoint, ident, key, event_type="record_failed"
+        )
+        raise
+    except DatabaseError as e:
+        log.exception("recording a proxied call failed")
+        await fault_event(
+            503, "database_error", type(e).__name__, endpoint, ident, key, event_type="record_failed"
+        )
+        raise ProxyError(
+            503, "the call could not be recorded (database error); retry", code="record_failed"
+        ) from None
+
+
+async def upstream_fault(
+    f: upstream.UpstreamFault, endpoint: str, ident: Identity | None, key: VerifiedKey
+) -> ProxyError:
+    """An upstream that could not be reached or timed out: stored as an Event, returned as
+    the ProxyError to raise (``raise await upstream_fault(...) from None``)."""
+    await fault_event(f.status, f.kind, f.message, endpoint, ident, key)
+    return ProxyError(f.status, f.message, code=f.kind)
+
+
+async def invalid_answer(message: str, endpoint: str, ident: Identity | None, key: VerifiedKey) -> ProxyError:
+    """An upstream answer that is not what was asked for (not a completion, not an event
+    stream): a 502 ``invalid_answer``, stored as an Event."""
+    await fault_event(502, "invalid_answer", message, endpoint, ident, key)
+    return ProxyError(502, message, code="invalid_answer")
+
+
+async def fault_event(
+    status: int,
+    kind: str,
+    message: str,
+    endpoint: str,
+    ident: Identity | None,
+    key: VerifiedKey,
+    *,
+    event_type: str = "upstream_error",
+) -> None:
+    """Store a failed call as an Event (best effort: a database outage must not mask the
+    fault the agent is about to receive)."""
+    payload = {"status": status, "kind": kind, "endpoint": endpoint, "message": message}
+    try:
+        await run_db(
+            gateway_event_record,
+            type=event_type,
+            payload=payload,
+            trajectory_uid=ident.trajectory_uid if ident else None,
+            source_id=key.source_id,
+        )
+    except Exception:  # noqa: BLE001 - see docstring
+        log.exception("could not record a gateway event (%s %s)", event_type, kind)
