@@ -273,7 +273,7 @@ REST_FRAMEWORK = {
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "gateway.pagination.IdCursorPagination",
     "PAGE_SIZE": 100,
-    "EXCEPTION_HANDLER": "gateway.errors.api_exception_handler",
+    "EXCEPTION_HANDLER": "gateway.exception_handler.api_exception_handler",
     "DEFAULT_THROTTLE_CLASSES": ["gateway.throttling.ApiKeyRateThrottle"],
     # OPTIONS answers 405: DRF's metadata introspects a serializer that not every view has
     # (a 500 there), and no client needs it (no cross-origin callers).

@@ -69,7 +69,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 ALL = ("collect", "represent", "curate", "optimize", "consume", "quality")
 # The window of the overview's quality counters (drift and error rates).
 RATES_WINDOW = timedelta(hours=1)
-# Gateway events that mean a call failed (gateway/proxy/views.py _fault_event).
+# Gateway events that mean a call failed (gateway/proxy/faults.py fault_event).
 ERROR_EVENTS = ("upstream_error", "record_failed")
 EXACT_TOKEN_SOURCES = (Step.TokenSource.CLIENT, Step.TokenSource.UPSTREAM)
 
