@@ -79,7 +79,7 @@ async def relay_app(scope: dict, receive, send) -> None:  # type: ignore[no-unty
         message = await receive()
         chunks.append(message.get("body", b""))
         more = message.get("more_body", False)
-    from gateway.proxy.transport import FastTransport
+    from claw_kit.llm.transport import FastTransport
 
     global _relay_transport
     if _relay_transport is None:

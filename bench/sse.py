@@ -1,4 +1,4 @@
-"""bench.sse: the gateway's SSE parser (gateway.proxy.stream.sse_data) vs httpx-sse, in one run.
+"""bench.sse: the gateway's SSE parser (claw_kit.llm.sse.sse_data) vs httpx-sse, in one run.
 
     python -m bench.sse [--streams 3000]
 
@@ -27,8 +27,8 @@ import orjson
 from httpx_sse import EventSource
 
 from bench.proxy import make_bodies
+from claw_kit.llm.sse import sse_data
 from gateway.demo.upstream import create_app
-from gateway.proxy.stream import sse_data
 from tests.gateway.test_stream import SPEC_CASES
 
 Parser = Callable[[httpx.Response], AsyncIterator[bytes]]

@@ -6,7 +6,7 @@ Workload: bench.proxy's (2.4k-token chat, zero-latency upstream: distinct ~2.4k-
 prompts, 12-40 answer tokens, a new trajectory and one recorded step per call). Two gateway
 processes run side by side on the same demo upstream, identical but for
 CLAW_UPSTREAM_TRANSPORT: ``httpx`` (httpx.AsyncHTTPTransport: httpcore + h11 + anyio) and
-``fast`` (gateway/proxy/transport.py). Blocks alternate in the order httpx, fast, fast, httpx
+``fast`` (claw_kit/llm/transport.py). Blocks alternate in the order httpx, fast, fast, httpx
 so that drift in the machine's load hits both alike:
 
 * concurrency 1: latency p50 of each, after a warm-up;

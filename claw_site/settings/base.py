@@ -331,7 +331,7 @@ CLAW_REVIEW_CLAIM_SECONDS = env_int("CLAW_REVIEW_CLAIM_SECONDS", 15 * 60)
 CLAW_UPSTREAM_URL = os.environ.get("CLAW_UPSTREAM_URL", "")
 CLAW_UPSTREAM_API_KEY = os.environ.get("CLAW_UPSTREAM_API_KEY", "")
 CLAW_UPSTREAM_TIMEOUT = env_float("CLAW_UPSTREAM_TIMEOUT", 600.0)
-# HTTP client transport to the upstream: "fast" (gateway/proxy/transport.py) or "httpx" (httpx's
+# HTTP client transport to the upstream: "fast" (claw_kit/llm/transport.py) or "httpx" (httpx's
 # own httpcore pool, kept selectable so bench.transport can measure one against the other).
 CLAW_UPSTREAM_TRANSPORT = os.environ.get("CLAW_UPSTREAM_TRANSPORT", "fast")
 if CLAW_UPSTREAM_TRANSPORT not in ("fast", "httpx"):

@@ -12,6 +12,7 @@ from typing import Any
 
 from django.db.models import Q
 
+from claw_kit.llm.tokenizer import get_tokenizer
 from pool.flags import QUALITY_NAMES, READINESS_NAMES
 from pool.flags import names as flag_names
 from pool.models import Feedback, RewardEvent, Step, Trajectory
@@ -223,7 +224,6 @@ def step_inspect(step_id: int, *, decode: bool = True) -> StepInspect | None:
 
 
 def _decode(step: Step) -> tuple[str, str] | None:
-    from gateway.proxy.tokenizer import get_tokenizer
 
     tok = get_tokenizer()
     if tok is None:

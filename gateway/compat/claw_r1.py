@@ -50,6 +50,7 @@ from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
+from claw_kit.llm import upstream
 from pool.errors import PoolError
 from pool.ingest import rules
 from pool.rewards import RewardSample
@@ -66,7 +67,7 @@ from pool.services.reward_compute import (
 )
 
 from ..body import json_object
-from ..proxy import runner, upstream
+from ..proxy import runner
 from ..proxy.db import run_db
 from ..proxy.envelope import Call, receive
 from ..proxy.errors import ProxyError

@@ -8,11 +8,11 @@ from typing import Any
 
 from django.db import DatabaseError
 
+from claw_kit.llm import upstream
 from pool.errors import PoolError
 from pool.services import gateway_event_record
 from pool.services.api_keys import VerifiedKey
 
-from . import upstream
 from .db import run_db
 from .errors import ProxyError
 from .recording import Identity, Outcome, record_answer

@@ -33,7 +33,8 @@ import httpx
 import orjson
 from django.conf import settings
 
-from . import upstream
+from claw_kit.llm import upstream
+
 from .recording import CHAT
 
 IDS = "return_token_ids"

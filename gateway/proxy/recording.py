@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from claw_kit.llm import tokenizer
 from pool import tokens
 from pool.errors import InvalidInput
 from pool.ingest import AppendTarget, StepIn, steps_append
@@ -40,7 +41,7 @@ from pool.ingest.plan import Stored
 from pool.models import Step
 from pool.services import gateway_event_record
 
-from . import branches, tokenizer
+from . import branches
 
 CHAT = "chat.completions"
 COMPLETIONS = "completions"

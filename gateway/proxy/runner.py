@@ -26,15 +26,16 @@ import orjson
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 
+from claw_kit.llm import upstream
+from claw_kit.llm.sse import StreamAccumulator, sse_data
 from pool.errors import PoolError
 from pool.services.api_keys import VerifiedKey
 
-from . import fields, upstream
+from . import fields
 from .envelope import Call, ErrorShape, receive
 from .errors import ProxyError
 from .faults import fault_event, invalid_answer, record, upstream_fault
 from .recording import CHAT, COMPLETIONS, Identity
-from .stream import StreamAccumulator, sse_data
 
 PATHS = {CHAT: "/v1/chat/completions", COMPLETIONS: "/v1/completions"}
 

@@ -27,9 +27,10 @@ from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
+from claw_kit.llm import upstream
 from claw_site.redaction import redact
 
-from . import envelope, upstream
+from . import envelope
 from .access import authorise
 from .doors.chat import CHAT_DOOR, COMPLETIONS_DOOR, passthrough_error
 from .errors import ProxyError, error_response

@@ -18,6 +18,8 @@ from typing import Any
 import orjson
 from django.conf import settings
 
+from claw_kit.llm import upstream
+
 from .base import RewardError, RewardResult, RewardSample, group
 
 JUDGE_MARKER = "[claw-judge]"
@@ -114,7 +116,6 @@ def parse_scores(content: str, ids: list[str]) -> list[tuple[float, str]]:
 
 def _chat(body: dict[str, Any]) -> dict[str, Any]:
     """POST /v1/chat/completions to the upstream (sync: tasks and database threads call it)."""
-    from gateway.proxy import upstream  # the gateway's transport; imported on use only
 
     async def call() -> dict[str, Any]:
         headers = upstream.forward_headers({"content-type": "application/json"})

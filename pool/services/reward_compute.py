@@ -38,6 +38,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, OuterRef, Subquery
 from django.utils import timezone
 
+from claw_kit.llm.tokenizer import get_tokenizer
+
 from .. import tokens
 from ..errors import Unprocessable
 from ..models import PromptGroup, RewardFailure, Step, Trajectory
@@ -128,7 +130,6 @@ def response_text_lookup(*, source_id: int | None, response_ids: list[int]) -> s
 
 
 def _decode(ids: Any) -> str | None:
-    from gateway.proxy.tokenizer import get_tokenizer  # heavy; only when configured
 
     tok = get_tokenizer()
     if tok is None:

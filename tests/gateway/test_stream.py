@@ -1,4 +1,4 @@
-"""gateway.proxy.stream.sse_data against the WHATWG event-stream rules (line endings, BOM,
+"""claw_kit.llm.sse.sse_data against the WHATWG event-stream rules (line endings, BOM,
 multi-line data, comments, fields with and without a space or a colon), whatever the chunk
 boundaries; bench.sse runs the same cases through httpx-sse."""
 
@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Iterable
 
 import pytest
 
-from gateway.proxy.stream import sse_data
+from claw_kit.llm.sse import sse_data
 
 # (name, stream, the data of each event the spec dispatches)
 SPEC_CASES: list[tuple[str, bytes, list[bytes]]] = [

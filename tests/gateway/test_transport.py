@@ -1,4 +1,4 @@
-"""gateway.proxy.transport.FastTransport against real local servers that write raw HTTP bytes:
+"""claw_kit.llm.transport.FastTransport against real local servers that write raw HTTP bytes:
 framing (Content-Length, chunked with extensions and trailers, bodyless statuses, HEAD, a
 body ended by the connection's close), keep-alive reuse counted on the server side, servers
 that close mid-body, and stale keep-alive connections."""
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from gateway.proxy.transport import FastTransport
+from claw_kit.llm.transport import FastTransport
 
 # A guard against a hang turning into a 300 s pytest timeout; never reached when a test passes.
 GUARD = httpx.Timeout(10.0)

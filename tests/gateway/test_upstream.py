@@ -1,4 +1,4 @@
-"""gateway.proxy.upstream with each transport CLAW_UPSTREAM_TRANSPORT selects: answers,
+"""claw_kit.llm.upstream with each transport CLAW_UPSTREAM_TRANSPORT selects: answers,
 streams and fault mapping are the same whichever sends the request."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import httpx
 import orjson
 import pytest
 
-from gateway.proxy import upstream
-from gateway.proxy.transport import FastTransport
+from claw_kit.llm import upstream
+from claw_kit.llm.transport import FastTransport
 
 KINDS = {"fast": FastTransport, "httpx": httpx.AsyncHTTPTransport}
 

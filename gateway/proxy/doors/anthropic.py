@@ -42,9 +42,9 @@ from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
+from claw_kit.llm import tokenizer, upstream
 from pool.services.api_keys import VerifiedKey
 
-from .. import tokenizer, upstream
 from ..envelope import Call, receive
 from ..errors import ProxyError
 from ..recording import Identity

@@ -18,9 +18,9 @@ import httpx
 import orjson
 from django.http import HttpResponse
 
+from claw_kit.llm import upstream
 from pool.services.api_keys import VerifiedKey
 
-from .. import upstream
 from ..errors import DoorInputError, ProxyError
 from ..faults import fault_event
 from ..recording import Identity

@@ -12,9 +12,10 @@ import httpx
 import orjson
 from django.http import HttpResponse
 
+from claw_kit.llm import upstream
 from pool.services.api_keys import VerifiedKey
 
-from .. import fields, upstream
+from .. import fields
 from ..errors import error_response
 from ..faults import fault_event
 from ..recording import CHAT, COMPLETIONS, Identity

@@ -22,7 +22,8 @@ import httpx
 from django.conf import settings
 from django.http import HttpRequest
 
-from .. import upstream
+from claw_kit.llm import upstream
+
 from ..envelope import Call
 from ..recording import CHAT
 from ..runner import Prepared
