@@ -136,6 +136,7 @@ def step_row(
     readiness |= (Readiness.TOKENS_EXACT if s.token_source in EXACT_TOKEN_SOURCES else 0) | (
         Readiness.REWARD_FINAL if s.reward is not None else 0
     )
+    source = (s.reward_source or Step.RewardSource.ENV) if s.reward is not None else None
     return new_instance(  # type: ignore[return-value]
         Step,
         dict(
@@ -157,13 +158,11 @@ def step_row(
             content_hash=packed.content_hash,
             reward=s.reward,
             reward_status=Step.RewardStatus.FINAL if s.reward is not None else Step.RewardStatus.PENDING,
-            reward_source=(s.reward_source or Step.RewardSource.ENV) if s.reward is not None else None,
+            reward_source=source,
             # Its own reward is its effective one; a step without one gets its branch's or its
             # trajectory's from the effects (pool/services/effective_reward.py).
             effective_reward=s.reward,
-            effective_reward_source=(s.reward_source or Step.RewardSource.ENV)
-            if s.reward is not None
-            else None,
+            effective_reward_source=source,
             reward_scope=Step.RewardScope.STEP if s.reward is not None else None,
             policy_version_id=s.policy_version,
             is_last=s.is_last,

@@ -3,10 +3,16 @@
 from django.db import migrations, models
 
 
+# Trajectories per chunk of the backfill: three reads and one bulk UPDATE each.
+CHUNK = 500
+
+
 def backfill(apps, schema_editor):
     """The effective reward of the steps stored before it existed (the definition of
     pool/services/effective_reward.py, written for the historical models): own rewards in
-    one statement, the others per trajectory in chunks; then REWARD_FINAL follows it."""
+    one statement; trajectory reward sources from their latest audit rows in one read and
+    one UPDATE per source; the other steps per chunk of trajectories, in bulk, with the
+    REWARD_FINAL bit (2) that follows an effective reward. Idempotent."""
     Step = apps.get_model("pool", "Step")
     Trajectory = apps.get_model("pool", "Trajectory")
     RewardEvent = apps.get_model("pool", "RewardEvent")
@@ -15,17 +21,23 @@ def backfill(apps, schema_editor):
         effective_reward_source=models.F("reward_source"),
         reward_scope="step",
     )
-    # The source of a trajectory reward: its latest audit row.
-    for tid in Trajectory.objects.filter(reward__isnull=False).values_list("id", flat=True).iterator():
-        src = (
-            RewardEvent.objects.filter(trajectory_id=tid).order_by("-id").values_list("reward_source", flat=True).first()
-        )
-        Trajectory.objects.filter(id=tid).update(reward_source=src or "env")
-    tids = list(
-        Step.objects.filter(reward__isnull=True).values_list("trajectory_id", flat=True).distinct().order_by()
-    )
-    for start in range(0, len(tids), 500):
-        chunk = tids[start : start + 500]
+    latest = {}  # trajectory id -> the source of its latest reward (ids ascending: the last wins)
+    for tid, src in (
+        RewardEvent.objects.filter(trajectory__isnull=False, trajectory__reward__isnull=False)
+        .order_by("id")
+        .values_list("trajectory_id", "reward_source")
+    ):
+        latest[tid] = src
+    rewarded = set(Trajectory.objects.filter(reward__isnull=False).values_list("id", flat=True))
+    by_source = {}
+    for tid in rewarded:
+        by_source.setdefault(latest.get(tid) or "env", []).append(tid)
+    for src, ids in by_source.items():
+        for start in range(0, len(ids), CHUNK):
+            Trajectory.objects.filter(id__in=ids[start : start + CHUNK]).update(reward_source=src)
+    tids = sorted(set(Step.objects.filter(reward__isnull=True).values_list("trajectory_id", flat=True)))
+    for start in range(0, len(tids), CHUNK):
+        chunk = tids[start : start + CHUNK]
         branch = {}
         for tid, b, reward, source in (
             Step.objects.filter(trajectory_id__in=chunk, reward_status="final")
@@ -39,18 +51,22 @@ def backfill(apps, schema_editor):
                 "id", "reward", "reward_source"
             )
         }
-        for sid, tid, b, readiness in Step.objects.filter(trajectory_id__in=chunk, reward__isnull=True).values_list(
+        changed = []
+        for step in Step.objects.filter(trajectory_id__in=chunk, reward__isnull=True).only(
             "id", "trajectory_id", "branch", "readiness"
         ):
-            if (tid, b) in branch:
-                (r, src), scope = branch[(tid, b)], "branch"
-            elif tid in traj:
-                (r, src), scope = traj[tid], "trajectory"
+            if (step.trajectory_id, step.branch) in branch:
+                (r, src), scope = branch[(step.trajectory_id, step.branch)], "branch"
+            elif step.trajectory_id in traj:
+                (r, src), scope = traj[step.trajectory_id], "trajectory"
             else:
                 continue
-            Step.objects.filter(id=sid).update(
-                effective_reward=r, effective_reward_source=src, reward_scope=scope, readiness=readiness | 2
-            )
+            step.effective_reward, step.effective_reward_source, step.reward_scope = r, src, scope
+            step.readiness |= 2
+            changed.append(step)
+        Step.objects.bulk_update(
+            changed, ["effective_reward", "effective_reward_source", "reward_scope", "readiness"], batch_size=CHUNK
+        )
 
 
 class Migration(migrations.Migration):

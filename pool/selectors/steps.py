@@ -56,7 +56,7 @@ def steps_render(steps: Sequence[Step]) -> list[dict[str, Any]]:
                 "messages": s.messages,
                 "response_text": s.response_text,
                 "metadata": s.metadata,
-                "reward_status": "final" if s.readiness & REWARD_FINAL else "pending",
+                "reward_status": s.effective_reward_status,
                 "reward_scope": s.reward_scope,
                 "token_source": s.token_source,
                 "drift": s.drift,

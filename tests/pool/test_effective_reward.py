@@ -11,6 +11,7 @@ import random
 from dataclasses import dataclass, field
 
 import pytest
+from django.db import models
 
 from pool.flags import Readiness
 from pool.models import Step
@@ -230,3 +231,30 @@ def test_last_step_assignment_serves_zero_with_scope_none_to_the_other_steps():
         (0.0, "none", None),
         (1.0, "trajectory", "env"),
     ]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.ended], ids=lambda c: c.name)
+def test_the_migration_backfill_gives_what_the_live_definition_gives(case: Case):
+    # given: a case written through the services, then its effective columns wiped, as rows
+    # stored before migration 0011 had them
+    import importlib
+
+    from django.apps import apps
+
+    from pool.models import Trajectory
+
+    _write(case, "t")
+    served = _served("t")
+    Step.objects.filter(trajectory__uid="t").update(
+        effective_reward=None, effective_reward_source=None, reward_scope=None
+    )
+    Step.objects.filter(trajectory__uid="t", reward__isnull=True).update(
+        readiness=models.F("readiness").bitand(~int(Readiness.REWARD_FINAL) & 0xFF)
+    )
+    Trajectory.objects.filter(uid="t").update(reward_source=None)
+    # when: the migration's backfill runs (twice: it is idempotent)
+    backfill = importlib.import_module("pool.migrations.0011_effective_reward").backfill
+    backfill(apps, None)
+    backfill(apps, None)
+    # then: every step reads as the services made it
+    assert _served("t") == served
