@@ -15,16 +15,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 
 from gateway.demo import upstream
-from tests.live import ROOT, listening_socket, stop_process
+from tests.gateway.conftest import start_upstream
 
 RECORDED_PATHS = ("/v1/chat/completions", "/v1/completions")
 DIRECT_HEADER = "x-fidelity-direct"
@@ -68,32 +65,9 @@ def with_record(app: Any, record: Path) -> Any:
 def start(record: Path) -> tuple[str, subprocess.Popen]:
     """Start it logging to ``record``; return ("http://127.0.0.1:PORT/v1", process) once it
     answers. The caller stops it (tests.live.stop_process)."""
-    log = tempfile.TemporaryFile()  # noqa: SIM115 - closed with the process
-    with listening_socket() as sock:
-        port = sock.getsockname()[1]
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.fidelity.recording_upstream", "--fd", str(sock.fileno())],
-            cwd=ROOT,
-            env={**os.environ, "CLAW_FIDELITY_RECORD": str(record)},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            pass_fds=(sock.fileno(),),
-        )
-    proc.stderr = log  # type: ignore[assignment] - closed by stop_process
-    base = f"http://127.0.0.1:{port}/v1"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            log.seek(0)
-            raise RuntimeError(f"recording upstream exited early: {log.read().decode(errors='replace')}")
-        try:
-            if httpx.get(f"{base}/models", timeout=1).status_code == 200:
-                return base, proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    stop_process(proc)
-    raise RuntimeError("recording upstream did not answer GET /v1/models within 30 s")
+    return start_upstream(
+        module="tests.fidelity.recording_upstream", env={"CLAW_FIDELITY_RECORD": str(record)}
+    )
 
 
 def recorded(record: Path) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@ the test hooks of tests/gateway/upstream_harness.py."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -15,17 +16,21 @@ import pytest
 from tests.live import ROOT, listening_socket, stop_process
 
 
-def start_upstream(*args: str) -> tuple[str, subprocess.Popen]:
-    """Start the demo upstream (tests/gateway/upstream_harness.py) with ``args`` on a socket
-    listening on a free port; return ("http://127.0.0.1:PORT/v1", process) once GET /v1/models
-    answers. The caller terminates it."""
+def start_upstream(
+    *args: str, module: str = "tests.gateway.upstream_harness", env: dict[str, str] | None = None
+) -> tuple[str, subprocess.Popen]:
+    """Start an upstream server ``module`` (default: the demo upstream with the test hooks of
+    tests/gateway/upstream_harness.py) with ``args`` on a socket listening on a free port;
+    return ("http://127.0.0.1:PORT/v1", process) once GET /v1/models answers. The caller
+    terminates it (tests.live.stop_process)."""
     # A file, not a pipe: a pipe nobody reads would block the server once its buffer fills.
     log = tempfile.TemporaryFile()  # noqa: SIM115 - closed with the process
     with listening_socket() as sock:  # the child keeps its own copy; the port dies with it
         port = sock.getsockname()[1]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.gateway.upstream_harness", "--fd", str(sock.fileno()), *args],
+            [sys.executable, "-m", module, "--fd", str(sock.fileno()), *args],
             cwd=ROOT,
+            env={**os.environ, **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
             pass_fds=(sock.fileno(),),
@@ -36,7 +41,7 @@ def start_upstream(*args: str) -> tuple[str, subprocess.Popen]:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             log.seek(0)
-            raise RuntimeError(f"demo upstream exited early: {log.read().decode(errors='replace')}")
+            raise RuntimeError(f"{module} exited early: {log.read().decode(errors='replace')}")
         try:
             if httpx.get(f"{base}/models", timeout=1).status_code == 200:
                 return base, proc
@@ -44,7 +49,7 @@ def start_upstream(*args: str) -> tuple[str, subprocess.Popen]:
             pass
         time.sleep(0.05)
     stop_process(proc)
-    raise RuntimeError("demo upstream did not answer GET /v1/models within 30 s")
+    raise RuntimeError(f"{module} did not answer GET /v1/models within 30 s")
 
 
 def _upstream(*args: str) -> Iterator[str]:
