@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests.curation.test_pages_browser import CHROMIUM, CHROMIUM_ARGS
+from tests.dashboard.traffic import api_counters
 from tests.live import ROOT, LiveServer, live_server, start_celery_worker, stop_process
 
 SCREENSHOTS = ROOT / "var" / "screenshots"
@@ -75,17 +76,7 @@ class Api:
             page = self.get(url)
             steps += page["results"]
             url = page["next"] and page["next"].removeprefix(self.url)
-        return {
-            "collect.steps": stats["steps"],
-            "collect.trajectories": stats["trajectories"],
-            "collect.running": stats["trajectories_by_status"].get("running", 0),
-            "represent.exact": sum(s["token_source"] in ("client", "upstream") for s in steps),
-            "represent.retokenized": sum(s["token_source"] == "retokenized" for s in steps),
-            "represent.drift": stats["steps_drift"],
-            "curate.ready_steps": sum(s["ready"] for s in steps),
-            "curate.awaiting_reward": sum("reward_final" not in s["readiness"] for s in steps),
-            "curate.labelled": sum(s["label"] is not None for s in steps),
-        }
+        return api_counters(stats, steps)
 
 
 @pytest.fixture

@@ -116,19 +116,9 @@ def api_numbers(reader) -> dict[str, Any]:
     errors = Event.objects.filter(type__in=("upstream_error", "record_failed"), created_at__gte=since).count()
     merged = MergeResult.objects.filter(status=MergeResult.Status.DONE, group__isnull=False)
     tokens = merged.aggregate(t=Sum("total_tokens"), u=Sum("unique_tokens"))
-    # the API's two views of "awaiting reward" agree: its stats and its step reads
-    assert stats["steps_reward_pending"] == sum("reward_final" not in s["readiness"] for s in steps)
     return {
-        "collect.steps": stats["steps"],
-        "collect.trajectories": stats["trajectories"],
-        "collect.running": stats["trajectories_by_status"].get("running", 0),
-        "represent.exact": sum(s["token_source"] in ("client", "upstream") for s in steps),
-        "represent.retokenized": sum(s["token_source"] == "retokenized" for s in steps),
-        "represent.drift": stats["steps_drift"],
-        "curate.ready_steps": sum(s["ready"] for s in steps),
-        "curate.awaiting_reward": stats["steps_reward_pending"],
+        **api_counters(stats, steps),
         "curate.ready_groups": PromptGroup.objects.filter(ready_at__isnull=False).count(),
-        "curate.labelled": sum(s["label"] is not None for s in steps),
         "optimize.merged_groups": merged.count(),
         "optimize.tokens": tokens["t"] or 0,
         "optimize.tokens_saved": (tokens["t"] or 0) - (tokens["u"] or 0),
@@ -169,3 +159,21 @@ def consistent(n: dict[str, Any]) -> None:
     assert n["curate.ready_steps"] <= n["represent.exact"], n
     assert n["collect.running"] <= n["collect.trajectories"], n
     assert n["quality.steps"] <= n["collect.steps"], n
+
+
+def api_counters(stats: dict, steps: list[dict]) -> dict[str, int]:
+    """The overview counters the API itself states: its /stats and its step reads (the
+    whole step list), the same for a test client and a browser test's HTTP client."""
+    # the API's two views of "awaiting reward" agree: its stats and its step reads
+    assert stats["steps_reward_pending"] == sum("reward_final" not in s["readiness"] for s in steps)
+    return {
+        "collect.steps": stats["steps"],
+        "collect.trajectories": stats["trajectories"],
+        "collect.running": stats["trajectories_by_status"].get("running", 0),
+        "represent.exact": sum(s["token_source"] in ("client", "upstream") for s in steps),
+        "represent.retokenized": sum(s["token_source"] == "retokenized" for s in steps),
+        "represent.drift": stats["steps_drift"],
+        "curate.ready_steps": sum(s["ready"] for s in steps),
+        "curate.awaiting_reward": stats["steps_reward_pending"],
+        "curate.labelled": sum(s["label"] is not None for s in steps),
+    }
