@@ -302,14 +302,7 @@ def test_the_messages_door_stores_the_logprobs(gw, stream):
         reply = client.messages.create(**kwargs)
 
     # then: the translated chat call asked for logprobs, and the step holds the upstream's
-    [sent] = gw.sent(name)
-    assert (sent["logprobs"], sent["top_logprobs"], sent["messages"]) == (True, 0, MESSAGES)
-    assert sent.get("stream", False) is stream
-    direct = gw.direct(sent)["choices"][0]
-    step = gw.step(traj)
-    assert step["rollout_logprobs"] == _chat_values(direct)
-    assert len(step["rollout_logprobs"]) == len(step["response_ids"]) == reply.usage.output_tokens
-    assert "missing_logprobs" not in step["quality_flags"]
+    _asked_and_stored(gw, name, traj, stream=stream, output_tokens=reply.usage.output_tokens)
 
 
 @pytest.mark.live
@@ -327,14 +320,22 @@ def test_the_responses_door_stores_the_logprobs(gw, stream):
     else:
         reply = client.responses.create(**kwargs)
 
-    # then
+    # then: the translated chat call asked for logprobs, and the step holds the upstream's
+    _asked_and_stored(gw, name, traj, stream=stream, output_tokens=reply.usage.output_tokens)
+
+
+def _asked_and_stored(gw, name: str, traj: str, *, stream: bool, output_tokens: int) -> None:
+    """The one chat call a translating door sent upstream asked for the sampled tokens'
+    logprobs (and streamed as the agent did), and the stored step holds exactly the
+    upstream's, one per response id, unflagged."""
     [sent] = gw.sent(name)
     assert (sent["logprobs"], sent["top_logprobs"], sent["messages"]) == (True, 0, MESSAGES)
     assert sent.get("stream", False) is stream
     direct = gw.direct(sent)["choices"][0]
     step = gw.step(traj)
     assert step["rollout_logprobs"] == _chat_values(direct)
-    assert len(step["rollout_logprobs"]) == len(step["response_ids"]) == reply.usage.output_tokens
+    assert len(step["rollout_logprobs"]) == len(step["response_ids"]) == output_tokens
+    assert "missing_logprobs" not in step["quality_flags"]
 
 
 # --- Claw-R1 /generate ----------------------------------------------------------------------------
