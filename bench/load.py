@@ -5,7 +5,7 @@
 Workload (issue [8/9]): 64 concurrent black-box agents, each one the official ``openai``
 SDK (AsyncOpenAI), run multi-turn conversations (``--turns`` calls per trajectory, each call
 with the whole history, every other agent streaming) through the gateway's scoped URL
-``/t/<trajectory>/<group>/v1`` against the demo upstream (gateway/demo/upstream.py) with
+``/t/<trajectory>/<group>/v1`` against the demo upstream (claw_site/demo/upstream.py) with
 ``--latency-ms`` added to every upstream request. The gateway is ``manage.py serve`` with
 ``--workers`` uvicorn processes on the database named by DATABASE_URL (a fresh PostgreSQL
 database, created and migrated for the run) or SQLite.

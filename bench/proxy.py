@@ -5,7 +5,7 @@
 Workload: OpenAI-style chat completions (a system and a user message, ~2.4k prompt tokens
 with the demo's byte-level toy tokenizer, 12-40 answer tokens), each request with a distinct
 prompt and no trajectory header, so every call through the gateway opens a trajectory and
-records one step with the upstream's exact ids. The demo upstream (gateway/demo/upstream.py)
+records one step with the upstream's exact ids. The demo upstream (claw_site/demo/upstream.py)
 runs with zero latency; the gateway is one uvicorn process on the database named by
 DATABASE_URL (a fresh PostgreSQL database is created and migrated for the run), or SQLite
 when it is unset.
@@ -333,7 +333,15 @@ def start_upstream(latency_ms: float = 0.0) -> tuple[str, subprocess.Popen]:
     """The demo upstream (``latency_ms`` added to every answer); returns once it answers."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.demo.upstream", "--port", str(port), "--latency-ms", str(latency_ms)],
+        [
+            sys.executable,
+            "-m",
+            "claw_site.demo.upstream",
+            "--port",
+            str(port),
+            "--latency-ms",
+            str(latency_ms),
+        ],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -28,7 +28,7 @@ from httpx_sse import EventSource
 
 from bench.proxy import make_bodies
 from claw_kit.llm.sse import sse_data
-from gateway.demo.upstream import create_app
+from claw_site.demo.upstream import create_app
 from tests.gateway.test_stream import SPEC_CASES
 
 Parser = Callable[[httpx.Response], AsyncIterator[bytes]]

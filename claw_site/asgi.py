@@ -15,9 +15,9 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from claw_kit.web.body_limit import BodyLimitMiddleware  # noqa: E402
 from claw_site.requestlog import RequestLogMiddleware  # noqa: E402
 from curation.routing import websocket_urlpatterns  # noqa: E402
-from gateway.body_limit import BodyLimitMiddleware  # noqa: E402
 from gateway.proxy.asgi import with_gateway  # noqa: E402
 
 application = ProtocolTypeRouter(

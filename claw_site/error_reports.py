@@ -1,12 +1,12 @@
 """Django error reports (the DEBUG 500 page, the mails of AdminEmailHandler) with the secrets
-of gateway and capability URL paths masked (see claw_site/redaction.py)."""
+of gateway and capability URL paths masked (see claw_kit/redaction.py)."""
 
 from __future__ import annotations
 
 from django.utils.safestring import SafeString, mark_safe
 from django.views.debug import ExceptionReporter
 
-from .redaction import redact
+from claw_kit.redaction import redact
 
 
 class RedactingExceptionReporter(ExceptionReporter):

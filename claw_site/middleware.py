@@ -12,6 +12,8 @@ from django.db import InterfaceError, OperationalError
 from django.http import JsonResponse
 from django.utils.deprecation import MiddlewareMixin
 
+from claw_kit.web.errors import error_body
+
 RETRY_AFTER_SECONDS = 5
 
 
@@ -19,8 +21,6 @@ class DatabaseUnavailableMiddleware(MiddlewareMixin):
     def process_exception(self, request, exception):
         if not isinstance(exception, OperationalError | InterfaceError):
             return None
-        from gateway.errors import error_body  # DRF's settings import the middleware's module
-
         response = JsonResponse(
             error_body(
                 503,

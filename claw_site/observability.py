@@ -1,6 +1,6 @@
 """Reads behind /readyz and /metrics: the dependencies' health, and the pool's state as
 Prometheus metric families (read at scrape time, so every process agrees; see
-claw_site/metrics.py).
+claw_kit/metrics.py).
 
 Cost per scrape: a handful of aggregate queries (GROUP BY over steps by source and token
 source is the largest: a sequential scan of steps; scrape every 30-60 s, not every second).
@@ -17,10 +17,9 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
 from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
 
+from claw_kit.redis_conn import redis_client
 from curation.models import Lease, Snapshot
 from pool.models import MergeResult, Step, Trajectory
-
-from .redis_conn import redis_client
 
 
 def dependencies_check() -> dict[str, str]:

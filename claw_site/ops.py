@@ -9,12 +9,12 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
 
-from gateway.auth import bearer_token
-from gateway.errors import error_body
+from claw_kit import metrics
+from claw_kit.web.errors import error_body
+from pool.access.auth import bearer_token
 from pool.models import Scope
 from pool.services.api_keys import api_key_verify
 
-from . import metrics
 from .observability import dependencies_check, pool_metric_families
 
 # What a load balancer should wait before probing again after a 503.

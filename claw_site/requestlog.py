@@ -23,10 +23,9 @@ import time
 import uuid
 from typing import Any
 
+from claw_kit import metrics
+from claw_kit.redaction import redact
 from gateway.proxy.asgi import GATEWAY_PREFIXES
-
-from . import metrics
-from .redaction import redact
 
 log = logging.getLogger("claw.request")
 

@@ -15,7 +15,7 @@ from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from gateway.auth import ConsumeScope, ReadScope, ScopePermission, key_id_of, user_id_of
+from pool.access.auth import ConsumeScope, ReadScope, ScopePermission, key_id_of, user_id_of
 from pool.errors import Conflict, InvalidInput, NotFound
 from pool.models import Scope
 from pool.selectors.steps import step_ids_by_uid

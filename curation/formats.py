@@ -2,7 +2,7 @@
 
 Each public function takes the rendered step rows of one batch (``pool.selectors.steps_render``
 with ``mask`` and ``staleness`` added, in batch order) and returns the JSON-able ``batch``
-dict. Token and float arrays are numpy, which ``gateway.renderers.dumps`` (orjson) writes
+dict. Token and float arrays are numpy, which ``claw_kit.web.renderers.dumps`` (orjson) writes
 without a Python object per element. Per-row metadata lists are in row order in every format.
 
 Every format serves a step's *effective* reward (pool/services/effective_reward.py: its own,

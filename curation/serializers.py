@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from gateway.serializers import StrictSerializer, struct_serializer
+from claw_kit.web.serializers import StrictSerializer, struct_serializer
 from pool.models import Step
 
 from .specs import Filters, Grouping, Serving

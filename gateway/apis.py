@@ -15,6 +15,7 @@ from rest_framework import generics, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from pool.access.auth import IngestScope, PolicyWriteScope, ReadScope, key_id_of, source_id_of, user_id_of
 from pool.errors import InvalidInput
 from pool.selectors.events import (
     event_render,
@@ -52,7 +53,6 @@ from pool.services.groups import group_upsert
 from pool.services.merge import group_merge_ensure, merge_tree_render
 
 from . import serializers as s
-from .auth import IngestScope, PolicyWriteScope, ReadScope, key_id_of, source_id_of, user_id_of
 from .filters import EventFilter, FeedbackFilter, GroupFilter, StepFilter, TrajectoryFilter
 from .parsers import StepBatchMsgpackParser, StepBatchParser
 

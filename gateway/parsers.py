@@ -1,71 +1,27 @@
-"""DRF request parsers over the gateway's one body reader (gateway/body.py)."""
+"""The step batch parsers of POST /api/v1/steps: the body decoded and validated in one pass
+(gateway/validation.py), over the site's body reader (claw_kit/web/parsers.py)."""
 
 from __future__ import annotations
 
-from rest_framework import status
-from rest_framework.exceptions import APIException, ParseError
-from rest_framework.parsers import BaseParser
+from claw_kit.web.parsers import LimitedBodyParser
 
-from . import body
+from .validation import parse_step_batch_json, parse_step_batch_msgpack
 
 
-class PayloadTooLarge(APIException):
-    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
-    default_detail = "request body too large"
-    default_code = "payload_too_large"
-
-
-def _drf(exc: body.BodyError) -> APIException:
-    return PayloadTooLarge(exc.message) if exc.status == 413 else ParseError(exc.message)
-
-
-class _LimitedBodyParser(BaseParser):
-    """Reads the whole body within CLAW_MAX_BODY_BYTES and hands it to ``decode``."""
-
-    def decode(self, data: bytes):
-        raise NotImplementedError
-
-    def parse(self, stream, media_type=None, parser_context=None):
-        request = (parser_context or {}).get("request")
-        length = None
-        if request is not None:
-            try:
-                length = int(request.META.get("CONTENT_LENGTH") or 0) or None
-            except ValueError:
-                length = None
-        try:
-            return self.decode(body.read_limited(stream, length))
-        except body.BodyError as exc:
-            raise _drf(exc) from None
-
-
-class FastJSONParser(_LimitedBodyParser):
-    media_type = "application/json"
-
-    def decode(self, data: bytes):
-        if not data:
-            raise ParseError("empty body; expected JSON")
-        return body.loads(data)
-
-
-class StepBatchParser(_LimitedBodyParser):
+class StepBatchParser(LimitedBodyParser):
     """application/json -> list[StepIn], decoded and validated in one pass
     (gateway.validation.parse_step_batch_json)."""
 
     media_type = "application/json"
 
     def decode(self, data: bytes):
-        from .validation import parse_step_batch_json
-
         return parse_step_batch_json(data)
 
 
-class StepBatchMsgpackParser(_LimitedBodyParser):
+class StepBatchMsgpackParser(LimitedBodyParser):
     """application/msgpack -> list[StepIn]; token arrays may be packed int32 bins."""
 
     media_type = "application/msgpack"
 
     def decode(self, data: bytes):
-        from .validation import parse_step_batch_msgpack
-
         return parse_step_batch_msgpack(data)

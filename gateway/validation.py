@@ -19,11 +19,10 @@ from typing import Any
 import msgspec
 from rest_framework.exceptions import ParseError
 
+from claw_kit.web import body
 from pool.errors import InvalidInput
 from pool.ingest import StepIn
 from pool.ingest.contract import PackedStepBatchWire, StepBatchWire, steps_from_wire
-
-from . import body
 
 _decoder = msgspec.json.Decoder(StepBatchWire)
 _msgpack_decoder = msgspec.msgpack.Decoder(PackedStepBatchWire)

@@ -2,6 +2,7 @@
 audit, feedback, merge results and capability tokens."""
 
 from django.contrib import admin
+from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
@@ -18,6 +19,9 @@ from .models import (
     Source,
     TrajectoryCapability,
 )
+from .rewards.base import RewardError
+from .rewards.registry import load
+from .services import api_key_revoke
 
 
 @admin.register(Source)
@@ -35,8 +39,6 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke selected API keys")
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
-        from .services import api_key_revoke
-
         for prefix in queryset.values_list("prefix", flat=True):
             api_key_revoke(prefix=prefix, actor=f"user:{request.user.get_username()}")
         self.message_user(request, f"revoked {queryset.count()} key(s)")
@@ -204,11 +206,6 @@ class RewardFunctionAdmin(admin.ModelAdmin):
         form = super().get_form(request, obj, change=change, **kwargs)
 
         def clean_path(self) -> str:
-            from django.core.exceptions import ValidationError
-
-            from .rewards.base import RewardError
-            from .rewards.registry import load
-
             path = self.cleaned_data["path"]
             try:
                 load(path)

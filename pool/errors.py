@@ -1,18 +1,16 @@
-"""Domain errors raised by pool services. The API layer maps them to HTTP (gateway/errors.py)."""
+"""Domain errors raised by pool services. The API layer maps them to HTTP: they are
+ClientErrors (claw_kit/web/errors.py), which every door answers in its error shape."""
 
 from __future__ import annotations
 
+from claw_kit.web.errors import ClientError
 
-class PoolError(Exception):
+
+class PoolError(ClientError):
     """Base class. ``field`` names the offending input (e.g. ``steps[3].step_index``)."""
 
     status_code = 400
     code = "invalid"
-
-    def __init__(self, message: str, *, field: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.field = field
 
 
 class InvalidInput(PoolError):

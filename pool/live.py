@@ -30,24 +30,22 @@ import os
 import threading
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Sum
 
 from .events import LiveEvent, MergeItem, StepItem, TrajectoryItem
+from .ingest.effects import (
+    FeedbackRecorded,
+    GroupsReady,
+    MergeDone,
+    RewardsSet,
+    StepsWritten,
+    TrajectoriesEnded,
+)
 from .models import PromptGroup, Source, Trajectory
-
-if TYPE_CHECKING:
-    from .ingest.effects import (
-        FeedbackRecorded,
-        GroupsReady,
-        MergeDone,
-        RewardsSet,
-        StepsWritten,
-        TrajectoriesEnded,
-    )
 
 log = logging.getLogger(__name__)
 

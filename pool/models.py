@@ -158,7 +158,7 @@ class Trajectory(models.Model):
     reward_source = models.CharField(max_length=8, null=True, blank=True)  # noqa: DJ001
     # Next free step_index. Only ever raised: by the claim of a proxied call (step_count + n,
     # under the row lock) and by the batch effects (the max of stored and written), both in
-    # pool/ingest/backends.py, so concurrent writers never lose or reuse an index.
+    # pool/sql.py, so concurrent writers never lose or reuse an index.
     step_count = models.PositiveIntegerField(default=0)
     # First step_index of the latest append: the steps one call wrote together (the n choices
     # of one prompt). The gateway checks a next call's continuity (drift) against them, so

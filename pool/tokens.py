@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 from django.db import connection
 
+from .models import Step
+
 TOKEN_DTYPE = np.dtype("<i4")
 LOGPROB_DTYPE = np.dtype("<f8")
 TOKEN_BYTES = TOKEN_DTYPE.itemsize
@@ -103,8 +105,6 @@ def load_sequences(step_ids: Iterable[int]) -> dict[int, bytes]:
 
 
 def _fetch_chains(ids: list[int]) -> dict[int, tuple[int | None, int, bytes]]:
-    from .models import Step
-
     table = connection.ops.quote_name(Step._meta.db_table)
     placeholders = ",".join(["%s"] * len(ids))
     sql = f"""

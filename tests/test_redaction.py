@@ -1,4 +1,4 @@
-"""Secrets in URL paths (claw_site/redaction.py, claw_site/error_reports.py): what is masked,
+"""Secrets in URL paths (claw_kit/redaction.py, claw_site/error_reports.py): what is masked,
 that log records keep the shape their formatters expect, that every configured handler and
 the `serve` command's uvicorn use the filter, and that Django's error reports are masked.
 The live end-to-end check (a server's real log) is in tests/gateway/test_capability_urls.py."""
@@ -15,8 +15,8 @@ from django.core.management import call_command
 from django.test import RequestFactory
 from django.utils.module_loading import import_string
 
+from claw_kit.redaction import RedactSecrets, redact
 from claw_site.error_reports import RedactingExceptionReporter
-from claw_site.redaction import RedactSecrets, redact
 
 KEY = "claw_0123456789ab_S3cr3t-KEY_value"
 TOKEN = "Tok3n_abcdefghijklmnopqrstuvwxyz012"

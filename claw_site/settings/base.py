@@ -73,6 +73,7 @@ INSTALLED_APPS = [
     "pool",
     "gateway",
     "curation",
+    "claw_site",  # the composition root: its `serve` command
 ]
 
 # Every middleware here is async-capable, so async gateway views never hop to a thread.
@@ -207,7 +208,7 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 # Periodic work: celery beat runs this schedule when there is a broker (REDIS_URL); in
 # embedded mode `serve` runs exactly the same entries itself, each task by name at its
-# interval (gateway/management/commands/serve.py, beat_schedule). The readiness sweep catches
+# interval (claw_site/management/commands/serve.py, beat_schedule). The readiness sweep catches
 # what an effect missed and abandons idle trajectories, so no group waits forever; leases
 # expire; the outbox relay sends the tasks a process could not publish.
 CLAW_SWEEP_SECONDS = env_float("CLAW_SWEEP_SECONDS", 60.0)
@@ -219,7 +220,7 @@ CELERY_BEAT_SCHEDULE = {
 # A process whose broker refused a task retries its outbox after this, doubling to 8x.
 CLAW_OUTBOX_RETRY_SECONDS = env_float("CLAW_OUTBOX_RETRY_SECONDS", 2.0)
 
-# --- serve (gateway/management/commands/serve.py) --------------------------------------------
+# --- serve (claw_site/management/commands/serve.py) --------------------------------------------
 # Where `manage.py serve` listens (its --host, --port and --workers default to these), the
 # demo upstream's port (0: PORT + 1) and the demo agents' pace, and uvicorn's log level.
 CLAW_SERVE_HOST = os.environ.get("HOST", "").strip() or "127.0.0.1"
@@ -261,20 +262,20 @@ STORAGES = {
 # --- REST API -------------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "gateway.auth.ApiKeyAuthentication",
+        "pool.access.auth.ApiKeyAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["gateway.auth.ReadScope"],
-    "DEFAULT_PARSER_CLASSES": ["gateway.parsers.FastJSONParser"],
+    "DEFAULT_PERMISSION_CLASSES": ["pool.access.auth.ReadScope"],
+    "DEFAULT_PARSER_CLASSES": ["claw_kit.web.parsers.FastJSONParser"],
     "DEFAULT_RENDERER_CLASSES": [
-        "gateway.renderers.FastJSONRenderer",
+        "claw_kit.web.renderers.FastJSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",
     ],
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
-    "DEFAULT_PAGINATION_CLASS": "gateway.pagination.IdCursorPagination",
+    "DEFAULT_PAGINATION_CLASS": "claw_kit.web.pagination.IdCursorPagination",
     "PAGE_SIZE": 100,
-    "EXCEPTION_HANDLER": "gateway.exception_handler.api_exception_handler",
-    "DEFAULT_THROTTLE_CLASSES": ["gateway.throttling.ApiKeyRateThrottle"],
+    "EXCEPTION_HANDLER": "claw_kit.web.exception_handler.api_exception_handler",
+    "DEFAULT_THROTTLE_CLASSES": ["pool.access.throttling.ApiKeyRateThrottle"],
     # OPTIONS answers 405: DRF's metadata introspects a serializer that not every view has
     # (a 500 there), and no client needs it (no cross-origin callers).
     "DEFAULT_METADATA_CLASS": None,
@@ -308,7 +309,7 @@ SPECTACULAR_SETTINGS = {
 CLAW_MAX_TOKENS_PER_STEP = env_int("CLAW_MAX_TOKENS_PER_STEP", 262_144)
 CLAW_MAX_STEPS_PER_BATCH = env_int("CLAW_MAX_STEPS_PER_BATCH", 1_000)
 CLAW_MAX_BODY_BYTES = env_int("CLAW_MAX_BODY_BYTES", 256 * 1024 * 1024)
-# Per-API-key token bucket on the REST API (gateway/throttling.py): sustained requests per
+# Per-API-key token bucket on the REST API (pool/access/throttling.py): sustained requests per
 # second and burst size; 0 turns limits off. In Redis when REDIS_URL is set, else per process.
 CLAW_RATE_LIMIT_PER_SECOND = env_float("CLAW_RATE_LIMIT_PER_SECOND", 50.0)
 CLAW_RATE_LIMIT_BURST = env_int("CLAW_RATE_LIMIT_BURST", 500)
@@ -382,7 +383,7 @@ CLAW_GENERATE_MAX_TOKENS = env_int("CLAW_GENERATE_MAX_TOKENS", 0)
 
 # --- Logging --------------------------------------------------------------------------------
 # Every handler masks the secret of gateway and capability URL paths (/k/<api key>,
-# /c/<token>: claw_site/redaction.py). Django's and uvicorn's loggers are routed through these
+# /c/<token>: claw_kit/redaction.py). Django's and uvicorn's loggers are routed through these
 # handlers, replacing the ones they bring, which would print paths unmasked; levels of the
 # uvicorn loggers are left to uvicorn (--log-level, CLAW_UVICORN_LOG_LEVEL for `serve`, which
 # hands this same configuration to uvicorn).
@@ -397,14 +398,14 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "filters": {
-        "redact_secrets": {"()": "claw_site.redaction.RedactSecrets"},
+        "redact_secrets": {"()": "claw_kit.redaction.RedactSecrets"},
         "require_debug_false": {"()": "django.utils.log.RequireDebugFalse"},
     },
     "formatters": {
         "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
-        # One JSON object per line (claw_site/jsonlog.py): time, level, logger, message, and for
+        # One JSON object per line (claw_kit/jsonlog.py): time, level, logger, message, and for
         # requests request_id, method, path, status, duration_ms.
-        "json": {"()": "claw_site.jsonlog.JsonFormatter"},
+        "json": {"()": "claw_kit.jsonlog.JsonFormatter"},
     },
     "handlers": {
         "console": {

@@ -90,8 +90,6 @@ class TagFilter(admin.SimpleListFilter):
     parameter_name = "tag"
 
     def lookups(self, request, model_admin):
-        from curation.models import StepTag  # curation depends on pool, not the reverse
-
         tags = StepTag.objects.values_list("tag", flat=True).distinct().order_by("tag")[:MAX_TAG_CHOICES]
         return [("__none__", "untagged"), *((t, t) for t in tags)]
 

@@ -23,9 +23,9 @@ from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from gateway.renderers import dumps
+from claw_kit.web.renderers import dumps
+from pool import sql
 from pool.errors import Conflict, InvalidInput, NotFound
-from pool.ingest import backends
 from pool.ingest.effects import emit
 from pool.models import PolicyVersion, PromptGroup, Step, Trajectory
 from pool.selectors.steps import branch_ends, steps_render
@@ -383,10 +383,10 @@ def _drop_over_capacity(c: Compiled, ds: Dataset, who: Consumer, drops: _Drops, 
 
 def _insert(who: Consumer, ds: Dataset, lease: Lease, units: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Claim units with Delivery rows; returns those this call won (the others belong to
-    a concurrent pull of the same consumer). One statement (backends.rows_insert_new)."""
+    a concurrent pull of the same consumer). One statement (sql.rows_insert_new)."""
     now = timezone.now()
     rows = [
-        backends.new_instance(
+        sql.new_instance(
             Delivery,
             {
                 "consumer_id": who.id,
@@ -401,7 +401,7 @@ def _insert(who: Consumer, ds: Dataset, lease: Lease, units: list[tuple[int, int
     ]
     won = {
         (int(k), int(v))
-        for k, v in backends.rows_insert_new(
+        for k, v in sql.rows_insert_new(
             rows, conflict=("consumer_id", "dataset_id", "kind", "key"), returning=("kind", "key")
         )
     }

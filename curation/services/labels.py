@@ -6,8 +6,8 @@ from collections.abc import Iterable, Sequence
 
 from django.db import transaction
 
+from pool import sql
 from pool.errors import InvalidInput
-from pool.ingest import backends
 from pool.models import Step
 from pool.services.labels import steps_label_set, steps_note_set
 
@@ -86,8 +86,8 @@ def steps_label(
             steps_note_set(step_ids=note_to, note=note)  # type: ignore[arg-type]
         if remove:
             StepTag.objects.filter(step_id__in=chunk, tag__in=remove).delete()
-        backends.rows_insert(new_tags)
-        backends.rows_insert(events)
+        sql.rows_insert(new_tags)
+        sql.rows_insert(events)
         changed += len(events)
     return changed
 

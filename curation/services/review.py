@@ -22,6 +22,7 @@ from pool.services import RewardIn, feedback_create, rewards_apply
 
 from ..models import ReviewClaim, ReviewQueue
 from ..selectors.review import review_candidates
+from ..specs import spec_dump, spec_parse
 
 DEFAULT_QUEUE = "default"
 # Candidates tried per claim before giving up (each miss means another reviewer took that
@@ -60,8 +61,6 @@ def review_queue_create(
     description: str = "",
 ) -> ReviewQueue:
     """Create a queue over a dataset or a filter spec. Not idempotent (a name is unique)."""
-    from ..specs import spec_dump, spec_parse
-
     if not name or len(name) > 64:
         raise InvalidInput("name must be 1-64 characters", field="name")
     if not rating_min < rating_max:

@@ -51,6 +51,8 @@ from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from claw_kit.llm import upstream
+from claw_kit.web.body import json_object
+from claw_kit.web.errors import HttpError
 from pool.errors import PoolError
 from pool.ingest import rules
 from pool.rewards import RewardSample
@@ -66,11 +68,9 @@ from pool.services.reward_compute import (
     sample_score,
 )
 
-from ..body import json_object
 from ..proxy import runner
 from ..proxy.db import run_db
 from ..proxy.envelope import Call, receive
-from ..proxy.errors import ProxyError
 from ..proxy.faults import fault_event, upstream_fault
 from ..proxy.recording import COMPLETIONS
 from ..validation import parse_step_batch
@@ -131,7 +131,7 @@ async def init_trajectory(request: HttpRequest, key: VerifiedKey) -> HttpRespons
     if prompt_uid is not None and (
         not isinstance(prompt_uid, str) or not 0 < len(prompt_uid) <= rules.MAX_UID_LEN or "/" in prompt_uid
     ):
-        raise ProxyError(
+        raise HttpError(
             400,
             f"prompt_uid must be a string of 1 to {rules.MAX_UID_LEN} characters without '/'",
             param="prompt_uid",
@@ -157,7 +157,7 @@ async def register_trajectory(
     body = _body(request)
     traj = trajectory_uid or body.get("trajectory_uid")
     if not isinstance(traj, str) or not traj:
-        raise ProxyError(400, "trajectory_uid is required", param="trajectory_uid")
+        raise HttpError(400, "trajectory_uid is required", param="trajectory_uid")
     await run_db(
         trajectory_register,
         uid=traj,
@@ -177,7 +177,7 @@ async def complete_trajectory(
     body = _body(request)
     reward = body.get("reward")
     if reward is not None and (isinstance(reward, bool) or not isinstance(reward, int | float)):
-        raise ProxyError(400, "reward must be a number", param="reward")
+        raise HttpError(400, "reward must be a number", param="reward")
     await run_db(
         trajectory_complete,
         uid=trajectory_uid,
@@ -199,7 +199,7 @@ async def submit_steps(request: HttpRequest, key: VerifiedKey) -> HttpResponse:
     channel = request.GET.get("channel", "train")
     raw = body.get("steps")
     if not isinstance(raw, list):
-        raise ProxyError(400, "steps must be an array of step objects", param="steps")
+        raise HttpError(400, "steps must be an array of step objects", param="steps")
     try:
         batch = parse_step_batch({"steps": [_our_step(s, i) for i, s in enumerate(raw)]})
         await run_db(_ingest, batch, key.source_id, channel)
@@ -233,7 +233,7 @@ async def generate(request: HttpRequest, key: VerifiedKey) -> HttpResponse:
         detail = upstream.scrub(resp.text[:1000])
         await fault_event(resp.status_code, "http_error", detail, "generate", None, key)
         status = resp.status_code if resp.status_code < 500 else 502
-        raise ProxyError(status, f"the upstream answered {resp.status_code}: {detail}", code="upstream_error")
+        raise HttpError(status, f"the upstream answered {resp.status_code}: {detail}", code="upstream_error")
     token_ids, log_probs, stop_reason, text = _generated(resp.content)
     if text is not None:
         try:
@@ -257,19 +257,19 @@ async def compute_reward(request: HttpRequest, key: VerifiedKey) -> HttpResponse
     response_ids = _token_ids(body.get("response_ids"), "response_ids", empty_ok=True)
     num_turns = body.get("num_turns", 2)
     if isinstance(num_turns, bool) or not isinstance(num_turns, int) or num_turns < 0:
-        raise ProxyError(400, "num_turns must be a non-negative integer", param="num_turns")
+        raise HttpError(400, "num_turns must be a non-negative integer", param="num_turns")
     extra = _object(body, "extra_fields")
     dataset = _object(body, "dataset_fields")
     data_source = dataset.get("data_source")
     if not isinstance(data_source, str) or not data_source:
-        raise ProxyError(
+        raise HttpError(
             400,
             "dataset_fields.data_source must name the sample's data source",
             param="dataset_fields.data_source",
         )
     text = await run_db(response_text_lookup, source_id=key.source_id, response_ids=response_ids)
     if text is None:
-        raise ProxyError(
+        raise HttpError(
             422,
             "response text unknown: these ids were not generated through /generate by this key's "
             "source, and no CLAW_TOKENIZER is configured to decode them",
@@ -296,13 +296,13 @@ def _sampling(params: Any) -> dict[str, Any]:
     if params is None:
         params = {}
     if not isinstance(params, dict):
-        raise ProxyError(400, "sampling_params must be a JSON object", param="sampling_params")
+        raise HttpError(400, "sampling_params must be a JSON object", param="sampling_params")
     out: dict[str, Any] = {"return_token_ids": True, "skip_special_tokens": False}
     max_tokens = params.get("max_tokens")
     if max_tokens is None:
         max_tokens = settings.CLAW_GENERATE_MAX_TOKENS or None
     elif isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ProxyError(400, "must be a positive integer", param="sampling_params.max_tokens")
+        raise HttpError(400, "must be a positive integer", param="sampling_params.max_tokens")
     if max_tokens is not None:
         out["max_tokens"] = max_tokens
     for name in ("temperature", "top_p", "repetition_penalty"):
@@ -310,14 +310,14 @@ def _sampling(params: Any) -> dict[str, Any]:
         if value is None:
             value = 1.0
         elif isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-            raise ProxyError(400, "must be a non-negative number", param=f"sampling_params.{name}")
+            raise HttpError(400, "must be a non-negative number", param=f"sampling_params.{name}")
         out[name] = value
     if params.get("logprobs"):
         out["logprobs"] = 1
     model = params.get("model")
     if model is not None:
         if not isinstance(model, str):
-            raise ProxyError(400, "must be a string", param="sampling_params.model")
+            raise HttpError(400, "must be a string", param="sampling_params.model")
         out["model"] = model
     return out
 
@@ -328,12 +328,12 @@ def _generated(raw: bytes) -> tuple[list[int], list[float] | None, str | None, s
         answer = orjson.loads(raw)
         choice = answer["choices"][0]
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
-        raise ProxyError(502, "the upstream's answer is not a completion", code="invalid_answer") from None
+        raise HttpError(502, "the upstream's answer is not a completion", code="invalid_answer") from None
     if not isinstance(choice, dict):
-        raise ProxyError(502, "the upstream's answer is not a completion", code="invalid_answer")
+        raise HttpError(502, "the upstream's answer is not a completion", code="invalid_answer")
     ids = choice.get("token_ids")
     if not isinstance(ids, list) or not all(type(i) is int for i in ids):
-        raise ProxyError(
+        raise HttpError(
             502,
             "the upstream returned no token ids; /generate needs an upstream that honours "
             "return_token_ids (vLLM >= 0.10.2, SGLang)",
@@ -352,11 +352,11 @@ def _generated(raw: bytes) -> tuple[list[int], list[float] | None, str | None, s
 
 def _token_ids(value: Any, name: str, *, empty_ok: bool) -> list[int]:
     if not isinstance(value, list) or not all(type(i) is int and 0 <= i <= rules.INT32_MAX for i in value):
-        raise ProxyError(400, f"{name} must be an array of token ids (integers in [0, 2**31))", param=name)
+        raise HttpError(400, f"{name} must be an array of token ids (integers in [0, 2**31))", param=name)
     if not value and not empty_ok:
-        raise ProxyError(400, f"{name} must not be empty", param=name)
+        raise HttpError(400, f"{name} must not be empty", param=name)
     if len(value) > settings.CLAW_MAX_TOKENS_PER_STEP:
-        raise ProxyError(
+        raise HttpError(
             400, f"{name} has more than {settings.CLAW_MAX_TOKENS_PER_STEP} token ids", param=name
         )
     return value
@@ -367,7 +367,7 @@ def _object(body: dict[str, Any], name: str) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ProxyError(400, f"{name} must be a JSON object", param=name)
+        raise HttpError(400, f"{name} must be a JSON object", param=name)
     return value
 
 
@@ -434,7 +434,7 @@ def _body(request: HttpRequest) -> dict[str, Any]:
 def _metadata(body: dict[str, Any]) -> dict[str, Any] | None:
     meta = body.get("metadata")
     if meta is not None and not isinstance(meta, dict):
-        raise ProxyError(400, "metadata must be a JSON object", param="metadata")
+        raise HttpError(400, "metadata must be a JSON object", param="metadata")
     return meta
 
 

@@ -14,13 +14,14 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 
+from claw_kit.web.body import check_length, json_object
+from claw_kit.web.errors import HttpError, error_response
 from pool.errors import PoolError
 from pool.ingest import rules
 from pool.services.api_keys import VerifiedKey
 
-from ..body import check_length, json_object
 from .access import authorise
-from .errors import DoorInputError, ProxyError, error_response
+from .errors import DoorInputError
 from .recording import Identity
 
 TRAJECTORY_HEADER = "X-Claw-Trajectory"
@@ -65,7 +66,7 @@ async def receive(
     ident: Identity | None = None
     try:
         if request.method != "POST":
-            raise ProxyError(405, f"method {request.method} not allowed; use POST", code="method_not_allowed")
+            raise HttpError(405, f"method {request.method} not allowed; use POST", code="method_not_allowed")
         if identity:
             ident = call_identity(request, path_trajectory, path_group)
             traj: str | None = ident.trajectory_uid
@@ -77,7 +78,7 @@ async def receive(
         ident = call.ident
     except DoorInputError as e:
         response = errors(e.status, e.message, code="invalid_request", param=e.param)
-    except ProxyError as e:
+    except HttpError as e:
         response = errors(e.status, e.message, code=e.code, param=e.param)
     except PoolError as e:
         response = errors(e.status_code, e.message, code=e.code, param=e.field)
@@ -98,7 +99,7 @@ def call_identity(request: HttpRequest, path_trajectory: str | None, path_group:
         group = None
     for name, value in (("trajectory", traj), ("prompt group", group)):
         if value is not None and (not value.strip() or len(value) > rules.MAX_UID_LEN):
-            raise ProxyError(
+            raise HttpError(
                 400, f"the {name} uid must be 1 to {rules.MAX_UID_LEN} characters", code="invalid_uid"
             )
     version = meta.get("HTTP_X_CLAW_POLICY_VERSION")
@@ -109,7 +110,7 @@ def call_identity(request: HttpRequest, path_trajectory: str | None, path_group:
         except ValueError:
             policy_version = -1
         if not 0 <= policy_version < 2**63:
-            raise ProxyError(
+            raise HttpError(
                 400, "X-Claw-Policy-Version must be a non-negative integer", code="invalid_policy_version"
             )
     return Identity(trajectory_uid=traj, prompt_group_uid=group, policy_version=policy_version, new=new)

@@ -1,22 +1,6 @@
-"""OpenAI-shaped error responses of the gateway endpoints (see gateway/errors.py)."""
+"""Errors of the OpenAI-compatible doors beyond the shared ones (claw_kit/web/errors.py)."""
 
 from __future__ import annotations
-
-import orjson
-from django.http import HttpResponse
-
-from ..errors import error_body
-
-
-class ProxyError(Exception):
-    """Raised by gateway code to answer ``status`` with an OpenAI error body."""
-
-    def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
-        self.param = param
 
 
 class DoorInputError(Exception):
@@ -27,16 +11,3 @@ class DoorInputError(Exception):
         self.message = message
         self.param = param
         self.status = status
-
-
-def error_response(
-    status: int, message: str, *, code: str | None = None, param: str | None = None
-) -> HttpResponse:
-    """``{"error": {"type", "code", "message", "param"}}`` with ``status``."""
-    body = error_body(status, message, param=param, code=code)
-    if status >= 500:
-        body["error"]["type"] = "upstream_error" if status in (502, 504) else "api_error"
-    response = HttpResponse(orjson.dumps(body), status=status, content_type="application/json")
-    if status == 401:
-        response["WWW-Authenticate"] = 'Bearer realm="claw"'
-    return response

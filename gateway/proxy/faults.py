@@ -9,12 +9,12 @@ from typing import Any
 from django.db import DatabaseError
 
 from claw_kit.llm import upstream
+from claw_kit.web.errors import HttpError
 from pool.errors import PoolError
 from pool.services import gateway_event_record
 from pool.services.api_keys import VerifiedKey
 
 from .db import run_db
-from .errors import ProxyError
 from .recording import Identity, Outcome, record_answer
 
 log = logging.getLogger(__name__)
@@ -50,25 +50,25 @@ async def record(
         await fault_event(
             503, "database_error", type(e).__name__, endpoint, ident, key, event_type="record_failed"
         )
-        raise ProxyError(
+        raise HttpError(
             503, "the call could not be recorded (database error); retry", code="record_failed"
         ) from None
 
 
 async def upstream_fault(
     f: upstream.UpstreamFault, endpoint: str, ident: Identity | None, key: VerifiedKey
-) -> ProxyError:
+) -> HttpError:
     """An upstream that could not be reached or timed out: stored as an Event, returned as
-    the ProxyError to raise (``raise await upstream_fault(...) from None``)."""
+    the HttpError to raise (``raise await upstream_fault(...) from None``)."""
     await fault_event(f.status, f.kind, f.message, endpoint, ident, key)
-    return ProxyError(f.status, f.message, code=f.kind)
+    return HttpError(f.status, f.message, code=f.kind)
 
 
-async def invalid_answer(message: str, endpoint: str, ident: Identity | None, key: VerifiedKey) -> ProxyError:
+async def invalid_answer(message: str, endpoint: str, ident: Identity | None, key: VerifiedKey) -> HttpError:
     """An upstream answer that is not what was asked for (not a completion, not an event
     stream): a 502 ``invalid_answer``, stored as an Event."""
     await fault_event(502, "invalid_answer", message, endpoint, ident, key)
-    return ProxyError(502, message, code="invalid_answer")
+    return HttpError(502, message, code="invalid_answer")
 
 
 async def fault_event(

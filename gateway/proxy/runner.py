@@ -28,12 +28,12 @@ from django.http.response import HttpResponseBase
 
 from claw_kit.llm import upstream
 from claw_kit.llm.sse import StreamAccumulator, sse_data
+from claw_kit.web.errors import HttpError
 from pool.errors import PoolError
 from pool.services.api_keys import VerifiedKey
 
 from . import fields
 from .envelope import Call, ErrorShape, receive
-from .errors import ProxyError
 from .faults import fault_event, invalid_answer, record, upstream_fault
 from .recording import CHAT, COMPLETIONS, Identity
 
@@ -88,7 +88,7 @@ class Door(Protocol):
 
     async def upstream_error(
         self, status: int, raw: bytes, ident: Identity, key: VerifiedKey
-    ) -> HttpResponse: ...  # returns the answer or raises ProxyError
+    ) -> HttpResponse: ...  # returns the answer or raises HttpError
 
     def writer(self, prepared: Prepared) -> Writer: ...
 
@@ -313,7 +313,7 @@ async def _relay(
     recorded, extra = sender.recorded(prepared, answer)
     try:
         await record(sender.endpoint, ident, key, prepared.chat, recorded, extra)
-    except (PoolError, ProxyError) as e:
+    except (PoolError, HttpError) as e:
         status = e.status_code if isinstance(e, PoolError) else e.status
         yield writer.fail(status, e.message, "record_failed")
         return

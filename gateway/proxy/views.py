@@ -28,12 +28,12 @@ from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from claw_kit.llm import upstream
-from claw_site.redaction import redact
+from claw_kit.redaction import redact
+from claw_kit.web.errors import HttpError, error_response
 
 from . import envelope
 from .access import authorise
 from .doors.chat import CHAT_DOOR, COMPLETIONS_DOOR, passthrough_error
-from .errors import ProxyError, error_response
 from .faults import fault_event
 from .runner import serve
 
@@ -82,7 +82,7 @@ async def models(
         return error_response(405, f"method {request.method} not allowed; use GET", code="method_not_allowed")
     try:
         key = await authorise(request, api_key=api_key, capability=capability, trajectory_uid=trajectory_uid)
-    except ProxyError as e:
+    except HttpError as e:
         return error_response(e.status, e.message, code=e.code, param=e.param)
     try:
         resp = await upstream.request(
@@ -102,5 +102,5 @@ async def models(
 @csrf_exempt
 async def unknown_endpoint(request: HttpRequest, **kwargs: str) -> HttpResponseBase:
     """Any other path under a gateway base URL (embeddings, audio...): not proxied. The
-    path is named with any key or token in it masked (claw_site/redaction.py)."""
+    path is named with any key or token in it masked (claw_kit/redaction.py)."""
     return error_response(404, f"the gateway does not serve {redact(request.path)}", code="unknown_endpoint")

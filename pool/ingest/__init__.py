@@ -4,9 +4,10 @@ contract.py   the step contract (wire struct, StepIn, derived field sets)
 rules.py      the rules a write must satisfy (limits, rewards, uids, channels, JSON)
 plan.py       hashes, parent choice for prefix deltas, Step rows
 claim.py      step_index reservation hints for appends
-backends.py   the write backends: every INSERT, COPY and UPDATE built as a string
 effects.py    what follows a write, and the registry other apps plug into
 pipeline.py   steps_ingest (batches) and steps_append (proxied calls)
+
+The statements themselves are pool/sql.py, the pool's SQL toolkit.
 """
 
 from .contract import StepIn

@@ -2,7 +2,7 @@
 
 An append takes the next ``n`` indexes of its trajectory. The database is the truth: the
 index is reserved by an UPDATE of ``step_count`` under the row lock (general path) or by a
-conditional UPDATE fused with the insert (fast path, pool/ingest/backends.py).
+conditional UPDATE fused with the insert (fast path, pool/sql.py).
 
 ``recent`` is a per-process hint: each trajectory's latest append (its end index and its
 steps' sequences), so the next call of a trajectory needs neither a lookup of the previous

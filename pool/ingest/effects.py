@@ -45,8 +45,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
+from .. import sql
 from ..models import PromptGroup
-from . import backends
 
 
 # --- event types ---------------------------------------------------------------------------------
@@ -242,7 +242,7 @@ def trajectory_counters(written: StepsWritten) -> None:
         if s.is_last:
             last.add(tid)
     tail.update(written.tails)  # an append's tail is its first index, not its last
-    backends.trajectories_after_write([(tid, n, tail[tid], tid in last) for tid, n in end.items()])
+    sql.trajectories_after_write([(tid, n, tail[tid], tid in last) for tid, n in end.items()])
 
 
 def group_anchors(written: StepsWritten) -> None:

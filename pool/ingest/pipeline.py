@@ -16,7 +16,7 @@ Stages:
   deltas, content hash;
 * **claim** (claim.py): step_index reservation for appends; the in-process hint of each
   trajectory's latest append is checked by the claim itself, never trusted blindly;
-* **write** (backends.py): binary COPY for batches and a fused claim+insert statement for a
+* **write** (pool/sql.py): binary COPY for batches and a fused claim+insert statement for a
   proxied call on PostgreSQL, bulk_create elsewhere;
 * **effects** (effects.py): the effects registered for ``StepsWritten``, the pool's first
   (pool/apps.py: counters and status, anchors, rewards, readiness, group completion, the
@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from .. import tokens
+from .. import sql, tokens
 from ..errors import Conflict, InvalidInput
 from ..flags import Readiness
 from ..models import Channel, PolicyVersion, PromptGroup, Step, Trajectory
-from . import backends, effects, rules
-from .backends import TRAJ_COLS, FusedClaim
+from ..sql import TRAJ_COLS, FusedClaim
+from . import effects, rules
 from .claim import EMPTY, Tail, recent, tail_load
 from .contract import StepIn, default_uid
 from .effects import StepsWritten, WrittenStep, WrittenTrajectory
@@ -222,7 +222,7 @@ def _ingest(
         planned,
         trajectory_id_of=lambda s: trajs[s.trajectory_uid].id,
         source_id=source_id,
-        insert=backends.backend().insert_steps,
+        insert=sql.backend().insert_steps,
         readiness_of=_known_readiness(new_steps, trajs, groups),
     )
     effects.apply(
@@ -308,7 +308,7 @@ def steps_append(
 def _append_fused(
     target: AppendTarget, count: int, tail: Tail, build: Build, source_id: int | None
 ) -> list[StepIn] | None:
-    """The hot path: claim and insert in one statement (backends.Backend.append), trusting
+    """The hot path: claim and insert in one statement (sql.Backend.append), trusting
     the hint ``tail`` only as far as the claim proves it (step_count == tail.end). None when
     the claim missed: nothing was written, the general path runs."""
     if target.policy_version is not None and target.policy_version not in _known_versions:
@@ -339,7 +339,7 @@ def _append_fused(
     # One statement in autocommit when nothing follows it; inside a transaction when
     # registered effects must commit or roll back with the steps.
     with transaction.atomic() if effects.any_registered() else nullcontext():
-        got = backends.backend().append(claim, rows)
+        got = sql.backend().append(claim, rows)
         if got is None:
             return None
         traj_id, group_id = got.trajectory_id, got.group_id
@@ -372,7 +372,7 @@ def _append_general(target: AppendTarget, n: int, build: Build, source_id: int |
             policy_versions_ensure({target.policy_version})
             known = target.policy_version
             transaction.on_commit(lambda: _known_versions.add(known))
-        row = None if target.new else backends.trajectory_claim(target.trajectory_uid, n)
+        row = None if target.new else sql.trajectory_claim(target.trajectory_uid, n)
         groups = groups_ensure({target.prompt_group_uid} if target.prompt_group_uid else set())
         if row is None:
             trajectory_ensure(
@@ -387,7 +387,7 @@ def _append_general(target: AppendTarget, n: int, build: Build, source_id: int |
                 groups=groups,
                 source_id=source_id,
             )
-            row = backends.trajectory_claim(target.trajectory_uid, n)
+            row = sql.trajectory_claim(target.trajectory_uid, n)
         assert row is not None, "trajectory_ensure just made sure the row exists"
         traj = TrajectoryRow(*row)
         if traj.status != Trajectory.Status.RUNNING:
@@ -416,7 +416,7 @@ def _append_general(target: AppendTarget, n: int, build: Build, source_id: int |
                     planned,
                     trajectory_id_of=lambda s: traj.id,
                     source_id=source_id,
-                    insert=backends.backend().insert_steps,
+                    insert=sql.backend().insert_steps,
                 )
         except IntegrityError:
             raise Conflict(
@@ -482,7 +482,7 @@ _known_versions: set[int] = set()
 # --- context: trajectories, groups, policy versions ---------------------------------------------------
 @dataclass(slots=True)
 class TrajectoryRow:
-    """The trajectory columns the pipeline needs (backends.TRAJ_COLS), no model instance."""
+    """The trajectory columns the pipeline needs (sql.TRAJ_COLS), no model instance."""
 
     id: int
     uid: str
@@ -532,7 +532,7 @@ def trajectory_ensure(
     missing = sorted(first.keys() - found.keys())
     if missing:
         rows = [_trajectory_row(first[u], _group_id(groups, first[u].group_uid), source_id) for u in missing]
-        for r in backends.trajectories_insert(rows):
+        for r in sql.trajectories_insert(rows):
             found[r[1]] = inserted = TrajectoryRow(*r)
             inserted.created = True
         late = [u for u in missing if u not in found]  # inserted concurrently by another writer
@@ -570,7 +570,7 @@ def _trajectory_row(
 ) -> Trajectory:
     """A new trajectory's row (``n``: steps it is created with, by a fused append)."""
     now = timezone.now()
-    return backends.new_instance(
+    return sql.new_instance(
         Trajectory,
         dict(
             uid=spec.uid,

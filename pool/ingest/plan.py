@@ -19,7 +19,7 @@ import orjson
 from .. import quality, tokens
 from ..flags import Readiness
 from ..models import Step
-from .backends import new_instance
+from ..sql import new_instance
 from .contract import CONTENT_FIELDS, TOKEN_ARRAYS, StepIn
 
 EXACT_TOKEN_SOURCES = frozenset({Step.TokenSource.CLIENT, Step.TokenSource.UPSTREAM})

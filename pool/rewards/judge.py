@@ -5,7 +5,7 @@ through the gateway's own transport) with every rollout, asking for a JSON objec
 
 Settings: CLAW_JUDGE_MODEL (the model name sent; empty: none), CLAW_JUDGE_MAX_TOKENS.
 The system prompt starts with JUDGE_MARKER, which the demo upstream recognises and answers
-deterministically (gateway/demo/upstream.py), so the judge runs end to end without a model.
+deterministically (claw_site/demo/upstream.py), so the judge runs end to end without a model.
 """
 
 from __future__ import annotations

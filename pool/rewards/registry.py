@@ -10,6 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.utils.module_loading import import_string
 
+from ..models import RewardFunction
 from .base import RewardError
 
 
@@ -23,8 +24,6 @@ class Resolved:
 def resolve(*names: str | None) -> Resolved | None:
     """The function of the first of ``names`` (data source, then dataset) that names one;
     None if none does. Raises RewardError when the configured path does not import."""
-    from ..models import RewardFunction
-
     wanted = [n for n in names if n]
     if not wanted:
         return None

@@ -12,11 +12,11 @@ A step's effective reward is
 It is stored on the step (``effective_reward``, ``reward_scope``, ``effective_reward_source``)
 so that a dataset filter, a batch, a snapshot, the API, the admin and the pages read one
 column. Steps with an own reward get it when their reward is written (the row build,
-``backends.steps_reward_set``); the others are recomputed here, by ``steps_refresh``, which
+``sql.steps_reward_set``); the others are recomputed here, by ``steps_refresh``, which
 every change of a fact above calls inside the writer's transaction: readiness's
 ``trajectories_refresh`` (a trajectory ended, its reward set, a group completed), rewards on
 steps (``rewards_apply``) and a write holding a rewarded step (the ingest effects). The
-readiness bit REWARD_FINAL follows from it (``backends.steps_readiness_set``): a final own
+readiness bit REWARD_FINAL follows from it (``sql.steps_readiness_set``): a final own
 reward, or no own reward and an effective one.
 
 How the outcome reaches the steps of a multi-step trajectory is the consumer's choice, per
@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from ..ingest import backends
+from .. import sql
 from ..models import Step
 
 EACH_STEP = "each_step"
@@ -93,7 +93,7 @@ def steps_refresh(*, trajectory_ids: Iterable[int]) -> None:
             if new != (old_reward, old_source, old_scope):
                 rows.append((sid, *new))
         for start in range(0, len(rows), CHUNK):
-            backends.steps_effective_reward_set(rows[start : start + CHUNK])
+            sql.steps_effective_reward_set(rows[start : start + CHUNK])
 
 
 def _effective(

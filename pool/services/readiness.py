@@ -31,8 +31,8 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from .. import sql
 from ..flags import GROUP_QUALITY, Quality, Readiness
-from ..ingest import backends
 from ..ingest.effects import GroupsCompleted, GroupsReady, StepsWritten, emit
 from ..models import PromptGroup, Step, Trajectory
 from . import effective_reward
@@ -103,7 +103,7 @@ def trajectories_refresh(*, trajectory_ids: Iterable[int]) -> set[int]:
             if group_id is not None and group_status == PromptGroup.Status.COMPLETE:
                 complete_groups.add(group_id)
             rows.append((tid, int(bits)))
-        backends.steps_readiness_set(rows)
+        sql.steps_readiness_set(rows)
     return complete_groups
 
 

@@ -8,9 +8,10 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
+from .. import sql
 from ..deadlocks import retry_on_deadlock
 from ..errors import InvalidInput, NotFound
-from ..ingest import backends, rules
+from ..ingest import rules
 from ..ingest.effects import RewardsSet, StepsWritten, emit
 from ..models import RewardEvent, Step, Trajectory
 from . import effective_reward
@@ -91,13 +92,13 @@ def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> l
     now = timezone.now()
     rows = [(st.id, st.reward, st.reward_status, st.reward_source) for st in changed_steps.values()]
     for start in range(0, len(rows), 1000):  # 4 parameters a row on SQLite: within its limit
-        backends.steps_reward_set(rows[start : start + 1000])
+        sql.steps_reward_set(rows[start : start + 1000])
     for traj in changed_trajs.values():
         traj.updated_at = now
     Trajectory.objects.bulk_update(
         changed_trajs.values(), ["reward", "reward_source", "updated_at"], batch_size=500
     )
-    backends.rows_insert(events)
+    sql.rows_insert(events)
     # Effective rewards and readiness follow (pool/services/effective_reward.py): a step
     # reward reaches its branch's unrewarded steps, a trajectory reward every step without one.
     rewards_settle(

@@ -9,9 +9,10 @@ from django.db import transaction
 from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
+from .. import sql
 from ..deadlocks import retry_on_deadlock
 from ..errors import Conflict, InvalidInput, NotFound
-from ..ingest import TrajectorySpec, backends, policy_versions_ensure, rules, trajectory_ensure
+from ..ingest import TrajectorySpec, policy_versions_ensure, rules, trajectory_ensure
 from ..ingest.effects import EndedTrajectory, StepsWritten, TrajectoriesEnded, emit
 from ..models import Channel, RewardEvent, Step, Trajectory
 from .groups import groups_check_complete
@@ -169,8 +170,8 @@ def trajectories_complete(
         ).update(is_last=True, updated_at=now)
     rows = [(t.id, t.status, t.id in set(ending), t.reward, t.reward_source) for t in changed.values()]
     for i in range(0, len(rows), 1000):  # 5 parameters a row: within SQLite's limit
-        backends.trajectories_end(rows[i : i + 1000], now)
-    backends.rows_insert(events)
+        sql.trajectories_end(rows[i : i + 1000], now)
+    sql.rows_insert(events)
     if ending:
         # A reward function of its data source may score a completed trajectory without a
         # reward (pool/services/reward_compute.py), unless its last step has a final reward

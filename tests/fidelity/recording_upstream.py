@@ -3,7 +3,7 @@ the JSON body, as the gateway sent it) is appended as one line to the file named
 CLAW_FIDELITY_RECORD, before it is answered. So a test knows exactly what the upstream saw for
 each call an agent made through the gateway, and can ask the upstream again, directly, for
 the token ids and logprobs it computes for that request (its answer is a pure function of
-it: gateway/demo/upstream.py).
+it: claw_site/demo/upstream.py).
 
 A request with the header ``x-fidelity-direct`` (the test's own direct calls) is not logged.
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from gateway.demo import upstream
+from claw_site.demo import upstream
 from tests.gateway.conftest import start_upstream
 
 RECORDED_PATHS = ("/v1/chat/completions", "/v1/completions")

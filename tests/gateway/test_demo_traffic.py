@@ -393,7 +393,7 @@ def test_serve_leaves_the_schedule_to_celery_beat_with_redis(tmp_path: Path):
 
 def test_sweep_forever_outlives_a_failed_run(monkeypatch):
     # given a sweep whose first run fails
-    from gateway.management.commands import serve
+    from claw_site.management.commands import serve
     from pool import tasks
 
     calls: list[int] = []

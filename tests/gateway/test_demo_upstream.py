@@ -10,7 +10,7 @@ import numpy as np
 import openai
 import pytest
 
-from gateway.demo.toy_tokenizer import BOS, END, ToyTokenizer, canonical_tool_calls
+from claw_site.demo.toy_tokenizer import BOS, END, ToyTokenizer, canonical_tool_calls
 from pool.quality import is_repetitive
 from tests.live import stop_process
 
@@ -61,7 +61,7 @@ def test_toy_template_is_append_only_even_when_tool_calls_come_back_reordered():
     tools = TOOLS
     prompt = TOK.apply_chat_template(MESSAGES, tools)
     call = {"id": "call_1", "type": "function", "function": {"name": "run_shell", "arguments": '{"x": 1}'}}
-    from gateway.demo.toy_tokenizer import compact_json
+    from claw_site.demo.toy_tokenizer import compact_json
 
     generated = TOK.encode(compact_json(canonical_tool_calls([call]))) + [END]
     # when the agent echoes the call back with extra keys in another order, plus an observation

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.demo.toy_tokenizer import ToyTokenizer
+from claw_site.demo.toy_tokenizer import ToyTokenizer
 from tests.gateway.proxy_support import events_of, steps_of, upstream_ids
 from tests.live import LiveServer, live_server, refused_port
 

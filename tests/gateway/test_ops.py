@@ -14,8 +14,8 @@ from django.core.management import call_command
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from claw_site import metrics
-from claw_site.jsonlog import JsonFormatter
+from claw_kit import metrics
+from claw_kit.jsonlog import JsonFormatter
 from claw_site.requestlog import RequestLogMiddleware
 from curation.models import Lease
 from pool.models import Step

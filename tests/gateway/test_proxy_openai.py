@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.demo.toy_tokenizer import BOS, ToyTokenizer
+from claw_site.demo.toy_tokenizer import BOS, ToyTokenizer
 from tests.gateway.proxy_support import auth, steps_of, upstream_ids
 from tests.live import LiveServer, live_server
 

@@ -1,5 +1,5 @@
 """`manage.py serve` in embedded mode runs celery beat's schedule itself
-(gateway/management/commands/serve.py ``beat_schedule``, ``sweep_forever``): exactly the
+(claw_site/management/commands/serve.py ``beat_schedule``, ``sweep_forever``): exactly the
 entries of settings.CELERY_BEAT_SCHEDULE, each task by name at its interval; and it reads
 its environment through the settings."""
 
@@ -15,7 +15,7 @@ from django.core.management.base import CommandError
 from django.test import override_settings
 
 from claw_site.celery import app as celery_app
-from gateway.management.commands import serve
+from claw_site.management.commands import serve
 
 DEADLINE_S = 30.0
 

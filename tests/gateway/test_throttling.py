@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from claw_site.redis_conn import redis_client
-from gateway import throttling
+from claw_kit.redis_conn import redis_client
+from pool.access import throttling
 from tests.conftest import client_for
 
 pytestmark = pytest.mark.django_db

@@ -1,4 +1,4 @@
-"""The demo upstream as the gateway tests run it: ``gateway.demo.upstream``'s app, served on a
+"""The demo upstream as the gateway tests run it: ``claw_site.demo.upstream``'s app, served on a
 listening socket made by the test process (``--fd``; no port picked first and bound later),
 plus two hooks that let a test wait on a condition instead of on the clock.
 
@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from gateway.demo import upstream
+from claw_site.demo import upstream
 
 # Both far beyond what the tests need (the barrier fills in well under a second; a
 # disconnect reaches the upstream in milliseconds) and below the clients' timeouts.
@@ -158,7 +158,7 @@ async def _answer(send: Any, status: int, payload: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Serve the demo upstream (``python -m gateway.demo.upstream``'s options, ``--fd``
+    """Serve the demo upstream (``python -m claw_site.demo.upstream``'s options, ``--fd``
     required here) with the hooks."""
     argv = sys.argv[1:] if argv is None else argv
     if "--fd" not in argv:

@@ -3,7 +3,7 @@
 Django's query log (django_assert_num_queries, CaptureQueriesContext) only sees statements
 sent through Django's cursor wrapper. On PostgreSQL the ingest hot paths send some on the raw
 psycopg connection: steps_ingest's binary COPY (pool/bulk.py) and the proxy's one-statement
-claim+insert statement (pool/ingest/backends.py), which the query log never shows. This counter
+claim+insert statement (pool/sql.py), which the query log never shows. This counter
 hooks the driver instead: psycopg's Cursor.execute/executemany/copy on PostgreSQL (one count
 per call), sqlite3's trace callback on SQLite (one count per statement run).
 

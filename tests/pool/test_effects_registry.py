@@ -128,7 +128,7 @@ def test_the_registry_imports_no_service_task_or_notifier():
         "pool.models",
         "pool.models.PromptGroup",
         "pool.ingest",
-        "pool.ingest.backends",
+        "pool.sql",
     }
 
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from gateway.demo import upstream as demo
+from claw_site.demo import upstream as demo
 from pool import tasks
 from pool.errors import Unprocessable
 from pool.flags import READY, Readiness

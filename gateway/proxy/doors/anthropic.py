@@ -43,10 +43,10 @@ from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from claw_kit.llm import tokenizer, upstream
+from claw_kit.web.errors import HttpError
 from pool.services.api_keys import VerifiedKey
 
 from ..envelope import Call, receive
-from ..errors import ProxyError
 from ..recording import Identity
 from ..runner import Prepared, serve
 from . import passthrough
@@ -130,7 +130,7 @@ async def _count(request: HttpRequest, chat: dict[str, Any]) -> int:
         if f.kind == "not_configured":
             resp = None
         else:
-            raise ProxyError(f.status, f.message, code=f.kind) from None
+            raise HttpError(f.status, f.message, code=f.kind) from None
     if resp is not None and resp.status_code == 200:
         try:
             counted = orjson.loads(resp.content)
@@ -140,7 +140,7 @@ async def _count(request: HttpRequest, chat: dict[str, Any]) -> int:
             return counted["count"]
     tok = tokenizer.get_tokenizer()
     if tok is None:
-        raise ProxyError(
+        raise HttpError(
             501,
             "tokens cannot be counted: the upstream has no /tokenize endpoint and no local "
             "tokenizer is configured (CLAW_TOKENIZER)",

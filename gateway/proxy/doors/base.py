@@ -19,9 +19,10 @@ import orjson
 from django.http import HttpResponse
 
 from claw_kit.llm import upstream
+from claw_kit.web.errors import HttpError
 from pool.services.api_keys import VerifiedKey
 
-from ..errors import DoorInputError, ProxyError
+from ..errors import DoorInputError
 from ..faults import fault_event
 from ..recording import Identity
 from ..runner import CHAT_SENDER, Prepared, Sender
@@ -78,7 +79,7 @@ class Translator:
     async def upstream_error(
         self, status: int, raw: bytes, ident: Identity, key: VerifiedKey
     ) -> HttpResponse:
-        """An upstream 4xx/5xx, raised as a ProxyError with the upstream's message (stored as
+        """An upstream 4xx/5xx, raised as a HttpError with the upstream's message (stored as
         an Event)."""
         text = upstream.scrub(raw[:2000].decode(errors="replace"))
         await fault_event(status, "http_error", text, self.protocol, ident, key)
@@ -91,7 +92,7 @@ class Translator:
             err = parsed.get("error")
             inner = err.get("message") if isinstance(err, dict) else err if isinstance(err, str) else None
             message = inner if isinstance(inner, str) else parsed.get("message") or text
-        raise ProxyError(status, f"the upstream answered {status}: {message}"[:1000], code="upstream_error")
+        raise HttpError(status, f"the upstream answered {status}: {message}"[:1000], code="upstream_error")
 
     def writer(self, prepared: Prepared) -> _Translated:
         return _Translated(self.door_writer(prepared))

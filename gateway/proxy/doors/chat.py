@@ -13,10 +13,10 @@ import orjson
 from django.http import HttpResponse
 
 from claw_kit.llm import upstream
+from claw_kit.web.errors import error_response
 from pool.services.api_keys import VerifiedKey
 
 from .. import fields
-from ..errors import error_response
 from ..faults import fault_event
 from ..recording import CHAT, COMPLETIONS, Identity
 from ..runner import CHAT_SENDER, COMPLETIONS_SENDER, ChatSender, Prepared

@@ -36,11 +36,11 @@ from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
+from claw_kit.web.errors import error_response
 from pool.selectors.steps import step_by_response_id
 from pool.services.api_keys import VerifiedKey
 
 from ..db import run_db
-from ..errors import error_response
 from ..recording import Identity
 from ..runner import serve
 from .base import DoorInputError, Prepared, Translator, first_choice, new_id, sse, token_counts

@@ -4,7 +4,7 @@ Two kinds of metric, chosen so that every scrape tells the truth whichever proce
 
 - **Pool state** (steps, trajectories, leases, queue depth, build durations) is read from the
   database and Redis at scrape time (``pool_metric_families`` in claw_site/observability.py,
-  which /metrics, gateway/ops.py, hands to ``exposition`` here), so every process reports
+  which /metrics, claw_site/ops.py, hands to ``exposition`` here), so every process reports
   the same numbers and nothing is lost when a process restarts.
 - **Proxy latency** is only known inside the process that served the call. With
   PROMETHEUS_MULTIPROC_DIR set (required with more than one worker: `serve` prepares the

@@ -1,4 +1,8 @@
-"""The write backends of the step pipeline: every INSERT, COPY and UPDATE built as a string.
+"""The pool's SQL toolkit: every INSERT, COPY and UPDATE of the house built as a string.
+
+At the bottom of the pool (it imports only the models and flags): the step pipeline
+(pool/ingest/), the reward, trajectory, readiness and effective-reward services and
+curation's labels and consumption write through it; nothing else builds SQL by hand.
 
 Two backends, one interface (``Backend``), chosen by the database vendor:
 
@@ -29,8 +33,8 @@ from django.db.models.base import ModelState
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
-from ..flags import Readiness
-from ..models import PromptGroup, Step, Trajectory
+from .flags import Readiness
+from .models import PromptGroup, Step, Trajectory
 
 # The trajectory columns the pipeline reads back from its writes (no model instance on the
 # hot path). Order matters: pipeline.TrajectoryRow is built from these tuples.

@@ -1,8 +1,8 @@
-"""The one JSON body reader of the gateway: size limit, parsing, error wording.
+"""The one JSON body reader of the site: size limit, parsing, error wording.
 
-Every door reads request bodies here: the REST API's parsers (gateway/parsers.py), the
+Every door reads request bodies here: the REST API's parsers (claw_kit/web/parsers.py), the
 OpenAI-compatible endpoints (gateway/proxy/views.py) and the Claw-R1 layer
-(gateway/compat/claw_r1.py). Errors are BodyError (a ProxyError: 400 ``invalid_json`` or
+(gateway/compat/claw_r1.py). Errors are BodyError (an HttpError: 400 ``invalid_json`` or
 413 ``payload_too_large``); the DRF parsers turn it into their own exceptions.
 """
 
@@ -14,10 +14,10 @@ from typing import Any
 import orjson
 from django.conf import settings
 
-from .proxy.errors import ProxyError
+from .errors import HttpError
 
 
-class BodyError(ProxyError):
+class BodyError(HttpError):
     """A body that is too large or not the JSON expected."""
 
 

@@ -19,7 +19,7 @@ import time
 from django.conf import settings
 from rest_framework.throttling import BaseThrottle
 
-from claw_site.redis_conn import redis_client
+from claw_kit.redis_conn import redis_client
 
 from .auth import KeyPrincipal
 

@@ -3,9 +3,9 @@ mode, the built-in demo upstream and demo traffic. `make run` calls this after m
 bootstrap.
 
 Demo mode (CLAW_DEMO on, the default, and no CLAW_UPSTREAM_URL): the demo upstream
-(gateway.demo.upstream, answers like vLLM) runs as a child process on CLAW_DEMO_UPSTREAM_PORT
+(claw_site.demo.upstream, answers like vLLM) runs as a child process on CLAW_DEMO_UPSTREAM_PORT
 (default PORT+1) and becomes the gateway's upstream; once the app answers /healthz, demo agents
-(gateway.demo.traffic) run in a daemon thread with the API key "demo-agent", whose clear key is
+(claw_site.demo.traffic) run in a daemon thread with the API key "demo-agent", whose clear key is
 kept in var/demo-agent.key (mode 0600) so restarts reuse it. CLAW_DEMO=0 turns both off.
 The child is terminated when serve exits (SIGINT or SIGTERM), and by the kernel if serve dies.
 
@@ -48,7 +48,12 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections, connections
 
+from claw_kit.metrics import multiprocess_dir
 from claw_site.celery import app as celery_app
+from claw_site.demo.traffic import run_demo_traffic
+from pool.models import Scope
+from pool.services import api_key_create
+from pool.services.api_keys import api_key_verify
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +153,7 @@ class Command(BaseCommand):
         """Start the demo upstream on ``port``, wait until it answers, and make it the
         gateway's upstream (environment and settings, so uvicorn workers inherit it)."""
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.demo.upstream", "--host", "127.0.0.1", "--port", str(port)],
+            [sys.executable, "-m", "claw_site.demo.upstream", "--host", "127.0.0.1", "--port", str(port)],
             cwd=settings.BASE_DIR,
             preexec_fn=_die_with_parent,  # safe: no threads are running yet
         )
@@ -177,8 +182,6 @@ class Command(BaseCommand):
         return proc
 
     def _demo_traffic(self, base_url: str, key: str, stop: threading.Event, pace_s: float) -> None:
-        from gateway.demo.traffic import run_demo_traffic
-
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while not stop.is_set():
             try:
@@ -272,8 +275,6 @@ def _prepare_multiprocess_metrics() -> None:
     """With PROMETHEUS_MULTIPROC_DIR set, create it and delete the previous run's sample files
     (prometheus_client's multiprocess mode sums every file there; stale ones would count
     twice). Created here, at start, never at import."""
-    from claw_site.metrics import multiprocess_dir
-
     folder = multiprocess_dir()
     if not folder:
         return
@@ -286,10 +287,6 @@ def _prepare_multiprocess_metrics() -> None:
 def _demo_key() -> str:
     """The clear "demo-agent" key (scopes ingest + read): the one in var/demo-agent.key while it
     is still valid, else a newly created one written there with mode 0600."""
-    from pool.models import Scope
-    from pool.services import api_key_create
-    from pool.services.api_keys import api_key_verify
-
     path = Path(settings.VAR_DIR) / DEMO_KEY_FILE
     if path.exists():
         clear = path.read_text().strip()

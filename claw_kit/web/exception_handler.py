@@ -1,5 +1,5 @@
 """DRF's exception handler: every error of the REST API in the one shape of
-gateway/errors.py, ``param`` naming the offending field (settings: EXCEPTION_HANDLER)."""
+claw_kit/web/errors.py, ``param`` naming the offending field (settings: EXCEPTION_HANDLER)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,11 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
-from pool.errors import PoolError
-
-from .errors import error_body
+from .errors import ClientError, error_body
 
 
 def api_exception_handler(exc, context):
-    if isinstance(exc, PoolError):
+    if isinstance(exc, ClientError):
         return Response(
             error_body(exc.status_code, exc.message, param=exc.field, code=exc.code), status=exc.status_code
         )

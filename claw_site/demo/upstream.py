@@ -7,7 +7,7 @@ Contract:
 - ``GET /v1/models`` lists one model, ``claw-demo``; ``GET /health`` answers 200.
 - ``POST /v1/chat/completions`` and ``POST /v1/completions`` (OpenAI formats, ``stream``, ``n``,
   ``logprobs``, ``stream_options.include_usage``). Prompt ids come from
-  :class:`~gateway.demo.toy_tokenizer.ToyTokenizer`; the reply is a pure function of
+  :class:`~claw_site.demo.toy_tokenizer.ToyTokenizer`; the reply is a pure function of
   (prompt ids, seed, choice index, max_tokens): a short sentence of 12-40 byte tokens ending in
   <|end|> (finish_reason "stop"), or cut at max_tokens (default 32; "length"). With ``tools`` and a
   last message from the user, choice 0 calls the first tool (or the one tool_choice names):
@@ -882,7 +882,7 @@ async def _lifespan(receive: Receive, send: Send) -> None:
 
 # --- CLI ----------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None, *, wrap: Callable[[Any], Any] | None = None) -> None:
-    """``python -m gateway.demo.upstream --port N``: serve the demo upstream with uvicorn.
+    """``python -m claw_site.demo.upstream --port N``: serve the demo upstream with uvicorn.
 
     ``--fd N`` serves on an inherited listening socket instead; ``wrap`` wraps the app (the
     gateway tests add their hooks, tests/gateway/upstream_harness.py)."""

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
 
-from pool.models import Scope
-from pool.services.api_keys import VerifiedKey, api_key_verify
+from ..models import Scope
+from ..services.api_keys import VerifiedKey, api_key_verify
 
 
 @dataclass(frozen=True)
