@@ -15,8 +15,17 @@ from rest_framework import generics, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from pool.access.auth import IngestScope, PolicyWriteScope, ReadScope, key_id_of, source_id_of, user_id_of
-from pool.errors import InvalidInput
+from pool.access.auth import (
+    IngestScope,
+    PolicyWriteScope,
+    ReadScope,
+    key_id_of,
+    read_sources_of,
+    source_id_of,
+    user_id_of,
+    write_sources_of,
+)
+from pool.errors import InvalidInput, NotFound
 from pool.selectors.events import (
     event_render,
     events_listed,
@@ -81,7 +90,7 @@ class StepListCreateApi(generics.GenericAPIView):
     parser_classes = [StepBatchParser, StepBatchMsgpackParser]
 
     def get_queryset(self):
-        return steps_listed()
+        return steps_listed(read_sources_of(self.request))
 
     def get_permissions(self):
         return _methods_scope(self.request)
@@ -95,7 +104,7 @@ class StepListCreateApi(generics.GenericAPIView):
         batch = request.data  # list[StepIn], validated by StepBatchParser
         if not isinstance(batch, list):  # no body at all: DRF hands over an empty QueryDict
             raise InvalidInput('empty body; expected {"steps": [...]}', field="steps")
-        result = steps_ingest(steps=batch, source_id=source_id_of(request))
+        result = steps_ingest(steps=batch, source_id=source_id_of(request), sources=write_sources_of(request))
         created = set(result.created_uids)
         body = {
             "created": len(result.created),
@@ -118,7 +127,7 @@ class StepDetailApi(APIView):
 
     @extend_schema(responses=s.StepReadSerializer, summary="One step, exactly as written")
     def get(self, request, uid: str):
-        return Response(steps_render([_found(step_get(uid=uid))])[0])
+        return Response(steps_render([_found(step_get(uid=uid, sources=read_sources_of(request)))])[0])
 
 
 # --- trajectories ---------------------------------------------------------------------------
@@ -126,7 +135,7 @@ class TrajectoryListCreateApi(generics.GenericAPIView):
     filterset_class = TrajectoryFilter
 
     def get_queryset(self):
-        return trajectories_listed()
+        return trajectories_listed(read_sources_of(self.request))
 
     def get_permissions(self):
         return _methods_scope(self.request)
@@ -150,6 +159,7 @@ class TrajectoryListCreateApi(generics.GenericAPIView):
             metadata=d.get("metadata"),
             policy_version=d.get("policy_version"),
             source_id=source_id_of(request),
+            sources=write_sources_of(request),
             api_key_id=key_id_of(request) if addressable else None,
         )
         traj = _found(trajectory_get(id=traj.id))
@@ -173,7 +183,7 @@ class TrajectoryDetailApi(APIView):
 
     @extend_schema(responses=s.TrajectorySerializer)
     def get(self, request, uid: str):
-        return Response(trajectory_render(_found(trajectory_get(uid=uid))))
+        return Response(trajectory_render(_found(trajectory_get(uid=uid, sources=read_sources_of(request)))))
 
 
 class TrajectoryCompleteApi(APIView):
@@ -190,6 +200,7 @@ class TrajectoryCompleteApi(APIView):
             status=d["status"],
             reward_source=d["reward_source"],
             source_id=source_id_of(request),
+            sources=write_sources_of(request),
         )
         return Response(trajectory_render(_found(trajectory_get(uid=uid))))
 
@@ -215,7 +226,9 @@ class TrajectoryCompletionsApi(APIView):
             )
             for i, c in enumerate(ser.validated_data["completions"])
         ]
-        done = trajectories_complete(completions=items, source_id=source_id_of(request))
+        done = trajectories_complete(
+            completions=items, source_id=source_id_of(request), sources=write_sources_of(request)
+        )
         return Response({"completed": len(done)})
 
 
@@ -224,7 +237,7 @@ class GroupListCreateApi(generics.GenericAPIView):
     filterset_class = GroupFilter
 
     def get_queryset(self):
-        return groups_listed()
+        return groups_listed(read_sources_of(self.request))
 
     def get_permissions(self):
         return _methods_scope(self.request)
@@ -233,7 +246,9 @@ class GroupListCreateApi(generics.GenericAPIView):
     def post(self, request):
         ser = s.GroupUpsertSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
-        group = group_upsert(**ser.validated_data)
+        group = group_upsert(
+            **ser.validated_data, source_id=source_id_of(request), sources=write_sources_of(request)
+        )
         return Response(group_render(group))
 
     @extend_schema(responses=s.GroupSerializer(many=True))
@@ -247,7 +262,7 @@ class GroupDetailApi(APIView):
 
     @extend_schema(responses=s.GroupSerializer)
     def get(self, request, uid: str):
-        return Response(group_render(_found(group_get(uid=uid))))
+        return Response(group_render(_found(group_get(uid=uid, sources=read_sources_of(request)))))
 
 
 class GroupPrefixTreeApi(APIView):
@@ -268,6 +283,9 @@ class GroupPrefixTreeApi(APIView):
         summary="Prefix tree of a prompt group (token savings and radix nodes)",
     )
     def get(self, request, uid: str):
+        # Its tree holds every rollout's tokens: a restricted reader sees only its own groups'.
+        if group_get(uid=uid, sources=read_sources_of(request), shared=False) is None:
+            raise NotFound(f"prompt group {uid!r} does not exist", field="uid")  # as for an unknown one
         result = group_merge_ensure(uid=uid)
         body = merge_tree_render(result)
         return Response(
@@ -300,7 +318,9 @@ class RewardApi(APIView):
             )
             for i, r in enumerate(ser.validated_data["rewards"])
         ]
-        events = rewards_apply(rewards=items, source_id=source_id_of(request))
+        events = rewards_apply(
+            rewards=items, source_id=source_id_of(request), sources=write_sources_of(request)
+        )
         return Response({"applied": len(events), "received": len(items)})
 
 
@@ -308,7 +328,7 @@ class EventApi(generics.GenericAPIView):
     filterset_class = EventFilter
 
     def get_queryset(self):
-        return events_listed()
+        return events_listed(read_sources_of(self.request))
 
     def get_permissions(self):
         return _methods_scope(self.request)
@@ -325,7 +345,7 @@ class EventApi(generics.GenericAPIView):
         items = [
             EventIn(field_prefix=f"events[{i}].", **e) for i, e in enumerate(ser.validated_data["events"])
         ]
-        rows = event_record(events=items, source_id=source_id_of(request))
+        rows = event_record(events=items, source_id=source_id_of(request), sources=write_sources_of(request))
         return Response({"recorded": len(rows), "ids": [r.id for r in rows]}, status=201)
 
     @extend_schema(responses=s.EventReadSerializer(many=True), summary="List events (cursor-paginated)")
@@ -338,7 +358,7 @@ class FeedbackApi(generics.GenericAPIView):
     filterset_class = FeedbackFilter
 
     def get_queryset(self):
-        return feedback_listed()
+        return feedback_listed(read_sources_of(self.request))
 
     def get_permissions(self):
         return _methods_scope(self.request)
@@ -351,7 +371,10 @@ class FeedbackApi(generics.GenericAPIView):
         ser = s.FeedbackSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
         fb = feedback_create(
-            **ser.validated_data, source_id=source_id_of(request), user_id=user_id_of(request)
+            **ser.validated_data,
+            source_id=source_id_of(request),
+            user_id=user_id_of(request),
+            sources=write_sources_of(request),
         )
         return Response({"id": fb.id}, status=201)
 

@@ -36,3 +36,12 @@ class Unprocessable(PoolError):
 
     status_code = 422
     code = "unprocessable"
+
+
+class UidTaken(Conflict):
+    """A uid another source holds (pool/tenancy.py): answered 409 and nothing more."""
+
+    code = "uid_taken"
+
+    def __init__(self, kind: str, uid: str, *, field: str | None = None):
+        super().__init__(f"{kind} uid {uid!r} is taken", field=field)

@@ -55,6 +55,10 @@ class ApiKey(models.Model):
     """
 
     source = models.ForeignKey(Source, on_delete=models.CASCADE, related_name="api_keys")
+    # Ids of more sources the key may write and read as its own (pool/tenancy.py), granted
+    # by an admin (create_api_key --extra-source, or the admin site). A list in the row, not
+    # a join table: the key's verification stays one read.
+    extra_source_ids = models.JSONField(default=list, blank=True)
     name = models.CharField(max_length=128)
     prefix = models.CharField(max_length=16, unique=True)  # unique => indexed: the auth lookup
     key_hash = models.CharField(max_length=64)
@@ -101,6 +105,12 @@ class PromptGroup(models.Model):
         COMPLETE = "complete", "complete"
 
     uid = models.CharField(max_length=128, unique=True)
+    # The source that created it: only that source's writers join trajectories to it or
+    # change it. NULL (created by an admin key, an operator or before migration 0012): a
+    # shared group, that every source's trajectories may join (pool/tenancy.py).
+    source = models.ForeignKey(
+        Source, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
     expected_rollouts = models.PositiveIntegerField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.OPEN)
     dataset = models.CharField(max_length=128, blank=True, default="")

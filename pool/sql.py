@@ -38,7 +38,7 @@ from .models import PromptGroup, Step, Trajectory
 
 # The trajectory columns the pipeline reads back from its writes (no model instance on the
 # hot path). Order matters: pipeline.TrajectoryRow is built from these tuples.
-TRAJ_COLS = ("id", "uid", "group_id", "status", "step_count", "tail_index", "policy_version_id")
+TRAJ_COLS = ("id", "uid", "group_id", "status", "step_count", "tail_index", "policy_version_id", "source_id")
 
 
 @dataclass(slots=True)
@@ -47,13 +47,15 @@ class FusedClaim:
 
     ``new``: insert this trajectory row (the gateway minted its uid, so none can exist).
     Otherwise claim ``[expected, expected + n)`` of ``uid`` only if its step_count is still
-    ``expected``, it runs, and (``group_uid``) it is in that group; else nothing is written.
+    ``expected``, it runs, (``group_uid``) it is in that group and (``sources``, unless
+    None) it belongs to one of those sources (pool/tenancy.py); else nothing is written.
     """
 
     uid: str
     expected: int
     new: Trajectory | None = None
     group_uid: str | None = None
+    sources: tuple[int, ...] | None = None
 
 
 @dataclass(slots=True)
@@ -265,29 +267,38 @@ def _rows(names: Sequence[str], types: Sequence[str], rows: Sequence[tuple]) -> 
     return f"v({cols}) AS (VALUES {', '.join([one] * len(rows))})", [x for row in rows for x in row]
 
 
-def trajectory_claim(uid: str, n: int) -> tuple | None:
+def trajectory_claim(uid: str, n: int, sources: frozenset[int] | None = None) -> tuple | None:
     """Reserve ``n`` step indexes of trajectory ``uid``: ``step_count += n`` under the row
     lock (held until commit, so concurrent calls of one trajectory are serialised and the
     second sees the first's steps). Returns TRAJ_COLS after the update (tail_index still
-    names the previous append: the pipeline's effects move it), or None when no row exists."""
+    names the previous append: the pipeline's effects move it), or None when no row exists
+    or (``sources``, unless None) it belongs to none of those sources: that row is left alone."""
     table = connection.ops.quote_name(Trajectory._meta.db_table)
+    owned = _sources_sql(tuple(sorted(sources)) if sources is not None else None)
     sql = (
-        f"UPDATE {table} SET step_count = step_count + %s, updated_at = %s WHERE uid = %s "
+        f"UPDATE {table} SET step_count = step_count + %s, updated_at = %s WHERE uid = %s{owned} "
         f"RETURNING {', '.join(TRAJ_COLS)}"
     )
     with connection.cursor() as cur:
-        cur.execute(sql, [n, connection.ops.adapt_datetimefield_value(timezone.now()), uid])
+        cur.execute(sql, [n, connection.ops.adapt_datetimefield_value(timezone.now()), uid, *(sources or ())])
         return cur.fetchone()
 
 
-def _claim_sql(*, group: bool) -> str:
+def _sources_sql(sources: tuple[int, ...] | None) -> str:
+    """`` AND source_id IN (%s, ...)`` for a claim restricted to ``sources`` (pool/tenancy.py)."""
+    return "" if sources is None else f" AND source_id IN ({', '.join(['%s'] * len(sources))})"
+
+
+def _claim_sql(*, group: bool, sources: int | None = None) -> str:
     """The fast path's conditional claim: indexes [expected, expected + n) only if nobody
-    took them, the trajectory runs and (``group``) is in the call's group. It also makes
-    them the trajectory's latest append (tail_index = the old step_count)."""
+    took them, the trajectory runs, (``sources``: their count) belongs to the writer's
+    sources and (``group``) is in the call's group. It also makes them the trajectory's
+    latest append (tail_index = the old step_count)."""
     q = connection.ops.quote_name
+    owned = "" if sources is None else _sources_sql(tuple(range(sources)))
     sql = (
         f"UPDATE {q(Trajectory._meta.db_table)} SET step_count = step_count + %s, tail_index = step_count, "
-        f"updated_at = %s WHERE uid = %s AND step_count = %s AND status = 'running'"
+        f"updated_at = %s WHERE uid = %s AND step_count = %s AND status = 'running'{owned}"
     )
     if group:
         sql += f" AND group_id = (SELECT id FROM {q(PromptGroup._meta.db_table)} WHERE uid = %s)"
@@ -300,6 +311,7 @@ def _claim_params(claim: FusedClaim, n: int) -> list[Any]:
         connection.ops.adapt_datetimefield_value(timezone.now()),
         claim.uid,
         claim.expected,
+        *(claim.sources or ()),
     ]
     if claim.group_uid:
         params.append(claim.group_uid)
@@ -331,7 +343,8 @@ class PostgresBackend:
             shape: tuple = ("new", len(rows), False)
             params = [_param(f, conv, claim.new) for f, conv in _columns(Trajectory)]
         else:
-            shape = ("claim", len(rows), bool(claim.group_uid))
+            n_sources = None if claim.sources is None else len(claim.sources)
+            shape = ("claim", len(rows), bool(claim.group_uid), n_sources)
             params = _claim_params(claim, len(rows))
         sql = _fused.get(shape)
         if sql is None:
@@ -366,7 +379,7 @@ def _fused_sql(shape: tuple) -> str:
             f"VALUES ({', '.join(_placeholder(f) for f in fields)}) RETURNING id, policy_version_id, group_id"
         )
     else:
-        claim = _claim_sql(group=shape[2])
+        claim = _claim_sql(group=shape[2], sources=shape[3])
     fields = [f for f, _ in _columns(Step)]
     exprs = []
     for f in fields:
@@ -405,7 +418,11 @@ class OrmBackend:
                     traj_id, version, group_id = claim.new.id, claim.new.policy_version_id, claim.new.group_id
                 else:
                     with connection.cursor() as cur:
-                        cur.execute(_claim_sql(group=bool(claim.group_uid)), _claim_params(claim, len(rows)))
+                        n_sources = None if claim.sources is None else len(claim.sources)
+                        cur.execute(
+                            _claim_sql(group=bool(claim.group_uid), sources=n_sources),
+                            _claim_params(claim, len(rows)),
+                        )
                         got = cur.fetchone()
                     if got is None:
                         raise _Missed

@@ -143,6 +143,7 @@ async def init_trajectory(request: HttpRequest, key: VerifiedKey) -> HttpRespons
         prompt_group_uid=prompt_uid,
         channel=body.get("channel"),
         metadata=_metadata(body),
+        sources=key.write_sources,
     )
     default_prompt_uid = prompt_uid or uuid.uuid4().hex
     base_url = request.build_absolute_uri(f"{PREFIX}/c/{token}/{traj.uid}/{default_prompt_uid}/v1")
@@ -165,6 +166,7 @@ async def register_trajectory(
         channel=body.get("channel"),
         metadata=_metadata(body),
         source_id=key.source_id,
+        sources=key.write_sources,
     )
     return HttpResponse(_OK, content_type="application/json")
 
@@ -185,6 +187,7 @@ async def complete_trajectory(
         channel=body.get("channel"),
         reward_last_step=True,
         source_id=key.source_id,
+        sources=key.write_sources,
     )
     return HttpResponse(_OK, content_type="application/json")
 
@@ -202,7 +205,7 @@ async def submit_steps(request: HttpRequest, key: VerifiedKey) -> HttpResponse:
         raise HttpError(400, "steps must be an array of step objects", param="steps")
     try:
         batch = parse_step_batch({"steps": [_our_step(s, i) for i, s in enumerate(raw)]})
-        await run_db(_ingest, batch, key.source_id, channel)
+        await run_db(_ingest, batch, key, channel)
     except PoolError as e:
         e.field = _their_field(e.field)
         raise
@@ -393,15 +396,15 @@ def _their_field(field: str | None) -> str | None:
     return field
 
 
-def _ingest(batch: list, source_id: int, channel: str) -> None:
+def _ingest(batch: list, key: VerifiedKey, channel: str) -> None:
     # Steps of ids this source generated through /generate get the upstream's text (Claw-R1
     # sends none), so pages and rewards have it without a tokenizer.
     textless = [s for s in batch if s.response_text is None and len(s.response_ids)]
     if textless:
-        found = generation_texts(source_id=source_id, responses=[s.response_ids for s in textless])
+        found = generation_texts(source_id=key.source_id, responses=[s.response_ids for s in textless])
         for s, text in zip(textless, found, strict=True):
             s.response_text = text
-    steps_ingest(steps=batch, source_id=source_id, channel=channel)
+    steps_ingest(steps=batch, source_id=key.source_id, channel=channel, sources=key.write_sources)
 
 
 def _our_step(step: Any, i: int) -> Any:

@@ -38,6 +38,7 @@ async def record(
             request=body,
             answer=answer,
             source_id=key.source_id,
+            sources=key.write_sources,
             extra=extra,
         )
     except PoolError as e:

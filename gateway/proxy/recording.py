@@ -40,6 +40,7 @@ from pool.ingest.claim import Tail
 from pool.ingest.plan import Stored
 from pool.models import Step
 from pool.services import gateway_event_record
+from pool.tenancy import OWN
 
 from . import branches
 
@@ -112,6 +113,7 @@ def record_answer(
     answer: dict[str, Any],
     source_id: int | None,
     extra: dict[str, Any] | None = None,
+    sources: frozenset[int] | None | object = OWN,
 ) -> Outcome:
     """Store the call as steps (or as an Event when it cannot be a step); see the module
     docstring. ``extra``: metadata a door adds to every step (its protocol, its reply id).
@@ -129,7 +131,7 @@ def record_answer(
         )
         return Outcome(event="untokenized_call")
     try:
-        return Outcome(steps=record_call(call=call, source_id=source_id))
+        return Outcome(steps=record_call(call=call, source_id=source_id, sources=sources))
     except InvalidInput as exc:  # e.g. longer than CLAW_MAX_TOKENS_PER_STEP: never truncated
         gateway_event_record(
             type="unrecorded_call",
@@ -140,10 +142,13 @@ def record_answer(
         return Outcome(event="unrecorded_call")
 
 
-def record_call(*, call: ProxiedCall, source_id: int | None) -> list[RecordedStep]:
+def record_call(
+    *, call: ProxiedCall, source_id: int | None, sources: frozenset[int] | None | object = OWN
+) -> list[RecordedStep]:
     """Append one step per choice of ``call`` to its trajectory (pool.ingest.steps_append):
     atomic, committed before the agent gets its answer; not idempotent (every call is a new
-    generation). Raises Conflict when the trajectory has ended or belongs to another group,
+    generation). ``sources``: the writer's (pool/tenancy.py; None: any). Raises Conflict
+    when the trajectory has ended or belongs to another group (UidTaken: another source),
     InvalidInput when a step breaks a rule (e.g. CLAW_MAX_TOKENS_PER_STEP, never truncated)."""
     target = AppendTarget(
         trajectory_uid=call.trajectory_uid,
@@ -152,7 +157,11 @@ def record_call(*, call: ProxiedCall, source_id: int | None) -> list[RecordedSte
         new=call.new_trajectory,
     )
     written = steps_append(
-        target=target, count=len(call.choices), build=lambda tail: _steps_of(call, tail), source_id=source_id
+        target=target,
+        count=len(call.choices),
+        build=lambda tail: _steps_of(call, tail),
+        source_id=source_id,
+        sources=sources,
     )
     if call.branching is not None:
         state, messages_chain, decision = call.branching

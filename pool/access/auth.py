@@ -95,8 +95,23 @@ def key_id_of(request) -> int | None:
 
 
 def source_id_of(request) -> int | None:
+    """The key's own source (stamped on what it creates), or None for an operator session."""
     user = getattr(request, "user", None)
     return user.source_id if isinstance(user, KeyPrincipal) else None
+
+
+def write_sources_of(request) -> frozenset[int] | None:
+    """The sources the request may write into (pool/tenancy.py): the key's own and granted
+    sources, or None (any) for an admin key or a staff session."""
+    user = getattr(request, "user", None)
+    return user.key.write_sources if isinstance(user, KeyPrincipal) else None
+
+
+def read_sources_of(request) -> frozenset[int] | None:
+    """The sources the request may read: the key's, or None (any) for a read or admin key
+    and a staff session."""
+    user = getattr(request, "user", None)
+    return user.key.read_sources if isinstance(user, KeyPrincipal) else None
 
 
 class ScopePermission(permissions.BasePermission):

@@ -33,10 +33,11 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from .. import sql, tokens
-from ..errors import Conflict, InvalidInput
+from ..errors import Conflict, InvalidInput, UidTaken
 from ..flags import Readiness
 from ..models import Channel, PolicyVersion, PromptGroup, Step, Trajectory
 from ..sql import TRAJ_COLS, FusedClaim
+from ..tenancy import OWN, Sources, allowed, owns
 from . import effects, rules
 from .claim import EMPTY, Tail, recent, tail_load
 from .contract import StepIn, default_uid
@@ -60,9 +61,16 @@ class IngestResult:
 
 # --- batches --------------------------------------------------------------------------------------
 def steps_ingest(
-    *, steps: Sequence[StepIn], source_id: int | None = None, channel: str | None = None
+    *,
+    steps: Sequence[StepIn],
+    source_id: int | None = None,
+    channel: str | None = None,
+    sources: Iterable[int] | None | object = OWN,
 ) -> IngestResult:
     """Store a batch of steps atomically and idempotently by uid.
+
+    ``sources`` (pool/tenancy.py): whose trajectories, groups and steps the writer may
+    write; a uid another source holds raises UidTaken (409) and nothing is written.
 
     Trajectories, prompt groups and policy versions are created on first sight; an identical
     resubmission is reported as duplicates and writes nothing. Raises InvalidInput (400) or
@@ -74,10 +82,13 @@ def steps_ingest(
         rules.check_channel(channel)
     _check_batch(steps)
     packed = [pack(s) for s in steps]
+    mine = allowed(source_id, sources)
     for attempt in range(_MAX_ATTEMPTS):
         try:
             with transaction.atomic():
-                return _ingest(steps, packed, source_id=source_id, channel=channel or Channel.TRAIN)
+                return _ingest(
+                    steps, packed, source_id=source_id, channel=channel or Channel.TRAIN, mine=mine
+                )
         except (IntegrityError, _Raced):
             if attempt == _MAX_ATTEMPTS - 1:
                 raise
@@ -110,16 +121,23 @@ def _check_batch(steps: Sequence[StepIn]) -> None:
 
 
 def _ingest(
-    steps: Sequence[StepIn], packed: list[Packed], *, source_id: int | None, channel: str
+    steps: Sequence[StepIn], packed: list[Packed], *, source_id: int | None, channel: str, mine: Sources
 ) -> IngestResult:
-    # 1. Idempotency: classify uids that already exist.
-    existing = dict(Step.objects.filter(uid__in=[s.uid for s in steps]).values_list("uid", "content_hash"))
+    # 1. Idempotency: classify uids that already exist (a uid of another source is taken).
+    existing = {
+        uid: (h, owner)
+        for uid, h, owner in Step.objects.filter(uid__in=[s.uid for s in steps]).values_list(
+            "uid", "content_hash", "trajectory__source_id"
+        )
+    }
     duplicates: list[str] = []
     new: list[tuple[StepIn, Packed]] = []
     for s, h in zip(steps, packed, strict=True):
-        stored = existing.get(s.uid)
+        stored, owner = existing.get(s.uid, (None, None))
         if stored is None:
             new.append((s, h))
+        elif not owns(mine, owner):
+            raise UidTaken("step", s.uid, field=s.at("uid"))
         elif bytes(stored) == h.content_hash:
             duplicates.append(s.uid)
         else:
@@ -132,7 +150,9 @@ def _ingest(
     new_steps = [s for s, _ in new]
 
     # 2. Context: groups, policy versions, trajectories (created on first sight).
-    groups = groups_ensure({s.prompt_group_uid for s in new_steps if s.prompt_group_uid})
+    groups = groups_ensure(
+        {s.prompt_group_uid for s in new_steps if s.prompt_group_uid}, source_id=source_id, sources=mine
+    )
     policy_versions_ensure({s.policy_version for s in new_steps if s.policy_version is not None})
     trajs = trajectory_ensure(
         specs=[
@@ -142,11 +162,13 @@ def _ingest(
                 channel=channel,
                 policy_version=s.policy_version,
                 field=s.at("prompt_group_uid"),
+                uid_field=s.at("trajectory_uid"),
             )
             for s in new_steps
         ],
         groups=groups,
         source_id=source_id,
+        sources=mine,
     )
     for s in new_steps:
         # An ended trajectory still accepts late steps *inside* its known length (concurrent
@@ -281,7 +303,12 @@ Build = Callable[[Tail], list[StepIn]]
 
 
 def steps_append(
-    *, target: AppendTarget, count: int, build: Build, source_id: int | None = None
+    *,
+    target: AppendTarget,
+    count: int,
+    build: Build,
+    source_id: int | None = None,
+    sources: Iterable[int] | None | object = OWN,
 ) -> list[StepIn]:
     """Append the ``count`` steps ``build(tail)`` returns at the end of the trajectory,
     atomically.
@@ -292,21 +319,24 @@ def steps_append(
     against the tail step it shares the longest prefix with, and returns them as written.
     Creates the trajectory (and group, policy version) on first sight. Not idempotent: each
     call takes new indexes. Raises Conflict when the trajectory has ended or belongs to
-    another group, InvalidInput when a step breaks a rule; nothing is written then.
+    another group, UidTaken when another source holds it (``sources``: pool/tenancy.py; the
+    claim itself carries the check), InvalidInput when a step breaks a rule; nothing is
+    written then.
     """
     if count < 1:
         raise InvalidInput("nothing to append", field="choices")
+    mine = allowed(source_id, sources)
     if target.new and target.prompt_group_uid is None:
-        written = _append_fused(target, count, EMPTY, build, source_id)
+        written = _append_fused(target, count, EMPTY, build, source_id, mine)
     elif not target.new and (hint := recent.latest(target.trajectory_uid)) is not None:
-        written = _append_fused(target, count, hint, build, source_id)
+        written = _append_fused(target, count, hint, build, source_id, mine)
     else:
         written = None
-    return written if written is not None else _append_general(target, count, build, source_id)
+    return written if written is not None else _append_general(target, count, build, source_id, mine)
 
 
 def _append_fused(
-    target: AppendTarget, count: int, tail: Tail, build: Build, source_id: int | None
+    target: AppendTarget, count: int, tail: Tail, build: Build, source_id: int | None, mine: Sources
 ) -> list[StepIn] | None:
     """The hot path: claim and insert in one statement (sql.Backend.append), trusting
     the hint ``tail`` only as far as the claim proves it (step_count == tail.end). None when
@@ -335,6 +365,7 @@ def _append_fused(
         expected=tail.end,
         new=new,
         group_uid=None if target.new else target.prompt_group_uid,
+        sources=None if mine is None else tuple(sorted(mine)),
     )
     # One statement in autocommit when nothing follows it; inside a transaction when
     # registered effects must commit or roll back with the steps.
@@ -365,15 +396,19 @@ def _append_fused(
     return steps
 
 
-def _append_general(target: AppendTarget, n: int, build: Build, source_id: int | None) -> list[StepIn]:
+def _append_general(
+    target: AppendTarget, n: int, build: Build, source_id: int | None, mine: Sources
+) -> list[StepIn]:
     """Claim under the row lock, read the tail (hint or database), plan, insert, effects."""
     with transaction.atomic():
         if target.policy_version is not None:
             policy_versions_ensure({target.policy_version})
             known = target.policy_version
             transaction.on_commit(lambda: _known_versions.add(known))
-        row = None if target.new else sql.trajectory_claim(target.trajectory_uid, n)
-        groups = groups_ensure({target.prompt_group_uid} if target.prompt_group_uid else set())
+        row = None if target.new else sql.trajectory_claim(target.trajectory_uid, n, mine)
+        groups = groups_ensure(
+            {target.prompt_group_uid} if target.prompt_group_uid else set(), source_id=source_id, sources=mine
+        )
         if row is None:
             trajectory_ensure(
                 specs=[
@@ -386,8 +421,9 @@ def _append_general(target: AppendTarget, n: int, build: Build, source_id: int |
                 ],
                 groups=groups,
                 source_id=source_id,
+                sources=mine,
             )
-            row = sql.trajectory_claim(target.trajectory_uid, n)
+            row = sql.trajectory_claim(target.trajectory_uid, n, mine)
         assert row is not None, "trajectory_ensure just made sure the row exists"
         traj = TrajectoryRow(*row)
         if traj.status != Trajectory.Status.RUNNING:
@@ -491,6 +527,7 @@ class TrajectoryRow:
     step_count: int
     tail_index: int
     policy_version_id: int | None
+    source_id: int | None
     created: bool = False  # inserted by this write
 
 
@@ -504,6 +541,7 @@ class TrajectorySpec:
     policy_version: int | None = None
     metadata: dict | None = None
     field: str = "prompt_group_uid"
+    uid_field: str = "trajectory_uid"  # how errors name its uid field
 
 
 def trajectory_ensure(
@@ -511,15 +549,19 @@ def trajectory_ensure(
     specs: Sequence[TrajectorySpec],
     source_id: int | None = None,
     groups: dict[str, PromptGroup] | None = None,
+    sources: Iterable[int] | None | object = OWN,
 ) -> dict[str, TrajectoryRow]:
     """The trajectories ``specs`` name, inserted when missing (first spec of a uid wins).
 
     Every write path creates trajectories here. A trajectory without a group adopts the
     group of the first spec that names one; a spec naming another group raises Conflict.
     The policy versions specs name must exist (policy_versions_ensure). Idempotent and
-    race-safe (INSERT ... ON CONFLICT DO NOTHING); call inside the writer's transaction."""
+    race-safe (INSERT ... ON CONFLICT DO NOTHING); call inside the writer's transaction.
+    A trajectory (or group) another source holds (``sources``: pool/tenancy.py) raises
+    UidTaken before anything of it is changed."""
+    mine = allowed(source_id, sources)
     if groups is None:
-        groups = groups_ensure({s.group_uid for s in specs if s.group_uid})
+        groups = groups_ensure({s.group_uid for s in specs if s.group_uid}, source_id=source_id, sources=mine)
     first: dict[str, TrajectorySpec] = {}
     bindings: dict[tuple[str, str], str] = {}  # (trajectory uid, group uid) -> error field
     for spec in specs:  # a batch names each trajectory once per step: the work is per uid
@@ -538,6 +580,9 @@ def trajectory_ensure(
         late = [u for u in missing if u not in found]  # inserted concurrently by another writer
         if late:
             found.update(_trajectories_by_uid(late))
+    for uid, t in found.items():
+        if not owns(mine, t.source_id):
+            raise UidTaken("trajectory", uid, field=first[uid].uid_field)
     for (uid, group_uid), field in bindings.items():
         _bind_group(found[uid], groups[group_uid].id, field)
     return found
@@ -588,8 +633,14 @@ def _trajectory_row(
     )  # type: ignore[return-value]
 
 
-def groups_ensure(uids: set[str]) -> dict[str, PromptGroup]:
-    """The prompt groups named, created when missing. Idempotent, race-safe."""
+def groups_ensure(
+    uids: set[str], *, source_id: int | None = None, sources: Sources = None
+) -> dict[str, PromptGroup]:
+    """The prompt groups named, created when missing. Idempotent, race-safe.
+
+    A restricted writer (``sources``: pool/tenancy.py) creates its groups as its source's
+    and may name its own groups and shared ones (no source); another source's raises
+    UidTaken. An unrestricted writer creates shared groups."""
     if not uids:
         return {}
     for u in uids:
@@ -597,8 +648,14 @@ def groups_ensure(uids: set[str]) -> dict[str, PromptGroup]:
     found = {g.uid: g for g in PromptGroup.objects.filter(uid__in=uids)}
     missing = uids - found.keys()
     if missing:
-        PromptGroup.objects.bulk_create([PromptGroup(uid=u) for u in sorted(missing)], ignore_conflicts=True)
+        owner = source_id if sources is not None else None
+        PromptGroup.objects.bulk_create(
+            [PromptGroup(uid=u, source_id=owner) for u in sorted(missing)], ignore_conflicts=True
+        )
         found.update({g.uid: g for g in PromptGroup.objects.filter(uid__in=missing)})
+    for uid, g in found.items():
+        if g.source_id is not None and not owns(sources, g.source_id):
+            raise UidTaken("prompt group", uid, field="prompt_group_uid")
     return found
 
 

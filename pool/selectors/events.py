@@ -8,15 +8,21 @@ from typing import Any
 from django.db.models import QuerySet
 
 from ..models import Event, Feedback, PolicyVersion
+from ..tenancy import Sources
+from ..tenancy import q as of_sources
 
 # Policy versions ``GET /api/v1/policy-versions`` returns at most, newest first.
 POLICY_VERSIONS_SHOWN = 1000
 
 
-def events_listed() -> QuerySet[Event]:
+def events_listed(sources: Sources = None) -> QuerySet[Event]:
     """The events ``GET /api/v1/events`` pages through (filters and cursor: the view's),
-    with what ``event_render`` reads joined."""
-    return Event.objects.select_related("trajectory", "step")
+    with what ``event_render`` reads joined: those ``sources`` recorded or that name their
+    trajectories (pool/tenancy.py; None: all)."""
+    qs = Event.objects.select_related("trajectory", "step")
+    if sources is None:
+        return qs
+    return qs.filter(of_sources("source_id", sources) | of_sources("trajectory__source_id", sources))
 
 
 def event_render(e: Event) -> dict[str, Any]:
@@ -31,10 +37,18 @@ def event_render(e: Event) -> dict[str, Any]:
     }
 
 
-def feedback_listed() -> QuerySet[Feedback]:
+def feedback_listed(sources: Sources = None) -> QuerySet[Feedback]:
     """The feedback ``GET /api/v1/feedback`` pages through (filters and cursor: the view's),
-    with what ``feedback_render`` reads joined."""
-    return Feedback.objects.select_related("trajectory", "step")
+    with what ``feedback_render`` reads joined: that ``sources`` gave or on their steps and
+    trajectories (pool/tenancy.py; None: all)."""
+    qs = Feedback.objects.select_related("trajectory", "step")
+    if sources is None:
+        return qs
+    return qs.filter(
+        of_sources("source_id", sources)
+        | of_sources("trajectory__source_id", sources)
+        | of_sources("step__trajectory__source_id", sources)
+    )
 
 
 def feedback_render(f: Feedback) -> dict[str, Any]:

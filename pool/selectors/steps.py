@@ -14,6 +14,8 @@ from .. import flags, tokens
 from ..flags import READY, Readiness
 from ..models import GenerationText, Step
 from ..services.generation_texts import response_ids_hash
+from ..tenancy import Sources
+from ..tenancy import q as of_sources
 
 REWARD_FINAL = int(Readiness.REWARD_FINAL)
 
@@ -107,29 +109,44 @@ def generation_texts(
     return [found.get(k) for k in keys]
 
 
-def step_by_response_id(*, trajectory_uid: str, response_id: str) -> dict[str, Any] | None:
+def step_by_response_id(
+    *, trajectory_uid: str, response_id: str, sources: Sources = None
+) -> dict[str, Any] | None:
     """The text form (messages, response_text, metadata) of the step a door answered with
     ``response_id`` (its ``metadata.response_id``), or None. Looked up within one trajectory
     (step_traj_index_uniq narrows it to that trajectory's steps); Responses'
-    ``previous_response_id`` resolves here."""
+    ``previous_response_id`` resolves here; a trajectory outside ``sources``
+    (pool/tenancy.py) has none."""
     row = (
         Step.objects.filter(trajectory__uid=trajectory_uid, metadata__response_id=response_id)
+        .filter(of_sources("trajectory__source_id", sources))
         .values("messages", "response_text", "metadata")
         .first()
     )
     return dict(row) if row is not None else None
 
 
-def steps_listed() -> QuerySet[Step]:
+def steps_listed(sources: Sources = None) -> QuerySet[Step]:
     """The steps ``GET /api/v1/steps`` pages through (the view applies its filters and
     cursor): trajectory and group joined for ``steps_render``, the token bytes and content
-    hash left in the database (the render loads the token chains in one query)."""
-    return Step.objects.with_context().defer("seq_delta", "content_hash")
+    hash left in the database (the render loads the token chains in one query). Only those
+    of trajectories of ``sources`` (pool/tenancy.py; None: all)."""
+    return (
+        Step.objects.with_context()
+        .filter(of_sources("trajectory__source_id", sources))
+        .defer("seq_delta", "content_hash")
+    )
 
 
-def step_get(*, uid: str) -> Step | None:
-    """The step ``uid`` with what ``steps_render`` reads joined, or None."""
-    return Step.objects.with_context().filter(uid=uid).first()
+def step_get(*, uid: str, sources: Sources = None) -> Step | None:
+    """The step ``uid`` with what ``steps_render`` reads joined, or None (also for a step
+    outside ``sources``)."""
+    return (
+        Step.objects.with_context()
+        .filter(of_sources("trajectory__source_id", sources))
+        .filter(uid=uid)
+        .first()
+    )
 
 
 def step_ids_by_uid(uids: Iterable[str]) -> dict[str, int]:

@@ -6,9 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from ..models import PromptGroup, Trajectory
+from ..tenancy import Sources
+from ..tenancy import q as of_sources
 
 
 def trajectory_render(t: Trajectory) -> dict[str, Any]:
@@ -42,25 +44,38 @@ def group_render(g: PromptGroup) -> dict[str, Any]:
     }
 
 
-def trajectories_listed() -> QuerySet[Trajectory]:
+def trajectories_listed(sources: Sources = None) -> QuerySet[Trajectory]:
     """The trajectories ``GET /api/v1/trajectories`` pages through (the view applies its
-    filters and cursor), with what ``trajectory_render`` reads joined."""
-    return Trajectory.objects.select_related("group", "source")
+    filters and cursor), with what ``trajectory_render`` reads joined; only those of
+    ``sources`` (pool/tenancy.py; None: all)."""
+    return Trajectory.objects.select_related("group", "source").filter(of_sources("source_id", sources))
 
 
-def trajectory_get(*, uid: str | None = None, id: int | None = None) -> Trajectory | None:
-    """The trajectory ``uid`` (or ``id``) with what ``trajectory_render`` reads joined, or None."""
+def trajectory_get(
+    *, uid: str | None = None, id: int | None = None, sources: Sources = None
+) -> Trajectory | None:
+    """The trajectory ``uid`` (or ``id``) with what ``trajectory_render`` reads joined, or
+    None (also for one outside ``sources``)."""
     key = {"uid": uid} if uid is not None else {"id": id}
-    return trajectories_listed().filter(**key).first()
+    return trajectories_listed(sources).filter(**key).first()
 
 
-def groups_listed() -> QuerySet[PromptGroup]:
-    """The prompt groups ``GET /api/v1/groups`` pages through (filters and cursor: the view's)."""
-    return PromptGroup.objects.all()
+def groups_listed(sources: Sources = None) -> QuerySet[PromptGroup]:
+    """The prompt groups ``GET /api/v1/groups`` pages through (filters and cursor: the
+    view's): those of ``sources`` and the shared ones (no source; None: all)."""
+    if sources is None:
+        return PromptGroup.objects.all()
+    return PromptGroup.objects.filter(Q(source__isnull=True) | of_sources("source_id", sources))
 
 
-def group_get(*, uid: str) -> PromptGroup | None:
-    return PromptGroup.objects.filter(uid=uid).first()
+def group_get(*, uid: str, sources: Sources = None, shared: bool = True) -> PromptGroup | None:
+    """The group ``uid`` if ``sources`` may see it (``shared``: also a shared group), or None."""
+    qs = (
+        groups_listed(sources)
+        if shared or sources is None
+        else PromptGroup.objects.filter(of_sources("source_id", sources))
+    )
+    return qs.filter(uid=uid).first()
 
 
 def trajectory_ids_by_uid(uids: Iterable[str]) -> dict[str, int]:

@@ -7,6 +7,7 @@ import hashlib
 import hmac
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -26,9 +27,25 @@ class VerifiedKey:
     source_id: int
     source_name: str
     scopes: frozenset[str]
+    extra_source_ids: frozenset[int] = frozenset()  # ApiKey.extra_source_ids
 
     def has_scope(self, scope: str) -> bool:
         return Scope.ADMIN in self.scopes or scope in self.scopes
+
+    @property
+    def source_ids(self) -> frozenset[int]:
+        """The key's sources: its own and those granted to it."""
+        return self.extra_source_ids | {self.source_id}
+
+    @property
+    def write_sources(self) -> frozenset[int] | None:
+        """The sources it writes into (pool/tenancy.py); None for an admin key: any."""
+        return None if Scope.ADMIN in self.scopes else self.source_ids
+
+    @property
+    def read_sources(self) -> frozenset[int] | None:
+        """The sources it reads; None for a read or admin key: any."""
+        return None if Scope.ADMIN in self.scopes or Scope.READ in self.scopes else self.source_ids
 
 
 def _hash(key: str) -> str:
@@ -42,24 +59,30 @@ def api_key_create(
     scopes: list[str],
     source_name: str | None = None,
     source_kind: str = Source.Kind.AGENT,
+    extra_sources: list[str] | None = None,
     actor: str = "",
 ) -> tuple[ApiKey, str]:
     """Create a key (and its Source on first sight). Returns (row, clear key). Not idempotent:
-    each call mints a new key. Audited (api_key.create)."""
+    each call mints a new key. ``extra_sources``: names of existing sources the key may also
+    write and read as its own (pool/tenancy.py); InvalidInput for an unknown one. Audited
+    (api_key.create)."""
     bad = [s for s in scopes if s not in Scope.values]
     if not scopes or bad:
         raise InvalidInput(
             f"scopes must be a non-empty subset of {sorted(Scope.values)}; got {bad or scopes}",
             field="scopes",
         )
+    extra = sorted(set(extra_sources or ()))
+    granted = list(Source.objects.filter(name__in=extra))
+    unknown = sorted(set(extra) - {g.name for g in granted})
+    if unknown:
+        raise InvalidInput(f"unknown sources {unknown}", field="extra_sources")
     source, _ = Source.objects.get_or_create(name=source_name or name, defaults={"kind": source_kind})
-    key, clear = _mint(source=source, name=name, scopes=scopes)
-    audit_record(
-        action=AuditEvent.Action.API_KEY_CREATE,
-        target=key.prefix,
-        actor=actor,
-        details={"name": name, "source": source.name, "scopes": key.scopes},
-    )
+    key, clear = _mint(source=source, name=name, scopes=scopes, extra=sorted(g.id for g in granted))
+    details: dict = {"name": name, "source": source.name, "scopes": key.scopes}
+    if extra:
+        details["extra_sources"] = extra
+    audit_record(action=AuditEvent.Action.API_KEY_CREATE, target=key.prefix, actor=actor, details=details)
     return key, clear
 
 
@@ -75,7 +98,9 @@ def api_key_rotate(*, prefix: str, actor: str = "") -> tuple[ApiKey, str]:
         raise NotFound(f"no API key with prefix {prefix!r}", field="prefix")
     if old.revoked_at is not None:
         raise Conflict(f"API key {prefix!r} is revoked; create a new one instead", field="prefix")
-    new, clear = _mint(source=old.source, name=old.name, scopes=list(old.scopes))
+    new, clear = _mint(
+        source=old.source, name=old.name, scopes=list(old.scopes), extra=list(old.extra_source_ids)
+    )
     old.revoked_at = timezone.now()
     old.save(update_fields=["revoked_at"])
     audit_record(
@@ -105,11 +130,16 @@ def api_key_revoke(*, prefix: str, actor: str = "") -> ApiKey:
     return key
 
 
-def _mint(*, source: Source, name: str, scopes: list[str]) -> tuple[ApiKey, str]:
+def _mint(*, source: Source, name: str, scopes: list[str], extra: Sequence[int] = ()) -> tuple[ApiKey, str]:
     prefix = secrets.token_hex(6)
     clear = f"{KEY_PREFIX}_{prefix}_{secrets.token_urlsafe(32)}"
     key = ApiKey.objects.create(
-        source=source, name=name, prefix=prefix, key_hash=_hash(clear), scopes=sorted(set(scopes))
+        source=source,
+        name=name,
+        prefix=prefix,
+        key_hash=_hash(clear),
+        scopes=sorted(set(scopes)),
+        extra_source_ids=list(extra),
     )
     return key, clear
 
@@ -156,11 +186,15 @@ def _verify_uncached(clear: str) -> VerifiedKey | None:
     row = (
         ApiKey.objects.filter(prefix=parts[1], revoked_at__isnull=True)
         .select_related("source")
-        .only("id", "key_hash", "scopes", "source__id", "source__name")
+        .only("id", "key_hash", "scopes", "extra_source_ids", "source__id", "source__name")
         .first()
     )
     if row is None or not hmac.compare_digest(row.key_hash, _hash(clear)):
         return None
     return VerifiedKey(
-        key_id=row.id, source_id=row.source.id, source_name=row.source.name, scopes=frozenset(row.scopes)
+        key_id=row.id,
+        source_id=row.source.id,
+        source_name=row.source.name,
+        scopes=frozenset(row.scopes),
+        extra_source_ids=frozenset(row.extra_source_ids or ()),
     )

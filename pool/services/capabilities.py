@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from ..errors import Conflict, PoolError
 from ..models import Channel, Scope, Trajectory, TrajectoryCapability
+from ..tenancy import OWN
 from .api_keys import VerifiedKey
 from .trajectories import trajectory_create, trajectory_register
 
@@ -68,6 +69,7 @@ def trajectory_init(
     prompt_group_uid: str | None = None,
     channel: str | None = None,
     metadata: dict | None = None,
+    sources: object = OWN,
 ) -> tuple[Trajectory, str]:
     """Claw-R1's ``init_trajectory``: open a new trajectory (a fresh uid) and mint its token.
 
@@ -81,6 +83,7 @@ def trajectory_init(
         channel=channel,
         metadata=metadata,
         source_id=source_id,
+        sources=sources,
     )
     return traj, trajectory_capability_issue(trajectory=traj, api_key_id=api_key_id)
 
@@ -95,6 +98,7 @@ def trajectory_create_with_capability(
     metadata: dict | None = None,
     policy_version: int | None = None,
     source_id: int | None = None,
+    sources: object = OWN,
 ) -> tuple[Trajectory, bool, str | None]:
     """``trajectory_create`` (idempotent by uid, Conflict for another group) plus a token
     for the new or existing trajectory: (trajectory, created, token). The token is None when
@@ -107,6 +111,7 @@ def trajectory_create_with_capability(
         metadata=metadata,
         policy_version=policy_version,
         source_id=source_id,
+        sources=sources,
     )
     if api_key_id is None or traj.status != Trajectory.Status.RUNNING:
         return traj, created, None
@@ -130,12 +135,13 @@ def trajectory_capability_verify(*, token: str, trajectory_uid: str) -> Verified
             "api_key__scopes",
             "api_key__source_id",
             "api_key__source__name",
+            "trajectory__source_id",
         )
         .first()
     )
     if row is None:
         raise CapabilityRefused("invalid trajectory token: this capability URL is not known")
-    own_uid, status, expires_at, key_id, revoked_at, scopes, source_id, source_name = row
+    own_uid, status, expires_at, key_id, revoked_at, scopes, source_id, source_name, traj_source = row
     if own_uid != trajectory_uid:
         raise CapabilityMisused(
             "this capability URL belongs to another trajectory; it authorises only its own",
@@ -152,8 +158,13 @@ def trajectory_capability_verify(*, token: str, trajectory_uid: str) -> Verified
         )
     if status != Trajectory.Status.RUNNING:
         raise CapabilityRefused(f"trajectory {own_uid!r} is {status}; its capability URL no longer works")
+    # It writes its own trajectory only, whichever of the issuing key's sources holds it.
     return VerifiedKey(
-        key_id=key_id, source_id=source_id, source_name=source_name, scopes=frozenset({Scope.INGEST})
+        key_id=key_id,
+        source_id=source_id,
+        source_name=source_name,
+        scopes=frozenset({Scope.INGEST}),
+        extra_source_ids=frozenset({traj_source} - {None}),
     )
 
 

@@ -11,6 +11,8 @@ from django.utils import timezone
 from ..errors import InvalidInput, NotFound
 from ..ingest.effects import FeedbackRecorded, emit
 from ..models import Event, Feedback, Step, Trajectory
+from ..tenancy import OWN, allowed
+from ..tenancy import q as of_sources
 
 
 @dataclass(slots=True)
@@ -24,16 +26,21 @@ class EventIn:
 
 
 @transaction.atomic
-def event_record(*, events: list[EventIn], source_id: int | None = None) -> list[Event]:
+def event_record(
+    *, events: list[EventIn], source_id: int | None = None, sources: object = OWN
+) -> list[Event]:
     """Store raw events atomically. Not idempotent (events have no client key); referenced
-    trajectories and steps must exist."""
+    trajectories and steps must exist within ``sources`` (pool/tenancy.py), else NotFound."""
+    mine = allowed(source_id, sources)
     traj_ids = dict(
-        Trajectory.objects.filter(uid__in={e.trajectory_uid for e in events if e.trajectory_uid}).values_list(
-            "uid", "id"
-        )
+        Trajectory.objects.filter(uid__in={e.trajectory_uid for e in events if e.trajectory_uid})
+        .filter(of_sources("source_id", mine))
+        .values_list("uid", "id")
     )
     step_ids = dict(
-        Step.objects.filter(uid__in={e.step_uid for e in events if e.step_uid}).values_list("uid", "id")
+        Step.objects.filter(uid__in={e.step_uid for e in events if e.step_uid})
+        .filter(of_sources("trajectory__source_id", mine))
+        .values_list("uid", "id")
     )
     rows = []
     for e in events:
@@ -68,17 +75,30 @@ def feedback_create(
     author: str = "",
     source_id: int | None = None,
     user_id: int | None = None,
+    sources: object = OWN,
 ) -> Feedback:
-    """Record feedback on a step or a trajectory. Not idempotent (each call is one opinion)."""
+    """Record feedback on a step or a trajectory. Not idempotent (each call is one opinion).
+    A step or trajectory outside ``sources`` (pool/tenancy.py) is NotFound."""
     if (step_uid is None) == (trajectory_uid is None):
         raise InvalidInput("give exactly one of step_uid or trajectory_uid", field="step_uid")
+    mine = allowed(source_id, sources)
     step = traj = None
     if step_uid is not None:
-        step = Step.objects.filter(uid=step_uid).only("id", "trajectory_id").first()
+        step = (
+            Step.objects.filter(uid=step_uid)
+            .filter(of_sources("trajectory__source_id", mine))
+            .only("id", "trajectory_id")
+            .first()
+        )
         if step is None:
             raise NotFound(f"step {step_uid!r} does not exist", field="step_uid")
     else:
-        traj = Trajectory.objects.filter(uid=trajectory_uid).only("id").first()
+        traj = (
+            Trajectory.objects.filter(uid=trajectory_uid)
+            .filter(of_sources("source_id", mine))
+            .only("id")
+            .first()
+        )
         if traj is None:
             raise NotFound(f"trajectory {trajectory_uid!r} does not exist", field="trajectory_uid")
     feedback = Feedback.objects.create(
@@ -97,17 +117,28 @@ def feedback_create(
 
 
 def gateway_event_record(
-    *, type: str, payload: dict, trajectory_uid: str | None = None, source_id: int | None = None
+    *,
+    type: str,
+    payload: dict,
+    trajectory_uid: str | None = None,
+    source_id: int | None = None,
+    sources: object = OWN,
 ) -> Event:
     """Record a gateway event (an upstream fault, an untokenized or unrecorded call).
 
-    Links the trajectory when it exists (never creates one: a failed first call leaves no
-    empty trajectory behind); the uid is always in the payload. Not idempotent.
+    Links the trajectory when it exists within ``sources`` (pool/tenancy.py; never creates
+    one: a failed first call leaves no empty trajectory behind); the uid is always in the
+    payload. Not idempotent.
     """
     traj_id = None
     if trajectory_uid:
         payload = {"trajectory_uid": trajectory_uid, **payload}
-        traj_id = Trajectory.objects.filter(uid=trajectory_uid).values_list("id", flat=True).first()
+        traj_id = (
+            Trajectory.objects.filter(uid=trajectory_uid)
+            .filter(of_sources("source_id", allowed(source_id, sources)))
+            .values_list("id", flat=True)
+            .first()
+        )
     return Event.objects.create(
         type=type, payload=payload, trajectory_id=traj_id, source_id=source_id, occurred_at=timezone.now()
     )

@@ -9,8 +9,10 @@ from django.db import transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
+from ..errors import UidTaken
 from ..ingest.effects import GroupsCompleted, StepsWritten, emit
 from ..models import PromptGroup, Trajectory
+from ..tenancy import OWN, allowed
 
 TERMINAL = (Trajectory.Status.COMPLETED, Trajectory.Status.FAILED, Trajectory.Status.ABANDONED)
 
@@ -23,9 +25,17 @@ def group_upsert(
     dataset: str | None = None,
     ground_truth: Any = None,
     metadata: dict | None = None,
+    source_id: int | None = None,
+    sources: object = OWN,
 ) -> PromptGroup:
-    """Create the group or update the given fields. Idempotent."""
-    group, _ = PromptGroup.objects.select_for_update().get_or_create(uid=uid)
+    """Create the group or update the given fields. Idempotent. A restricted writer
+    (``sources``: pool/tenancy.py) creates its source's group and changes only its own
+    groups: a shared group or another source's raises UidTaken, and nothing changes."""
+    mine = allowed(source_id, sources)
+    owner = source_id if mine is not None else None
+    group, _ = PromptGroup.objects.select_for_update().get_or_create(uid=uid, defaults={"source_id": owner})
+    if mine is not None and group.source_id not in mine:
+        raise UidTaken("prompt group", uid, field="uid")
     changed = []
     for name, value in (
         ("expected_rollouts", expected_rollouts),

@@ -14,6 +14,8 @@ from ..errors import InvalidInput, NotFound
 from ..ingest import rules
 from ..ingest.effects import RewardsSet, StepsWritten, emit
 from ..models import RewardEvent, Step, Trajectory
+from ..tenancy import OWN, allowed
+from ..tenancy import q as of_sources
 from . import effective_reward
 from .readiness import rewards_settle
 
@@ -31,9 +33,13 @@ class RewardIn:
 
 @retry_on_deadlock
 @transaction.atomic
-def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> list[RewardEvent]:
+def rewards_apply(
+    *, rewards: list[RewardIn], source_id: int | None = None, sources: object = OWN
+) -> list[RewardEvent]:
     """Apply rewards atomically (all or none). Each change is recorded as a RewardEvent.
-    Re-applying the same reward with the same status writes nothing (idempotent)."""
+    Re-applying the same reward with the same status writes nothing (idempotent). A step or
+    trajectory outside ``sources`` (pool/tenancy.py) is NotFound, like an unknown one."""
+    mine = allowed(source_id, sources)
     for r in rewards:
         p = r.field_prefix
         rules.check_reward(r.reward, f"{p}reward")
@@ -54,13 +60,14 @@ def rewards_apply(*, rewards: list[RewardIn], source_id: int | None = None) -> l
         .filter(
             Q(uid__in=traj_uids) | Q(id__in=Step.objects.filter(uid__in=step_uids).values("trajectory_id"))
         )
+        .filter(of_sources("source_id", mine))
         .only("id", "uid", "reward", "reward_source")
         .order_by("id")
     }
     steps = {
         row[1]: _StepReward(*row)
         for row in Step.objects.select_for_update()
-        .filter(uid__in=step_uids)
+        .filter(uid__in=step_uids, trajectory_id__in=[t.id for t in trajs.values()])
         .order_by("id")
         .values_list("id", "uid", "trajectory_id", "reward", "reward_status", "reward_source")
     }
@@ -152,6 +159,7 @@ def _outcome_rewards(written: StepsWritten) -> set[int]:
                 for t, r, src, uid, _tid in rows
             ],
             source_id=written.source_id,
+            sources=None,  # the write that made them was the writer's
         )
     return {row[4] for row in rows}
 

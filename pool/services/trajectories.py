@@ -15,6 +15,8 @@ from ..errors import Conflict, InvalidInput, NotFound
 from ..ingest import TrajectorySpec, policy_versions_ensure, rules, trajectory_ensure
 from ..ingest.effects import EndedTrajectory, StepsWritten, TrajectoriesEnded, emit
 from ..models import Channel, RewardEvent, Step, Trajectory
+from ..tenancy import OWN, allowed
+from ..tenancy import q as of_sources
 from .groups import groups_check_complete
 from .readiness import trajectories_settle
 from .rewards import RewardIn, rewards_apply
@@ -29,17 +31,18 @@ def trajectory_create(
     metadata: dict | None = None,
     policy_version: int | None = None,
     source_id: int | None = None,
+    sources: object = OWN,
 ) -> tuple[Trajectory, bool]:
     """Create a trajectory (through the pipeline's trajectory_ensure). Idempotent: an
     existing uid is returned with created=False (a trajectory without a group adopts the
-    given one); a different group raises Conflict."""
+    given one); a different group raises Conflict, another source's uid UidTaken."""
     rules.check_channel(channel)
     if policy_version is not None:
         policy_versions_ensure({policy_version})
     spec = TrajectorySpec(
         uid=uid, group_uid=prompt_group_uid, channel=channel, policy_version=policy_version, metadata=metadata
     )
-    row = trajectory_ensure(specs=[spec], source_id=source_id)[uid]
+    row = trajectory_ensure(specs=[spec], source_id=source_id, sources=sources)[uid]
     return Trajectory.objects.get(id=row.id), row.created
 
 
@@ -51,6 +54,7 @@ def trajectory_register(
     channel: str | None = None,
     metadata: dict | None = None,
     source_id: int | None = None,
+    sources: object = OWN,
 ) -> Trajectory:
     """Create or update a trajectory (Claw-R1's init/register_trajectory).
 
@@ -74,7 +78,7 @@ def trajectory_register(
         policy_version=version,
         metadata=meta,
     )
-    row = trajectory_ensure(specs=[spec], source_id=source_id)[uid]
+    row = trajectory_ensure(specs=[spec], source_id=source_id, sources=sources)[uid]
     traj = Trajectory.objects.select_for_update().get(id=row.id)
     if row.created:
         return traj
@@ -105,13 +109,14 @@ ENDED = (Trajectory.Status.COMPLETED, Trajectory.Status.FAILED, Trajectory.Statu
 @retry_on_deadlock
 @transaction.atomic
 def trajectories_complete(
-    *, completions: list[CompletionIn], source_id: int | None = None
+    *, completions: list[CompletionIn], source_id: int | None = None, sources: object = OWN
 ) -> list[Trajectory]:
     """End trajectories at once (all or none): mark each one's last step ``is_last``, set
     its reward (audited as a RewardEvent), then settle readiness and group completion once
     for all. A constant number of statements for any batch size. Idempotent for the same
     status and reward; ending an ended trajectory with another status raises Conflict, an
-    unknown one NotFound, both naming the item."""
+    unknown one (or one outside ``sources``: pool/tenancy.py) NotFound, both naming the item."""
+    mine = allowed(source_id, sources)
     for c in completions:
         rules.check_reward(c.reward, f"{c.field_prefix}reward")
         if c.status not in ENDED:
@@ -129,6 +134,7 @@ def trajectories_complete(
         t.uid: t
         for t in Trajectory.objects.select_for_update()
         .filter(uid__in=[c.uid for c in completions])
+        .filter(of_sources("source_id", mine))
         .order_by("id")
     }
     now = timezone.now()
@@ -268,6 +274,7 @@ def trajectory_complete(
     channel: str | None = None,
     reward_last_step: bool = False,
     source_id: int | None = None,
+    sources: object = OWN,
 ) -> Trajectory:
     """End one trajectory (``trajectories_complete``). ``channel`` also moves it;
     ``reward_last_step``: the reward is also the last step's (Claw-R1's
@@ -277,6 +284,7 @@ def trajectory_complete(
     (traj,) = trajectories_complete(
         completions=[CompletionIn(uid=uid, reward=reward, status=status, reward_source=reward_source)],
         source_id=source_id,
+        sources=sources,
     )
     if channel is not None and channel != traj.channel:
         traj.channel = channel
@@ -287,6 +295,7 @@ def trajectory_complete(
             rewards_apply(
                 rewards=[RewardIn(reward=reward, step_uid=u, source=reward_source) for u in ends],
                 source_id=source_id,
+                sources=None,  # the steps of the trajectory just completed
             )
     return traj
 

@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 from curation.models import Dataset, DatasetVersion, LabelEvent, Lease, Snapshot
 from curation.services import dataset_create
 from curation.services.consume import PullIn, consumer_pull
-from pool.models import Scope, Step
+from pool.models import Scope, Source, Step
 from pool.services import api_key_create, steps_ingest
 from tests.conftest import client_for, make_step
 from tests.pool.factories import pool_counts, step_in
@@ -22,6 +22,7 @@ from tests.pool.factories import pool_counts, step_in
 pytestmark = pytest.mark.django_db
 
 S, T, G, D = "seed-t:0", "seed-t", "seed-g", "seed-ds"
+SEED = "seed-source"
 
 WRITES = [
     ("steps", {"steps": [make_step("new-t", 0, prompt=[1, 2, 3], response=[4])]}),
@@ -87,10 +88,15 @@ CALLERS = {
 
 @pytest.fixture
 def seeded(db) -> str:
-    """The pool every caller meets; returns the id of a lease on one ready trajectory."""
-    steps_ingest(steps=[step_in(T, 0, prompt=[1, 2, 3], response=[4, 5], group=G)])
+    """The pool every caller meets, written by the source SEED that every caller's key is
+    granted (so this matrix tests scopes alone; tenancy: tests/test_tenancy_matrix.py);
+    returns the id of a lease on one ready trajectory."""
+    seed = Source.objects.create(name=SEED).id
+    steps_ingest(steps=[step_in(T, 0, prompt=[1, 2, 3], response=[4, 5], group=G)], source_id=seed)
     dataset_create(name=D)
-    steps_ingest(steps=[step_in("seed-ready", 0, prompt=[1], response=[2], reward=1.0, is_last=True)])
+    steps_ingest(
+        steps=[step_in("seed-ready", 0, prompt=[1], response=[2], reward=1.0, is_last=True)], source_id=seed
+    )
     lease = consumer_pull(consumer="seed", pull=PullIn(dataset=D))
     assert lease is not None
     return str(lease.id)
@@ -102,7 +108,7 @@ def curation_counts() -> dict[str, int]:
 
 def caller_client(kind: str, django_user_model) -> APIClient:
     if kind in (Scope.INGEST, Scope.CONSUME, Scope.READ, Scope.ADMIN):
-        return client_for(api_key_create(name=f"caller-{kind}", scopes=[kind])[1])
+        return client_for(api_key_create(name=f"caller-{kind}", scopes=[kind], extra_sources=[SEED])[1])
     client = APIClient()
     if kind == "operator":
         client.force_login(django_user_model.objects.create_superuser("op", "op@example.com", "pw"))

@@ -92,7 +92,7 @@ class ResponsesDoor(Translator):
             messages.append({"role": "system", "content": instructions})
         previous = body.get("previous_response_id")
         if previous is not None:
-            history, ident = await _history(previous, ident, scoped=scoped)
+            history, ident = await _history(previous, ident, scoped=scoped, sources=key.write_sources)
             messages += history
         messages += _input(body.get("input"))
         if not messages:
@@ -158,9 +158,12 @@ def trajectory_of(response_id: str) -> str | None:
         return None
 
 
-async def _history(previous: Any, ident: Identity, *, scoped: bool) -> tuple[list[dict[str, Any]], Identity]:
+async def _history(
+    previous: Any, ident: Identity, *, scoped: bool, sources: frozenset[int] | None
+) -> tuple[list[dict[str, Any]], Identity]:
     """The conversation a previous response ended (its messages without its instructions,
-    then its reply), and the identity of the call continuing it."""
+    then its reply), and the identity of the call continuing it. A response of another
+    source's trajectory (``sources``: the caller's, pool/tenancy.py) is not found."""
     if not isinstance(previous, str) or not previous:
         raise DoorInputError("previous_response_id must be a response id", param="previous_response_id")
     missing = DoorInputError(
@@ -169,7 +172,7 @@ async def _history(previous: Any, ident: Identity, *, scoped: bool) -> tuple[lis
     trajectory = trajectory_of(previous)
     if trajectory is None or (scoped and trajectory != ident.trajectory_uid):
         raise missing
-    row = await run_db(step_by_response_id, trajectory_uid=trajectory, response_id=previous)
+    row = await run_db(step_by_response_id, trajectory_uid=trajectory, response_id=previous, sources=sources)
     if row is None:
         raise missing
     meta = row["metadata"] or {}

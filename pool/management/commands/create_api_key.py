@@ -19,11 +19,23 @@ class Command(BaseCommand):
         )
         parser.add_argument("--source", default=None, help="source name (default: --name)")
         parser.add_argument("--kind", default=Source.Kind.AGENT, choices=Source.Kind.values)
+        parser.add_argument(
+            "--extra-source",
+            action="append",
+            default=[],
+            dest="extra_sources",
+            help="an existing source the key may also write and read as its own; repeatable",
+        )
 
-    def handle(self, *args, name, scope, source, kind, **options):
+    def handle(self, *args, name, scope, source, kind, extra_sources, **options):
         try:
             key, clear = api_key_create(
-                name=name, scopes=scope, source_name=source, source_kind=kind, actor="cli"
+                name=name,
+                scopes=scope,
+                source_name=source,
+                source_kind=kind,
+                extra_sources=extra_sources,
+                actor="cli",
             )
         except PoolError as exc:
             raise CommandError(f"{exc.field}: {exc.message}") from exc
