@@ -126,7 +126,11 @@ class ScopePermission(permissions.BasePermission):
             raise exceptions.NotAuthenticated("missing API key: send 'Authorization: Bearer <api key>'")
         if any(principal_has_scope(user, scope) for scope in self.scopes):
             return True
-        self.message = f"this API key lacks the {' or '.join(repr(str(s)) for s in self.scopes)} scope"
+        wanted = " or ".join(repr(str(s)) for s in self.scopes)
+        if isinstance(user, KeyPrincipal):
+            self.message = f"this API key lacks the {wanted} scope"
+        else:  # a signed-in account: sessions get every scope with staff access only
+            self.message = f"this account lacks the {wanted} scope: it needs staff access, or use an API key"
         return False
 
 

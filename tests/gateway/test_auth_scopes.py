@@ -139,7 +139,21 @@ def test_write_matrix(seeded, django_user_model, caller, endpoint, body):
         )
         if expected == 401:
             assert resp["WWW-Authenticate"].startswith("Bearer")
+        else:  # the refusal names who lacks the scope: a key, or a signed-in account
+            who = "this account" if caller == "non-staff-user" else "this API key"
+            assert resp.json()["error"]["message"].startswith(f"{who} lacks the "), resp.content
         assert pool_counts() == before
+
+
+@pytest.mark.parametrize("caller", ["read", "non-staff-user", "anonymous"])
+def test_a_caller_without_the_scope_is_refused_before_its_body_is_read(seeded, django_user_model, caller):
+    # given a caller that may not write, and a body that is not valid
+    client = caller_client(caller, django_user_model)
+    before = pool_counts()
+    resp = client.post("/api/v1/steps", b'{"steps": [{"uid": ', content_type="application/json")
+    # then: the answer is about access (401/403), not the body (400)
+    assert resp.status_code == (401 if caller == "anonymous" else 403), resp.content
+    assert pool_counts() == before
 
 
 @pytest.mark.parametrize("caller", list(CALLERS))

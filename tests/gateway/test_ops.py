@@ -208,6 +208,10 @@ PAGES = [
     "/review/",
     "/admin/",
     "/admin/pool/apikey/",
+    # the browsable API (HTML for a browser), a list with filters and a detail
+    "/api/v1/steps",
+    "/api/v1/trajectories",
+    "/api/v1/datasets",
 ]
 
 
@@ -217,8 +221,9 @@ def test_pages_have_no_inline_script_or_style(operator):
     client = Client()
     client.force_login(operator)
     for path in PAGES:
-        resp = client.get(path, follow=True)
+        resp = client.get(path, follow=True, HTTP_ACCEPT="text/html")
         assert resp.status_code == 200, path
+        assert resp["Content-Type"].startswith("text/html"), path
         html = resp.content.decode()
         for tag in html.split("<script")[1:]:
             attrs = tag.split(">", 1)[0]
