@@ -11,12 +11,21 @@ from urllib.parse import quote
 from django.db import connection
 from django.http import Http404, JsonResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
-from rest_framework import generics, serializers, status
+from rest_framework import exceptions, generics, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from pool.access.auth import IngestScope, PolicyWriteScope, ReadScope, key_id_of, source_id_of, user_id_of
+from pool.access.auth import (
+    IngestScope,
+    PolicyWriteScope,
+    ReadScope,
+    key_id_of,
+    principal_has_scope,
+    source_id_of,
+    user_id_of,
+)
 from pool.errors import InvalidInput
+from pool.models import Scope
 from pool.selectors.events import (
     event_render,
     events_listed,
@@ -381,7 +390,23 @@ class PolicyVersionApi(generics.GenericAPIView):
         ser = s.PolicyVersionSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
         d = ser.validated_data
-        pv = policy_version_set(version=d["version"], current=d["current"], metadata=d.get("metadata"))
+        if d["force"] and not principal_has_scope(request.user, Scope.ADMIN):
+            raise exceptions.PermissionDenied(
+                {"force": "\"force\" is for admins: this API key lacks the 'admin' scope"}
+            )
+        if user_id_of(request) is not None:
+            actor, details = f"user:{request.user.get_username()}", {}
+        else:
+            key = request.user.key
+            actor, details = f"key:{key.source_name}", {"key_id": key.key_id, "source": key.source_name}
+        pv = policy_version_set(
+            version=d["version"],
+            current=d["current"],
+            metadata=d.get("metadata"),
+            force=d["force"],
+            actor=actor,
+            details=details,
+        )
         return Response(policy_version_render(pv))
 
     @extend_schema(

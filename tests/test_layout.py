@@ -63,7 +63,9 @@ def _imports(module: str, path: Path) -> set[str]:
                 stem = ".".join([*base, node.module] if node.module else base)
             else:
                 stem = node.module or ""
-            names = [f"{stem}.{alias.name}" if f"{stem}.{alias.name}" in FILES else stem for alias in node.names]
+            names = [
+                f"{stem}.{alias.name}" if f"{stem}.{alias.name}" in FILES else stem for alias in node.names
+            ]
         else:
             continue
         for name in names:

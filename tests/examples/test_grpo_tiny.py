@@ -31,8 +31,8 @@ pytestmark = pytest.mark.live
 
 KEYS = """
 from pool.services import api_key_create
-for name, scope in (("agent", "ingest"), ("trainer", "consume"), ("admin", "admin")):
-    print(api_key_create(name=name, scopes=[scope])[1])
+for name, scopes in (("agent", ["ingest"]), ("trainer", ["consume", "policy"]), ("admin", ["admin"])):
+    print(api_key_create(name=name, scopes=scopes)[1])
 """
 
 GROUPS = 3

@@ -541,6 +541,8 @@ OTHER_CASES = [
     ("policy-versions", {"version": 1.5}, None, 400, "version"),
     ("policy-versions", {"version": 2**63}, None, 400, "version"),
     ("policy-versions", {"version": 1, "current": "yes"}, None, 400, "current"),
+    ("policy-versions", {"version": 1, "force": "yes"}, None, 400, "force"),
+    ("policy-versions", {"version": 1, "force": 1}, None, 400, "force"),
     ("policy-versions", {"version": 1, "metadata": {"x": RAW}}, "NaN", 400, "metadata.x"),
     # trajectories
     ("trajectories", {"uid": "t-new", "bogus": 1}, None, 400, "bogus"),
@@ -572,8 +574,11 @@ OTHER_CASES = [
     ("endpoint", "obj", "raw", "status", "param"),
     [pytest.param(*case, id=f"{case[0]}-{case[4]}-{i}") for i, case in enumerate(OTHER_CASES)],
 )
-def test_bad_input_on_other_endpoints(agent, seeded, endpoint, obj, raw, status, param):
-    # given a stored step/trajectory/group and a bad body for a write endpoint
+def test_bad_input_on_other_endpoints(agent, trainer_key, seeded, endpoint, obj, raw, status, param):
+    # given a stored step/trajectory/group and a bad body for a write endpoint (policy
+    # versions: a trainer's, the policy scope)
+    if endpoint == "policy-versions":
+        agent = client_for(trainer_key)
     before = pool_counts()
     state = list(Trajectory.objects.values_list("uid", "status", "reward").order_by("uid"))
     step_state = list(Step.objects.values_list("uid", "reward", "reward_status").order_by("uid"))
@@ -600,8 +605,7 @@ def test_bad_input_on_other_endpoints(agent, seeded, endpoint, obj, raw, status,
             ("trajectories/seed-t/complete", {}),
             ("groups", {"uid": "g-new"}),
         ]
-        # trainers (consume) publish policy versions: that case is in the scopes matrix
-        if not (endpoint == "policy-versions" and scope == Scope.CONSUME)
+        # policy versions need the policy scope, which neither consume nor read implies
     ],
 )
 def test_other_writes_need_the_ingest_scope(seeded, scope, endpoint, obj):
