@@ -290,7 +290,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=2, help="prompt groups per pull")
     p.add_argument("--lr", type=float, default=1e-2)
-    p.add_argument("--start-version", type=int, default=0)
+    p.add_argument(
+        "--start-version",
+        type=int,
+        default=0,
+        help="the current policy version (the server refuses a move back without an admin's force)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--allow-null-rewards", action="store_true", help="train on steps with a null reward, as reward 0"

@@ -1,10 +1,10 @@
 """Consumers and their leases belong to a source (curation/services/consume.py Actor).
 
-README: "A consumer belongs to the source of the key that first pulled as it: every key of
-that source (a rotated one too) may pull, ack, nack, replay and read its status; a key of
-another source gets 404 for the consumer and its leases, as if they did not exist. Admin keys
-and operators act on every consumer and lease, and only they may release any lease
-(POST /api/v1/leases/{id}/release, audited)." """
+README: "Owned consumers: a consumer belongs to the source of the key that first pulled as
+it: every key of that source (a rotated one too) may pull, ack, nack, replay and read its
+status; a key of another source gets 404 for the consumer and its leases, as if they did not
+exist. Admin keys and operators act on every consumer and lease, and only they may release
+any lease (POST /api/v1/leases/{id}/release, audited)." """
 
 from __future__ import annotations
 
@@ -135,8 +135,8 @@ def test_a_name_taken_by_another_source_is_theirs(world):
 
 
 def test_consumers_without_an_owner_are_the_operators(world):
-    """A consumer created by an operator session (or before owners existed) has no source:
-    admin keys and operators only."""
+    """README: "A consumer created by an operator session, or before owners existed
+    (Consumer.source empty), is theirs alone." """
     clients, _, _ = world
     resp = clients["staff"].post("/api/v1/consumers/ops/pull", {"dataset": "all"}, format="json")
     assert resp.status_code == 200, resp.content

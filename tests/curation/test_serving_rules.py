@@ -46,7 +46,8 @@ def test_stale_units_are_dropped_when_offered_and_counted(trainer):
     "capacity": 500}, also fields of the dataset builder): stale_after drops a unit with a
     step more than that many policy versions behind the current one when it is offered (an
     off-policy bound; filters.max_staleness instead excludes stale steps from admission)."
-    README: "Dropped units are never served to that consumer and are counted by reason: each
+    README: "Dropped units are not served to that consumer (unless the current policy version
+    moves back, below) and are counted by reason: each
     manifest has dropped (filtered, stale, capacity) for its pull, and GET
     /api/v1/consumers/{name} gives the totals per dataset (units and steps dropped by reason,
     leases by status, delivered and pending units)." """
@@ -190,11 +191,12 @@ def set_current(client, version: int, *, force: bool = False) -> None:
     ],
 )
 def test_a_drop_for_staleness_is_undone_when_the_version_moves_back(trainer, curator, spec, reason):
-    """README: "A drop that depends on the current policy version (stale; filtered under
-    filters.max_staleness) records that version: if the current version later moves back
+    """README: "Drops for staleness are undone when the version moves back: a drop that
+    depends on the current policy version (stale; filtered under filters.max_staleness)
+    records that version: if the current version later moves back
     below it, the unit is looked at again and served if it passes now. GET
     /api/v1/consumers/{name} counts the stale drops by that version (stale_drops: held,
-    deliverable again, served since)." """
+    deliverable_again, served_since)." """
     # given three ready groups of policy version 5, current
     dataset_create(name="all", spec=spec)
     set_current(curator, 5)

@@ -1,11 +1,12 @@
 """Who may move the current policy version, and how far (POST /api/v1/policy-versions).
 
-README: "Setting the current policy version needs the policy scope (trainer keys hold
+README: "Policy versions: setting the current policy version needs the policy scope (trainer keys hold
 consume + policy; an ingest or consume key alone gets 403). It moves forward by at most
 CLAW_POLICY_MAX_STEP (default 1000) over the current one (over 0 when there is none); a
 jump further, or any move back, is a 409 naming version unless an admin (admin key or
 operator) sends "force": true (anyone else: 403 naming force). Every change of the current
-version is an audit row (policy.current: who, from, to, forced)." """
+version is an audit row (policy.current: who, from, to, forced). Registering a version
+without making it current ("current": false) is not bounded." """
 
 from __future__ import annotations
 
