@@ -16,6 +16,7 @@ urlpatterns = [
     path("consumers/<str:name>/pull", apis.PullApi.as_view(), name="consumer-pull"),
     path("leases/<uuid:lease_id>/ack", apis.LeaseAckApi.as_view(), name="lease-ack"),
     path("leases/<uuid:lease_id>/nack", apis.LeaseNackApi.as_view(), name="lease-nack"),
+    path("leases/<uuid:lease_id>/release", apis.LeaseReleaseApi.as_view(), name="lease-release"),
     path("leases/<uuid:lease_id>/batch", apis.LeaseBatchApi.as_view(), name="lease-batch"),
     path("snapshots", apis.SnapshotCreateApi.as_view(), name="snapshots"),
     path("snapshots/<uuid:snapshot_id>", apis.SnapshotDetailApi.as_view(), name="snapshot-detail"),

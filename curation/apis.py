@@ -15,7 +15,15 @@ from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from pool.access.auth import ConsumeScope, ReadScope, ScopePermission, key_id_of, user_id_of
+from pool.access.auth import (
+    ConsumeScope,
+    ReadScope,
+    ScopePermission,
+    key_id_of,
+    principal_has_scope,
+    source_id_of,
+    user_id_of,
+)
 from pool.errors import Conflict, InvalidInput, NotFound
 from pool.models import Scope
 from pool.selectors.steps import step_ids_by_uid
@@ -44,6 +52,20 @@ def _actor(request) -> str:
     if user_id_of(request) is not None:
         return user.get_username()
     return str(user) if key_id_of(request) is not None else ""
+
+
+def _consumer_actor(request) -> consume.Actor:
+    """Consumers and leases are their source's: a key acts on its source's (404 for
+    others'); admin keys and operators on all."""
+    return consume.Actor(
+        source_id=source_id_of(request), admin=principal_has_scope(request.user, Scope.ADMIN)
+    )
+
+
+def _owner(request) -> int | None:
+    """The source whose consumers and leases this request may read; None: all (admins)."""
+    actor = _consumer_actor(request)
+    return None if actor.admin else actor.source_id
 
 
 def _body(request, allowed: set[str]) -> dict[str, Any]:
@@ -261,9 +283,10 @@ class PullApi(APIView):
             format=data.get("format", "steps"),
             lease_seconds=data.get("lease_seconds", 300),
         )
+        actor = _consumer_actor(request)
         deadline = time.monotonic() + wait
         while True:
-            lease = consume.consumer_pull(consumer=name, pull=pull)
+            lease = consume.consumer_pull(consumer=name, pull=pull, actor=actor)
             if lease is not None:
                 return HttpResponse(bytes(lease.body), content_type="application/json")
             if time.monotonic() >= deadline:
@@ -280,7 +303,7 @@ class LeaseAckApi(APIView):
         responses=cs.LeaseSerializer,
     )
     def post(self, request, lease_id):
-        return Response(lease_render(consume.lease_ack(lease_id=lease_id)))
+        return Response(lease_render(consume.lease_ack(lease_id=lease_id, actor=_consumer_actor(request))))
 
 
 class LeaseNackApi(APIView):
@@ -292,7 +315,20 @@ class LeaseNackApi(APIView):
         responses=cs.LeaseSerializer,
     )
     def post(self, request, lease_id):
-        return Response(lease_render(consume.lease_nack(lease_id=lease_id)))
+        return Response(lease_render(consume.lease_nack(lease_id=lease_id, actor=_consumer_actor(request))))
+
+
+class LeaseReleaseApi(APIView):
+    permission_classes = [CurateScope]
+
+    @extend_schema(
+        summary="An admin releases any consumer's lease (as its nack: the units are deliverable "
+        "again); audited",
+        request=None,
+        responses=cs.LeaseSerializer,
+    )
+    def post(self, request, lease_id):
+        return Response(lease_render(consume.lease_release(lease_id=lease_id, actor=_actor(request))))
 
 
 class LeaseBatchApi(APIView):
@@ -303,7 +339,7 @@ class LeaseBatchApi(APIView):
         responses=cs.PullResultSerializer,
     )
     def get(self, request, lease_id):
-        body = lease_body(lease_id)
+        body = lease_body(lease_id, owner=_owner(request))
         if body is None:
             raise NotFound(f"lease {lease_id} does not exist", field="lease")
         return HttpResponse(body, content_type="application/json")
@@ -318,7 +354,7 @@ class ConsumerDetailApi(APIView):
         responses=OpenApiTypes.OBJECT,
     )
     def get(self, request, name: str):
-        found = consumer_status(name)
+        found = consumer_status(name, owner=_owner(request))
         if found is None:
             raise NotFound(f"consumer {name!r} has never pulled", field="name")
         return Response(found)

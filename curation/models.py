@@ -159,9 +159,17 @@ class ReviewClaim(models.Model):
 
 
 class Consumer(models.Model):
-    """A trainer (or any reader) that pulls batches; it gets each unit of a dataset once."""
+    """A trainer (or any reader) that pulls batches; it gets each unit of a dataset once.
+
+    It belongs to the source of the key that first pulled as it (so every key of that
+    source, a rotated one too, may use it); the keys of other sources get 404 for it and its
+    leases. Null: created by an operator session (or before owners existed): admin keys and
+    operators only."""
 
     name = models.CharField(max_length=64, unique=True)
+    source = models.ForeignKey(
+        "pool.Source", null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
@@ -239,8 +247,10 @@ class Skip(models.Model):
     version did not admit it (``filtered``), or its serving rules dropped it (``stale``,
     ``capacity``; specs.Serving). It is not evaluated again for that consumer under that
     version (a later version, with other rules, looks at it afresh), which keeps a pull from
-    re-reading the same rejected units at the head of the ready queue; the rows are also
-    the consumer's drop counters (selectors.consumer_status)."""
+    re-reading the same rejected units at the head of the ready queue, except a drop that
+    depends on the current policy version, once that version has moved back below
+    ``policy_version`` (a stale unit may be fresh again); the rows are also the consumer's
+    drop counters (selectors.consumer_status)."""
 
     class Reason(models.IntegerChoices):
         FILTERED = 1, "filtered"
@@ -255,6 +265,10 @@ class Skip(models.Model):
     key = models.BigIntegerField()
     reason = models.PositiveSmallIntegerField(choices=Reason.choices, default=Reason.FILTERED)
     steps = models.PositiveIntegerField(null=True, blank=True)  # the unit's steps, where known
+    # The current policy version when the unit was dropped (null: none was current). A drop
+    # that depends on it (stale; filtered under filters.max_staleness) holds while the current
+    # version is at least this one, and is looked at again once it has moved back.
+    policy_version = models.PositiveBigIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [

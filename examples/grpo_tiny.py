@@ -27,8 +27,9 @@ steps trained on, as the advantages see them) and ``groups_with_variance`` (the 
 its groups whose rewards are not all equal: the others give GRPO no signal). No Django:
 only ``claw_client``, numpy and torch.
 
-Run from the repository root against a server, with a consume key (it pulls and publishes
-policy versions)::
+Run from the repository root against a server, with a trainer's key: scopes ``consume`` (it
+pulls) and ``policy`` (it publishes policy versions; a consume key alone may not), e.g.
+``manage.py create_api_key --name grpo --scope consume --scope policy``::
 
     python -m examples.grpo_tiny --url http://127.0.0.1:8000 --key $CLAW_KEY \\
         --dataset grpo --consumer grpo-tiny --steps 3 --batch-size 2
@@ -280,14 +281,21 @@ def train(
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default=os.environ.get("CLAW_URL", "http://127.0.0.1:8000"))
-    p.add_argument("--key", default=os.environ.get("CLAW_API_KEY"), help="consume key (env CLAW_API_KEY)")
+    p.add_argument(
+        "--key", default=os.environ.get("CLAW_API_KEY"), help="consume + policy key (env CLAW_API_KEY)"
+    )
     p.add_argument("--version-key", default=None, help="key for policy versions (default: --key)")
     p.add_argument("--dataset", required=True)
     p.add_argument("--consumer", default="grpo-tiny")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=2, help="prompt groups per pull")
     p.add_argument("--lr", type=float, default=1e-2)
-    p.add_argument("--start-version", type=int, default=0)
+    p.add_argument(
+        "--start-version",
+        type=int,
+        default=0,
+        help="the current policy version (the server refuses a move back without an admin's force)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--allow-null-rewards", action="store_true", help="train on steps with a null reward, as reward 0"

@@ -11,7 +11,7 @@ from urllib.parse import quote
 from django.db import connection
 from django.http import Http404, JsonResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
-from rest_framework import generics, serializers, status
+from rest_framework import exceptions, generics, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -20,12 +20,14 @@ from pool.access.auth import (
     PolicyWriteScope,
     ReadScope,
     key_id_of,
+    principal_has_scope,
     read_sources_of,
     source_id_of,
     user_id_of,
     write_sources_of,
 )
 from pool.errors import InvalidInput, NotFound
+from pool.models import Scope
 from pool.selectors.events import (
     event_render,
     events_listed,
@@ -404,7 +406,23 @@ class PolicyVersionApi(generics.GenericAPIView):
         ser = s.PolicyVersionSerializer(data=request.data)
         ser.is_valid(raise_exception=True)
         d = ser.validated_data
-        pv = policy_version_set(version=d["version"], current=d["current"], metadata=d.get("metadata"))
+        if d["force"] and not principal_has_scope(request.user, Scope.ADMIN):
+            raise exceptions.PermissionDenied(
+                {"force": "\"force\" is for admins: this API key lacks the 'admin' scope"}
+            )
+        if user_id_of(request) is not None:
+            actor, details = f"user:{request.user.get_username()}", {}
+        else:
+            key = request.user.key
+            actor, details = f"key:{key.source_name}", {"key_id": key.key_id, "source": key.source_name}
+        pv = policy_version_set(
+            version=d["version"],
+            current=d["current"],
+            metadata=d.get("metadata"),
+            force=d["force"],
+            actor=actor,
+            details=details,
+        )
         return Response(policy_version_render(pv))
 
     @extend_schema(

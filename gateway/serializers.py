@@ -248,4 +248,6 @@ class PolicyVersionReadSerializer(serializers.Serializer):
 class PolicyVersionSerializer(StrictSerializer):
     version = StrictIntegerField(min_value=0, max_value=INT64_MAX)
     current = StrictBooleanField(default=True)
+    # Past the bound (CLAW_POLICY_MAX_STEP) or backwards: admins only.
+    force = StrictBooleanField(default=False)
     metadata = SafeDictField(required=False)

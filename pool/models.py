@@ -26,6 +26,9 @@ class Scope(models.TextChoices):
     INGEST = "ingest", "ingest"
     CONSUME = "consume", "consume"
     READ = "read", "read"
+    # Setting the current policy version (POST /api/v1/policy-versions): trainers' keys hold
+    # it next to consume; a consume key alone does not.
+    POLICY = "policy", "policy"
     ADMIN = "admin", "admin"
 
 
@@ -594,6 +597,8 @@ class AuditEvent(models.Model):
         API_KEY_REVOKE = "api_key.revoke", "API key revoked"
         DATASET_CREATE = "dataset.create", "dataset created"
         DATASET_VERSION = "dataset.version", "dataset version added"
+        POLICY_CURRENT = "policy.current", "current policy version changed"
+        LEASE_RELEASE = "lease.release", "lease released by an admin"
 
     action = models.CharField(max_length=32, choices=Action.choices)
     actor = models.CharField(max_length=160, blank=True, default="")

@@ -29,7 +29,8 @@ def agent_key(make_key) -> str:
 
 @pytest.fixture
 def trainer_key(make_key) -> str:
-    return make_key(Scope.CONSUME, name="trainer")
+    """A trainer's key: it pulls (consume) and publishes policy versions (policy)."""
+    return make_key(Scope.CONSUME, Scope.POLICY, name="trainer")
 
 
 @pytest.fixture

@@ -82,7 +82,7 @@ def read_everything(c: httpx.Client, step_uids: list[str]) -> dict[str, bytes]:
 
 
 def test_everything_written_survives_restart_and_sigkill(server):
-    key = server.make_key("ingest", "read")
+    key = server.make_key("ingest", "read", "policy")
     rng = random.Random(42)
     steps = rollout_steps(rng)
     uids = [s["uid"] for s in steps]

@@ -316,6 +316,9 @@ CLAW_RATE_LIMIT_BURST = env_int("CLAW_RATE_LIMIT_BURST", 500)
 # Django's own form-data limit does not apply to our parsers; the body limit above does.
 DATA_UPLOAD_MAX_MEMORY_SIZE = None
 CLAW_API_KEY_CACHE_SECONDS = env_float("CLAW_API_KEY_CACHE_SECONDS", 1.0)
+# POST /api/v1/policy-versions: a new current version may be at most this far above the
+# current one (above 0 when there is none); further, or backwards, needs an admin's "force".
+CLAW_POLICY_MAX_STEP = env_int("CLAW_POLICY_MAX_STEP", 1000)
 # Lifetime of a trajectory capability URL's token (init_trajectory, POST /api/v1/trajectories);
 # it also stops working as soon as its trajectory completes or is abandoned.
 CLAW_TRAJECTORY_TOKEN_LIFETIME_SECONDS = env_int("CLAW_TRAJECTORY_TOKEN_LIFETIME_SECONDS", 24 * 3600)

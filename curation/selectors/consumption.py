@@ -6,25 +6,32 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.db.models import Count, Max, Q, Sum
+from django.db.models import Count, Exists, Max, OuterRef, Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from pool.models import PromptGroup, Trajectory
+from pool.models import PolicyVersion, PromptGroup, Trajectory
 
 from ..models import Consumer, Dataset, Delivery, Lease, Skip, Snapshot
+from ..specs import spec_parse
 
 # Snapshots and leases shown by the consumption page.
 SNAPSHOTS_SHOWN = 20
 LEASES_SHOWN = 30
 
 
-def consumer_status(name: str) -> dict[str, Any] | None:
+def consumer_status(name: str, *, owner: int | None = None) -> dict[str, Any] | None:
     """A consumer's progress per dataset it pulled from: its leases by status, the units
     delivered to it, the ready units still waiting for it (under the dataset's current
-    version), and the units dropped for it, by reason (Skip rows; specs.Serving). None if it
-    never pulled. A few grouped counts on indexed columns."""
-    consumer = Consumer.objects.filter(name=name).first()
+    version), and the units dropped for it, by reason (Skip rows; specs.Serving), with the
+    stale drops by the current policy version they were made under (``stale_drops``: how
+    many still hold, are deliverable again since the version moved back, or were served
+    since). None if it never pulled, or (``owner``: a source id) is not that source's. A few
+    grouped counts on indexed columns."""
+    found = Consumer.objects.filter(name=name)
+    if owner is not None:
+        found = found.filter(source_id=owner)
+    consumer = found.first()
     if consumer is None:
         return None
     datasets: dict[int, dict[str, Any]] = {}
@@ -37,6 +44,7 @@ def consumer_status(name: str) -> dict[str, Any] | None:
                 "delivered_units": 0,
                 "dropped": {r.label: 0 for r in Skip.Reason},
                 "dropped_steps": {r.label: 0 for r in Skip.Reason},
+                "stale_drops": {},
             },
         )
 
@@ -56,38 +64,88 @@ def consumer_status(name: str) -> dict[str, Any] | None:
     )
     for dataset_id, n in delivered:
         entry(dataset_id)["delivered_units"] = n
-    current_skips: dict[int, int] = {}
-    skips = (
+    served = Delivery.objects.filter(
+        consumer=consumer,
+        dataset_id=OuterRef("dataset_version__dataset_id"),
+        kind=OuterRef("kind"),
+        key=OuterRef("key"),
+    )
+    skips = list(
         Skip.objects.filter(consumer=consumer)
-        .values_list("dataset_version__dataset_id", "dataset_version_id", "reason")
+        .annotate(served=Exists(served))
+        .values_list(
+            "dataset_version__dataset_id",
+            "dataset_version_id",
+            "dataset_version__version",
+            "reason",
+            "policy_version",
+            "served",
+        )
         .annotate(n=Count("id"), steps=Coalesce(Sum("steps"), 0))
         .order_by()
     )
-    current = dict(
-        Dataset.objects.filter(id__in={row[0] for row in skips} | set(datasets)).values_list(
-            "id", "current_id"
+    now_current = PolicyVersion.objects.filter(is_current=True).values_list("version", flat=True).first()
+    catalogue = {
+        d.id: d
+        for d in Dataset.objects.filter(id__in={row[0] for row in skips} | set(datasets)).select_related(
+            "current"
         )
-    )
-    for dataset_id, version_id, reason, n, steps in skips:
+    }
+    # Does the dataset's current version filter on freshness (then its filtered drops depend
+    # on the current policy version too)?
+    fresh_filter = {
+        i: d.current is not None and spec_parse(d.current.spec).filters.max_staleness is not None
+        for i, d in catalogue.items()
+    }
+    current_skips: dict[int, int] = {}
+    for dataset_id, version_id, version, reason, at, was_served, n, steps in skips:
         e = entry(dataset_id)
         label = Skip.Reason(reason).label
         e["dropped"][label] += n
         e["dropped_steps"][label] += steps
-        if version_id == current.get(dataset_id):
+        ds = catalogue.get(dataset_id)
+        holds = _holds(reason, at, now_current, max_staleness=fresh_filter.get(dataset_id, False))
+        if version_id == (ds.current_id if ds else None) and holds and not was_served:
             current_skips[dataset_id] = current_skips.get(dataset_id, 0) + n
+        if reason == Skip.Reason.STALE:
+            row = e["stale_drops"].setdefault(
+                (version, at),
+                {
+                    "dataset_version": version,
+                    "current_policy_version": at,
+                    "units": 0,
+                    "steps": 0,
+                    "held": 0,
+                    "deliverable_again": 0,
+                    "served_since": 0,
+                },
+            )
+            row["units"] += n
+            row["steps"] += steps
+            row["served_since" if was_served else "held" if holds else "deliverable_again"] += n
     ready = (
         PromptGroup.objects.filter(ready_at__isnull=False).count()
         + Trajectory.objects.filter(group__isnull=True, status=Trajectory.Status.COMPLETED).count()
         if datasets
         else 0
     )
-    names = dict(Dataset.objects.filter(id__in=list(datasets)).values_list("id", "name"))
+    names = {i: d.name for i, d in catalogue.items()}
     out = []
     for dataset_id, e in sorted(datasets.items(), key=lambda kv: names.get(kv[0], "")):
         # Units a group-unit pull could still offer (steps-unit pulls count steps instead).
         pending = max(0, ready - e["delivered_units"] - current_skips.get(dataset_id, 0))
+        e["stale_drops"] = [
+            e["stale_drops"][k]
+            for k in sorted(e["stale_drops"], key=lambda k: (k[0], -1 if k[1] is None else k[1]))
+        ]
         out.append({"dataset": names.get(dataset_id), **e, "pending_units": pending})
     return {"name": consumer.name, "created_at": consumer.created_at, "datasets": out}
+
+
+def _holds(reason: int, at: int | None, current: int | None, *, max_staleness: bool) -> bool:
+    """services.consume.skip_holds for one Skip row: is the drop still in force?"""
+    depends = reason == Skip.Reason.STALE or (max_staleness and reason == Skip.Reason.FILTERED)
+    return not depends or at is None or (current is not None and at <= current)
 
 
 def snapshots_recent(limit: int = SNAPSHOTS_SHOWN) -> list[Snapshot]:
@@ -133,9 +191,13 @@ def leases_recent(limit: int = LEASES_SHOWN) -> list[Lease]:
     )
 
 
-def lease_body(lease_id: uuid.UUID) -> bytes | None:
-    """A lease's batch exactly as first served (the replay), or None."""
-    body = Lease.objects.filter(id=lease_id).values_list("body", flat=True).first()
+def lease_body(lease_id: uuid.UUID, *, owner: int | None = None) -> bytes | None:
+    """A lease's batch exactly as first served (the replay), or None (also when ``owner``,
+    a source id, is given and the lease's consumer is not that source's)."""
+    found = Lease.objects.filter(id=lease_id)
+    if owner is not None:
+        found = found.filter(consumer__source_id=owner)
+    body = found.values_list("body", flat=True).first()
     return bytes(body) if body is not None else None
 
 

@@ -9,6 +9,9 @@ a unit that is not ready is never a candidate, so it blocks nothing.
 A lease ends by ack (its units are consumed by that consumer for good), nack or expiry (its
 Delivery rows go, the units are candidates again). The batch is stored byte for byte with
 its manifest, so ``GET /api/v1/leases/{id}/batch`` replays exactly what was trained on.
+
+A consumer belongs to the source of the key that created it (``Actor``): another source's
+keys get NotFound for it and for its leases; admins (admin keys, operators) act on all.
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ from claw_kit.web.renderers import dumps
 from pool import sql
 from pool.errors import Conflict, InvalidInput, NotFound
 from pool.ingest.effects import emit
-from pool.models import PolicyVersion, PromptGroup, Step, Trajectory
+from pool.models import AuditEvent, PolicyVersion, PromptGroup, Step, Trajectory
 from pool.selectors.steps import branch_ends, steps_render
 from pool.services import effective_reward
+from pool.services.audit import audit_record
 
 from ..events import LeaseChanged
 from ..formats import RENDERERS
@@ -45,6 +49,19 @@ MAX_LEASE_SECONDS = 24 * 3600
 # to another puller of the same consumer first).
 CANDIDATE_FACTOR = 4
 MAX_ROUNDS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Actor:
+    """Who acts on consumers and leases: the source of its API key (None: an operator
+    session) and whether it is an admin (admin key or operator), who may act on every
+    consumer and lease. Services called without one (internal callers) act on all."""
+
+    source_id: int | None
+    admin: bool = False
+
+    def owns(self, source_id: int | None) -> bool:
+        return self.admin or (self.source_id is not None and source_id == self.source_id)
 
 
 @dataclass(slots=True)
@@ -79,10 +96,11 @@ def pull_validate(p: PullIn) -> None:
         )
 
 
-def consumer_pull(*, consumer: str, pull: PullIn) -> Lease | None:
+def consumer_pull(*, consumer: str, pull: PullIn, actor: Actor | None = None) -> Lease | None:
     """Lease the next batch of ``pull.dataset`` to ``consumer``, or None when nothing is
     ready for it. Not idempotent: each call leases new units. Raises InvalidInput or
-    NotFound naming the field."""
+    NotFound naming the field (``name`` for a consumer ``actor`` may not use; a consumer
+    seen for the first time becomes ``actor``'s source's)."""
     pull_validate(pull)
     ds = Dataset.objects.select_related("current").filter(name=pull.dataset).first()
     if ds is None or ds.current is None:
@@ -91,7 +109,7 @@ def consumer_pull(*, consumer: str, pull: PullIn) -> Lease | None:
         raise InvalidInput(
             "this dataset serves steps (keep_groups_whole is false): pull unit 'steps'", field="unit"
         )
-    who = _consumer(consumer)
+    who = _consumer(consumer, actor)
     leases_expire(consumer_id=who.id)
     with transaction.atomic():
         now = timezone.now()
@@ -119,11 +137,12 @@ def consumer_pull(*, consumer: str, pull: PullIn) -> Lease | None:
     return lease
 
 
-def lease_ack(*, lease_id: uuid.UUID, consumer: str | None = None) -> Lease:
+def lease_ack(*, lease_id: uuid.UUID, consumer: str | None = None, actor: Actor | None = None) -> Lease:
     """Mark a leased batch consumed. Idempotent for an acked lease; an expired or released
-    one raises Conflict (its units may already have gone to another pull)."""
+    one raises Conflict (its units may already have gone to another pull); another
+    source's lease NotFound."""
     with transaction.atomic():
-        lease = _lease_locked(lease_id, consumer)
+        lease = _lease_locked(lease_id, consumer, actor)
         if lease.status == Lease.Status.ACKED:
             return lease
         if lease.status != Lease.Status.LEASED or lease.expires_at <= timezone.now():
@@ -136,18 +155,42 @@ def lease_ack(*, lease_id: uuid.UUID, consumer: str | None = None) -> Lease:
         return lease
 
 
-def lease_nack(*, lease_id: uuid.UUID, consumer: str | None = None) -> Lease:
+def lease_nack(*, lease_id: uuid.UUID, consumer: str | None = None, actor: Actor | None = None) -> Lease:
     """Give a batch back: its units are deliverable again. Idempotent for a released or
-    expired lease; an acked one raises Conflict."""
+    expired lease; an acked one raises Conflict; another source's lease NotFound."""
     with transaction.atomic():
-        lease = _lease_locked(lease_id, consumer)
-        if lease.status == Lease.Status.ACKED:
-            raise Conflict(f"lease {lease_id} is acked", field="lease")
-        if lease.status == Lease.Status.LEASED:
-            Delivery.objects.filter(lease=lease).delete()
-            lease.status = Lease.Status.RELEASED
-            lease.save(update_fields=["status"])
+        lease = _lease_locked(lease_id, consumer, actor)
+        _release(lease)
         return lease
+
+
+def lease_release(*, lease_id: uuid.UUID, actor: str = "") -> Lease:
+    """An admin's nack of any consumer's lease (``POST /api/v1/leases/{id}/release``): its
+    units are deliverable again. Audited (``lease.release``) when it ends an open lease;
+    idempotent for a released or expired one; an acked one raises Conflict."""
+    with transaction.atomic():
+        lease = _lease_locked(lease_id, None, None)
+        if _release(lease):
+            consumer = Consumer.objects.filter(id=lease.consumer_id).values_list("name", "source_id").first()
+            audit_record(
+                action=AuditEvent.Action.LEASE_RELEASE,
+                target=str(lease.id),
+                actor=actor,
+                details={"consumer": consumer[0], "source_id": consumer[1], "units": lease.n_units},
+            )
+        return lease
+
+
+def _release(lease: Lease) -> bool:
+    """Nack a locked lease; True if it was open."""
+    if lease.status == Lease.Status.ACKED:
+        raise Conflict(f"lease {lease.id} is acked", field="lease")
+    if lease.status != Lease.Status.LEASED:
+        return False
+    Delivery.objects.filter(lease=lease).delete()
+    lease.status = Lease.Status.RELEASED
+    lease.save(update_fields=["status"])
+    return True
 
 
 def leases_expire(*, consumer_id: int | None = None, now=None) -> int:
@@ -187,20 +230,30 @@ def lease_changed(lease: Lease, *, consumer: str, dataset: str, taken: int = 0, 
     )
 
 
-def _consumer(name: str) -> Consumer:
+def _consumer(name: str, actor: Actor | None) -> Consumer:
+    """The consumer ``name``, created for ``actor``'s source on first sight; NotFound
+    (``name``) when it is another source's."""
     if not isinstance(name, str) or not 1 <= len(name) <= 64:
         raise InvalidInput("a consumer name is 1-64 characters", field="name")
     found = Consumer.objects.filter(name=name).first()
-    if found is not None:
-        return found
-    Consumer.objects.bulk_create([Consumer(name=name)], ignore_conflicts=True)  # race-safe
-    return Consumer.objects.get(name=name)
+    if found is None:
+        owner = actor.source_id if actor is not None else None
+        Consumer.objects.bulk_create(
+            [Consumer(name=name, source_id=owner)], ignore_conflicts=True
+        )  # race-safe
+        found = Consumer.objects.get(name=name)
+    if actor is not None and not actor.owns(found.source_id):
+        raise NotFound(f"consumer {name!r} does not exist for this API key's source", field="name")
+    return found
 
 
-def _lease_locked(lease_id, consumer: str | None) -> Lease:
+def _lease_locked(lease_id, consumer: str | None, actor: Actor | None) -> Lease:
     q = Lease.objects.select_for_update().filter(id=lease_id)
     if consumer is not None:
         q = q.filter(consumer__name=consumer)
+    if actor is not None and not actor.admin:
+        # A subquery, not a join: FOR UPDATE locks the lease row only.
+        q = q.filter(consumer_id__in=Consumer.objects.filter(source_id=actor.source_id).values("id"))
     lease = q.first()
     if lease is None:
         raise NotFound(f"lease {lease_id} does not exist", field="lease")
@@ -227,7 +280,7 @@ def _claim(c: Compiled, ds: Dataset, who: Consumer, lease: Lease, pull: PullIn) 
         if pull.unit == "steps":
             rows = list(
                 dataset_steps(c)
-                .filter(*_not_taken(ds, who, lease.dataset_version_id, Delivery.Kind.STEP))
+                .filter(*_not_taken(ds, who, drops, Delivery.Kind.STEP))
                 .order_by("id")
                 .values_list("id", "policy_version_id")[:want]
             )
@@ -241,7 +294,7 @@ def _claim(c: Compiled, ds: Dataset, who: Consumer, lease: Lease, pull: PullIn) 
                 taken[key] = False
             n_units += len(won)
             continue
-        candidates = _ready_units(ds, who, lease.dataset_version_id, want * CANDIDATE_FACTOR)
+        candidates = _ready_units(ds, who, drops, want * CANDIDATE_FACTOR)
         if not candidates:
             break
         groups = [k for k in candidates if k > 0]
@@ -270,14 +323,17 @@ def _kind(key: int) -> int:
 
 
 class _Drops:
-    """A pull's drops: Skip rows with their reason, and their counts for the manifest."""
+    """A pull's drops: Skip rows with their reason and the current policy version, and
+    their counts for the manifest; ``holds``: the Skip rows still in force (skip_holds)."""
 
     def __init__(self, c: Compiled, who: Consumer, version_id: int) -> None:
         self.who, self.version_id = who, version_id
         self.counts: Counter[str] = Counter()
         after, current = c.spec.serving.stale_after, c.current_version
+        self.current = current
         # The oldest policy version still fresh; None: the rule is off (or no current version).
         self.oldest = current - after if after is not None and current is not None else None
+        self.holds = skip_holds(current, max_staleness=c.spec.filters.max_staleness is not None)
 
     def stale(self, version: int | None) -> bool:
         return self.oldest is not None and (version is None or version < self.oldest)
@@ -294,8 +350,10 @@ class _Drops:
         return out
 
     def add(self, reason: int, units: list[tuple[int, int, int | None]]) -> None:
-        """Remember dropped units (kind, key, steps); idempotent (a unit dropped by a
-        concurrent pull of this consumer is dropped once)."""
+        """Remember dropped units (kind, key, steps) under the current policy version;
+        idempotent (a unit dropped by a concurrent pull of this consumer is dropped once). A
+        unit looked at again (its drop no longer held) and dropped again gets its row
+        rewritten."""
         if not units:
             return
         Skip.objects.bulk_create(
@@ -307,38 +365,58 @@ class _Drops:
                     key=key,
                     reason=reason,
                     steps=steps,
+                    policy_version=self.current,
                 )
                 for kind, key, steps in units
             ],
-            ignore_conflicts=True,
+            update_conflicts=True,
+            unique_fields=["consumer", "dataset_version", "kind", "key"],
+            update_fields=["reason", "steps", "policy_version"],
         )
         self.counts[Skip.Reason(reason).label] += len(units)
 
 
-def _not_taken(ds: Dataset, who: Consumer, version_id: int, kind: int) -> list:
+def skip_holds(current: int | None, *, max_staleness: bool) -> Q:
+    """The Skip rows still in force under the current policy version ``current``: a drop
+    that does not depend on it (capacity; filtered, unless the dataset has
+    filters.max_staleness), one made with no current version, and one made under ``current``
+    or an older one (a unit stale then is staler now). A drop made under a newer current
+    version than today's (the version moved back) no longer holds: the unit is looked at
+    again, and dropped again (under today's version) only if it still does not pass."""
+    depends = [Skip.Reason.STALE, *([Skip.Reason.FILTERED] if max_staleness else [])]
+    holds = ~Q(reason__in=depends) | Q(policy_version__isnull=True)
+    if current is not None:
+        holds |= Q(policy_version__lte=current)
+    return holds
+
+
+def _not_taken(ds: Dataset, who: Consumer, drops: _Drops, kind: int) -> list:
     """Conditions on a unit's ``pk``: neither delivered to this consumer nor dropped for it
-    under this dataset version (both EXISTS probes on unique indexes)."""
+    under this dataset version by a drop that still holds (both EXISTS probes on unique
+    indexes)."""
     done = Delivery.objects.filter(consumer=who, dataset=ds, kind=kind, key=OuterRef("pk"))
-    skipped = Skip.objects.filter(consumer=who, dataset_version_id=version_id, kind=kind, key=OuterRef("pk"))
+    skipped = Skip.objects.filter(
+        drops.holds, consumer=who, dataset_version_id=drops.version_id, kind=kind, key=OuterRef("pk")
+    )
     return [~Exists(done), ~Exists(skipped)]
 
 
-def _pending(ds: Dataset, who: Consumer, version_id: int):
+def _pending(ds: Dataset, who: Consumer, drops: _Drops):
     """The two queues of ready units not yet offered to this consumer: ready groups (by
     ready_at, index group_ready) and completed trajectories without a group (by
     completed_at), as querysets of (ready time, id)."""
     groups = PromptGroup.objects.filter(ready_at__isnull=False).filter(
-        *_not_taken(ds, who, version_id, Delivery.Kind.GROUP)
+        *_not_taken(ds, who, drops, Delivery.Kind.GROUP)
     )
     lone = Trajectory.objects.filter(group__isnull=True, status=Trajectory.Status.COMPLETED).filter(
-        *_not_taken(ds, who, version_id, Delivery.Kind.TRAJECTORY)
+        *_not_taken(ds, who, drops, Delivery.Kind.TRAJECTORY)
     )
     return groups, "ready_at", lone, "completed_at"
 
 
-def _ready_units(ds: Dataset, who: Consumer, version_id: int, limit: int) -> list[int]:
+def _ready_units(ds: Dataset, who: Consumer, drops: _Drops, limit: int) -> list[int]:
     """Unit keys not yet offered to this consumer, oldest-ready first, both queues merged."""
-    groups, g_at, lone, l_at = _pending(ds, who, version_id)
+    groups, g_at, lone, l_at = _pending(ds, who, drops)
     g = list(groups.order_by(g_at, "id").values_list(g_at, "id")[:limit])
     t = list(lone.order_by(l_at, "id").values_list(l_at, "id")[:limit])
     merged = sorted([(at, k) for at, k in g] + [(at, -k) for at, k in t])
@@ -350,15 +428,14 @@ def _drop_over_capacity(c: Compiled, ds: Dataset, who: Consumer, drops: _Drops, 
     consumer and drop the older ones. Reads the newest capacity+1 of each queue (an index
     scan backwards); only when the queue is over capacity does it read what to drop."""
     cap = c.spec.serving.capacity
-    version_id = drops.version_id
     if unit == "steps":
-        pending = dataset_steps(c).filter(*_not_taken(ds, who, version_id, Delivery.Kind.STEP))
+        pending = dataset_steps(c).filter(*_not_taken(ds, who, drops, Delivery.Kind.STEP))
         cut = list(pending.order_by("-id").values_list("id", flat=True)[cap : cap + 1])
         if cut:
             old = pending.filter(id__lte=cut[0]).values_list("id", flat=True)
             drops.add(Skip.Reason.CAPACITY, [(Delivery.Kind.STEP, i, 1) for i in old])
         return
-    groups, g_at, lone, l_at = _pending(ds, who, version_id)
+    groups, g_at, lone, l_at = _pending(ds, who, drops)
     newest = sorted(
         [(at, k) for at, k in groups.order_by(f"-{g_at}", "-id").values_list(g_at, "id")[: cap + 1]]
         + [(at, -k) for at, k in lone.order_by(f"-{l_at}", "-id").values_list(l_at, "id")[: cap + 1]],

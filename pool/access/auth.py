@@ -70,7 +70,7 @@ class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
             "type": "http",
             "scheme": "bearer",
             "description": "An API key: `Authorization: Bearer claw_<prefix>_<secret>` "
-            "(scopes: ingest, consume, read, admin).",
+            "(scopes: ingest, consume, read, policy, admin).",
         }
 
 
@@ -151,6 +151,8 @@ class ConsumeScope(ScopePermission):
 
 
 class PolicyWriteScope(ScopePermission):
-    """Policy versions are published by trainers (consume) or by agents that sample (ingest)."""
+    """Policy versions are published by trainers: keys with the ``policy`` scope (trainer keys
+    are created with consume + policy), admin keys and operators. Neither ingest nor consume
+    implies it."""
 
-    scopes = (Scope.CONSUME, Scope.INGEST)
+    scopes = (Scope.POLICY,)

@@ -46,7 +46,8 @@ def test_stale_units_are_dropped_when_offered_and_counted(trainer):
     "capacity": 500}, also fields of the dataset builder): stale_after drops a unit with a
     step more than that many policy versions behind the current one when it is offered (an
     off-policy bound; filters.max_staleness instead excludes stale steps from admission)."
-    README: "Dropped units are never served to that consumer and are counted by reason: each
+    README: "Dropped units are not served to that consumer (unless the current policy version
+    moves back, below) and are counted by reason: each
     manifest has dropped (filtered, stale, capacity) for its pull, and GET
     /api/v1/consumers/{name} gives the totals per dataset (units and steps dropped by reason,
     leases by status, delivered and pending units)." """
@@ -175,3 +176,95 @@ def test_bad_serving_rules_are_400s_naming_the_field(curator, serving, field):
 def test_a_consumer_that_never_pulled_is_a_404(trainer):
     resp = trainer.get("/api/v1/consumers/nobody")
     assert resp.status_code == 404 and resp.json()["error"]["param"] == "name"
+
+
+def set_current(client, version: int, *, force: bool = False) -> None:
+    resp = client.post("/api/v1/policy-versions", {"version": version, "force": force}, format="json")
+    assert resp.status_code == 200, resp.content
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason"),
+    [
+        ({"serving": {"stale_after": 1}}, "stale"),  # dropped when offered
+        ({"filters": {"max_staleness": 1}}, "filtered"),  # not admitted
+    ],
+)
+def test_a_drop_for_staleness_is_undone_when_the_version_moves_back(trainer, curator, spec, reason):
+    """README: "Drops for staleness are undone when the version moves back: a drop that
+    depends on the current policy version (stale; filtered under filters.max_staleness)
+    records that version: if the current version later moves back
+    below it, the unit is looked at again and served if it passes now. GET
+    /api/v1/consumers/{name} counts the stale drops by that version (stale_drops: held,
+    deliverable_again, served_since)." """
+    # given three ready groups of policy version 5, current
+    dataset_create(name="all", spec=spec)
+    set_current(curator, 5)
+    for g in range(3):
+        ready_group(f"g{g}", version=5)
+    # when the current version jumps far ahead (an admin's forced change) and the trainer pulls
+    set_current(curator, 2**63 - 1, force=True)
+    body = pull(trainer, batch_size=10).json()
+    # then nothing is served: every group is dropped
+    assert body["lease_id"] is None
+    entry = status(trainer)
+    assert entry["dropped"][reason] == 3 and entry["pending_units"] == 0
+    if reason == "stale":
+        assert entry["stale_drops"] == [
+            {
+                "dataset_version": 1,
+                "current_policy_version": 2**63 - 1,
+                "units": 3,
+                "steps": 12,
+                "held": 3,
+                "deliverable_again": 0,
+                "served_since": 0,
+            }
+        ]
+    # when the version is set back (forced) and the trainer pulls again
+    set_current(curator, 5, force=True)
+    entry = status(trainer)
+    if reason == "stale":
+        [drop] = entry["stale_drops"]
+        assert (drop["units"], drop["held"], drop["deliverable_again"], drop["served_since"]) == (3, 0, 3, 0)
+    assert entry["pending_units"] == 3
+    again = pull(trainer, batch_size=10).json()
+    # then the dropped groups are served after all, and the status says so
+    assert groups_of(again) == ["g0", "g1", "g2"]
+    entry = status(trainer)
+    assert entry["delivered_units"] == 3 and entry["pending_units"] == 0
+    if reason == "stale":
+        assert [
+            (d["units"], d["held"], d["deliverable_again"], d["served_since"]) for d in entry["stale_drops"]
+        ] == [(3, 0, 0, 3)]
+    assert pull(trainer).json()["lease_id"] is None  # each once
+
+
+def test_a_unit_still_stale_after_the_move_back_is_dropped_again_under_that_version(trainer, curator):
+    dataset_create(name="all", spec={"serving": {"stale_after": 1}})
+    set_current(curator, 1)
+    ready_group("old", version=1)
+    set_current(curator, 5)
+    ready_group("new", version=5)
+    set_current(curator, 9)
+    assert pull(trainer, batch_size=10).json()["lease_id"] is None  # both stale at 9
+    set_current(curator, 5, force=True)
+    # "new" is fresh again at 5; "old" is still stale and dropped again, now under 5
+    assert groups_of(pull(trainer, batch_size=10).json()) == ["new"]
+    drops = {
+        (d["current_policy_version"], d["held"], d["served_since"]) for d in status(trainer)["stale_drops"]
+    }
+    assert drops == {(5, 1, 0), (9, 0, 1)}
+    assert set(Skip.objects.values_list("policy_version", flat=True)) == {5, 9}
+    assert pull(trainer).json()["lease_id"] is None
+
+
+def test_stale_drops_hold_while_the_version_moves_forward(trainer, curator):
+    dataset_create(name="all", spec={"serving": {"stale_after": 0}})
+    set_current(curator, 1)
+    ready_group("g", version=1)
+    set_current(curator, 2)
+    assert pull(trainer).json()["lease_id"] is None
+    set_current(curator, 3)
+    assert pull(trainer).json()["lease_id"] is None
+    assert Skip.objects.get().policy_version == 2  # dropped once, under 2; never re-read

@@ -92,7 +92,7 @@ def drive(agent, trainer, *, prefix: str = "") -> None:
     )
     steps_label(step_ids=[Step.objects.get(uid=f"{p}run-s0").id], actor="op", label=Step.Label.ACCEPTED)
     group_merge_compute(group_id=PromptGroup.objects.get(uid=f"{p}g").id)
-    resp = agent.post("/api/v1/policy-versions", {"version": 3, "current": True}, format="json")
+    resp = trainer.post("/api/v1/policy-versions", {"version": 3, "current": True}, format="json")
     assert resp.status_code in (200, 201), resp.content
     dataset_create(name=f"{p}all", spec={"filters": {"readiness": "any"}}, actor="op")
     resp = trainer.post(

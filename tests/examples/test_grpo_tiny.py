@@ -31,8 +31,8 @@ pytestmark = pytest.mark.live
 
 KEYS = """
 from pool.services import api_key_create
-for name, scope in (("agent", "ingest"), ("trainer", "consume"), ("admin", "admin")):
-    print(api_key_create(name=name, scopes=[scope])[1])
+for name, scopes in (("agent", ["ingest"]), ("trainer", ["consume", "policy"]), ("admin", ["admin"])):
+    print(api_key_create(name=name, scopes=scopes)[1])
 """
 
 GROUPS = 3
@@ -192,7 +192,11 @@ def seed_source(
 
 
 def run(srv, keys, dataset: str, *flags: str, capsys) -> tuple[int, list[str], str]:
+    # from the current version: the server refuses a move back (tests/gateway/test_policy_versions.py)
+    with ClawClient(srv.url, keys["trainer"]) as claw:
+        start = str(max(versions(claw), default=0))
     argv = ["--url", srv.url, "--key", keys["trainer"], "--dataset", dataset, "--steps", "1"]
+    argv += ["--start-version", start]
     code = main([*argv, "--batch-size", "2", "--consumer", dataset, *flags])
     out = capsys.readouterr()
     return code, out.out.strip().splitlines(), out.err

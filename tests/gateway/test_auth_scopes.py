@@ -1,7 +1,8 @@
 """The scopes matrix: every /api/v1 endpoint against every kind of caller.
 
-Writes need the ingest scope; curation writes (datasets, labels) the admin scope; reads are
-open to ingest, consume, read and admin keys; admin keys and staff signed in (operators)
+Writes need the ingest scope (policy versions: the policy scope); curation writes (datasets,
+labels) and releasing any lease the admin scope; reads are open to ingest, consume, read and
+admin keys; admin keys and staff signed in (operators)
 may do everything; anonymous callers get 401 with a Bearer challenge; a signed-in non-staff
 user (a reviewer) gets 403: reviewers work in the pages, not the API.
 """
@@ -13,7 +14,7 @@ from rest_framework.test import APIClient
 
 from curation.models import Dataset, DatasetVersion, LabelEvent, Lease, Snapshot
 from curation.services import dataset_create
-from curation.services.consume import PullIn, consumer_pull
+from curation.services.consume import Actor, PullIn, consumer_pull
 from pool.models import Scope, Source, Step
 from pool.services import api_key_create, steps_ingest
 from tests.conftest import client_for, make_step
@@ -42,12 +43,15 @@ CURATE = [
     ("put", f"datasets/{D}", {"filters": {"max_staleness": 4}}),
     ("post", "labels", {"step_uids": [S], "label": "accepted"}),
 ]
-# Consumption: consume keys (trainers), admin keys and operators only. The lease is the
-# seeded one (LEASE is filled in by the seeded fixture).
+# Consumption: consume keys (trainers), admin keys and operators only; releasing any
+# consumer's lease: admin keys and operators. The lease is the seeded one (LEASE is filled in
+# by the seeded fixture), of a consumer of the consume caller's source (others' consumers
+# are 404s: tests/curation/test_ownership.py).
 CONSUME = [
     ("post", "consumers/trainer-x/pull", {"dataset": D}),
     ("post", "leases/{lease}/ack", None),
     ("post", "leases/{lease}/nack", None),
+    ("post", "leases/{lease}/release", None),
     ("get", "leases/{lease}/batch", None),
     ("get", "consumers/seed", None),
 ]
@@ -79,6 +83,7 @@ CALLERS = {
     "ingest": (True, True),
     "consume": (False, True),
     "read": (False, True),
+    "policy": (False, False),  # policy versions only (test_write_matrix)
     "admin": (True, True),
     "operator": (True, True),
     "non-staff-user": (False, False),
@@ -97,7 +102,8 @@ def seeded(db) -> str:
     steps_ingest(
         steps=[step_in("seed-ready", 0, prompt=[1], response=[2], reward=1.0, is_last=True)], source_id=seed
     )
-    lease = consumer_pull(consumer="seed", pull=PullIn(dataset=D))
+    owner = Source.objects.create(name="caller-consume")  # the consume caller's key's source
+    lease = consumer_pull(consumer="seed", pull=PullIn(dataset=D), actor=Actor(source_id=owner.id))
     assert lease is not None
     return str(lease.id)
 
@@ -107,7 +113,7 @@ def curation_counts() -> dict[str, int]:
 
 
 def caller_client(kind: str, django_user_model) -> APIClient:
-    if kind in (Scope.INGEST, Scope.CONSUME, Scope.READ, Scope.ADMIN):
+    if kind in (Scope.INGEST, Scope.CONSUME, Scope.READ, Scope.POLICY, Scope.ADMIN):
         return client_for(api_key_create(name=f"caller-{kind}", scopes=[kind], extra_sources=[SEED])[1])
     client = APIClient()
     if kind == "operator":
@@ -123,8 +129,10 @@ def test_write_matrix(seeded, django_user_model, caller, endpoint, body):
     # given a caller of this kind
     client = caller_client(caller, django_user_model)
     may_write, _ = CALLERS[caller]
-    if endpoint == "policy-versions" and caller == "consume":
-        may_write = True  # trainers publish the policy versions they train
+    if endpoint == "policy-versions":
+        # trainers publish the policy versions they train: the policy scope (trainer keys
+        # hold consume + policy), never ingest or consume alone
+        may_write = caller in ("policy", "admin", "operator")
     before = pool_counts()
     # when it posts to a write endpoint
     resp = client.post(f"/api/v1/{endpoint}", body, format="json")
@@ -179,8 +187,11 @@ def test_curate_matrix(seeded, django_user_model, caller, method, endpoint, body
 def test_consume_matrix(seeded, django_user_model, caller, method, endpoint, body):
     # given a caller of this kind and a leased batch
     client = caller_client(caller, django_user_model)
-    may_consume = caller in ("consume", "admin", "operator")
+    may_consume = caller in (
+        ("admin", "operator") if "release" in endpoint else ("consume", "admin", "operator")
+    )
     leases = Lease.objects.count()
+    status = Lease.objects.get(id=seeded).status
     # when it pulls, acks, nacks or replays
     resp = getattr(client, method)(f"/api/v1/{endpoint.format(lease=seeded)}", body, format="json")
     # then only trainers (and admin keys, operators) may; others lease nothing
@@ -189,6 +200,7 @@ def test_consume_matrix(seeded, django_user_model, caller, method, endpoint, bod
     else:
         assert resp.status_code == (401 if caller == "anonymous" else 403), resp.content
         assert Lease.objects.count() == leases
+        assert Lease.objects.get(id=seeded).status == status
 
 
 @pytest.fixture

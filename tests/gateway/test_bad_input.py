@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from pool.models import Scope, Step, Trajectory
+from pool.models import Scope, Source, Step, Trajectory
 from pool.services import api_key_create, steps_ingest
 from tests.conftest import client_for, make_step
 from tests.live import live_server
@@ -466,9 +466,13 @@ def test_ingest_key_may_read(agent):
 
 # --- other write endpoints ------------------------------------------------------------------
 @pytest.fixture
-def seeded(db) -> dict[str, str]:
-    """One stored step in a running trajectory of a group; returns their uids."""
-    steps_ingest(steps=[step_in("seed-t", 0, prompt=[1, 2, 3], response=[4, 5], group="seed-g")])
+def seeded(db, agent_key) -> dict[str, str]:
+    """One stored step in a running trajectory of a group, the agent's (its key's source: a
+    key writes only into its own source's data); returns their uids."""
+    source = Source.objects.get(name="agent").id
+    steps_ingest(
+        steps=[step_in("seed-t", 0, prompt=[1, 2, 3], response=[4, 5], group="seed-g")], source_id=source
+    )
     return {"step": "seed-t:0", "trajectory": "seed-t", "group": "seed-g"}
 
 
@@ -541,6 +545,8 @@ OTHER_CASES = [
     ("policy-versions", {"version": 1.5}, None, 400, "version"),
     ("policy-versions", {"version": 2**63}, None, 400, "version"),
     ("policy-versions", {"version": 1, "current": "yes"}, None, 400, "current"),
+    ("policy-versions", {"version": 1, "force": "yes"}, None, 400, "force"),
+    ("policy-versions", {"version": 1, "force": 1}, None, 400, "force"),
     ("policy-versions", {"version": 1, "metadata": {"x": RAW}}, "NaN", 400, "metadata.x"),
     # trajectories
     ("trajectories", {"uid": "t-new", "bogus": 1}, None, 400, "bogus"),
@@ -572,8 +578,11 @@ OTHER_CASES = [
     ("endpoint", "obj", "raw", "status", "param"),
     [pytest.param(*case, id=f"{case[0]}-{case[4]}-{i}") for i, case in enumerate(OTHER_CASES)],
 )
-def test_bad_input_on_other_endpoints(agent, seeded, endpoint, obj, raw, status, param):
-    # given a stored step/trajectory/group and a bad body for a write endpoint
+def test_bad_input_on_other_endpoints(agent, trainer_key, seeded, endpoint, obj, raw, status, param):
+    # given a stored step/trajectory/group and a bad body for a write endpoint (policy
+    # versions: a trainer's, the policy scope)
+    if endpoint == "policy-versions":
+        agent = client_for(trainer_key)
     before = pool_counts()
     state = list(Trajectory.objects.values_list("uid", "status", "reward").order_by("uid"))
     step_state = list(Step.objects.values_list("uid", "reward", "reward_status").order_by("uid"))
@@ -600,8 +609,7 @@ def test_bad_input_on_other_endpoints(agent, seeded, endpoint, obj, raw, status,
             ("trajectories/seed-t/complete", {}),
             ("groups", {"uid": "g-new"}),
         ]
-        # trainers (consume) publish policy versions: that case is in the scopes matrix
-        if not (endpoint == "policy-versions" and scope == Scope.CONSUME)
+        # policy versions need the policy scope, which neither consume nor read implies
     ],
 )
 def test_other_writes_need_the_ingest_scope(seeded, scope, endpoint, obj):

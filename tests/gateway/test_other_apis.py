@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pool.models import Event, Feedback, PolicyVersion, PromptGroup, RewardEvent, Step, Trajectory
-from tests.conftest import make_step, post_steps
+from pool.models import Event, Feedback, PolicyVersion, PromptGroup, RewardEvent, Scope, Step, Trajectory
+from tests.conftest import client_for, make_step, post_steps
 from tests.pool.factories import pool_counts
 
 pytestmark = pytest.mark.django_db
@@ -365,17 +365,21 @@ def test_feedback_on_step_and_trajectory(agent):
 
 
 # --- policy versions ------------------------------------------------------------------------------
-def test_policy_versions_exactly_one_current(agent):
-    # given versions 1 and 2 posted in turn
-    assert agent.post("/api/v1/policy-versions", {"version": 1}, format="json").status_code == 200
-    assert agent.post(
+def test_policy_versions_exactly_one_current(make_key, agent):
+    # given versions 1 and 2 posted in turn by a trainer (consume + policy)
+    trainer = client_for(make_key(Scope.CONSUME, Scope.POLICY, name="trainer"))
+    assert trainer.post("/api/v1/policy-versions", {"version": 1}, format="json").status_code == 200
+    assert trainer.post(
         "/api/v1/policy-versions", {"version": 2, "metadata": {"ckpt": "s2"}}, format="json"
     ).json() == {"version": 2, "is_current": True, "metadata": {"ckpt": "s2"}}
     # when version 3 is registered without becoming current, then 1 is made current again
-    agent.post("/api/v1/policy-versions", {"version": 3, "current": False}, format="json")
+    # (moving back: an admin's forced change, tests/gateway/test_policy_versions.py)
+    trainer.post("/api/v1/policy-versions", {"version": 3, "current": False}, format="json")
     listed = {p["version"]: p["is_current"] for p in agent.get("/api/v1/policy-versions").json()}
     assert listed == {1: False, 2: True, 3: False}
-    agent.post("/api/v1/policy-versions", {"version": 1}, format="json")
+    admin = client_for(make_key(Scope.ADMIN, name="admin"))
+    resp = admin.post("/api/v1/policy-versions", {"version": 1, "force": True}, format="json")
+    assert resp.status_code == 200, resp.content
     # then exactly one version is current at each point, and stats report it
     assert list(PolicyVersion.objects.filter(is_current=True).values_list("version", flat=True)) == [1]
     assert agent.get("/api/v1/stats").json()["current_policy_version"] == 1

@@ -291,8 +291,13 @@ def test_exactly_one_current_policy_version():
     policy_version_set(version=4, current=False)
     # then only the last current one is current
     assert list(PolicyVersion.objects.filter(is_current=True).values_list("version", flat=True)) == [3]
-    # when an older one is made current again (twice: idempotent)
-    policy_version_set(version=1)
+    # when an older one is made current again: refused without force (nothing changes),
+    # then forced (twice: idempotent)
+    with pytest.raises(Conflict) as err:
+        policy_version_set(version=1)
+    assert err.value.field == "version"
+    assert list(PolicyVersion.objects.filter(is_current=True).values_list("version", flat=True)) == [3]
+    policy_version_set(version=1, force=True)
     pv = policy_version_set(version=1, metadata={"ckpt": "c1"})
     # then it alone is current and its metadata updated
     assert list(PolicyVersion.objects.filter(is_current=True).values_list("version", flat=True)) == [1]
@@ -416,7 +421,7 @@ def test_concurrent_policy_switches_leave_exactly_one_current():
     def switch(v: int) -> None:
         try:
             barrier.wait()
-            policy_version_set(version=v)
+            policy_version_set(version=v, force=True)  # in any order: some move back
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
         finally:

@@ -39,7 +39,7 @@ class Command(BaseCommand):
                 lines.append(f"ingest API key:  {key}")
                 _, key = api_key_create(
                     name="default-trainer",
-                    scopes=[Scope.CONSUME, Scope.READ],
+                    scopes=[Scope.CONSUME, Scope.POLICY, Scope.READ],
                     source_name="trainer",
                     source_kind=Source.Kind.TRAINER,
                 )
