@@ -254,3 +254,22 @@ async def test_a_snapshot_topic_gets_its_progress(viewer):
         events = await until(comm, lambda ev: any(e["data"].get("status") == "done" for e in ev))
     progress = [e["data"]["progress"] for e in events if e["kind"] == "snapshot"]
     assert progress == sorted(progress) and progress[-1] == 1.0
+
+
+async def test_a_close_while_the_channel_layer_is_away_ends_cleanly(viewer, monkeypatch, caplog):
+    # given: a connected socket, and a channel layer that times out (Redis away) from now on
+    from channels.layers import get_channel_layer
+
+    async def away(self, group, channel):
+        raise TimeoutError("the channel layer did not answer")
+
+    monkeypatch.setattr(consumers.log, "handlers", [*consumers.log.handlers])  # restored after
+    consumers.log.addHandler(caplog.handler)  # the site's logging config may not propagate it
+    async with socket(viewer, topics="overview") as comm:
+        await comm.receive_json_from(timeout=DEADLINE)  # hello
+        monkeypatch.setattr(type(get_channel_layer()), "group_discard", away)
+        # when: the browser closes the socket (the context's exit awaits the consumer's end,
+        # and re-raises whatever the application raised)
+    # then: the close ended without an exception in the application, and the failed leave is
+    # logged as a warning naming the topic
+    assert any("leaving overview at close failed" in r.getMessage() for r in caplog.records)
