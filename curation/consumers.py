@@ -166,7 +166,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             except Exception:  # noqa: BLE001 - the layer away (Redis timeout) at close: the
                 # membership expires by itself (channels-redis group_expiry); a closing socket
                 # must not end in "Exception in ASGI application"
-                log.warning("live: leaving %s at close failed; the membership will expire", topic, exc_info=True)
+                log.warning(
+                    "live: leaving %s at close failed; the membership will expire", topic, exc_info=True
+                )
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         """The socket is one-way: client messages are ignored."""

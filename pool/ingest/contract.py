@@ -33,6 +33,8 @@ assert array("I").itemsize == 4, "token conversion assumes a 32-bit C unsigned i
 TokenId = Annotated[int, msgspec.Meta(ge=0, le=rules.INT32_MAX)]
 Index = Annotated[int, msgspec.Meta(ge=0, le=rules.INT32_MAX)]  # Step.step_index is a 32-bit column
 Uid = Annotated[str, msgspec.Meta(min_length=1, max_length=rules.MAX_UID_LEN)]
+# A step's uid may be as long as its column (the default "<trajectory_uid>:<step_index>" fits).
+StepUid = Annotated[str, msgspec.Meta(min_length=1, max_length=rules.MAX_STEP_UID_LEN)]
 RewardSource = Literal["env", "rule", "model", "human"]
 PolicyVersion = Annotated[int, msgspec.Meta(ge=0, le=rules.INT64_MAX)]
 FinishReason = Annotated[str, msgspec.Meta(max_length=rules.MAX_FINISH_REASON_LEN)]
@@ -52,7 +54,7 @@ def _step_wire(name: str, token_ids: Any, logprobs: Any, doc: str) -> type[msgsp
             ("step_index", _doc(Index, "Position of the step in its trajectory (0-based).")),
             ("prompt_ids", _doc(token_ids, "State: the exact token ids the model saw.")),
             ("response_ids", _doc(token_ids, "Action: the exact token ids the model produced.")),
-            ("uid", _doc(Uid | None, "Idempotency key. Default: '<trajectory_uid>:<step_index>'."), None),
+            ("uid", _doc(StepUid | None, "Idempotency key. Default: '<trajectory_uid>:<step_index>'."), None),
             ("rollout_logprobs", _doc(logprobs | None, "One logprob per response id, as sampled."), None),
             ("reward", _doc(float | None, "A final reward, if known at submission."), None),
             ("reward_source", _doc(RewardSource | None, "Who gave the reward (default env)."), None),

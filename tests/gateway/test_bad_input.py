@@ -125,6 +125,7 @@ STEP_CASES = [
     ("trajectory_uid-empty", {"trajectory_uid": ""}, None, "steps[1].trajectory_uid"),
     ("trajectory_uid-too-long", {"trajectory_uid": "t" * 129}, None, "steps[1].trajectory_uid"),
     ("uid-float", {"uid": 1.5}, None, "steps[1].uid"),
+    ("uid-too-long", {"uid": "s" * 161}, None, "steps[1].uid"),  # the column's 160
     ("prompt_group_uid-list", {"prompt_group_uid": ["g"]}, None, "steps[1].prompt_group_uid"),
     ("policy_version-string", {"policy_version": "3"}, None, "steps[1].policy_version"),
     ("policy_version-negative", {"policy_version": -1}, None, "steps[1].policy_version"),

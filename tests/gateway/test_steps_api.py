@@ -41,6 +41,16 @@ def test_round_trip_returns_exactly_what_was_written(agent):
     assert got["token_source"] == "client"
 
 
+@pytest.mark.parametrize("length", [128, 150, 160])
+def test_a_step_uid_may_be_as_long_as_its_column(agent, length):
+    # given an explicit step uid of up to 160 characters (the column; 161 is a 400, test_bad_input)
+    step = dict(make_step("traj-long-uid", 0), uid="u" * length)
+    # when it is submitted and read back
+    assert post_steps(agent, [step]).status_code == 201
+    # then it is stored under that uid
+    assert agent.get(f"/api/v1/steps/{step['uid']}").json()["uid"] == "u" * length
+
+
 def test_resubmission_is_a_duplicate_and_different_content_is_409(agent):
     step = make_step("traj-b", 0)
     assert post_steps(agent, [step]).status_code == 201

@@ -92,7 +92,7 @@ def test_the_openapi_serializer_is_derived_from_the_struct():
             isinstance(t, msgspec.inspect.NoneType) for t in tp.types
         )
         assert field.allow_null == nullable, name
-    assert fields["step_index"].max_value == 2**31 - 1 and fields["uid"].max_length == 128
+    assert fields["step_index"].max_value == 2**31 - 1 and fields["uid"].max_length == 160
     assert set(fields["reward_source"].choices) == {"env", "rule", "model", "human"}
 
 
