@@ -9,6 +9,7 @@ from django.db import transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
+from ..ingest import rules
 from ..ingest.effects import GroupsCompleted, StepsWritten, emit
 from ..models import PromptGroup, Trajectory
 
@@ -25,6 +26,7 @@ def group_upsert(
     metadata: dict | None = None,
 ) -> PromptGroup:
     """Create the group or update the given fields. Idempotent."""
+    rules.check_uid(uid, "uid")
     group, _ = PromptGroup.objects.select_for_update().get_or_create(uid=uid)
     changed = []
     for name, value in (
