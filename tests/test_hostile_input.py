@@ -76,6 +76,7 @@ def site(tmp_path_factory) -> Iterator[Site]:
                     "response_ids": [2],
                 }
                 http.post("/api/v1/steps", json={"steps": [seed]}).raise_for_status()
+                http.post("/api/v1/datasets", json={"name": "hostile-ds"}).raise_for_status()
                 yield Site(server, key, record, http)
     finally:
         stop_process(proc)

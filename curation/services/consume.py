@@ -23,6 +23,7 @@ from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
+from claw_kit.web import guard
 from claw_kit.web.renderers import dumps
 from pool import sql
 from pool.errors import Conflict, InvalidInput, NotFound
@@ -83,6 +84,7 @@ def consumer_pull(*, consumer: str, pull: PullIn) -> Lease | None:
     """Lease the next batch of ``pull.dataset`` to ``consumer``, or None when nothing is
     ready for it. Not idempotent: each call leases new units. Raises InvalidInput or
     NotFound naming the field."""
+    _check_name(consumer)
     pull_validate(pull)
     ds = Dataset.objects.select_related("current").filter(name=pull.dataset).first()
     if ds is None or ds.current is None:
@@ -187,9 +189,16 @@ def lease_changed(lease: Lease, *, consumer: str, dataset: str, taken: int = 0, 
     )
 
 
-def _consumer(name: str) -> Consumer:
+def _check_name(name: str) -> None:
     if not isinstance(name, str) or not 1 <= len(name) <= 64:
         raise InvalidInput("a consumer name is 1-64 characters", field="name")
+    problem = guard.ident_problem(name)
+    if problem:
+        raise InvalidInput(f"a consumer name {problem}", field="name")
+
+
+def _consumer(name: str) -> Consumer:
+    _check_name(name)
     found = Consumer.objects.filter(name=name).first()
     if found is not None:
         return found

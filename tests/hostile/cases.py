@@ -332,6 +332,15 @@ def rest_cases() -> list[Case]:
     )
     out.append(Case("groups: CRLF in uid", "openai", f"{A}/groups", orjson.dumps({"uid": "g\r\nX: 1"})))
     out.append(Case("groups: ESC in uid", "openai", f"{A}/groups", orjson.dumps({"uid": "g\x1b"})))
+    for uid_name, quoted in (("CRLF", "a%0D%0Ab"), ("ESC", "a%1Bb"), ("tab", "a%09b")):
+        out.append(
+            Case(
+                f"consumers pull: {uid_name} in the consumer name",
+                "openai",
+                f"{A}/consumers/{quoted}/pull",
+                orjson.dumps({"dataset": "hostile-ds"}),
+            )
+        )
     # MessagePack step batches: bin and ext values outside the packed token arrays
     out += [
         Case("steps msgpack: bin in metadata", "openai", f"{A}/steps", _msgpack_step(b"\x00\x01"), MSGPACK),
