@@ -138,3 +138,74 @@ def test_the_doors_valid_bodies_go_through(site, name, shape, path, body, tooled
     # then it is answered, and (but for count_tokens, answered locally) went upstream
     assert resp.status_code == 200, resp.content[:300]
     assert site.upstream_calls() == calls + (name != "count_tokens")
+
+
+# --- the limits' edges (in process: the body reader and the step decoder) ------------------------
+EDGES = [
+    # (id, body, accepted)
+    ("64 levels", b'{"a":' * 64 + b"1" + b"}" * 64, True),  # 64 objects, one in the other
+    ("65 levels", b'{"a":' * 65 + b"1" + b"}" * 65, False),
+    ("10,000 keys", orjson.dumps({f"k{i}": 0 for i in range(10_000)}), True),
+    ("10,001 keys", orjson.dumps({f"k{i}": 0 for i in range(10_001)}), False),
+    ("1,000,000 items", b'{"a":[' + b"0," * 999_999 + b"0]}", True),
+    ("1,000,001 items", b'{"a":[' + b"0," * 1_000_000 + b"0]}", False),
+]
+
+
+@pytest.mark.parametrize(("case", "raw", "accepted"), EDGES, ids=[e[0] for e in EDGES])
+def test_the_body_reader_takes_the_limits_and_refuses_one_more(case, raw, accepted):
+    from claw_kit.web.body import BodyError, json_object
+
+    # when a body at (or one past) a limit is read, then it is parsed (or a 400 naming it)
+    if accepted:
+        assert json_object(raw) == orjson.loads(raw)
+    else:
+        with pytest.raises(BodyError) as caught:
+            json_object(raw)
+        assert caught.value.status == 400 and caught.value.code == "invalid_json"
+
+
+# A step's metadata object is the body's level 4: 61 objects nested there make 64 levels.
+STEP_DEPTHS = [(61, True), (62, False)]
+
+
+@pytest.mark.parametrize(
+    ("levels", "accepted"), STEP_DEPTHS, ids=[f"metadata {n} levels" for n, _ in STEP_DEPTHS]
+)
+def test_a_steps_metadata_counts_its_depth_from_the_body(levels, accepted):
+    from gateway.validation import parse_step_batch_json
+    from pool.errors import InvalidInput
+
+    meta = b'{"a":' * levels + b"1" + b"}" * levels
+    raw = (
+        b'{"steps":[{"trajectory_uid":"t","step_index":0,"prompt_ids":[1],"response_ids":[2],"metadata":'
+        + meta
+        + b"}]}"
+    )
+    # when the batch is decoded, then it passes with 64 levels in all and fails with 65
+    if accepted:
+        assert len(parse_step_batch_json(raw)) == 1
+    else:
+        with pytest.raises(InvalidInput) as caught:
+            parse_step_batch_json(raw)
+        assert caught.value.field.startswith("steps[0].metadata")
+
+
+def test_the_readmes_limits_are_the_settings(settings):
+    import re
+
+    from tests.live import ROOT
+
+    readme = (Path(ROOT) / "README.md").read_text()
+    limits = readme.split("### Limits", 1)[1].split("\n## ", 1)[0]
+    for name in (
+        "CLAW_MAX_BODY_BYTES",
+        "CLAW_MAX_JSON_DEPTH",
+        "CLAW_MAX_JSON_KEYS",
+        "CLAW_MAX_JSON_ITEMS",
+        "CLAW_MAX_STEPS_PER_BATCH",
+        "CLAW_MAX_TOKENS_PER_STEP",
+    ):
+        stated = re.search(rf"`{name}`\s*=\s*([\d,]+)", limits)
+        assert stated is not None, name
+        assert int(stated.group(1).replace(",", "")) == getattr(settings, name), name
