@@ -112,37 +112,48 @@ def json_problem(value: Any, path: str = "", *, depth: int = 1) -> tuple[str, st
     orjson renders integers only within 64 bits. Containers are within the guard's shape
     limits (claw_kit/web/guard.py; ``depth``: the level of ``value`` in its body); MessagePack's
     bin and ext values are no JSON."""
-    shape = guard.shape_problem(value, path, depth=depth)
-    if shape:
-        return shape
-    return value_problem(value, path)
+    max_depth, max_keys, max_items = guard.limits()
+    if _storable(value, depth, max_depth, max_keys, max_items):
+        return None
+    return guard.shape_problem(value, path, depth=depth) or _named_problem(value, path)
 
 
 def value_problem(value: Any, path: str = "") -> tuple[str, str] | None:
     """``json_problem`` without the shape limits, for a value the body reader has shaped
-    (claw_kit/web/body.py). A first pass builds no paths (a whole relayed body is checked per
-    call); only a value that fails is walked again to name the path."""
-    if _storable(value):
+    (claw_kit/web/body.py)."""
+    if _storable(value, 1, 1 << 62, 1 << 62, 1 << 62):
         return None
     return _named_problem(value, path)
 
 
-def _storable(value: Any) -> bool:
-    stack = [value]
-    pop, extend = stack.pop, stack.extend
+def _storable(value: Any, depth: int, max_depth: int, max_keys: int, max_items: int) -> bool:
+    """One pass without paths (a whole relayed body is checked per call, a step's fields per
+    step): True when json_problem has nothing to say; a value that fails is walked again,
+    naming the path."""
+    stack = [(value, depth)]
+    pop, push = stack.pop, stack.append
     while stack:
-        v = pop()
+        v, d = pop()
         t = type(v)
         if t is str:
             if "\x00" in v:
                 return False
         elif t is dict:
-            for k in v:
+            if d > max_depth or len(v) > max_keys:
+                return False
+            for k, item in v.items():
                 if type(k) is not str or "\x00" in k:
                     return False
-            extend(v.values())
+                if type(item) is str:
+                    if "\x00" in item:
+                        return False
+                else:
+                    push((item, d + 1))
         elif t is list:
-            extend(v)
+            if d > max_depth or len(v) > max_items:
+                return False
+            for item in v:
+                push((item, d + 1))
         elif t is bool or v is None:
             continue
         elif t is int:
