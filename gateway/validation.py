@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 import msgspec
+from django.conf import settings
 from rest_framework.exceptions import ParseError
 
 from claw_kit.web import body
@@ -41,7 +42,13 @@ def parse_step_batch_json(raw: bytes) -> list[StepIn]:
         raise _invalid(exc) from None
     except msgspec.DecodeError:
         return parse_step_batch(_require_json(raw))
+    except RecursionError:
+        raise _too_deep() from None
     return steps_from_wire(batch)
+
+
+def _too_deep() -> ParseError:
+    return ParseError(f"the body is nested deeper than {settings.CLAW_MAX_JSON_DEPTH} levels")
 
 
 def _require_json(raw: bytes) -> Any:
@@ -63,6 +70,8 @@ def parse_step_batch_msgpack(raw: bytes) -> list[StepIn]:
         raise _invalid(exc) from None
     except msgspec.DecodeError as exc:
         raise ParseError(f"malformed MessagePack: {exc}") from None
+    except RecursionError:
+        raise _too_deep() from None
     return steps_from_wire(batch)
 
 
@@ -72,6 +81,8 @@ def parse_step_batch(parsed: Any) -> list[StepIn]:
         batch = msgspec.convert(parsed, StepBatchWire)
     except msgspec.ValidationError as exc:
         raise _invalid(exc) from None
+    except RecursionError:
+        raise _too_deep() from None
     return steps_from_wire(batch)
 
 

@@ -15,6 +15,7 @@ import orjson
 from django.conf import settings
 
 from .errors import HttpError
+from .guard import shape_problem
 
 
 class BodyError(HttpError):
@@ -41,22 +42,32 @@ def read_limited(stream: Any, content_length: int | None) -> bytes:
 
 
 def loads(data: bytes, *, lenient: bool = True) -> Any:
-    """Parse JSON; anything malformed is a 400. ``lenient``: non-standard NaN/Infinity
-    literals are parsed (so the REST API's validators can name the field that holds them);
-    bodies relayed as they are (OpenAI calls) are strict JSON."""
+    """Parse JSON; anything malformed is a 400, and so is a value outside the guard's shape
+    limits (claw_kit/web/guard.py: depth, keys, items). ``lenient``: non-standard
+    NaN/Infinity literals are parsed (so the REST API's validators can name the field that
+    holds them); bodies relayed as they are (OpenAI calls) are strict JSON."""
     try:
-        return orjson.loads(data)
+        parsed = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        if not lenient:
+        if not lenient or "depth" in str(exc):
             raise BodyError(400, f"malformed JSON body: {exc}", code="invalid_json") from None
         try:
             # UTF-8 only (json.loads alone would guess UTF-16/32), and no lone surrogates
             # ("\ud800" parses, but is no text: PostgreSQL's jsonb refuses it, a 500 later).
             parsed = json.loads(data.decode("utf-8"), parse_constant=float)
             _check_text(parsed)
-            return parsed
-        except (ValueError, UnicodeError):
+        except (ValueError, UnicodeError, RecursionError):
             raise BodyError(400, f"malformed JSON body: {exc}", code="invalid_json") from None
+    check_shape(parsed)
+    return parsed
+
+
+def check_shape(value: Any, path: str = "") -> None:
+    """400 ``invalid_json`` naming the first container beyond the guard's limits."""
+    found = shape_problem(value, path)
+    if found:
+        at, reason = found
+        raise BodyError(400, f"{at or 'the body'}: {reason}", code="invalid_json", param=at or None)
 
 
 def _check_text(value: Any) -> None:

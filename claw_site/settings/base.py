@@ -309,6 +309,11 @@ SPECTACULAR_SETTINGS = {
 CLAW_MAX_TOKENS_PER_STEP = env_int("CLAW_MAX_TOKENS_PER_STEP", 262_144)
 CLAW_MAX_STEPS_PER_BATCH = env_int("CLAW_MAX_STEPS_PER_BATCH", 1_000)
 CLAW_MAX_BODY_BYTES = env_int("CLAW_MAX_BODY_BYTES", 256 * 1024 * 1024)
+# The shape of every JSON / MessagePack body and field (claw_kit/web/guard.py): nesting depth,
+# keys per object, items per array (above CLAW_MAX_TOKENS_PER_STEP, so token arrays fit).
+CLAW_MAX_JSON_DEPTH = env_int("CLAW_MAX_JSON_DEPTH", 64)
+CLAW_MAX_JSON_KEYS = env_int("CLAW_MAX_JSON_KEYS", 10_000)
+CLAW_MAX_JSON_ITEMS = env_int("CLAW_MAX_JSON_ITEMS", 1_000_000)
 # Per-API-key token bucket on the REST API (pool/access/throttling.py): sustained requests per
 # second and burst size; 0 turns limits off. In Redis when REDIS_URL is set, else per process.
 CLAW_RATE_LIMIT_PER_SECOND = env_float("CLAW_RATE_LIMIT_PER_SECOND", 50.0)

@@ -26,6 +26,7 @@ from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
+from claw_kit.web import guard
 from claw_kit.web.renderers import dumps
 from pool import sql
 from pool.errors import Conflict, InvalidInput, NotFound
@@ -101,6 +102,7 @@ def consumer_pull(*, consumer: str, pull: PullIn, actor: Actor | None = None) ->
     ready for it. Not idempotent: each call leases new units. Raises InvalidInput or
     NotFound naming the field (``name`` for a consumer ``actor`` may not use; a consumer
     seen for the first time becomes ``actor``'s source's)."""
+    _check_name(consumer)
     pull_validate(pull)
     ds = Dataset.objects.select_related("current").filter(name=pull.dataset).first()
     if ds is None or ds.current is None:
@@ -230,11 +232,18 @@ def lease_changed(lease: Lease, *, consumer: str, dataset: str, taken: int = 0, 
     )
 
 
+def _check_name(name: str) -> None:
+    if not isinstance(name, str) or not 1 <= len(name) <= 64:
+        raise InvalidInput("a consumer name is 1-64 characters", field="name")
+    problem = guard.ident_problem(name)
+    if problem:
+        raise InvalidInput(f"a consumer name {problem}", field="name")
+
+
 def _consumer(name: str, actor: Actor | None) -> Consumer:
     """The consumer ``name``, created for ``actor``'s source on first sight; NotFound
     (``name``) when it is another source's."""
-    if not isinstance(name, str) or not 1 <= len(name) <= 64:
-        raise InvalidInput("a consumer name is 1-64 characters", field="name")
+    _check_name(name)
     found = Consumer.objects.filter(name=name).first()
     if found is None:
         owner = actor.source_id if actor is not None else None

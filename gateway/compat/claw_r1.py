@@ -431,7 +431,11 @@ def _our_step(step: Any, i: int) -> Any:
 def _body(request: HttpRequest) -> dict[str, Any]:
     # Lenient: Python's json (Claw-R1's client) writes NaN for a NaN reward; parsed, it is
     # refused by the rules naming its field instead of as malformed JSON.
-    return json_object(request.body, empty_ok=True, lenient=True)
+    body = json_object(request.body, empty_ok=True, lenient=True)
+    found = rules.value_problem(body)
+    if found:  # nothing goes upstream or to the database that cannot be stored
+        raise HttpError(400, f"{found[0]}: {found[1]}", param=found[0] or None)
+    return body
 
 
 def _metadata(body: dict[str, Any]) -> dict[str, Any] | None:

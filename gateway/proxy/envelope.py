@@ -14,6 +14,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 
+from claw_kit.web import guard
 from claw_kit.web.body import check_length, json_object
 from claw_kit.web.errors import HttpError, error_response
 from pool.errors import PoolError
@@ -40,10 +41,17 @@ class Call:
     scoped: bool  # the trajectory was named (path or header), not minted
 
     def body(self) -> dict[str, Any]:
-        """The request's JSON object (400 for anything else, 413 past the body limit)."""
+        """The request's JSON object (400 for anything else, 413 past the body limit), within
+        the guard's shape limits and storable as it is (rules.json_problem: no NUL, no
+        integer beyond 64 bits), so nothing the upstream is sent fails to record later."""
         length = self.request.META.get("CONTENT_LENGTH")
         check_length(int(length) if length and length.isdigit() else None)
-        return json_object(self.request.body)
+        body = json_object(self.request.body)
+        found = rules.value_problem(body)
+        if found:
+            at, reason = found
+            raise HttpError(400, f"{at}: {reason}", code="invalid_request", param=at)
+        return body
 
 
 async def receive(
@@ -72,6 +80,9 @@ async def receive(
             traj: str | None = ident.trajectory_uid
         else:
             traj = path_trajectory
+            problem = traj is not None and guard.ident_problem(traj)
+            if problem:
+                raise HttpError(400, f"the trajectory uid {problem}", code="invalid_uid")
         key = await authorise(request, api_key=api_key, capability=capability, trajectory_uid=traj)
         call = Call(request, key, ident, path_trajectory is not None or (ident is not None and not ident.new))
         response = await handle(call)
@@ -102,6 +113,10 @@ def call_identity(request: HttpRequest, path_trajectory: str | None, path_group:
             raise HttpError(
                 400, f"the {name} uid must be 1 to {rules.MAX_UID_LEN} characters", code="invalid_uid"
             )
+        # Checked before anything is sent or stored: the uid is echoed in a response header.
+        problem = value is not None and guard.ident_problem(value)
+        if problem:
+            raise HttpError(400, f"the {name} uid {problem}", code="invalid_uid")
     version = meta.get("HTTP_X_CLAW_POLICY_VERSION")
     policy_version = None
     if version not in (None, ""):

@@ -181,6 +181,11 @@ def default_uid(trajectory_uid: str, step_index: int) -> str:
     return f"{trajectory_uid}:{step_index}"
 
 
+# A step's free JSON field is the 4th level of its body ({"steps": [{"metadata": ...}]}): the
+# nesting limit (CLAW_MAX_JSON_DEPTH) counts from the body, as for every other door.
+FIELD_DEPTH = 4
+
+
 # --- wire -> StepIn ----------------------------------------------------------------------------
 def steps_from_wire(batch: Any) -> list[StepIn]:
     """Validated StepIns of a decoded StepBatchWire/PackedStepBatchWire: the rules a schema
@@ -198,9 +203,9 @@ def step_from_wire(w: Any, where: str) -> StepIn:
     for name in ("trajectory_uid", "uid", "prompt_group_uid", "finish_reason", "response_text"):
         rules.check_text(getattr(w, name), f"{where}.{name}")
     if w.messages is not None:
-        rules.check_json(w.messages, f"{where}.messages")
+        rules.check_json(w.messages, f"{where}.messages", depth=FIELD_DEPTH)
     metadata = w.metadata if w.metadata is not None else {}
-    rules.check_json(metadata, f"{where}.metadata")
+    rules.check_json(metadata, f"{where}.metadata", depth=FIELD_DEPTH)
     # Every other wire field passes through as decoded (the struct is the contract).
     passed = {name: getattr(w, name) for name in _PASSED_THROUGH}
     return StepIn(

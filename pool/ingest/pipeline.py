@@ -113,9 +113,9 @@ def _check_batch(steps: Sequence[StepIn]) -> None:
                 field=s.at("step_index"),
             )
         seen_pos.add(pos)
-        # The wire contract checked these for decoded steps; StepIns built in Python too.
-        if len(s.uid) > rules.MAX_STEP_UID_LEN:
-            rules.check_uid(s.uid, s.at("uid"), max_len=rules.MAX_STEP_UID_LEN)
+        # The wire contract checked the length for decoded steps; StepIns built in Python
+        # too; control characters are refused here for both.
+        rules.check_uid(s.uid, s.at("uid"), max_len=rules.MAX_STEP_UID_LEN)
         if s.reward is not None:
             rules.check_reward(s.reward, s.at("reward"))
 

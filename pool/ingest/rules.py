@@ -13,6 +13,8 @@ from typing import Any
 
 from django.conf import settings
 
+from claw_kit.web import guard
+
 from ..errors import InvalidInput
 from ..models import Channel
 
@@ -70,6 +72,9 @@ def check_uid(value: Any, field: str, *, max_len: int = MAX_UID_LEN) -> str:
         raise InvalidInput(f"{field} must be at most {max_len} characters; got {len(value)}", field=field)
     if "\x00" in value:
         raise InvalidInput(f"{field} must not contain NUL characters", field=field)
+    problem = guard.ident_problem(value)
+    if problem:
+        raise InvalidInput(f"{field} {problem}", field=field)
     return value
 
 
@@ -91,20 +96,78 @@ def check_text(value: str | None, field: str) -> None:
         raise InvalidInput("must not contain NUL characters", field=field)
 
 
-def check_json(value: Any, field: str) -> None:
-    found = json_problem(value, field)
+def check_json(value: Any, field: str, *, depth: int = 1) -> None:
+    found = json_problem(value, field, depth=depth)
     if found:
         raise InvalidInput(found[1], field=found[0])
 
 
-def json_problem(value: Any, path: str = "") -> tuple[str, str] | None:
+def json_problem(value: Any, path: str = "", *, depth: int = 1) -> tuple[str, str] | None:
     """The first value a JSON column cannot store or the renderer cannot write back, as
     (path inside ``value``, reason), or None: the one rule for every JSON field (step
     metadata and messages, payloads and metadata of the other endpoints).
 
     The parser accepts NaN/Infinity (so validators can name the field); PostgreSQL's jsonb
     rejects them and NUL characters; jsonb returns an integral float as an integer, and
-    orjson renders integers only within 64 bits."""
+    orjson renders integers only within 64 bits. Containers are within the guard's shape
+    limits (claw_kit/web/guard.py; ``depth``: the level of ``value`` in its body); MessagePack's
+    bin and ext values are no JSON."""
+    max_depth, max_keys, max_items = guard.limits()
+    if _storable(value, depth, max_depth, max_keys, max_items):
+        return None
+    return guard.shape_problem(value, path, depth=depth) or _named_problem(value, path)
+
+
+def value_problem(value: Any, path: str = "") -> tuple[str, str] | None:
+    """``json_problem`` without the shape limits, for a value the body reader has shaped
+    (claw_kit/web/body.py)."""
+    if _storable(value, 1, 1 << 62, 1 << 62, 1 << 62):
+        return None
+    return _named_problem(value, path)
+
+
+def _storable(value: Any, depth: int, max_depth: int, max_keys: int, max_items: int) -> bool:
+    """One pass without paths (a whole relayed body is checked per call, a step's fields per
+    step): True when json_problem has nothing to say; a value that fails is walked again,
+    naming the path."""
+    stack = [(value, depth)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        v, d = pop()
+        t = type(v)
+        if t is str:
+            if "\x00" in v:
+                return False
+        elif t is dict:
+            if d > max_depth or len(v) > max_keys:
+                return False
+            for k, item in v.items():
+                if type(k) is not str or "\x00" in k:
+                    return False
+                if type(item) is str:
+                    if "\x00" in item:
+                        return False
+                else:
+                    push((item, d + 1))
+        elif t is list:
+            if d > max_depth or len(v) > max_items:
+                return False
+            for item in v:
+                push((item, d + 1))
+        elif t is bool or v is None:
+            continue
+        elif t is int:
+            if not -INT64_MAX - 1 <= v <= INT64_MAX:
+                return False
+        elif t is float:
+            if not math.isfinite(v) or (abs(v) >= 2.0**63 and v == int(v)):
+                return False
+        else:
+            return False  # a subclass, bytes, an ext: the named pass says which
+    return True
+
+
+def _named_problem(value: Any, path: str) -> tuple[str, str] | None:
     stack: list[tuple[Any, str]] = [(value, path)]
     while stack:
         v, at = stack.pop()
@@ -112,7 +175,9 @@ def json_problem(value: Any, path: str = "") -> tuple[str, str] | None:
             items = []
             for k, item in v.items():
                 sub = f"{at}.{k}" if at else str(k)
-                if "\x00" in str(k):
+                if not isinstance(k, str):  # MessagePack maps may have other keys
+                    return (sub, "keys must be strings")
+                if "\x00" in k:
                     return (sub, "keys must not contain NUL characters")
                 items.append((item, sub))
             stack.extend(reversed(items))
@@ -131,4 +196,9 @@ def json_problem(value: Any, path: str = "") -> tuple[str, str] | None:
                 return (at, "must be a finite number")
             if abs(v) >= 2.0**63 and v == int(v):
                 return (at, "integral numbers must lie within 64 bits to be stored exactly")
+        else:  # bytes, msgspec.msgpack.Ext, a MessagePack timestamp...
+            return (
+                at,
+                f"must be a JSON value (object, array, string, number, boolean or null), not {type(v).__name__}",
+            )
     return None

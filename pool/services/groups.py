@@ -10,6 +10,7 @@ from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from ..errors import UidTaken
+from ..ingest import rules
 from ..ingest.effects import GroupsCompleted, StepsWritten, emit
 from ..models import PromptGroup, Trajectory
 from ..tenancy import OWN, allowed
@@ -31,6 +32,7 @@ def group_upsert(
     """Create the group or update the given fields. Idempotent. A restricted writer
     (``sources``: pool/tenancy.py) creates its source's group and changes only its own
     groups: a shared group or another source's raises UidTaken, and nothing changes."""
+    rules.check_uid(uid, "uid")
     mine = allowed(source_id, sources)
     owner = source_id if mine is not None else None
     group, _ = PromptGroup.objects.select_for_update().get_or_create(uid=uid, defaults={"source_id": owner})

@@ -1,0 +1,1 @@
+"""The hostile-input corpus of tests/test_hostile_input.py."""
