@@ -4,6 +4,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check
+# verl and what it imports on CPU (tests/integrations/), without verl's own requirements, which
+# pull a CUDA torch and vLLM; pyproject.toml lists them too.
+VERL_NO_DEPS := verl==0.9.1 tensordict==0.10.0 ray==2.60.0 omegaconf==2.4.0 codetiming==1.4.0 \
+	pyvers==0.2.3 cloudpickle==3.1.3 protobuf==7.36.2
 
 .PHONY: install install-test run test lint bench clean
 
@@ -16,6 +20,7 @@ $(VENV)/.installed: pyproject.toml | $(PY)
 
 $(VENV)/.installed-test: pyproject.toml | $(PY)
 	$(PIP) install -q -e '.[test,dev]'
+	$(PIP) install -q --no-deps $(VERL_NO_DEPS)
 	@bash .ci/ensure-chromium
 	@touch $@ $(VENV)/.installed
 

@@ -23,6 +23,7 @@ SECTIONS = (
     "## Consumption: trainers pull batches",
     "### What a trainer receives: rewards and logprobs",
     "### Prefix-tree merge and trainer utilities",
+    "### verl: a DataProto",
 )
 # Covered paragraphs of other sections: (heading, how the paragraph begins).
 PARAGRAPHS = (
@@ -34,6 +35,10 @@ LEFT_OUT = {
     "- **A tiny GRPO trainer**": (
         "describes examples/grpo_tiny.py, a trainer written against the API, not the data the "
         "server serves; tests/examples/test_grpo_tiny.py runs it"
+    ),
+    "- Install:": (
+        "how to install verl without its CUDA requirements; the Makefile's .installed-test "
+        "target runs these installs and tests/integrations/ imports what they install"
     ),
 }
 

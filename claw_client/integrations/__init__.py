@@ -1,0 +1,9 @@
+"""Adapters from pulled batches to trainers' own types, one module per trainer.
+
+Each module imports its trainer's packages when it is imported, and only then:
+
+* ``claw_client.integrations.verl``: ``to_dataproto(batch)``, a verl ``DataProto`` (needs
+  verl, tensordict, torch);
+* ``claw_client.integrations.clawr1``: ``DataPool``, a drop-in for Claw-R1's DataPool Ray
+  actor backed by the server (needs ray; verl for its default converter).
+"""

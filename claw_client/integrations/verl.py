@@ -1,0 +1,204 @@
+"""A pulled batch as verl's ``DataProto`` (verl 0.9), laid out as verl's agent loop lays out
+its rollouts, so verl's reward, advantage and actor code take it unmodified::
+
+    from claw_client.integrations.verl import to_dataproto
+
+    with claw.pull("grpo", consumer="verl", batch_size=8, format="padded") as batch:
+        data = to_dataproto(batch)            # or format="steps": the same DataProto
+
+Tensors (one row per step; P = the longest prompt or ``prompt_length``, R = the longest
+response or ``response_length``):
+
+* ``prompts`` (N, P) left-padded and ``responses`` (N, R) right-padded with ``pad_token_id``,
+  ``input_ids`` = prompts | responses, ``attention_mask`` (1 on real tokens), all int64;
+* ``position_ids`` = ``clip(cumsum(attention_mask) - 1, 0)`` (verl's
+  ``compute_position_id_with_mask``), int64;
+* ``response_mask`` int64: 1 on the real response tokens of the steps trained on (a step
+  served masked, kept only to keep its group whole, is all 0);
+* ``rollout_log_probs`` float32 (0.0 on padding), present when every step trained on has
+  rollout logprobs (``has_rollout_logprobs`` says which rows have them);
+* ``token_level_scores``, ``token_level_rewards`` and ``rm_scores`` float32: the step's
+  effective reward on its last response token, 0.0 elsewhere (a null reward puts none:
+  see ``reward``). ``rm_scores`` is where verl's trainer reads a rollout's own scores.
+
+Non-tensor (numpy, one entry per row): ``uid``, the GRPO index: the prompt group uid (a
+trajectory without a group is its own group: its trajectory uid); ``prompt_uids`` (the group
+uid or None), ``trajectory_uids``, ``step_indices`` (int32; the names Claw-R1's trainer
+reads), ``step_uids``, ``policy_versions``, ``staleness``, ``reward`` (null kept),
+``reward_scope``, ``has_rollout_logprobs``. ``meta_info``: ``lease_id``,
+``dataset_version``, ``policy_versions`` and ``staleness`` of the pull's manifest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+from verl.protocol import DataProto
+
+__all__ = ["batch_rows", "to_dataproto"]
+
+# What a step row needs; the rest is optional (metadata, reward_scope, ...).
+_ROW_KEYS = ("prompt_ids", "response_ids", "trajectory_uid", "step_index")
+
+
+def to_dataproto(
+    batch: Any,
+    *,
+    prompt_length: int | None = None,
+    response_length: int | None = None,
+    pad_token_id: int = 0,
+    metadata: bool = False,
+) -> DataProto:
+    """The DataProto of ``batch``: a client ``Batch``, a pull answer (dict), its ``batch``
+    part, or a list of steps (the ``steps`` format's rows), in the ``steps`` or ``padded``
+    format. ``prompt_length``/``response_length`` pad to fixed widths (verl's rollout
+    config); a longer prompt or response is a ValueError. ``metadata`` also spreads each
+    step's metadata keys into non-tensor columns (None where a step lacks one), as Claw-R1's
+    VerlBackend does; a key that would replace a column above is left out."""
+    rows, info = batch_rows(batch)
+    if not rows:
+        raise ValueError("the batch has no steps: nothing to convert (an empty pull is falsy)")
+    n = len(rows)
+    plen = [len(r["prompt_ids"]) for r in rows]
+    rlen = [len(r["response_ids"]) for r in rows]
+    p = _width(plen, prompt_length, "prompt")
+    w = _width(rlen, response_length, "response")
+    prompts = torch.full((n, p), pad_token_id, dtype=torch.int64)
+    responses = torch.full((n, w), pad_token_id, dtype=torch.int64)
+    attention_mask = torch.zeros((n, p + w), dtype=torch.int64)
+    response_mask = torch.zeros((n, w), dtype=torch.int64)
+    logprobs = torch.zeros((n, w), dtype=torch.float32)
+    scores = torch.zeros((n, w), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        lp, lr = plen[i], rlen[i]
+        if lp:
+            prompts[i, p - lp :] = torch.as_tensor(np.asarray(r["prompt_ids"], dtype=np.int64))
+            attention_mask[i, p - lp : p] = 1
+        if lr:
+            responses[i, :lr] = torch.as_tensor(np.asarray(r["response_ids"], dtype=np.int64))
+            attention_mask[i, p : p + lr] = 1
+            if not r.get("mask", False):
+                response_mask[i, :lr] = 1
+            if r.get("reward") is not None:
+                scores[i, lr - 1] = float(r["reward"])
+        if r.get("rollout_logprobs") is not None and lr:
+            logprobs[i, :lr] = torch.as_tensor(np.asarray(r["rollout_logprobs"], dtype=np.float32))
+    tensors = {
+        "prompts": prompts,
+        "responses": responses,
+        "input_ids": torch.cat([prompts, responses], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": torch.clip(torch.cumsum(attention_mask, dim=-1) - 1, min=0),
+        "response_mask": response_mask,
+        "token_level_scores": scores,
+        "token_level_rewards": scores.clone(),
+        "rm_scores": scores.clone(),
+    }
+    has_logprobs = [r.get("rollout_logprobs") is not None for r in rows]
+    if all(h or r.get("mask", False) for h, r in zip(has_logprobs, rows, strict=True)):
+        tensors["rollout_log_probs"] = logprobs
+    non_tensors = {
+        "uid": _objects(r.get("prompt_group_uid") or r["trajectory_uid"] for r in rows),
+        "prompt_uids": _objects(r.get("prompt_group_uid") for r in rows),
+        "trajectory_uids": _objects(r["trajectory_uid"] for r in rows),
+        "step_indices": np.array([r["step_index"] for r in rows], dtype=np.int32),
+        "step_uids": _objects(r.get("uid") for r in rows),
+        "policy_versions": _objects(r.get("policy_version") for r in rows),
+        "staleness": _objects(r.get("staleness") for r in rows),
+        "reward": _objects(r.get("reward") for r in rows),
+        "reward_scope": _objects(r.get("reward_scope") for r in rows),
+        "has_rollout_logprobs": np.array(has_logprobs, dtype=bool),
+    }
+    if metadata:
+        keys = sorted({k for r in rows for k in (r.get("metadata") or {})} - set(non_tensors))
+        for key in keys:
+            non_tensors[key] = _objects((r.get("metadata") or {}).get(key) for r in rows)
+    manifest = info.get("manifest") or {}
+    meta_info = {
+        "lease_id": info.get("lease_id"),
+        "dataset_version": manifest.get("dataset_version"),
+        "policy_versions": manifest.get("policy_versions"),
+        "staleness": manifest.get("staleness"),
+    }
+    return DataProto(
+        batch=TensorDict(tensors, batch_size=[n]), non_tensor_batch=non_tensors, meta_info=meta_info
+    )
+
+
+def batch_rows(batch: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(step rows, {"lease_id", "manifest"}) of a client Batch, a pull answer, its ``batch``
+    part (``steps`` or ``padded`` format) or a list of steps. Padded rows are cut back to
+    their real tokens, so both formats give the same rows."""
+    info: dict[str, Any] = {}
+    if hasattr(batch, "manifest") and hasattr(batch, "batch") and not isinstance(batch, Mapping):
+        info = {"lease_id": batch.lease_id, "manifest": batch.manifest}
+        batch = batch.batch or {}
+    elif isinstance(batch, Mapping) and "manifest" in batch:
+        info = {"lease_id": batch.get("lease_id"), "manifest": batch.get("manifest")}
+        batch = batch.get("batch") or {}
+    if isinstance(batch, Mapping):
+        if "steps" in batch:
+            rows = list(batch["steps"])
+        elif "prompts" in batch and "responses" in batch:
+            rows = _padded_rows(batch)
+        elif "subtree_end" in batch:
+            raise ValueError("the tree format is not a verl batch: pull format='steps' or 'padded'")
+        else:
+            raise ValueError("not a pulled batch: expected a steps or padded batch")
+    else:
+        rows = list(batch)
+    for i, r in enumerate(rows):
+        missing = [k for k in _ROW_KEYS if k not in r]
+        if missing:
+            raise ValueError(f"step {i} lacks {', '.join(missing)}")
+    return rows, info
+
+
+def _padded_rows(b: Mapping[str, Any]) -> list[dict[str, Any]]:
+    prompts = np.asarray(b["prompts"])
+    responses = np.asarray(b["responses"])
+    attention = np.asarray(b["attention_mask"])
+    logprobs = np.asarray(b["rollout_logprobs"])
+    p = prompts.shape[1] if prompts.ndim == 2 else 0
+    rows = []
+    for i in range(len(b["uid"])):
+        lp = int(attention[i, :p].sum())
+        lr = int(attention[i, p:].sum())
+        rows.append(
+            {
+                "uid": b["uid"][i],
+                "trajectory_uid": b["trajectory_uid"][i],
+                "prompt_group_uid": b["prompt_group_uid"][i],
+                "step_index": b["step_index"][i],
+                "policy_version": b["policy_version"][i],
+                "staleness": b["staleness"][i],
+                "mask": b["mask"][i],
+                "reward": b["reward"][i],
+                "reward_scope": b["reward_scope"][i],
+                "reward_source": b["reward_source"][i],
+                "prompt_ids": prompts[i, p - lp :] if p else prompts[i, :0],
+                "response_ids": responses[i, :lr],
+                "rollout_logprobs": logprobs[i, :lr] if b["has_rollout_logprobs"][i] else None,
+            }
+        )
+    return rows
+
+
+def _width(lengths: list[int], fixed: int | None, what: str) -> int:
+    longest = max(lengths, default=0)
+    if fixed is None:
+        return longest
+    if longest > fixed:
+        raise ValueError(f"a {what} of {longest} tokens is longer than {what}_length={fixed}")
+    return fixed
+
+
+def _objects(values: Iterable[Any]) -> np.ndarray:
+    items = list(values)
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out
