@@ -16,8 +16,8 @@ pytestmark = pytest.mark.live
 
 KEYS = """
 from pool.services import api_key_create
-for name, scope in (("agent", "ingest"), ("trainer", "consume"), ("admin", "admin")):
-    print(api_key_create(name=name, scopes=[scope])[1])
+for name, scopes in (("agent", ["ingest"]), ("trainer", ["consume", "policy"]), ("admin", ["admin"])):
+    print(api_key_create(name=name, scopes=scopes)[1])
 """
 
 
@@ -51,7 +51,8 @@ def steps_of(uid: str, n: int = 2) -> list[dict]:
 def test_agent_writes_and_trainer_pulls_acks_nacks_and_replays(server):
     """README: "The client (claw_client.ClawClient(url, key), httpx, no Django): agents call
     submit_steps (msgpack=True for packed arrays), open_trajectory,
-    complete_trajectory/complete_trajectories, rewards, event, feedback, set_policy_version."
+    complete_trajectory/complete_trajectories, rewards, event, feedback;
+    trainers set_policy_version (the policy scope)."
     README: "Trainers write with claw.pull("grpo-main", consumer="ppo", batch_size=8) as
     batch:, which acks when the block ends and nacks if it raises (the same units come
     back)."
@@ -80,7 +81,10 @@ def test_agent_writes_and_trainer_pulls_acks_nacks_and_replays(server):
         )
         assert agent.event("tool_call", trajectory_uid="c-t0", payload={"tool": "grep"})["recorded"] == 1
         assert agent.feedback(trajectory_uid="c-t0", rating=1.0, label="good")["id"]
-        assert agent.set_policy_version(3)["version"] == 3
+        # and the trainer, not the agent, publishes the policy version it trains (the policy scope)
+        with pytest.raises(ClawError, match="403"):
+            agent.set_policy_version(3)
+        assert trainer.set_policy_version(3)["version"] == 3
         # and a dataset made with an admin key
         assert admin.create_dataset("c-all")["version"] == 1
 

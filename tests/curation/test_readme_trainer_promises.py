@@ -33,7 +33,7 @@ from curation.selectors.specs import dataset_preview
 from curation.services import consume, steps_label
 from curation.services.snapshots import snapshot_build
 from curation.specs import spec_parse
-from pool.models import Scope, Step
+from pool.models import Scope, Source, Step
 from pool.services import RewardIn, api_key_create, policy_version_set, rewards_apply, steps_ingest
 from pool.services.events import feedback_create
 from pool.services.groups import group_upsert
@@ -117,7 +117,8 @@ def write(
             )
         )
         ctx = ctx + response
-    steps_ingest(steps=batch)
+    # written as the agent's source (the ``agent`` key's): a key acts on its own source's data
+    steps_ingest(steps=batch, source_id=Source.objects.get_or_create(name="agent")[0].id)
 
 
 def snapshot(trainer, dataset: str) -> tuple[dict, list[dict], list[dict]]:
@@ -295,15 +296,15 @@ def mixed(admin) -> list[str]:
     write("g-r0", [(0, None), (0, 0.0)], group="g", seed=1, policy_version=1)
     write("g-r1", [(0, 0.75), (0, 1.0)], group="g", seed=2, policy_version=1)
     rng = random.Random(3)
+    closer, closer_key = api_key_create(name="closer", scopes=["ingest"])
     steps_ingest(
         steps=[
             step_in("g-r2", i, prompt=random_ids(rng, 4 + i), response=random_ids(rng, 2 + i), group="g")
             for i in range(2)
-        ]
+        ],
+        source_id=closer.source_id,
     )
-    resp = client_for(api_key_create(name="closer", scopes=["ingest"])[1]).post(
-        "/api/v1/trajectories/g-r2/complete", {"reward": 0.5}, format="json"
-    )
+    resp = client_for(closer_key).post("/api/v1/trajectories/g-r2/complete", {"reward": 0.5}, format="json")
     assert resp.status_code == 200, resp.content
     policy_version_set(version=3)
     dataset(
