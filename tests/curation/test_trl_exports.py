@@ -5,11 +5,14 @@ The training itself: tests/client/test_trl_train.py."""
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from claw_client import Batch
 from claw_client.integrations.trl import to_dpo_pairs, to_sft_rows
+from curation.models import Snapshot
 from curation.services import dataset_create
+from curation.services.snapshots import snapshot_build
 from pool.models import Scope
 from tests.client.chat_rollouts import GROUPS, ROLLOUTS, steps
 from tests.conftest import client_for, post_steps
@@ -22,14 +25,23 @@ def convo(traj: str) -> list[dict]:
 
 
 @pytest.fixture
-def pulled(agent, make_key) -> Batch:
-    """Everything the agent sent (groups, steps), pulled as one ``steps`` batch."""
+def trainer(make_key):
+    return client_for(make_key(Scope.CONSUME, name="trainer"))
+
+
+@pytest.fixture
+def sent(agent) -> None:
+    """Everything the agent sends (groups, steps), and dataset "chat" admitting it all."""
     for g in GROUPS:
         assert agent.post("/api/v1/groups", g, format="json").status_code in (200, 201)
     resp = post_steps(agent, steps())
     assert resp.status_code in (200, 201), resp.content
     dataset_create(name="chat")
-    trainer = client_for(make_key(Scope.CONSUME, name="trainer"))
+
+
+@pytest.fixture
+def pulled(sent, trainer) -> Batch:
+    """Everything the agent sent, pulled as one ``steps`` batch."""
     resp = trainer.post(
         "/api/v1/consumers/sft/pull", {"dataset": "chat", "batch_size": 10, "format": "steps"}, format="json"
     )
@@ -91,3 +103,94 @@ def test_dpo_pairs_choose_the_best_rollout_against_those_a_margin_below(pulled, 
 def test_a_negative_margin_is_refused(pulled):
     with pytest.raises(ValueError, match="margin"):
         to_dpo_pairs(pulled, margin=-0.1)
+
+
+# --- the snapshot formats ---------------------------------------------------------------------
+@pytest.fixture
+def media(settings, tmp_path):
+    settings.MEDIA_ROOT = tmp_path / "media"
+    return settings.MEDIA_ROOT
+
+
+def snapshot_export(trainer, body: dict) -> tuple[dict, list[dict]]:
+    """POST /api/v1/snapshots with ``body``, the build run, then the status and the export
+    downloaded as ``?format=<body's format>``, parsed line by line."""
+    resp = trainer.post("/api/v1/snapshots", {"dataset": "chat", **body}, format="json")
+    assert resp.status_code == 202, resp.content
+    sid = resp.json()["id"]
+    snapshot_build(snapshot_id=sid)
+    status = trainer.get(f"/api/v1/snapshots/{sid}").json()
+    resp = trainer.get(f"/api/v1/snapshots/{sid}/download", {"format": body["format"]})
+    assert resp.status_code == 200
+    assert resp["Content-Type"] == "application/x-ndjson"
+    assert f'filename="chat-v1-{sid}.{body["format"]}.jsonl"' in resp["Content-Disposition"]
+    raw = b"".join(resp.streaming_content)
+    return status, [orjson.loads(line) for line in raw.splitlines()]
+
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ({"format": "sft"}, {"min_reward": None, "rows": [["math-r0"], ["greet-r0"], ["solo"]]}),
+        (
+            {"format": "sft", "min_reward": 0.5},
+            {"min_reward": 0.5, "rows": [["math-r0"], ["greet-r0"], ["greet-r1"], ["solo"]]},
+        ),
+        ({"format": "sft", "min_reward": 1}, {"min_reward": 1.0, "rows": [["math-r0"]]}),
+        ({"format": "dpo"}, {"margin": 0.0, "rows": [["math-r0", "math-r1"], ["math-r0", "math-r2"]]}),
+        ({"format": "dpo", "margin": 0.9}, {"margin": 0.9, "rows": [["math-r0", "math-r2"]]}),
+        ({"format": "dpo", "margin": 2}, {"margin": 2.0, "rows": []}),
+    ],
+)
+def test_a_snapshot_with_a_trl_format_holds_the_export(sent, trainer, media, body, expected):
+    # given everything the agent sent, admitted by dataset "chat"
+    # when a snapshot is requested with a TRL format and built
+    status, rows = snapshot_export(trainer, body)
+    # then the export file holds the rows of the chosen rollouts (steps in id order: greet-r0
+    # comes first, so it wins greet's tie), and the manifest says what was asked and written
+    fmt = body["format"]
+    if fmt == "sft":
+        want = [{"messages": convo(t)} for (t,) in expected["rows"]]
+    else:
+        want = [
+            {"prompt": convo(c)[:1], "chosen": convo(c)[1:], "rejected": convo(r)[1:]}
+            for c, r in expected["rows"]
+        ]
+    assert sorted(rows, key=repr) == sorted(want, key=repr)
+    export = status["manifest"]["export"]
+    option = "min_reward" if fmt == "sft" else "margin"
+    assert export["format"] == fmt and export[option] == expected[option] and export["rows"] == len(want)
+    assert status["formats"] == sorted(["jsonl", "parquet", fmt])
+    assert status["manifest"]["steps"] == len(steps())  # the step files are the same as ever
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"format": "csv"}, "format"),
+        ({"format": "jsonl"}, "format"),
+        ({"format": "sft", "margin": 0.5}, "margin"),
+        ({"format": "dpo", "min_reward": 0.5}, "min_reward"),
+        ({"format": "dpo", "margin": -0.1}, "margin"),
+        ({"format": "dpo", "margin": "0.5"}, "margin"),
+        ({"format": "sft", "min_reward": True}, "min_reward"),
+        ({"min_reward": 0.5}, "min_reward"),
+        ({"margin": 0.5}, "margin"),
+    ],
+)
+def test_a_bad_export_request_is_refused_naming_the_field_and_stores_nothing(sent, trainer, body, param):
+    before = Snapshot.objects.count()
+    resp = trainer.post("/api/v1/snapshots", {"dataset": "chat", **body}, format="json")
+    assert resp.status_code == 400, resp.content
+    assert resp.json()["error"]["param"] == param
+    assert Snapshot.objects.count() == before
+
+
+def test_a_snapshot_without_the_export_refuses_its_download(sent, trainer, media):
+    resp = trainer.post("/api/v1/snapshots", {"dataset": "chat"}, format="json")
+    sid = resp.json()["id"]
+    snapshot_build(snapshot_id=sid)
+    for fmt in ("sft", "dpo"):
+        resp = trainer.get(f"/api/v1/snapshots/{sid}/download", {"format": fmt})
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == "format"
+    assert "export" not in trainer.get(f"/api/v1/snapshots/{sid}").json()["manifest"]
