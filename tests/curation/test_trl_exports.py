@@ -5,6 +5,8 @@ The training itself: tests/client/test_trl_train.py."""
 
 from __future__ import annotations
 
+import hashlib
+
 import orjson
 import pytest
 
@@ -125,6 +127,7 @@ def snapshot_export(trainer, body: dict) -> tuple[dict, list[dict]]:
     assert resp["Content-Type"] == "application/x-ndjson"
     assert f'filename="chat-v1-{sid}.{body["format"]}.jsonl"' in resp["Content-Disposition"]
     raw = b"".join(resp.streaming_content)
+    assert status["manifest"]["export"]["sha256"] == hashlib.sha256(raw).hexdigest()
     return status, [orjson.loads(line) for line in raw.splitlines()]
 
 
@@ -143,6 +146,11 @@ def snapshot_export(trainer, body: dict) -> tuple[dict, list[dict]]:
     ],
 )
 def test_a_snapshot_with_a_trl_format_holds_the_export(sent, trainer, media, body, expected):
+    """README: "With "format": "sft" (optional min_reward) or "format": "dpo" (optional
+    margin, default 0) the snapshot also holds that TRL export, downloaded with ?format=sft
+    or ?format=dpo (see "TRL" below), and its manifest's export gives the options, the row
+    count and the file's sha256."
+    """
     # given everything the agent sent, admitted by dataset "chat"
     # when a snapshot is requested with a TRL format and built
     status, rows = snapshot_export(trainer, body)
