@@ -82,7 +82,9 @@ def test_the_client_package_lists_its_subpackages_and_the_server_has_its_depende
     assert client["project"]["name"] == "claw-client"
     assert set(client["tool"]["setuptools"]["packages"]) == folders
     # and the server's package ships claw_client with every core dependency of claw-client
-    assert "claw_client*" in server["tool"]["setuptools"]["packages"]["find"]["include"]
+    find = server["tool"]["setuptools"]["packages"]["find"]
+    assert "claw_client*" in find["include"]
+    assert "claw_client.build*" in find["exclude"]  # where `pip install ./claw_client` builds
 
     def names(reqs):
         return {r.split(">")[0].split("=")[0].split("[")[0].strip() for r in reqs}
