@@ -202,3 +202,60 @@ def test_a_snapshot_without_the_export_refuses_its_download(sent, trainer, media
         resp = trainer.get(f"/api/v1/snapshots/{sid}/download", {"format": fmt})
         assert resp.status_code == 400 and resp.json()["error"]["param"] == "format"
     assert "export" not in trainer.get(f"/api/v1/snapshots/{sid}").json()["manifest"]
+
+
+# --- which rollouts count (the steps format's rows, as a pull serves them) -----------------------
+def served(traj: str, reward, *, branch: int = 0, index: int = 0, text: str | None = None, **extra) -> dict:
+    return {
+        "trajectory_uid": traj,
+        "prompt_group_uid": "g",
+        "branch": branch,
+        "step_index": index,
+        "reward": reward,
+        "mask": False,
+        "messages": [QUESTION_ROW],
+        "response_text": text if text is not None else traj,
+        "metadata": {},
+        **extra,
+    }
+
+
+QUESTION_ROW = {"role": "user", "content": "q"}
+
+
+@pytest.mark.parametrize(
+    "rows, sft, pairs",
+    [
+        # the best (1.0) against the others; an earlier step of a rollout does not count
+        (
+            [served("a", 0.0, text="a0"), served("a", 1.0, index=1), served("b", 0.5)],
+            ["a"],
+            [("a", "b")],
+        ),
+        # a masked final step, a null reward, no messages: left out
+        (
+            [
+                served("a", 1.0, mask=True),
+                served("b", None),
+                served("c", 0.9, messages=None),
+                served("d", 0.1),
+            ],
+            ["d"],
+            [],
+        ),
+        # two branches of one trajectory are two rollouts
+        ([served("a", 0.2), served("a", 0.8, branch=1, text="a1")], ["a1"], [("a1", "a")]),
+    ],
+)
+def test_the_rollouts_that_count(rows, sft, pairs):
+    """README: "Its reward is the final step's effective reward; rollouts with no messages, a
+    null reward or mask true are left out, and rollouts are compared within their prompt group
+    (a trajectory without a group is its own group).\""""
+
+    def reply(text: str) -> list[dict]:
+        return [QUESTION_ROW, {"role": "assistant", "content": text}]
+
+    assert to_sft_rows(rows) == [{"messages": reply(t)} for t in sft]
+    assert to_dpo_pairs(rows) == [
+        {"prompt": [QUESTION_ROW], "chosen": reply(c)[1:], "rejected": reply(r)[1:]} for c, r in pairs
+    ]
