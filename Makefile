@@ -18,9 +18,11 @@ $(VENV)/.installed: pyproject.toml | $(PY)
 	$(PIP) install -q -e .
 	@touch $@
 
-$(VENV)/.installed-test: pyproject.toml | $(PY)
+$(VENV)/.installed-test: pyproject.toml Makefile | $(PY)
 	$(PIP) install -q -e '.[test,dev]'
 	$(PIP) install -q --no-deps $(VERL_NO_DEPS)
+# TRL for tests/client/test_trl_train.py (CI's SQLite pass); pinned: keeps the CPU torch.
+	$(PIP) install -q 'trl==1.16.0' 'accelerate==1.15.0'
 	@bash .ci/ensure-chromium
 	@touch $@ $(VENV)/.installed
 

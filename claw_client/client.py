@@ -15,6 +15,7 @@ not ack or nack anything. Errors are ``ClawError`` built from the server's error
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 from urllib.parse import quote
@@ -299,6 +300,46 @@ class ClawClient:
 
     def replay_batch(self, lease_id: str) -> Batch:
         return Batch(self.replay(lease_id), self)
+
+    # --- snapshots --------------------------------------------------------------------------
+    def snapshot(
+        self,
+        dataset: str,
+        *,
+        format: str | None = None,
+        min_reward: float | None = None,
+        margin: float | None = None,
+        timeout: float = 600.0,
+    ) -> dict[str, Any]:
+        """Freeze what ``dataset`` admits now (POST /snapshots, optionally with the TRL export
+        ``format`` ``sft`` / ``dpo`` and its ``min_reward`` / ``margin``) and wait until it is
+        built: its status, once done. A failed build raises ClawError (status 500, type
+        ``snapshot_failed``); one not done in ``timeout`` seconds raises TimeoutError."""
+        body = _present(dataset=dataset, format=format, min_reward=min_reward, margin=margin)
+        snap = self._json("POST", "/snapshots", json=body)
+        deadline = time.monotonic() + timeout
+        delay = 0.05
+        while snap["status"] not in ("done", "failed"):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"snapshot {snap['id']} not built in {timeout} s")
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+            snap = self._json("GET", f"/snapshots/{snap['id']}")
+        if snap["status"] == "failed":
+            raise ClawError(500, "snapshot_failed", snap.get("error") or "", "snapshot")
+        return snap
+
+    def download_snapshot(self, snapshot_id: str, format: str, path: str) -> str:
+        """Stream a done snapshot's file (``jsonl``, ``parquet``, ``sft`` or ``dpo``) to
+        ``path``; returns ``path``."""
+        with self.http.stream("GET", f"/snapshots/{snapshot_id}/download", params={"format": format}) as resp:
+            if resp.status_code >= 400:
+                resp.read()
+                raise _error_of(resp)
+            with open(path, "wb") as fh:
+                for chunk in resp.iter_bytes():
+                    fh.write(chunk)
+        return path
 
     # --- transport --------------------------------------------------------------------------
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:

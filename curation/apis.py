@@ -383,13 +383,22 @@ class SnapshotCreateApi(APIView):
     permission_classes = [ConsumeScope]
 
     @extend_schema(
-        summary='Freeze what a dataset admits now into files: {"dataset": name}; built in the background',
+        summary=(
+            'Freeze what a dataset admits now into files: {"dataset": name}, optionally with a TRL export '
+            '("format": "sft" with "min_reward", or "dpo" with "margin"); built in the background'
+        ),
         request=cs.SnapshotCreateSerializer,
         responses={202: cs.SnapshotSerializer},
     )
     def post(self, request):
-        data = _body(request, {"dataset"})
-        snap = snapshots.snapshot_create(dataset=data.get("dataset"), actor=_actor(request))  # type: ignore[arg-type]
+        data = _body(request, {"dataset", "format", "min_reward", "margin"})
+        snap = snapshots.snapshot_create(
+            dataset=data.get("dataset"),  # type: ignore[arg-type]
+            actor=_actor(request),
+            format=data.get("format"),
+            min_reward=data.get("min_reward"),
+            margin=data.get("margin"),
+        )
         snap = _snapshot(snap.id)
         return Response(snapshot_render(snap), status=status.HTTP_202_ACCEPTED)
 
@@ -423,23 +432,34 @@ class SnapshotDownloadApi(APIView):
         summary="Download a done snapshot's file (streamed); 409 while it is not done",
         parameters=[
             OpenApiParameter(
-                "format", str, enum=list(snapshots.FORMATS), description="jsonl (default) or parquet"
+                "format",
+                str,
+                enum=[*snapshots.FORMATS, *snapshots.EXPORTS],
+                description="jsonl (default) or parquet; sft or dpo for a snapshot built with that TRL export",
             )
         ],
         responses={(200, "application/octet-stream"): OpenApiTypes.BINARY},
     )
     def get(self, request, snapshot_id):
         fmt = request.query_params.get("format", "jsonl")
-        if fmt not in snapshots.FORMATS:
-            raise InvalidInput(f"format must be one of {list(snapshots.FORMATS)}", field="format")
+        if fmt not in (*snapshots.FORMATS, *snapshots.EXPORTS):
+            raise InvalidInput(
+                f"format must be one of {[*snapshots.FORMATS, *snapshots.EXPORTS]}", field="format"
+            )
         snap = _snapshot(snapshot_id)
         if snap.status != Snapshot.Status.DONE:
             raise Conflict(f"snapshot {snap.id} is {snap.status}: download it once done", field="snapshot")
+        if fmt not in snap.files:
+            raise InvalidInput(
+                f"snapshot {snap.id} was built without the {fmt} export (formats: {sorted(snap.files)})",
+                field="format",
+            )
         version = snap.dataset_version
+        suffix = f"{fmt}.jsonl" if fmt in snapshots.EXPORTS else fmt
         return FileResponse(
             default_storage.open(snap.files[fmt], "rb"),
             as_attachment=True,
-            filename=f"{version.dataset.name}-v{version.version}-{snap.id}.{fmt}",
+            filename=f"{version.dataset.name}-v{version.version}-{snap.id}.{suffix}",
             content_type=snapshots.CONTENT_TYPES[fmt],
         )
 

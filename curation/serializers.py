@@ -132,6 +132,17 @@ class LeaseSerializer(serializers.Serializer):
 
 class SnapshotCreateSerializer(StrictSerializer):
     dataset = serializers.CharField(help_text="the dataset's name; its current version is frozen")
+    format = serializers.ChoiceField(
+        choices=["sft", "dpo"],
+        required=False,
+        help_text="also write this TRL export (claw_client.integrations.trl), downloadable as ?format=",
+    )
+    min_reward = serializers.FloatField(
+        required=False, help_text="sft: every rollout with at least this reward (default: the best per group)"
+    )
+    margin = serializers.FloatField(
+        required=False, min_value=0, help_text="dpo: the least reward difference of a pair (default 0)"
+    )
 
 
 class SnapshotSerializer(serializers.Serializer):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import logging
+import math
 import tempfile
 import uuid
 from collections import Counter
@@ -32,6 +33,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from claw_client.integrations import trl
 from pool import flags, tokens
 from pool.errors import InvalidInput, NotFound
 from pool.ingest.effects import emit
@@ -45,6 +47,10 @@ from ..selectors.specs import dataset_admitted
 from ..specs import spec_parse
 
 FORMATS = ("jsonl", "parquet")
+# TRL exports a snapshot may also hold (``format`` at creation; claw_client.integrations.trl):
+# a JSONL file of conversational SFT rows or of preference pairs, built from the rollouts'
+# final admitted steps. Their options are kept in the manifest's ``export``.
+EXPORTS = ("sft", "dpo")
 # Steps read, rendered and written per chunk: settings.CLAW_SNAPSHOT_CHUNK_STEPS (default
 # 1,000). 1,000 steps of ~2k tokens: ~60 ms of reads and rendering and ~20 MB of rows in
 # memory; progress is recorded after each chunk.
@@ -101,20 +107,39 @@ PARQUET_SCHEMA = pa.schema(
     ]
 )
 log = logging.getLogger(__name__)
-CONTENT_TYPES = {"jsonl": "application/x-ndjson", "parquet": "application/vnd.apache.parquet"}
+CONTENT_TYPES = {
+    "jsonl": "application/x-ndjson",
+    "parquet": "application/vnd.apache.parquet",
+    "sft": "application/x-ndjson",
+    "dpo": "application/x-ndjson",
+}
 
 
-def snapshot_create(*, dataset: str, actor: str = "") -> Snapshot:
+def snapshot_create(
+    *,
+    dataset: str,
+    actor: str = "",
+    format: str | None = None,
+    min_reward: float | None = None,
+    margin: float | None = None,
+) -> Snapshot:
     """Request a snapshot of ``dataset``'s current version; the build runs after commit.
-    Not idempotent (each call is a new snapshot). Raises InvalidInput/NotFound naming
-    ``dataset``."""
+    Not idempotent (each call is a new snapshot). ``format`` ``sft`` (with an optional
+    ``min_reward``) or ``dpo`` (with an optional ``margin``, default 0) adds that TRL export.
+    Raises InvalidInput/NotFound naming the field."""
     if not isinstance(dataset, str) or not dataset:
         raise InvalidInput("dataset: the name of a dataset", field="dataset")
+    export = _export_of(format, min_reward, margin)
     ds = Dataset.objects.select_related("current").filter(name=dataset).first()
     if ds is None or ds.current is None:
         raise NotFound(f"dataset {dataset!r} does not exist", field="dataset")
     with transaction.atomic():
-        snap = Snapshot.objects.create(id=uuid.uuid4(), dataset_version=ds.current, created_by=actor)
+        snap = Snapshot.objects.create(
+            id=uuid.uuid4(),
+            dataset_version=ds.current,
+            created_by=actor,
+            manifest={"export": export} if export else {},
+        )
         # Published first: in embedded mode the build runs in the enqueue's on-commit
         # callback, so a "pending" registered after it would follow (and undo) its "done".
         snapshot_changed(snap.id, Snapshot.Status.PENDING, 0, None)
@@ -175,6 +200,32 @@ def snapshot_changed(snapshot_id: uuid.UUID, status: str, steps: int, total: int
 
 
 # --- helpers --------------------------------------------------------------------------------
+def _export_of(format: Any, min_reward: Any, margin: Any) -> dict[str, Any] | None:
+    """The TRL export asked for, as kept in the manifest (None: none)."""
+    if format is None:
+        for name, value in (("min_reward", min_reward), ("margin", margin)):
+            if value is not None:
+                raise InvalidInput(
+                    f"{name} needs format {'sft' if name == 'min_reward' else 'dpo'}", field=name
+                )
+        return None
+    if format not in EXPORTS:
+        raise InvalidInput(f"format must be one of {list(EXPORTS)} (or absent)", field="format")
+    own, other = ("min_reward", "margin") if format == "sft" else ("margin", "min_reward")
+    if (min_reward if other == "min_reward" else margin) is not None:
+        raise InvalidInput(f"{other} does not apply to format {format}", field=other)
+    value = min_reward if own == "min_reward" else margin
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
+    ):
+        raise InvalidInput(f"{own} must be a finite number", field=own)
+    if own == "margin":
+        if value is not None and value < 0:
+            raise InvalidInput("margin must be >= 0", field="margin")
+        return {"format": "dpo", "margin": float(value) if value is not None else 0.0}
+    return {"format": "sft", "min_reward": float(value) if value is not None else None}
+
+
 def _attempt_start(snapshot_id) -> Snapshot | None:
     """Lock the snapshot, freeze its step ids if not yet, and take the build over."""
     with transaction.atomic():
@@ -242,6 +293,8 @@ def _write(
     masked = set(snap.masked_ids or [])
     digest = hashlib.sha256()
     stats = _Stats()
+    export = (snap.manifest or {}).get("export")
+    finals = _Finals() if export else None
     with tempfile.TemporaryFile() as jsonl, tempfile.TemporaryFile() as parquet:
         writer = pq.ParquetWriter(parquet, PARQUET_SCHEMA)  # leaves the handle open
         try:
@@ -254,6 +307,8 @@ def _write(
                     digest.update(line)
                     stats.add(row)
                 writer.write_table(_table(chunk))
+                if finals is not None:
+                    finals.add(chunk)
                 Snapshot.objects.filter(id=snap.id, attempt=snap.attempt).update(
                     steps_done=stats.steps, updated_at=timezone.now()
                 )
@@ -269,6 +324,8 @@ def _write(
             name = default_storage.save(f"{folder}/snapshot.{fmt}", File(tmp, name=f"snapshot.{fmt}"))
             stored.append(name)
             files[fmt] = name
+    if finals is not None:
+        export = {**export, **_write_export(export, finals, folder, stored, files)}
     version = snap.dataset_version
     manifest = {
         "snapshot_id": str(snap.id),
@@ -277,11 +334,83 @@ def _write(
         "spec": version.spec,
         **stats.summary(),
         "content_hash": digest.hexdigest(),
+        **({"export": export} if export else {}),
         "formats": {fmt: {"bytes": default_storage.size(name)} for fmt, name in files.items()},
         "created_at": snap.created_at.isoformat(),
         "built_at": timezone.now().isoformat(),
     }
     return files, manifest
+
+
+def _write_export(
+    export: dict[str, Any], finals: _Finals, folder: str, stored: list[str], files: dict[str, str]
+) -> dict[str, Any]:
+    """Write the TRL export file (one JSON object per line) and record it in ``files``;
+    returns its row count and sha256 for the manifest."""
+    steps = finals.steps()
+    if export["format"] == "sft":
+        rows = trl.to_sft_rows(steps, min_reward=export["min_reward"])
+    else:
+        rows = trl.to_dpo_pairs(steps, margin=export["margin"])
+    digest = hashlib.sha256()
+    with tempfile.TemporaryFile() as tmp:
+        for row in rows:
+            line = orjson.dumps(row) + b"\n"
+            tmp.write(line)
+            digest.update(line)
+        tmp.flush()
+        tmp.seek(0)
+        fmt = export["format"]
+        name = default_storage.save(f"{folder}/snapshot.{fmt}.jsonl", File(tmp, name=f"snapshot.{fmt}.jsonl"))
+    stored.append(name)
+    files[fmt] = name
+    return {"rows": len(rows), "sha256": digest.hexdigest()}
+
+
+class _Finals:
+    """The final frozen step of each rollout (trajectory and branch: the highest step_index),
+    collected chunk by chunk; ``steps()`` reads their chat messages and reply (one query per
+    1,000 rollouts) as ``steps``-format rows for claw_client.integrations.trl."""
+
+    def __init__(self) -> None:
+        self.last: dict[tuple[str, int], tuple[int, int, dict[str, Any]]] = {}
+
+    def add(self, chunk: _Chunk) -> None:
+        for sid, branch, row in zip(chunk.ids, chunk.branches, chunk.rows, strict=True):
+            key = (row["trajectory_uid"], branch)
+            seen = self.last.get(key)
+            if seen is None or row["step_index"] > seen[0]:
+                self.last[key] = (row["step_index"], sid, {**row, "branch": branch})
+
+    def steps(self) -> list[dict[str, Any]]:
+        by_id = {sid: row for _, sid, row in self.last.values()}
+        ids = sorted(by_id)
+        out = []
+        for start in range(0, len(ids), 1000):
+            part = ids[start : start + 1000]
+            texts = {
+                sid: (messages, text)
+                for sid, messages, text in Step.objects.filter(id__in=part).values_list(
+                    "id", "messages", "response_text"
+                )
+            }
+            for sid in part:
+                row = by_id[sid]
+                messages, text = texts[sid]
+                out.append(
+                    {
+                        "trajectory_uid": row["trajectory_uid"],
+                        "branch": row["branch"],
+                        "prompt_group_uid": row["prompt_group_uid"],
+                        "step_index": row["step_index"],
+                        "reward": row["reward"],
+                        "mask": row["mask"],
+                        "metadata": row["metadata"],
+                        "messages": messages,
+                        "response_text": text,
+                    }
+                )
+        return out
 
 
 # The step fields a row is built from, read as tuples (no model instances, no datetimes).
@@ -318,10 +447,12 @@ class _Chunk:
     orjson writes exactly as the lists they hold) and the raw token bytes per row, from
     which the Parquet list columns are built in bulk."""
 
-    __slots__ = ("rows", "prompts", "responses", "logprobs")
+    __slots__ = ("rows", "prompts", "responses", "logprobs", "ids", "branches")
 
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
+        self.ids: list[int] = []
+        self.branches: list[int] = []
         self.prompts: list[bytes] = []
         self.responses: list[bytes] = []
         self.logprobs: list[bytes | None] = []
@@ -363,7 +494,7 @@ def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: str) -
             feedback.setdefault(("s", sid) if sid is not None else ("t", tid), []).append(f)
         full = tokens.load_sequences(ids)
         chunk = _Chunk()
-        branches: list[int] = []
+        branches = chunk.branches
         for (
             sid,
             uid,
@@ -421,6 +552,7 @@ def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: str) -
                 }
             )
             branches.append(branch)
+            chunk.ids.append(sid)
         if assignment != effective_reward.EACH_STEP:
             ends = branch_ends(trajs)
             effective_reward.assign(chunk.rows, mode=assignment, branch_ends=ends, branches=branches)

@@ -35,3 +35,63 @@ def test_claw_client_imports_without_django_or_torch():
     # then it works
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+CLIENT = ROOT / "claw_client"
+
+
+def _pyproject(path):
+    import tomllib
+
+    return tomllib.loads(path.read_text())
+
+
+def test_every_claw_client_module_imports_with_django_unimportable():
+    """claw_client/pyproject.toml: the package `pip install ./claw_client` installs alone."""
+    # given every module of the package, and an interpreter where django cannot be imported
+    modules = sorted(
+        ".".join(("claw_client", *p.relative_to(CLIENT).with_suffix("").parts)).removesuffix(".__init__")
+        for p in CLIENT.rglob("*.py")
+        if "build" not in p.relative_to(CLIENT).parts
+    )
+    assert "claw_client.integrations.trl" in modules
+    code = (
+        "import importlib, sys\n"
+        "for name in ('django', 'rest_framework', 'pool', 'gateway', 'curation', 'claw_kit', 'claw_site'):\n"
+        "    sys.modules[name] = None\n"
+        f"for m in {modules!r}:\n"
+        "    importlib.import_module(m)\n"
+        "print(len([m for m in sys.modules if m.startswith('claw_client')]))\n"
+    )
+    # when each is imported there
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    # then all import
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.strip()) >= len(modules)
+
+
+def test_the_client_package_lists_its_subpackages_and_the_server_has_its_dependencies():
+    # given the two pyprojects
+    client, server = _pyproject(CLIENT / "pyproject.toml"), _pyproject(ROOT / "pyproject.toml")
+    # then claw-client installs every folder of claw_client that is a package
+    folders = {
+        ".".join(("claw_client", *p.parent.relative_to(CLIENT).parts))
+        for p in CLIENT.rglob("__init__.py")
+        if "build" not in p.relative_to(CLIENT).parts
+    }
+    assert client["project"]["name"] == "claw-client"
+    assert set(client["tool"]["setuptools"]["packages"]) == folders
+    # and the server's package ships claw_client with every core dependency of claw-client
+    find = server["tool"]["setuptools"]["packages"]["find"]
+    assert "claw_client*" in find["include"]
+    assert "claw_client.build*" in find["exclude"]  # where `pip install ./claw_client` builds
+
+    def names(reqs):
+        return {r.split(">")[0].split("=")[0].split("[")[0].strip() for r in reqs}
+
+    assert names(client["project"]["dependencies"]) == {"numpy", "httpx", "msgspec"}
+    assert names(client["project"]["dependencies"]) <= names(server["project"]["dependencies"])
+    # and no Django anywhere in claw-client, extras included
+    extras = [r for reqs in client["project"]["optional-dependencies"].values() for r in reqs]
+    assert not {"django", "djangorestframework"} & names(client["project"]["dependencies"] + extras)
+    assert set(client["project"]["optional-dependencies"]) == {"torch", "verl", "trl"}

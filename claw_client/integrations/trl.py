@@ -1,0 +1,119 @@
+"""TRL datasets from a ``steps`` batch: conversational SFT rows and preference pairs.
+
+Pure Python over the ``steps`` format (no TRL, torch or Django import): the rows are what
+``datasets.Dataset.from_list`` takes and TRL's ``SFTTrainer`` / ``DPOTrainer`` train on::
+
+    with claw.pull("grpo", consumer="sft", batch_size=64) as batch:
+        sft = Dataset.from_list(to_sft_rows(batch))                 # {"messages": [...]}
+        dpo = Dataset.from_list(to_dpo_pairs(batch, margin=0.5))    # {"prompt", "chosen", "rejected"}
+
+A **rollout** is one branch of a trajectory (``trajectory_uid``, ``branch``; a trajectory
+without branches is one rollout). Its conversation is its final step's (highest
+``step_index``) chat ``messages`` followed by that step's reply: an assistant message with the
+step's ``response_text`` as ``content`` and, when the step's ``metadata`` has them (the
+gateway records them there), its OpenAI-style ``tool_calls``. Earlier tool calls and ``tool``
+messages are part of the final step's ``messages`` as the agent sent them. Its reward is the
+final step's effective reward as served. Rollouts whose final step has no ``messages``, a
+null reward, or ``mask`` true are left out. Rollouts are compared within their prompt group
+(``prompt_group_uid``; a trajectory without a group is a group of its own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+Message = dict[str, Any]
+
+
+def conversation(step: dict[str, Any]) -> list[Message]:
+    """The full conversation of a step: its ``messages`` then its reply (see the module)."""
+    reply: Message = {"role": "assistant", "content": step.get("response_text") or ""}
+    calls = (step.get("metadata") or {}).get("tool_calls")
+    if calls:
+        reply["tool_calls"] = calls
+    return [*(step.get("messages") or []), reply]
+
+
+def rollouts(batch: Any) -> list[dict[str, Any]]:
+    """The batch's usable rollouts in batch order (of their final steps): each
+    ``{"group", "trajectory_uid", "branch", "reward", "messages"}``."""
+    last: dict[tuple[str, int], dict[str, Any]] = {}
+    for s in _steps_of(batch):
+        key = (s["trajectory_uid"], s.get("branch") or 0)
+        if key not in last or s["step_index"] >= last[key]["step_index"]:
+            last[key] = s
+    out = []
+    for (traj, branch), s in last.items():
+        if s.get("messages") is None or s.get("reward") is None or s.get("mask"):
+            continue
+        out.append(
+            {
+                "group": s.get("prompt_group_uid") or f"trajectory:{traj}",
+                "trajectory_uid": traj,
+                "branch": branch,
+                "reward": float(s["reward"]),
+                "messages": conversation(s),
+            }
+        )
+    return out
+
+
+def to_sft_rows(batch: Any, *, min_reward: float | None = None) -> list[dict[str, Any]]:
+    """TRL conversational SFT rows ``{"messages": [...]}``: the best rollout of each group
+    (highest reward, the first in batch order on a tie), or, with ``min_reward``, every
+    rollout whose reward is at least ``min_reward``. Groups in order of first appearance."""
+    if min_reward is not None:
+        return [{"messages": r["messages"]} for r in rollouts(batch) if r["reward"] >= min_reward]
+    return [{"messages": max(g, key=lambda r: r["reward"])["messages"]} for g in _groups(batch)]
+
+
+def to_dpo_pairs(batch: Any, *, margin: float = 0.0) -> list[dict[str, Any]]:
+    """TRL conversational preference pairs ``{"prompt", "chosen", "rejected"}``: in each group,
+    the best rollout (as in ``to_sft_rows``) chosen against every other rollout whose reward
+    is lower by at least ``margin`` (and lower at all), in batch order. ``prompt`` is the
+    messages both conversations share from the start; ``chosen`` and ``rejected`` are the
+    rest of each (the assistant's turns, with any tool messages between them)."""
+    if margin < 0:
+        raise ValueError("margin must be >= 0")
+    out = []
+    for group in _groups(batch):
+        best = max(group, key=lambda r: r["reward"])
+        for r in group:
+            if r is best or best["reward"] - r["reward"] < margin or r["reward"] >= best["reward"]:
+                continue
+            n = _common_prefix(best["messages"], r["messages"])
+            out.append(
+                {
+                    "prompt": best["messages"][:n],
+                    "chosen": best["messages"][n:],
+                    "rejected": r["messages"][n:],
+                }
+            )
+    return out
+
+
+def _groups(batch: Any) -> list[list[dict[str, Any]]]:
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rollouts(batch):
+        groups.setdefault(r["group"], []).append(r)
+    return list(groups.values())
+
+
+def _common_prefix(a: list[Message], b: list[Message]) -> int:
+    """How many leading messages ``a`` and ``b`` share, at most all but the last of the
+    shorter, so that both sides keep at least their final reply."""
+    n = 0
+    while n < min(len(a), len(b)) - 1 and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _steps_of(batch: Any) -> Iterable[dict[str, Any]]:
+    if hasattr(batch, "batch") and not isinstance(batch, dict):
+        batch = batch.batch or {}  # a client Batch: its JSON as served
+    if isinstance(batch, dict):
+        if "steps" in batch:
+            return batch["steps"]
+        return (batch.get("batch") or {}).get("steps") or []  # a whole pull answer
+    return batch
