@@ -296,7 +296,8 @@ class _Steps:
 
 def _session(server: LiveServer) -> tuple[str, list[tuple[str, str]]]:
     """A logged-in session of a superuser (made by Django itself in the server's database)
-    and SOURCES ingest keys: (session key, [(source name, key)])."""
+    and SOURCES ingest keys, each granted every bench source (requests take turns on the
+    trajectories): (session key, [(source name, key)])."""
     code = (
         "from django.contrib.auth import get_user_model, SESSION_KEY, BACKEND_SESSION_KEY, HASH_SESSION_KEY;"
         "from django.contrib.sessions.backends.db import SessionStore;"
@@ -309,8 +310,12 @@ def _session(server: LiveServer) -> tuple[str, list[tuple[str, str]]]:
         "s[HASH_SESSION_KEY] = u.get_session_auth_hash();"
         "s.create();"
         "print(s.session_key);"
-        "[print('bench-%d' % i, api_key_create(name='bench-%d' % i, scopes=['ingest'])[1])"
-        f" for i in range({SOURCES})]"
+        "from pool.models import Source;"
+        f"names = ['bench-%d' % i for i in range({SOURCES})];"
+        "[Source.objects.get_or_create(name=n) for n in names];"
+        # the keys take turns on every trajectory: each is granted the others' sources
+        "[print(n, api_key_create(name=n, scopes=['ingest'], extra_sources=[m for m in names if m != n])[1])"
+        " for n in names]"
     )
     lines = server.manage("shell", "-c", code).strip().splitlines()[-SOURCES - 1 :]
     return lines[0], [(name, key) for name, key in (line.split() for line in lines[1:])]
