@@ -685,3 +685,37 @@ class GenerationText(models.Model):
 
     def __str__(self) -> str:
         return f"text #{self.pk}"
+
+
+class IdempotentCall(models.Model):
+    """A proxied call sent with an ``Idempotency-Key`` header (as OpenAI's and Anthropic's
+    clients can send), per source: while it runs a retry is told to wait; once its steps are
+    committed the answer is kept here, so a retry gets it back byte for byte and stores nothing
+    new (pool/services/idempotency.py, gateway/proxy/runner.py)."""
+
+    class State(models.TextChoices):
+        RUNNING = "running", "running"
+        DONE = "done", "done"
+
+    source = models.ForeignKey(Source, on_delete=models.CASCADE, related_name="+", db_index=False)
+    key = models.CharField(max_length=255)
+    fingerprint = models.CharField(max_length=64)  # sha256 of the door's path and body
+    state = models.CharField(max_length=8, choices=State.choices, default=State.RUNNING)
+    status = models.PositiveSmallIntegerField(null=True, blank=True)
+    content_type = models.CharField(max_length=100, blank=True, default="")
+    headers = models.JSONField(default=dict, blank=True)
+    body = models.BinaryField(default=b"")
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            # The claim "this source's key" (one row per key: a concurrent retry loses the race).
+            models.UniqueConstraint(fields=["source", "key"], name="idemcall_source_key_uniq"),
+        ]
+        indexes = [
+            # Retention: "calls older than CLAW_IDEMPOTENCY_TTL_SECONDS".
+            models.Index(fields=["created_at"], name="idemcall_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.state})"

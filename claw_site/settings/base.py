@@ -340,6 +340,10 @@ CLAW_REVIEW_CLAIM_SECONDS = env_int("CLAW_REVIEW_CLAIM_SECONDS", 15 * 60)
 CLAW_UPSTREAM_URL = os.environ.get("CLAW_UPSTREAM_URL", "")
 CLAW_UPSTREAM_API_KEY = os.environ.get("CLAW_UPSTREAM_API_KEY", "")
 CLAW_UPSTREAM_TIMEOUT = env_float("CLAW_UPSTREAM_TIMEOUT", 600.0)
+# Idempotency-Key on proxied calls (pool/services/idempotency.py): a kept answer is replayed
+# for this long; a claim still running past the second bound has an unknown outcome.
+CLAW_IDEMPOTENCY_TTL_SECONDS = env_int("CLAW_IDEMPOTENCY_TTL_SECONDS", 24 * 3600)
+CLAW_IDEMPOTENCY_RUNNING_SECONDS = env_float("CLAW_IDEMPOTENCY_RUNNING_SECONDS", CLAW_UPSTREAM_TIMEOUT + 60.0)
 # HTTP client transport to the upstream: "fast" (claw_kit/llm/transport.py) or "httpx" (httpx's
 # own httpcore pool, kept selectable so bench.transport can measure one against the other).
 CLAW_UPSTREAM_TRANSPORT = os.environ.get("CLAW_UPSTREAM_TRANSPORT", "fast")

@@ -39,6 +39,7 @@ class Call:
     key: VerifiedKey
     ident: Identity | None
     scoped: bool  # the trajectory was named (path or header), not minted
+    kept: Any = None  # an Idempotency-Key's claim (idempotency.Kept) while the call runs
 
     def body(self) -> dict[str, Any]:
         """The request's JSON object (400 for anything else, 413 past the body limit), within

@@ -32,12 +32,13 @@ from claw_kit.web.errors import HttpError
 from pool.errors import PoolError
 from pool.services.api_keys import VerifiedKey
 
-from . import fields
+from . import fields, idempotency
 from .envelope import Call, ErrorShape, receive
 from .faults import fault_event, invalid_answer, record, upstream_fault
 from .recording import CHAT, COMPLETIONS, Identity
 
 PATHS = {CHAT: "/v1/chat/completions", COMPLETIONS: "/v1/completions"}
+SSE_TYPE = "text/event-stream; charset=utf-8"
 
 
 # --- what a door and a sending strategy provide --------------------------------------------------
@@ -195,7 +196,29 @@ async def serve(
     async def handle(call: Call) -> HttpResponseBase:
         assert call.ident is not None
         prepared, call.ident = await door.prepare(call.body(), call.ident, call.key, scoped=call.scoped)
-        return await run(door, call, prepared)
+        key = idempotency.key_of(call.request)
+        if key is None:
+            return await run(door, call, prepared)
+        claimed = await idempotency.claim(
+            call.request, key, call.key.source_id, call.body(), door.error_response
+        )
+        if not isinstance(claimed, idempotency.Kept):
+            call.ident = None  # a replay carries the first call's headers; a refusal names none
+            return claimed
+        call.kept = claimed
+        try:
+            response = await run(door, call, prepared)
+        except BaseException:
+            await claimed.release()
+            raise
+        if isinstance(response, StreamingHttpResponse):
+            return response  # _relay keeps or releases at the stream's end
+        if 200 <= response.status_code < 300:
+            headers = idempotency.kept_headers(response, call.ident.trajectory_uid if call.ident else None)
+            await claimed.complete(response.status_code, response["Content-Type"], headers, response.content)
+        else:
+            await claimed.release()
+        return response
 
     errors: ErrorShape = door.error_response
     return await receive(
@@ -255,7 +278,7 @@ async def _stream(
         msg = "the upstream did not answer the stream request with an event stream"
         raise await invalid_answer(msg, door.protocol, ident, key)
     response = StreamingHttpResponse(
-        _relay(door, sender, resp, ident, key, prepared), content_type="text/event-stream; charset=utf-8"
+        _relay(door, sender, resp, ident, key, prepared, call.kept), content_type=SSE_TYPE
     )
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
@@ -263,12 +286,38 @@ async def _stream(
 
 
 async def _relay(
-    door: Door, sender: Sender, resp: httpx.Response, ident: Identity, key: VerifiedKey, prepared: Prepared
+    door: Door,
+    sender: Sender,
+    resp: httpx.Response,
+    ident: Identity,
+    key: VerifiedKey,
+    prepared: Prepared,
+    kept: idempotency.Kept | None = None,
 ) -> AsyncIterator[bytes]:
     """Relay the upstream's events as they arrive, in the door's shape; at the stream's end,
     record, then send the door's closing events. A stream that breaks, errors or ends without
     its end records an Event, not a step, and ends with the door's error event (the SDKs
-    raise it)."""
+    raise it). With an Idempotency-Key (``kept``), the events sent are kept once the steps are
+    committed, and the key is given back when the stream ends otherwise."""
+    try:
+        async for out in _relayed(door, sender, resp, ident, key, prepared, kept):
+            if kept is not None:
+                kept.chunks.append(out)
+            yield out
+    finally:
+        if kept is not None:
+            await kept.release()  # nothing once kept (complete settles it)
+
+
+async def _relayed(
+    door: Door,
+    sender: Sender,
+    resp: httpx.Response,
+    ident: Identity,
+    key: VerifiedKey,
+    prepared: Prepared,
+    kept: idempotency.Kept | None,
+) -> AsyncIterator[bytes]:
     acc = sender.accumulator()
     writer = door.writer(prepared)
     done = False
@@ -317,4 +366,8 @@ async def _relay(
         status = e.status_code if isinstance(e, PoolError) else e.status
         yield writer.fail(status, e.message, "record_failed")
         return
-    yield writer.finish(answer)
+    tail = writer.finish(answer)
+    if kept is not None:
+        headers = idempotency.kept_headers(HttpResponse(), ident.trajectory_uid)
+        await kept.complete(200, SSE_TYPE, headers, b"".join(kept.chunks) + tail)
+    yield tail
