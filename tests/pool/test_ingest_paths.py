@@ -406,7 +406,8 @@ def test_a_first_proxied_call_over_the_token_limit_creates_no_trajectory(door_of
 
 
 # --- 3. rejections naming the field, on every door that accepts it --------------------------------
-LONG = "x" * 129  # uids are at most 128 characters
+LONG = "x" * 129  # trajectory and group uids are at most 128 characters
+LONG_STEP_UID = "x" * 161  # step uids at most 160 (their column)
 
 # (id, door, change to the second step of [good, bad], CLAW_MAX_TOKENS_PER_STEP, expected param)
 STEP_REJECTIONS: list[tuple[str, str, dict[str, Any], int | None, str]] = [
@@ -416,7 +417,7 @@ STEP_REJECTIONS: list[tuple[str, str, dict[str, Any], int | None, str]] = [
     ],
     *[("reward-nan", d, {"reward": float("nan")}, None, "steps[1].reward") for d in ("json", "msgpack")],
     *[("reward-inf", d, {"reward": float("inf")}, None, "steps[1].reward") for d in ("json", "msgpack")],
-    *[("uid", d, {"uid": LONG}, None, "steps[1].uid") for d in ("json", "msgpack")],
+    *[("uid", d, {"uid": LONG_STEP_UID}, None, "steps[1].uid") for d in ("json", "msgpack")],
     *[("trajectory_uid", d, {"trajectory_uid": LONG}, None, "steps[1].trajectory_uid") for d in WHITE_BOX],
     *[
         ("prompt_group_uid", d, {"prompt_group_uid": LONG}, None, "steps[1].prompt_group_uid")
