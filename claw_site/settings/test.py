@@ -13,7 +13,7 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # speed; n
 CLAW_API_KEY_CACHE_SECONDS = 0.0
 CELERY_TASK_ALWAYS_EAGER = False
 if not REDIS_URL:
-    CELERY_BROKER_URL = "memory://"
+    CELERY_BROKER_URL = "memory://localhost/"  # no "No hostname was supplied" (base.py)
 # Rate limits off unless asked for: a test's requests come faster than any client's; the
 # limiter's own tests turn it on (tests/gateway/test_throttling.py).
 CLAW_RATE_LIMIT_PER_SECOND = env_float("CLAW_RATE_LIMIT_PER_SECOND", 0.0)

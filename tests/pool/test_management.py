@@ -9,6 +9,7 @@ import stat
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 
 from pool.models import ApiKey, Source, Step
 from tests.conftest import client_for, make_step
@@ -99,19 +100,32 @@ def test_bootstrap_creates_operator_and_keys_once(settings, tmp_path, monkeypatc
     User = get_user_model()
     # when bootstrap runs the first time
     out, _ = run("bootstrap")
-    # then an operator superuser and an ingest and a trainer key exist and were printed
+    # then an operator superuser and an ingest, an admin and a trainer key exist and were printed
     op = User.objects.get(username="operator")
     assert op.is_superuser and op.is_staff and op.check_password("s3cret-operator")
-    keys = KEY_RE.findall(out)
-    assert len(keys) == 2
-    assert set(ApiKey.objects.values_list("name", flat=True)) == {"default-ingest", "default-trainer"}
-    # and the credentials file holds the same, readable by the owner only
+    keys = list(dict.fromkeys(KEY_RE.findall(out)))
+    assert len(keys) == 3
+    assert set(ApiKey.objects.values_list("name", flat=True)) == {
+        "default-ingest",
+        "default-admin",
+        "default-trainer",
+    }
+    # and the credentials file holds the operator and the ingest key, readable by the owner only
     creds = settings.VAR_DIR / "first-run-credentials.txt"
     text = creds.read_text()
-    assert "s3cret-operator" in text and all(k in text for k in keys)
+    ingest, admin, trainer = keys
+    assert "s3cret-operator" in text and ingest in text
     assert stat.S_IMODE(creds.stat().st_mode) == 0o600
-    # and the printed keys work: the ingest key writes, the trainer key reads
-    ingest, trainer = keys
+    # and the admin and trainer keys are printed as a line to paste, and kept in their files
+    assert f"export ADMIN_KEY={admin} TRAINER_KEY={trainer}" in out
+    for name, clear in (("admin.key", admin), ("trainer.key", trainer)):
+        path = settings.VAR_DIR / name
+        assert path.read_text().strip() == clear and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert set(ApiKey.objects.get(name="default-trainer").scopes) == {"consume", "policy", "read"}
+    assert ApiKey.objects.get(name="default-admin").scopes == ["admin"]
+    # and the printed keys work: the ingest key writes, the trainer key reads, the admin key
+    # reads the stats
+    assert client_for(admin).get("/api/v1/stats").status_code == 200
     assert (
         client_for(ingest)
         .post("/api/v1/steps", {"steps": [make_step("b", 0, prompt=[1], response=[2])]}, format="json")
@@ -123,10 +137,40 @@ def test_bootstrap_creates_operator_and_keys_once(settings, tmp_path, monkeypatc
     # when bootstrap runs again
     out2, _ = run("bootstrap")
     # then it is a no-op: no new user or key, the file unchanged, no secret printed
-    assert User.objects.count() == 1 and ApiKey.objects.count() == 2
+    assert User.objects.count() == 1 and ApiKey.objects.count() == 3
     assert creds.read_text() == text
     assert not KEY_RE.search(out2) and "s3cret-operator" not in out2
     assert "exist" in out2
+    # but the line that loads the stored admin and trainer keys into a shell
+    admin_file, trainer_file = settings.VAR_DIR / "admin.key", settings.VAR_DIR / "trainer.key"
+    assert f"export ADMIN_KEY=$(cat {admin_file}) TRAINER_KEY=$(cat {trainer_file})" in out2
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["missing", "revoked", "garbage"],
+)
+def test_bootstrap_replaces_a_stored_key_that_is_no_longer_valid(settings, tmp_path, damage):
+    # given a bootstrapped var dir whose admin key file is then lost, revoked or overwritten
+    settings.VAR_DIR = tmp_path
+    run("bootstrap")
+    path = tmp_path / "admin.key"
+    old = path.read_text().strip()
+    if damage == "missing":
+        path.unlink()
+    elif damage == "revoked":
+        ApiKey.objects.filter(name="default-admin").update(revoked_at=timezone.now())
+    else:
+        path.write_text("claw_000000000000_not-a-key\n")
+    trainer = (tmp_path / "trainer.key").read_text()
+    # when bootstrap runs again
+    out, _ = run("bootstrap")
+    # then a new admin key is printed, stored (mode 0600) and works; the trainer key is kept
+    new = path.read_text().strip()
+    assert new != old and f"export ADMIN_KEY={new}" in out
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert client_for(new).get("/api/v1/stats").status_code == 200
+    assert (tmp_path / "trainer.key").read_text() == trainer and "TRAINER_KEY=claw_" not in out
 
 
 def test_bootstrap_generates_a_password_when_none_is_given(settings, tmp_path, monkeypatch):

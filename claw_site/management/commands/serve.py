@@ -3,11 +3,15 @@ mode, the built-in demo upstream and demo traffic. `make run` calls this after m
 bootstrap.
 
 Demo mode (CLAW_DEMO on, the default, and no CLAW_UPSTREAM_URL): the demo upstream
-(claw_site.demo.upstream, answers like vLLM) runs as a child process on CLAW_DEMO_UPSTREAM_PORT
-(default PORT+1) and becomes the gateway's upstream; once the app answers /healthz, demo agents
+(claw_site.demo.upstream, answers like vLLM) runs as a child process and becomes the gateway's
+upstream. serve binds its listening socket and hands it to the child (``--fd``), so no other
+process can take the port in between: on CLAW_DEMO_UPSTREAM_PORT when set (taken: serve stops
+with one line naming the port and the setting), else on PORT+1, or on a port the kernel picks
+when PORT+1 is taken; once the app answers /healthz, demo agents
 (claw_site.demo.traffic) run in a daemon thread with the API key "demo-agent", whose clear key is
 kept in var/demo-agent.key (mode 0600) so restarts reuse it. CLAW_DEMO=0 turns both off.
-The child is terminated when serve exits (SIGINT or SIGTERM), and by the kernel if serve dies.
+SIGINT (Ctrl-C) and SIGTERM stop serve cleanly: uvicorn shuts down, the child is terminated
+and waited for, and serve exits 0 (the kernel terminates the child too if serve dies).
 
 Production (claw_site.settings.production): CLAW_DEMO is off, so nothing of the demo starts;
 without CLAW_UPSTREAM_URL serve still runs (API, pages, admin) and logs that the gateway has no
@@ -51,15 +55,15 @@ from django.db import close_old_connections, connections
 from claw_kit.metrics import multiprocess_dir
 from claw_site.celery import app as celery_app
 from claw_site.demo.traffic import run_demo_traffic
+from pool.management.commands.bootstrap import stored_key
 from pool.models import Scope
-from pool.services import api_key_create
-from pool.services.api_keys import api_key_verify
 
 log = logging.getLogger(__name__)
 
 DEMO_KEY_NAME = "demo-agent"
 DEMO_KEY_FILE = "demo-agent.key"
 STARTUP_TIMEOUT_S = 60.0
+STARTUP_FAILURE = 3  # uvicorn's exit status when it cannot serve (uvicorn.main.STARTUP_FAILURE)
 # How long exit waits for a sweep in progress (each one is bounded, pool/services/readiness.py).
 SWEEP_JOIN_TIMEOUT_S = 10.0
 
@@ -89,13 +93,14 @@ class Command(BaseCommand):
         children: list[subprocess.Popen] = []
         threads: list[threading.Thread] = []
         stop = threading.Event()
-        # uvicorn re-raises a captured SIGTERM after its graceful shutdown; with the default
-        # handler that would kill this process before the `finally` below reaps the children.
-        signal.signal(signal.SIGTERM, _raise_system_exit)
+        # uvicorn re-raises a captured SIGINT or SIGTERM after its graceful shutdown (and one may
+        # come before it runs); either ends up here as _Stopped, so the `finally` below reaps the
+        # children and serve returns normally: exit 0, not 130 or 143.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _raise_stopped)
         try:
             if demo:
-                upstream_port = settings.CLAW_DEMO_UPSTREAM_PORT or port + 1
-                children.append(self._start_demo_upstream(upstream_port))
+                children.append(self._start_demo_upstream(_demo_upstream_socket(port)))
                 key = _demo_key()
                 connections.close_all()  # the server and the traffic thread open their own
                 local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
@@ -129,8 +134,7 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"Claw-R1 listening on http://{host}:{port}/  (API docs: /api/v1/docs/, admin: /admin/)"
             )
-            uvicorn.run(
-                "claw_site.asgi:application",
+            options = dict(
                 host=host,
                 port=port,
                 fd=fd,
@@ -142,6 +146,17 @@ class Command(BaseCommand):
                 log_config=copy.deepcopy(settings.LOGGING),
                 lifespan="off",
             )
+            if workers > 1:
+                uvicorn.run("claw_site.asgi:application", **options)
+            else:
+                # One process (`make run`): the demo traffic stops as soon as a signal arrives,
+                # not after the server has closed (its requests would log "connection refused").
+                server = _Server(uvicorn.Config("claw_site.asgi:application", **options), on_exit=stop.set)
+                server.run()
+                if not server.started:
+                    sys.exit(STARTUP_FAILURE)  # uvicorn logged why (the port is taken, ...)
+        except _Stopped:
+            pass
         finally:
             stop.set()
             for child in children:
@@ -149,21 +164,25 @@ class Command(BaseCommand):
             for thread in threads:
                 thread.join(timeout=SWEEP_JOIN_TIMEOUT_S)
 
-    def _start_demo_upstream(self, port: int) -> subprocess.Popen:
-        """Start the demo upstream on ``port``, wait until it answers, and make it the
-        gateway's upstream (environment and settings, so uvicorn workers inherit it)."""
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "claw_site.demo.upstream", "--host", "127.0.0.1", "--port", str(port)],
-            cwd=settings.BASE_DIR,
-            preexec_fn=_die_with_parent,  # safe: no threads are running yet
-        )
+    def _start_demo_upstream(self, sock: socket.socket) -> subprocess.Popen:
+        """Start the demo upstream on the listening socket ``sock`` (the child inherits it;
+        this process closes its copy), wait until it answers, and make it the gateway's
+        upstream (environment and settings, so uvicorn workers inherit it)."""
+        port = sock.getsockname()[1]
+        with sock:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "claw_site.demo.upstream", "--fd", str(sock.fileno())],
+                cwd=settings.BASE_DIR,
+                pass_fds=(sock.fileno(),),
+                preexec_fn=_die_with_parent,  # safe: no threads are running yet
+            )
         url = f"http://127.0.0.1:{port}/v1"
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while True:
             if proc.poll() is not None:
                 raise CommandError(
-                    f"the demo upstream could not start on port {port} (in use?); "
-                    "set CLAW_DEMO_UPSTREAM_PORT, or CLAW_UPSTREAM_URL for a real server, or CLAW_DEMO=0"
+                    f"the demo upstream exited at start (status {proc.returncode}); "
+                    "set CLAW_UPSTREAM_URL for a real server, or CLAW_DEMO=0"
                 )
             try:
                 if httpx.get(f"{url}/models", timeout=1).status_code == 200:
@@ -287,20 +306,38 @@ def _prepare_multiprocess_metrics() -> None:
 def _demo_key() -> str:
     """The clear "demo-agent" key (scopes ingest + read): the one in var/demo-agent.key while it
     is still valid, else a newly created one written there with mode 0600."""
-    path = Path(settings.VAR_DIR) / DEMO_KEY_FILE
-    if path.exists():
-        clear = path.read_text().strip()
-        if clear and api_key_verify(clear) is not None:
-            return clear
-    _, clear = api_key_create(
-        name=DEMO_KEY_NAME, scopes=[Scope.INGEST, Scope.READ], source_name=DEMO_KEY_NAME
+    clear, _ = stored_key(
+        name=DEMO_KEY_NAME,
+        filename=DEMO_KEY_FILE,
+        scopes=[Scope.INGEST, Scope.READ],
+        source_name=DEMO_KEY_NAME,
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(clear + "\n")
-    os.chmod(path, 0o600)  # an existing file keeps its old mode through O_CREAT
     return clear
+
+
+def _demo_upstream_socket(port: int) -> socket.socket:
+    """The demo upstream's listening socket on 127.0.0.1, bound here so that the port cannot be
+    taken between choosing it and serving on it: CLAW_DEMO_UPSTREAM_PORT when set (CommandError,
+    one line, when it is taken), else PORT+1, else (taken) a port the kernel picks."""
+    explicit = settings.CLAW_DEMO_UPSTREAM_PORT
+    sock = socket.socket()
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's own bind
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # see _no_delay
+        try:
+            sock.bind(("127.0.0.1", explicit or port + 1))
+        except OSError as e:
+            if explicit:
+                raise CommandError(
+                    f"the demo upstream's port {explicit} (CLAW_DEMO_UPSTREAM_PORT) is taken: "
+                    f"{e.strerror}; unset CLAW_DEMO_UPSTREAM_PORT to let serve pick a free port"
+                ) from None
+            sock.bind(("127.0.0.1", 0))
+        sock.listen(2048)  # uvicorn's own default backlog
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def _terminate(proc: subprocess.Popen) -> None:
@@ -313,8 +350,27 @@ def _terminate(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def _raise_system_exit(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)
+class _Server(uvicorn.Server):
+    """uvicorn's server, calling ``on_exit`` when told to stop (SIGINT, SIGTERM)."""
+
+    def __init__(self, config: uvicorn.Config, *, on_exit: Callable[[], None]):
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self._on_exit()
+        super().handle_exit(sig, frame)
+
+
+class _Stopped(Exception):
+    """SIGINT or SIGTERM: stop serving, reap the children, exit 0."""
+
+
+def _raise_stopped(signum: int, frame: Any) -> None:
+    # Ignore a second signal while the `finally` of handle() reaps the children.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    raise _Stopped(signum)
 
 
 def _die_with_parent() -> None:

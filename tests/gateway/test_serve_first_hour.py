@@ -1,0 +1,228 @@
+"""The first hour of `make run` (migrate, bootstrap, serve) without traps: the demo upstream
+finds a port when PORT+1 is taken (and says which setting to change when an explicit one is),
+bootstrap prints the admin and trainer keys the README's examples use, startup prints none of
+the warnings it used to, and SIGINT or SIGTERM ends serve with exit code 0 and its children
+gone.
+
+Each test runs the real commands in subprocesses against their own database (tests/live.py).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.gateway.test_demo_traffic import alive, demo_steps, listening_ports
+from tests.live import ROOT, LiveServer, listening_socket
+
+pytestmark = pytest.mark.live
+
+DEADLINE_S = 60
+UPSTREAM_RE = re.compile(r"Demo upstream \(answers like vLLM, toy model\) on (http://127\.0\.0\.1:(\d+)/v1)")
+# What startup used to print (the issue's words): a system check warning, kombu's and Django's.
+STARTUP_WARNINGS = ("models.W040", "No hostname was supplied", "StreamingHttpResponse", "Traceback")
+
+
+def wait_until(cond: Callable[[], bool], proc: subprocess.Popen, log: Path, what: str) -> None:
+    """Poll ``cond`` until it holds; fail when ``proc`` exits or DEADLINE_S passes first."""
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"serve exited ({proc.returncode}) while waiting for {what}:\n{log.read_text()}"
+            )
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()[-4000:]}")
+
+
+def manage(server: LiveServer, *args: str) -> str:
+    """``manage.py *args`` in the server's environment: its stdout and stderr together."""
+    out = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=server.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout
+    return out.stdout
+
+
+def demo_serve(var_dir: Path) -> LiveServer:
+    """`manage.py serve` in demo mode as `make run` starts it (no upstream, no upstream port
+    set), fast-paced, on the LiveServer's inherited socket."""
+    server = LiveServer(var_dir, {"CLAW_DEMO": "1", "CLAW_DEMO_PACE_S": "0.05"}, serve=True)
+    for name in ("CLAW_UPSTREAM_URL", "CLAW_DEMO_UPSTREAM_PORT"):
+        server.env.pop(name, None)
+    return server
+
+
+@dataclass
+class FirstStart:
+    """`make run`'s three steps on a fresh var dir, with PORT+1 held by another socket."""
+
+    server: LiveServer
+    migrate_out: str
+    bootstrap_out: str
+    blocker: socket.socket | None  # the socket listening on PORT+1, when this test holds it
+
+    @property
+    def upstream(self) -> tuple[str, int]:
+        match = UPSTREAM_RE.search(self.server.log_path.read_text())
+        assert match, self.server.log_path.read_text()
+        return match.group(1), int(match.group(2))
+
+
+def hold_port(port: int) -> socket.socket | None:
+    """A socket listening on ``port`` of 127.0.0.1, or None when another process already
+    listens there (it is taken either way)."""
+    sock = socket.socket()
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.close()
+        return None
+    sock.listen()
+    return sock
+
+
+@pytest.fixture(scope="module")
+def first_start(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FirstStart]:
+    server = demo_serve(tmp_path_factory.mktemp("first-start"))
+    blocker = hold_port(server.port + 1)
+    try:
+        migrate_out = manage(server, "migrate", "--noinput")
+        bootstrap_out = manage(server, "bootstrap")
+        server.start(migrate=False)
+        yield FirstStart(server, migrate_out, bootstrap_out, blocker)
+    finally:
+        server.close()
+        if blocker is not None:
+            blocker.close()
+
+
+def test_the_demo_upstream_takes_another_port_when_port_plus_one_is_taken(first_start: FirstStart):
+    # given PORT+1 taken by a listening socket when serve started (the fixture)
+    server = first_start.server
+    url, port = first_start.upstream
+    # then serve answers, and its demo upstream child listens on another port and answers there
+    assert httpx.get(f"{server.url}/healthz").status_code == 200
+    assert port != server.port + 1
+    proc = psutil.Process(server.proc.pid)
+    assert port in listening_ports(proc)
+    assert httpx.get(f"{url}/models").json()["data"][0]["id"] == "claw-demo"
+    # and the gateway forwards to it: the demo agents' steps arrive
+    key = server.make_key("read")
+    wait_until(lambda: len(demo_steps(server.url, key)) > 0, server.proc, server.log_path, "demo steps")
+
+
+def test_startup_prints_none_of_the_old_warnings(first_start: FirstStart):
+    # given serve running with the demo traffic writing steps (eager tasks, streamed answers)
+    server = first_start.server
+    key = server.make_key("read")
+    wait_until(
+        lambda: any(s["trajectory_uid"].startswith("demo-bb-") for s in demo_steps(server.url, key)),
+        server.proc,
+        server.log_path,
+        "black-box demo steps",
+    )
+    # then neither migrate, bootstrap nor serve printed any of the warnings startup used to print
+    outputs = {
+        "migrate": first_start.migrate_out,
+        "bootstrap": first_start.bootstrap_out,
+        "serve": server.log_path.read_text(),
+    }
+    found = {(step, w) for step, out in outputs.items() for w in STARTUP_WARNINGS if w in out}
+    assert found == set(), outputs
+
+
+def test_bootstrap_prints_admin_and_trainer_keys_that_work(first_start: FirstStart):
+    # given the line bootstrap printed for the README's examples
+    out = first_start.bootstrap_out
+    match = re.search(r"export ADMIN_KEY=(\S+) TRAINER_KEY=(\S+)\n", out)
+    assert match, out
+    admin, trainer = match.groups()
+    server = first_start.server
+    # then the admin key reads the stats and creates a dataset (the README's curation example)
+    auth = {"Authorization": f"Bearer {admin}"}
+    assert httpx.get(f"{server.url}/api/v1/stats", headers=auth).status_code == 200
+    created = httpx.post(f"{server.url}/api/v1/datasets", headers=auth, json={"name": "first-hour"})
+    assert created.status_code == 201, created.text
+    # and the trainer key holds consume and policy, and not admin
+    trainer_auth = {"Authorization": f"Bearer {trainer}"}
+    assert httpx.get(f"{server.url}/api/v1/policy-versions", headers=trainer_auth).status_code == 200
+    assert httpx.get(f"{server.url}/api/v1/stats", headers=trainer_auth).status_code == 200
+    refused = httpx.post(f"{server.url}/api/v1/datasets", headers=trainer_auth, json={"name": "trainer-ds"})
+    assert refused.status_code == 403, refused.text
+    # and both are the ones kept in the var dir for the next start
+    assert (server.var_dir / "admin.key").read_text().strip() == admin
+    assert (server.var_dir / "trainer.key").read_text().strip() == trainer
+
+
+def test_an_explicit_demo_upstream_port_that_is_taken_stops_serve_with_one_line(tmp_path: Path):
+    # given CLAW_DEMO_UPSTREAM_PORT set to a port another socket listens on
+    server = demo_serve(tmp_path)
+    taken = listening_socket()
+    port = taken.getsockname()[1]
+    server.env["CLAW_DEMO_UPSTREAM_PORT"] = str(port)
+    try:
+        manage(server, "migrate", "--noinput", "-v", "0")
+        # when serve starts
+        out = subprocess.run(
+            server._command(),
+            cwd=ROOT,
+            env=server.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            pass_fds=(server._sock.fileno(),),
+            timeout=120,
+        )
+    finally:
+        taken.close()
+        server.close()
+    # then it fails at once with one line naming the port and the setting, and no traceback
+    assert out.returncode != 0, out.stdout
+    lines = [line for line in out.stdout.splitlines() if str(port) in line]
+    assert len(lines) == 1, out.stdout
+    assert "CLAW_DEMO_UPSTREAM_PORT" in lines[0] and "taken" in lines[0], out.stdout
+    assert "Traceback" not in out.stdout and "Claw-R1 listening" not in out.stdout
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_ends_serve_with_0_and_its_children_gone(tmp_path: Path, sig: signal.Signals):
+    # given serve running in demo mode, its demo traffic started
+    server = demo_serve(tmp_path)
+    try:
+        server.start()
+        proc = psutil.Process(server.proc.pid)
+        wait_until(
+            lambda: "Demo traffic:" in server.log_path.read_text(), server.proc, server.log_path, "traffic"
+        )
+        kids = proc.children(recursive=True)
+        assert kids, "no demo upstream child"
+        # when it gets the signal (Ctrl-C, or a supervisor's stop)
+        server.proc.send_signal(sig)
+        code = server.proc.wait(timeout=DEADLINE_S)
+        server.proc = None
+    finally:
+        server.close()
+    # then it exits 0, its children (the demo upstream) are gone, and nothing was dumped
+    assert code == 0, (code, server.log_path.read_text())
+    assert not any(alive(k) for k in kids), kids
+    assert "Traceback" not in server.log_path.read_text()
