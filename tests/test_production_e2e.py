@@ -173,8 +173,18 @@ def test_production_end_to_end(tmp_path):
                     stderr=subprocess.STDOUT,
                 )
         # and keys, a reviewer and a dataset admitting every ready step, made the real way
-        agent_key = server.make_key("ingest")
-        service_key = server.make_key("ingest", "read")
+        agent_key = server.make_key("ingest", name="e2e-agents")
+        # the environment service reports on the agents' rollouts: an admin grants it their
+        # source (a key writes only into its sources' trajectories)
+        service_key = (
+            server.manage(
+                "create_api_key",
+                *("--name", "e2e-service", "--scope", "ingest", "--scope", "read"),
+                *("--extra-source", "e2e-agents"),
+            )
+            .strip()
+            .splitlines()[-1]
+        )
         trainer_key = server.make_key("consume")
         admin_key = server.make_key("admin")
         server.manage("create_user", "--username", "rita", "--role", "reviewer", "--noinput")
