@@ -17,6 +17,7 @@ from django.utils.module_loading import import_string
 
 from claw_kit.redaction import RedactSecrets, redact
 from claw_site.error_reports import RedactingExceptionReporter
+from claw_site.management.commands import serve
 
 KEY = "claw_0123456789ab_S3cr3t-KEY_value"
 TOKEN = "Tok3n_abcdefghijklmnopqrstuvwxyz012"
@@ -98,7 +99,9 @@ def test_every_handler_filters_and_serve_hands_the_same_logging_to_uvicorn(setti
 
     # when: `serve` starts uvicorn (stubbed: only its arguments are wanted)
     seen: dict = {}
-    monkeypatch.setattr("uvicorn.run", lambda app, **kw: seen.update(kw, app=app))
+    monkeypatch.setattr(
+        serve, "run_uvicorn", lambda app, options, **kw: seen.update(options, app=app) or True
+    )
     settings.CLAW_DEMO = False
     handler = signal.getsignal(signal.SIGTERM)
     try:

@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from claw_kit import metrics
 from claw_kit.jsonlog import JsonFormatter
+from claw_site.management.commands import serve
 from claw_site.requestlog import RequestLogMiddleware
 from curation.models import Lease
 from pool.models import Step
@@ -240,7 +241,7 @@ def test_serve_without_upstream_or_demo_starts_no_demo_and_says_so(settings, mon
     prom.mkdir()
     (prom / "stale_123.db").write_bytes(b"x")
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(prom))
-    monkeypatch.setattr("uvicorn.run", lambda app, **kw: None)
+    monkeypatch.setattr(serve, "run_uvicorn", lambda app, options, **kw: True)
     started = []
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **kw: started.append(a))
     handler = signal.getsignal(signal.SIGTERM)
@@ -263,7 +264,7 @@ def test_serve_without_upstream_or_demo_starts_no_demo_and_says_so(settings, mon
 def test_serve_names_eager_tasks_in_embedded_mode(settings, monkeypatch, caplog):
     settings.CLAW_DEMO = False
     settings.CELERY_TASK_ALWAYS_EAGER = True
-    monkeypatch.setattr("uvicorn.run", lambda app, **kw: None)
+    monkeypatch.setattr(serve, "run_uvicorn", lambda app, options, **kw: True)
     handler = signal.getsignal(signal.SIGTERM)
     try:
         with caplog.at_level(logging.WARNING):

@@ -146,15 +146,8 @@ class Command(BaseCommand):
                 log_config=copy.deepcopy(settings.LOGGING),
                 lifespan="off",
             )
-            if workers > 1:
-                uvicorn.run("claw_site.asgi:application", **options)
-            else:
-                # One process (`make run`): the demo traffic stops as soon as a signal arrives,
-                # not after the server has closed (its requests would log "connection refused").
-                server = _Server(uvicorn.Config("claw_site.asgi:application", **options), on_exit=stop.set)
-                server.run()
-                if not server.started:
-                    sys.exit(STARTUP_FAILURE)  # uvicorn logged why (the port is taken, ...)
+            if not run_uvicorn("claw_site.asgi:application", options, workers=workers, on_exit=stop.set):
+                sys.exit(STARTUP_FAILURE)  # uvicorn logged why (the port is taken, ...)
         except _Stopped:
             pass
         finally:
@@ -348,6 +341,19 @@ def _terminate(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def run_uvicorn(app: str, options: dict[str, Any], *, workers: int, on_exit: Callable[[], None]) -> bool:
+    """Serve ``app`` with uvicorn until a signal ends it; False when it never started. The one
+    place serve starts uvicorn (tests stub it here). With one process (`make run`), the demo
+    traffic stops (``on_exit``) as soon as a signal arrives, not after the server has closed
+    (its requests would log "connection refused")."""
+    if workers > 1:
+        uvicorn.run(app, **options)
+        return True
+    server = _Server(uvicorn.Config(app, **options), on_exit=on_exit)
+    server.run()
+    return server.started
 
 
 class _Server(uvicorn.Server):
