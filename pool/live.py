@@ -282,16 +282,27 @@ def name_groups(raw: Iterable[tuple[str, dict[str, Any], tuple[str, ...]]]) -> N
         item["group"] = _group_uids.get(group_id) if group_id is not None else None
 
 
+GROUP_UIDS_READ_TRIES = 20  # a table locked by a writer (SQLite) is free again within milliseconds
+GROUP_UIDS_RETRY_S = 0.01
+
+
 def _group_uids_read(ids: set[int]) -> None:
-    try:
-        found = dict(PromptGroup.objects.filter(id__in=ids).values_list("id", "uid"))
-    except DatabaseError:
-        log.warning("live: prompt group uids could not be read", exc_info=True)
-        return
-    finally:
-        # The flusher keeps no connection between ticks: none to go stale, and none to hold
-        # a database (a test database being dropped) open.
-        connection.close()
+    for attempt in range(1, GROUP_UIDS_READ_TRIES + 1):
+        try:
+            found = dict(PromptGroup.objects.filter(id__in=ids).values_list("id", "uid"))
+            break
+        except DatabaseError:
+            if attempt == GROUP_UIDS_READ_TRIES:
+                log.warning("live: prompt group uids could not be read", exc_info=True)
+                return
+            # SQLite answers "database table is locked" while a writer holds the table (its
+            # shared-cache test database does not wait); the flusher's thread waits a little
+            # and reads again rather than sending the group as unknown.
+            time.sleep(GROUP_UIDS_RETRY_S * attempt)
+        finally:
+            # The flusher keeps no connection between ticks: none to go stale, and none to
+            # hold a database (a test database being dropped) open.
+            connection.close()
     if len(_group_uids) + len(found) > GROUP_UIDS_CACHED:
         _group_uids.clear()
     _group_uids.update(found)
