@@ -15,7 +15,6 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from django.http import HttpRequest, HttpResponse
 
 from claw_kit.web.errors import HttpError
@@ -69,11 +68,14 @@ class Kept:
             await run_db(idempotency_release, call_id=self.call_id)
 
 
-async def claim(
-    request: HttpRequest, key: str, source_id: int, body: dict[str, Any], errors: Any
-) -> Kept | HttpResponse:
-    """Claim ``key`` for this call (a Kept), or the answer a retry gets instead."""
-    fingerprint = hashlib.sha256(orjson.dumps([request.path, body], option=orjson.OPT_SORT_KEYS)).hexdigest()
+async def claim(request: HttpRequest, key: str, source_id: int, errors: Any) -> Kept | HttpResponse:
+    """Claim ``key`` for this call (a Kept), or the answer a retry gets instead. The request
+    is fingerprinted by its path and body bytes, as a client's retry sends them again (no
+    second parse of a body the door has already read)."""
+    digest = hashlib.sha256(request.path.encode())
+    digest.update(b"\0")
+    digest.update(request.body)
+    fingerprint = digest.hexdigest()
     got = await run_db(idempotency_claim, source_id=source_id, key=key, fingerprint=fingerprint)
     if got.state == "new":
         return Kept(got.call.id)
@@ -106,8 +108,9 @@ async def claim(
     return response
 
 
-def kept_headers(response: HttpResponse, trajectory_uid: str | None) -> dict[str, str]:
-    out = {name: response[name] for name in KEPT_HEADERS if name in response}
+def kept_headers(response: HttpResponse | None, trajectory_uid: str | None) -> dict[str, str]:
+    """The headers a replay carries: the answer's (none for a stream) and the trajectory's."""
+    out = {name: response[name] for name in KEPT_HEADERS if response is not None and name in response}
     if trajectory_uid:
         out["X-Claw-Trajectory"] = trajectory_uid
     return out

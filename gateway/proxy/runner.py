@@ -199,9 +199,7 @@ async def serve(
         key = idempotency.key_of(call.request)
         if key is None:
             return await run(door, call, prepared)
-        claimed = await idempotency.claim(
-            call.request, key, call.key.source_id, call.body(), door.error_response
-        )
+        claimed = await idempotency.claim(call.request, key, call.key.source_id, door.error_response)
         if not isinstance(claimed, idempotency.Kept):
             call.ident = None  # a replay carries the first call's headers; a refusal names none
             return claimed
@@ -368,6 +366,6 @@ async def _relayed(
         return
     tail = writer.finish(answer)
     if kept is not None:
-        headers = idempotency.kept_headers(HttpResponse(), ident.trajectory_uid)
+        headers = idempotency.kept_headers(None, ident.trajectory_uid)
         await kept.complete(200, SSE_TYPE, headers, b"".join(kept.chunks) + tail)
     yield tail
