@@ -1,5 +1,5 @@
 """Operations endpoints beside /healthz: /readyz (may this process take traffic?) and
-/metrics (Prometheus). See the README, "Production"."""
+/metrics (Prometheus). See docs/operations.md, "Production"."""
 
 from __future__ import annotations
 

@@ -192,13 +192,13 @@ def test_a_steps_metadata_counts_its_depth_from_the_body(levels, accepted):
         assert caught.value.field.startswith("steps[0].metadata")
 
 
-def test_the_readmes_limits_are_the_settings(settings):
+def test_the_documented_limits_are_the_settings(settings):
     import re
 
     from tests.live import ROOT
 
-    readme = (Path(ROOT) / "README.md").read_text()
-    limits = readme.split("### Limits", 1)[1].split("\n## ", 1)[0]
+    doc = (Path(ROOT) / "docs" / "configuration.md").read_text()
+    limits = doc.split("### Limits", 1)[1].split("\n## ", 1)[0]
     for name in (
         "CLAW_MAX_BODY_BYTES",
         "CLAW_MAX_JSON_DEPTH",

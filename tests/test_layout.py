@@ -6,7 +6,7 @@ at the top or inside a function, so a lazy import cannot hide an arrow):
   but claw_site/ itself imports the composition root;
 * no two files import each other, directly or round a longer circle.
 
-README's Architecture section draws the same picture.
+docs/architecture.md (Layout) draws the same picture.
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
-"""Every sentence of the README about what a trainer receives is quoted by a test.
+"""Every sentence of the docs about what a trainer receives is quoted by a test.
 
-The README sections and paragraphs below promise what a trainer gets (consumption, formats,
+The sections and paragraphs below (of docs/trainers.md, docs/api.md and docs/curation.md,
+where they moved from the README) promise what a trainer gets (consumption, formats,
 leases and replay, serving rules, snapshots, manifests, rewards and logprobs, dataset
 filters and grouping, claw_client's trainer utilities). Each of their sentences must be
 quoted, word for word, in the docstring of a test (module, class or function) under tests/,
 the test that checks it: a sentence added there without a test, or changed without its
 test, fails here. Prose only: code blocks and tables are left to the tests that run them.
-Quotes are compared without Markdown (backticks, bold) and with whitespace collapsed.
+Quotes are compared without Markdown (backticks, bold, a link's target) and with whitespace
+collapsed.
 """
 
 from __future__ import annotations
@@ -16,19 +18,20 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+TRAINERS, API, CURATION = "docs/trainers.md", "docs/api.md", "docs/curation.md"
 
-# Covered whole: the prose between the heading and the next heading (of any level).
+# Covered whole: (file, heading): the prose between the heading and the next heading (of any
+# level).
 SECTIONS = (
-    "## Consumption: trainers pull batches",
-    "### What a trainer receives: rewards and logprobs",
-    "### Prefix-tree merge and trainer utilities",
-    "### verl: a DataProto",
+    (TRAINERS, "## Consumption: trainers pull batches"),
+    (TRAINERS, "### What a trainer receives: rewards and logprobs"),
+    (TRAINERS, "### Prefix-tree merge and trainer utilities"),
+    (TRAINERS, "### verl: a DataProto"),
 )
-# Covered paragraphs of other sections: (heading, how the paragraph begins).
+# Covered paragraphs of other sections: (file, heading, how the paragraph begins).
 PARAGRAPHS = (
-    ("### Branches", "The trajectory's reward applies to every branch"),
-    ("## Curation: what a trainer may get", "Filters:"),
+    (API, "### Branches", "The trajectory's reward applies to every branch"),
+    (CURATION, "## Curation: what a trainer may get", "Filters:"),
 )
 # Paragraphs of the covered sections that are not about what the server delivers, and why.
 LEFT_OUT = {
@@ -46,11 +49,13 @@ _HEADING = re.compile(r"^(#{1,6}) ")
 # A sentence ends at . ! or ? followed by a space and a capital, a code span, bold or a quote.
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`*\"(])")
 _ABBREVIATIONS = ("e.g.", "i.e.")
+_LINK = re.compile(r"\[([^\]]*)\]\([^)\s]*\)")
 
 
 def normalise(text: str) -> str:
-    """Text without Markdown emphasis or code marks, whitespace collapsed."""
-    return " ".join(text.replace("`", "").replace("*", "").split())
+    """Text without Markdown emphasis, code marks or link targets (a link reads as its text),
+    whitespace collapsed."""
+    return " ".join(_LINK.sub(r"\1", text).replace("`", "").replace("*", "").split())
 
 
 def paragraphs(lines: list[str]) -> list[str]:
@@ -83,10 +88,10 @@ def paragraphs(lines: list[str]) -> list[str]:
     return out
 
 
-def section_lines(heading: str) -> list[str]:
-    """The lines between ``heading`` and the next heading (a ``#`` line in a code block is
-    no heading)."""
-    lines = README.read_text().splitlines()
+def section_lines(doc: str, heading: str) -> list[str]:
+    """The lines of ``doc`` between ``heading`` and the next heading (a ``#`` line in a code
+    block is no heading)."""
+    lines = (ROOT / doc).read_text().splitlines()
     headings, fenced = [], False
     for i, line in enumerate(lines):
         if line.startswith("```"):
@@ -94,7 +99,7 @@ def section_lines(heading: str) -> list[str]:
         elif not fenced and _HEADING.match(line):
             headings.append(i)
     at = [i for i in headings if lines[i] == heading]
-    assert len(at) == 1, f"README has {len(at)} headings {heading!r}"
+    assert len(at) == 1, f"{doc} has {len(at)} headings {heading!r}"
     later = [i for i in headings if i > at[0]]
     return lines[at[0] + 1 : later[0] if later else len(lines)]
 
@@ -107,22 +112,22 @@ def sentences(paragraph: str) -> list[str]:
 
 
 def covered_sentences() -> list[tuple[str, str]]:
-    """(where, sentence) for every sentence that must be quoted, in README order."""
+    """(where, sentence) for every sentence that must be quoted, in the docs' order."""
     out: list[tuple[str, str]] = []
     left_out_seen = set()
-    for heading in SECTIONS:
-        found = paragraphs(section_lines(heading))
-        assert found, f"{heading!r} has no prose"
+    for doc, heading in SECTIONS:
+        found = paragraphs(section_lines(doc, heading))
+        assert found, f"{doc} {heading!r} has no prose"
         for p in found:
             skip = [k for k in LEFT_OUT if p.startswith(k)]
             if skip:
                 left_out_seen.update(skip)
                 continue
-            out += [(heading, s) for s in sentences(p)]
-    for heading, begins in PARAGRAPHS:
-        found = [p for p in paragraphs(section_lines(heading)) if p.startswith(begins)]
-        assert len(found) == 1, f"{heading!r} has {len(found)} paragraphs beginning {begins!r}"
-        out += [(f"{heading} / {begins}", s) for s in sentences(found[0])]
+            out += [(f"{doc} {heading}", s) for s in sentences(p)]
+    for doc, heading, begins in PARAGRAPHS:
+        found = [p for p in paragraphs(section_lines(doc, heading)) if p.startswith(begins)]
+        assert len(found) == 1, f"{doc} {heading!r} has {len(found)} paragraphs beginning {begins!r}"
+        out += [(f"{doc} {heading} / {begins}", s) for s in sentences(found[0])]
     assert left_out_seen == set(LEFT_OUT), f"LEFT_OUT names no paragraph: {set(LEFT_OUT) - left_out_seen}"
     return out
 
@@ -141,14 +146,19 @@ def docstrings_of_tests() -> list[str]:
 
 
 def test_every_sentence_about_what_a_trainer_receives_is_quoted_by_a_test():
-    # given: the covered sentences of the README and every test docstring
+    # given: the covered sentences of the docs and every test docstring
     wanted = covered_sentences()
     docs = docstrings_of_tests()
     # then: each sentence is quoted word for word by some test
     missing = [f"{where}: {s}" for where, s in wanted if not any(s in d for d in docs)]
-    assert not missing, "README sentences no test quotes:\n" + "\n".join(missing)
+    assert not missing, "docs sentences no test quotes:\n" + "\n".join(missing)
 
 
 def test_the_sentence_splitter_keeps_code_spans_and_abbreviations_whole():
     text = "- **Rule**: a `x.y` call, e.g. `f(1)`. `batch.steps` gives ids (see `a. b`). Done!"
     assert sentences(text) == ["Rule: a x.y call, e.g. f(1).", "batch.steps gives ids (see a. b).", "Done!"]
+
+
+def test_a_link_reads_as_its_text():
+    text = "- served its reward (see [What a trainer receives](trainers.md#what-a-trainer)). Next."
+    assert sentences(text) == ["served its reward (see What a trainer receives).", "Next."]

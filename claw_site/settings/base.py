@@ -18,8 +18,8 @@ VAR_DIR = Path(os.environ.get("CLAW_VAR_DIR", BASE_DIR / "var"))
 
 # Typed environment variables. Unset or empty means the default; anything else must parse,
 # or the process stops at start with the variable named (a typo never silently turns a switch
-# off). Hand-written rather than environs or django-environ: see the README ("Hand-written
-# infrastructure, and why").
+# off). Hand-written rather than environs or django-environ: see docs/architecture.md
+# ("Hand-written infrastructure, and why").
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 
 

@@ -4,7 +4,7 @@ The process refuses to start (ImproperlyConfigured naming the variable) without
 DATABASE_URL (PostgreSQL), REDIS_URL (Celery broker, channel layer, rate limits) and
 DJANGO_SECRET_KEY. The demo upstream and traffic are off. Logs are JSON lines.
 `DJANGO_SETTINGS_MODULE=claw_site.settings.production manage.py check --deploy` is clean
-(tests/test_production.py). See the README, "Production".
+(tests/test_production.py). See docs/operations.md, "Production".
 """
 
 import os

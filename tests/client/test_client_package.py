@@ -94,4 +94,4 @@ def test_the_client_package_lists_its_subpackages_and_the_server_has_its_depende
     # and no Django anywhere in claw-client, extras included
     extras = [r for reqs in client["project"]["optional-dependencies"].values() for r in reqs]
     assert not {"django", "djangorestframework"} & names(client["project"]["dependencies"] + extras)
-    assert set(client["project"]["optional-dependencies"]) == {"torch", "verl", "trl"}
+    assert set(client["project"]["optional-dependencies"]) == {"torch", "verl", "trl", "images"}

@@ -1,4 +1,4 @@
-"""TRL trains on Claw-R1's exports: the README's "TRL SFT" and "TRL DPO" snippets run verbatim
+"""TRL trains on Claw-R1's exports: docs/trainers.md's "TRL SFT" and "TRL DPO" snippets run verbatim
 against a live server (tests/live.py), and one step of SFTTrainer and DPOTrainer runs on CPU
 on each export (a pull turned into rows by claw_client.integrations.trl, and a snapshot's
 sft / dpo file), with a tiny randomly initialised Qwen2 model and a tokenizer built in code.
@@ -41,7 +41,7 @@ CHAT_TEMPLATE = (
 
 def readme_block(heading: str) -> str:
     """The first ```python block under ``heading`` (before the next heading)."""
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "trainers.md").read_text()
     section = text.split(f"\n{heading}\n", 1)[1]
     block = re.search(r"```python\n(.*?)```", section, re.S)
     assert block and not re.search(r"\n#{1,6} ", section[: block.start()]), f"no python block under {heading}"
@@ -131,10 +131,10 @@ def convos(*trajectories: str) -> list[list[dict]]:
 
 
 def test_the_readme_sft_snippet_trains_on_a_pull(env):
-    """README "TRL SFT": pull, to_sft_rows, SFTTrainer; the lease is acked after training."""
-    # when the README's snippet runs as written
+    """docs/trainers.md "TRL SFT": pull, to_sft_rows, SFTTrainer; the lease is acked after training."""
+    # when the docs' snippet runs as written
     ns: dict = {}
-    exec(compile(readme_block("### TRL SFT"), "README.md: TRL SFT", "exec"), ns)
+    exec(compile(readme_block("### TRL SFT"), "docs/trainers.md: TRL SFT", "exec"), ns)
     # then it trained one step on the best rollout of each group, as sent
     trained_once(ns["trainer"])
     greet = next(s["trajectory_uid"] for s in ns["batch"].batch["steps"] if s["prompt_group_uid"] == "greet")
@@ -146,9 +146,9 @@ def test_the_readme_sft_snippet_trains_on_a_pull(env):
 
 
 def test_the_readme_dpo_snippet_trains_on_a_snapshot(env):
-    """README "TRL DPO": a snapshot with format dpo, downloaded, DPOTrainer."""
+    """docs/trainers.md "TRL DPO": a snapshot with format dpo, downloaded, DPOTrainer."""
     ns: dict = {}
-    exec(compile(readme_block("### TRL DPO"), "README.md: TRL DPO", "exec"), ns)
+    exec(compile(readme_block("### TRL DPO"), "docs/trainers.md: TRL DPO", "exec"), ns)
     trained_once(ns["trainer"])
     # the pairs file: math-r0 against the two rollouts more than 0.5 below it
     pairs = [json.loads(line) for line in Path(ns["path"]).read_text().splitlines()]

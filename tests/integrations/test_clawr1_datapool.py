@@ -295,7 +295,7 @@ def test_the_readme_claw_r1_snippet_runs_verbatim(server, ray_local, monkeypatch
     srv, keys = server
     monkeypatch.setenv("CLAW_URL", srv.url)
     monkeypatch.setenv("CLAW_KEY", keys["pool"])
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "trainers.md").read_text()
     at = text.index("\n### Claw-R1's trainer: the DataPool actor\n")
     block = re.search(r"```python\n(.*?)```", text[at:], re.S).group(1)
     drain(srv, keys, "claw-r1-trainer")  # the snippet's consumer
@@ -322,7 +322,7 @@ def test_the_readme_claw_r1_snippet_runs_verbatim(server, ray_local, monkeypatch
         )
     scope: dict = {}
     try:
-        exec(compile(block, "README.md", "exec"), scope)
+        exec(compile(block, "docs/trainers.md", "exec"), scope)
         batch = scope["batch"]
         assert sorted(set(batch.non_tensor_batch["uid"])) == ["readme-g0", "readme-g1"]
         assert batch.meta_info["lease_id"] and batch.batch["rm_scores"].sum() == 2.0

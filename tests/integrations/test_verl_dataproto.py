@@ -270,8 +270,8 @@ def test_what_is_not_a_verl_batch_is_refused(batch, error):
 
 
 def readme_block(heading: str) -> str:
-    """The first fenced python block under ``heading`` in the README."""
-    text = (ROOT / "README.md").read_text()
+    """The first fenced python block under ``heading`` in docs/trainers.md (moved from the README)."""
+    text = (ROOT / "docs" / "trainers.md").read_text()
     at = text.index(f"\n{heading}\n")
     return re.search(r"```python\n(.*?)```", text[at:], re.S).group(1)
 
@@ -282,7 +282,7 @@ def test_the_readme_verl_snippet_runs_verbatim(server, monkeypatch):
     monkeypatch.setenv("CLAW_URL", srv.url)
     monkeypatch.setenv("CLAW_KEY", keys["trainer"])
     scope: dict = {}
-    exec(compile(readme_block("### verl: a DataProto"), "README.md", "exec"), scope)
+    exec(compile(readme_block("### verl: a DataProto"), "docs/trainers.md", "exec"), scope)
     data = scope["data"]
     assert data.meta_info["lease_id"]
     # the dataset admits every ready step: this test's and those of the test above

@@ -155,7 +155,7 @@ def test_each_step_is_served_its_effective_reward(case: Case):
     reward-final (reward_status pending) and the reward does not reach its branch."
     README: "The trajectory's reward applies to every branch unless a branch gets its own: a
     step without a reward of its own is served its branch's reward, else its trajectory's
-    (the effective reward: see "What a trainer receives" below)." """
+    (the effective reward: see What a trainer receives)." """
     # given/when: the trajectory written and rewarded as the case says
     _write(case, "t")
     # then: every step's read is the definition's, and its REWARD_FINAL bit agrees

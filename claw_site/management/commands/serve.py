@@ -125,7 +125,9 @@ class Command(BaseCommand):
                     f"celery beat's schedule (no REDIS_URL: no celery beat): {every}"
                 )
             if settings.CELERY_TASK_ALWAYS_EAGER:
-                log.warning(
+                # A note, not a warning: this is what `make run` is meant to do (the quiet first
+                # hour: startup prints no warning the user did not cause).
+                self.stdout.write(
                     "Embedded mode (no REDIS_URL): Celery tasks run eagerly inside this process at "
                     "enqueue time; set REDIS_URL and run `celery -A claw_site worker` to move them out"
                 )
