@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from django.core.files.storage import default_storage
-from django.http import FileResponse, HttpResponse
+from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
@@ -15,6 +15,7 @@ from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from claw_kit.web.files import file_download
 from pool.access.auth import (
     ConsumeScope,
     ReadScope,
@@ -456,7 +457,8 @@ class SnapshotDownloadApi(APIView):
             )
         version = snap.dataset_version
         suffix = f"{fmt}.jsonl" if fmt in snapshots.EXPORTS else fmt
-        return FileResponse(
+        return file_download(
+            request,
             default_storage.open(snap.files[fmt], "rb"),
             as_attachment=True,
             filename=f"{version.dataset.name}-v{version.version}-{snap.id}.{suffix}",
