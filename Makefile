@@ -28,10 +28,12 @@ $(VENV)/.installed-test: pyproject.toml Makefile | $(PY)
 
 install: $(VENV)/.installed
 
+# serve exits 0 on Ctrl-C (SIGINT) and SIGTERM, so make reports no error; SERVE_ARGS passes
+# options through (e.g. `--fd N`: serve on an inherited socket, as the tests do).
 run: install
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py bootstrap
-	$(PY) manage.py serve
+	$(PY) manage.py serve $(SERVE_ARGS)
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -9,6 +9,7 @@ Each test runs the real commands in subprocesses against their own database (tes
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
@@ -32,6 +33,9 @@ DEADLINE_S = 60
 UPSTREAM_RE = re.compile(r"Demo upstream \(answers like vLLM, toy model\) on (http://127\.0\.0\.1:(\d+)/v1)")
 # What startup used to print (the issue's words): a system check warning, kombu's and Django's.
 STARTUP_WARNINGS = ("models.W040", "No hostname was supplied", "StreamingHttpResponse", "Traceback")
+# Any warning at all: "warning" in any case (logged WARNING, Python's RuntimeWarning: ...), or a
+# system check id (models.W040).
+WARNING_LINE = re.compile(r"(?i:warning)|\bW\d{3}\b")
 
 
 def wait_until(cond: Callable[[], bool], proc: subprocess.Popen, log: Path, what: str) -> None:
@@ -149,6 +153,25 @@ def test_startup_prints_none_of_the_old_warnings(first_start: FirstStart):
     }
     found = {(step, w) for step, out in outputs.items() for w in STARTUP_WARNINGS if w in out}
     assert found == set(), outputs
+    # and none printed any warning at all: nothing a user did not cause (make run sets nothing)
+    lines = [
+        (step, line)
+        for step, out in outputs.items()
+        for line in out.splitlines()
+        if WARNING_LINE.search(line)
+    ]
+    assert lines == [], lines
+
+
+def test_the_warning_pattern_finds_logged_warnings_and_check_ids():
+    # given lines as Django's checks, Python's warnings and the logging format print them
+    assert WARNING_LINE.search("?: (models.W040) SQLite does not support indexes with non-key columns.")
+    assert WARNING_LINE.search("/x.py:3: RuntimeWarning: coroutine was never awaited")
+    assert WARNING_LINE.search("x.py:537: Warning: StreamingHttpResponse must consume synchronous iterators")
+    assert WARNING_LINE.search("2026-12-01 15:53:56,684 WARNING claw_site serve Embedded mode")
+    # then lines that only look alike do not match
+    assert WARNING_LINE.search("Claw-R1 listening on http://127.0.0.1:8000/") is None
+    assert WARNING_LINE.search("Demo upstream on http://127.0.0.1:8001/v1  [pid 4040]") is None
 
 
 def test_bootstrap_prints_admin_and_trainer_keys_that_work(first_start: FirstStart):
@@ -226,3 +249,48 @@ def test_a_signal_ends_serve_with_0_and_its_children_gone(tmp_path: Path, sig: s
     assert code == 0, (code, server.log_path.read_text())
     assert not any(alive(k) for k in kids), kids
     assert "Traceback" not in server.log_path.read_text()
+
+
+def test_ctrl_c_ends_make_run_without_an_error(tmp_path: Path):
+    """`make run` as a user starts it, with this interpreter's venv as the Makefile's VENV (its
+    install step not remade) and serve on the test's socket (SERVE_ARGS): Ctrl-C, which the
+    terminal sends to the whole foreground process group, ends it with no "make: ***" line."""
+    # given make run in its own process group (as a terminal's foreground job), demo traffic on
+    server = demo_serve(tmp_path)
+    venv = Path(sys.prefix)
+    if not (venv / "bin" / "python").exists() or sys.prefix == sys.base_prefix:
+        pytest.skip("make run needs the interpreter's venv as its VENV")
+    log = tmp_path / "make-run.log"
+    fd = server._sock.fileno()
+    args = ["make", "--no-print-directory", "run", f"VENV={venv}", "-o", f"{venv}/.installed"]
+    args.append(f"SERVE_ARGS=--fd {fd}")
+    try:
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                args,
+                cwd=ROOT,
+                env={**server.env, "HOST": "127.0.0.1", "PORT": str(server.port)},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                pass_fds=(fd,),
+                start_new_session=True,
+            )
+        try:
+            wait_until(lambda: "Demo traffic:" in log.read_text(), proc, log, "make run's demo traffic")
+            assert httpx.get(f"{server.url}/healthz").status_code == 200
+            tree = psutil.Process(proc.pid).children(recursive=True)
+            # when Ctrl-C reaches the group
+            os.killpg(proc.pid, signal.SIGINT)
+            code = proc.wait(timeout=DEADLINE_S)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    finally:
+        server.close()
+    # then make reports no error (serve exited 0; make itself ends by the SIGINT it got, or 0)
+    text = log.read_text()
+    assert code in (0, -signal.SIGINT), (code, text)
+    assert "make: ***" not in text and "Traceback" not in text, text
+    # and serve and the demo upstream are gone
+    assert tree and not any(alive(p) for p in tree), tree
