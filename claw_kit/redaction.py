@@ -1,6 +1,6 @@
 """Secrets in URL paths, masked wherever a path is written down.
 
-Two kinds of URL carry a secret in their path (see the README, "Gateway URLs and capability
+Two kinds of URL carry a secret in their path (see docs/api.md, "Gateway URLs and capability
 URLs"): a source's Claw-R1 gateway URL ``/compat/claw-r1/k/<api key>/...`` and a trajectory
 capability URL ``/compat/claw-r1/c/<token>/...`` or ``/t/c/<token>/...``. Logs (uvicorn's
 access and error loggers, Django's request warnings, tracebacks), error reports and error

@@ -5,7 +5,7 @@
 
 Empty filters admit every ready step except those an operator rejected or quarantined
 (``exclude_labels`` defaults to both; set it to [] to admit them). Every field is
-documented on its struct below; README "Curation" has the semantics.
+documented on its struct below; docs/curation.md has the semantics.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 everything that gives it context: sources, policy versions, prompt groups, trajectories,
 rewards, feedback, events and prefix-tree merge results.
 
-Token storage (see pool/tokens.py and the README): a step's full sequence
+Token storage (see pool/tokens.py and docs/architecture.md): a step's full sequence
 (prompt_ids + response_ids) is stored as a *delta against a parent step*:
 
     full(step) = full(step.seq_parent)[:step.seq_shared] + step.seq_delta

@@ -4,7 +4,7 @@ responses parsed by httptools (the C parser uvicorn uses).
 Why: bench.transport runs two gateways side by side that differ only in this transport vs
 httpx's default one (httpcore + h11 + anyio): on the 2.4k-token chat with a zero-latency
 upstream, gateway CPU per proxied call was 1.22 vs 2.58 ms (ratio 0.47) and c=32 throughput
-1.76x (README, "Hand-written infrastructure, and why"). It plugs into httpx's public
+1.76x (docs/architecture.md, "Hand-written infrastructure, and why"). It plugs into httpx's public
 transport interface, so requests, responses, streaming and exceptions are httpx's own
 (ConnectError, ConnectTimeout, ReadTimeout, RemoteProtocolError...), and
 CLAW_UPSTREAM_TRANSPORT=httpx swaps it out.

@@ -2,7 +2,7 @@
 the shape of decoded JSON / MessagePack (nesting depth, keys per object, items per array)
 and identifiers (no control characters).
 
-Limits are settings (README "Limits"): ``CLAW_MAX_JSON_DEPTH`` levels of nesting (the
+Limits are settings (docs/configuration.md, "Limits"): ``CLAW_MAX_JSON_DEPTH`` levels of nesting (the
 top-level value is depth 1), ``CLAW_MAX_JSON_KEYS`` keys per object, ``CLAW_MAX_JSON_ITEMS``
 items per array. The walk is iterative (a hostile body cannot exhaust the stack) and visits
 containers only: an array of scalars (a token array) is typed in C and skipped whole.
