@@ -28,10 +28,12 @@ $(VENV)/.installed-test: pyproject.toml Makefile | $(PY)
 
 install: $(VENV)/.installed
 
+# run: the demo's toy tokenizer (CLAW_TOKENIZER=demo) decodes token ids on the pages unless
+# CLAW_TOKENIZER is set.
 run: install
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py bootstrap
-	$(PY) manage.py serve
+	CLAW_TOKENIZER="$${CLAW_TOKENIZER-demo}" $(PY) manage.py serve
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest $(PYTEST_ARGS)
