@@ -39,7 +39,8 @@
         title += " · logprob " + logprobs[k].toFixed(3) + " (p " + Math.exp(logprobs[k]).toFixed(3) + ")";
       }
       chip.title = title;
-      if (k) box.appendChild(document.createTextNode(" "));
+      // Ids are separated by spaces; decoded tokens run on as the text they make.
+      if (k && !texts) box.appendChild(document.createTextNode(" "));
       box.appendChild(chip);
     });
   }
