@@ -167,6 +167,15 @@ def test_token_view_decodes_with_the_demo_tokenizer(settings):
     assert "".join(t["response_tokens"][:-1]) == compact_json(canonical_tool_calls(CALLS))
     assert t["prompt_tokens"][0] == "<bos>" and t["response_tokens"][-1] == "<|end|>"
     assert t["response_logprobs"] == pytest.approx(sent[0]["rollout_logprobs"])
+    # and the same tokenizer serves the pool's Hugging Face calls (retokenizing a chat call,
+    # decoding a reward's text): the toy template's ids, as the demo upstream generates them
+    from claw_kit.llm.tokenizer import chat_ids, get_tokenizer
+
+    assert chat_ids(get_tokenizer(), [SYSTEM, USER], None, CALL) == (
+        sent[0]["prompt_ids"],
+        sent[0]["response_ids"],
+    )
+    assert get_tokenizer().decode(sent[1]["response_ids"], skip_special_tokens=True) == ANSWER
     # and without a tokenizer the texts are null (the page shows ids as chips)
     settings.CLAW_TOKENIZER = ""
     t = signed_in("operator").get(f"/steps/{step.id}/tokens").json()
@@ -265,3 +274,40 @@ def test_why_a_step_is_not_ready(facts, codes, words):
     for w in words:
         assert w in said, (w, said)
     assert all(r.why and r.fix for r in reasons)
+
+
+ACCEPT_BROWSER = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+
+
+@pytest.mark.parametrize(
+    ("query", "accept", "page"),
+    [
+        ("", ACCEPT_BROWSER, True),  # a browser following the "replay" link
+        ("?format=json", ACCEPT_BROWSER, False),  # the page's download link
+        ("", "application/json", False),
+        ("", "", False),  # no Accept (curl, scripts): the bytes as before
+        ("?format=html", "application/json", True),
+    ],
+)
+def test_lease_replay_is_a_page_for_browsers_and_json_otherwise(query, accept, page):
+    # given: a served lease
+    from curation.models import Lease
+    from curation.services import dataset_create
+    from curation.services.consume import PullIn, consumer_pull
+    from tests.curation.test_pages import finished
+
+    finished("t1")
+    dataset_create(name="ds", spec={"filters": {"readiness": "any"}}, actor="setup")
+    lease = consumer_pull(consumer="trainer-1", pull=PullIn(dataset="ds", batch_size=2, unit="steps"))
+    body = bytes(Lease.objects.get(id=lease.id).body)
+    # when: the replay is opened
+    resp = signed_in("reviewer").get(f"/consumption/leases/{lease.id}/batch{query}", HTTP_ACCEPT=accept)
+    # then: a page with the batch as a JSON tree and a link to the bytes, or the bytes
+    assert resp.status_code == 200
+    if page:
+        html = resp.content.decode()
+        assert resp["Content-Type"].startswith("text/html") and 'href="?format=json"' in html
+        uids = [s["uid"] for s in json.loads(body)["batch"]["steps"]]
+        assert uids and all(f"&quot;{u}&quot;" in html for u in uids)
+    else:
+        assert resp["Content-Type"] == "application/json" and resp.content == body
