@@ -1,7 +1,8 @@
-"""The trace view in a real browser (Chromium through Playwright, the live server of
-tests/live.py with CLAW_TOKENIZER=demo): a tool-call trajectory at 1440 px, a metadata tree
-expanded, the token view opened (decoded tokens coloured by logprob, ids on hover), and a
-screenshot saved as var/screenshots/trace-1440.png."""
+"""The trace view in a real browser (Chromium through Playwright) on a live server with the
+demo tokenizer (CLAW_TOKENIZER=demo), fed by an official OpenAI SDK agent through the gateway
+to the demo upstream (300 ms a call): the tool call and its result, the latency the door
+measured, a metadata tree expanded, the token view opened (decoded tokens coloured by
+logprob, ids on hover), and screenshots var/screenshots/trace-1440.png and trace-390.png."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import json
 import os
 from pathlib import Path
 
-import httpx
+import openai
 import pytest
 
+from claw_site.demo.toy_tokenizer import ToyTokenizer
 from tests.curation.test_pages_browser import CHROMIUM, browser_page  # noqa: F401 - a fixture
-from tests.curation.test_trace_view import TOY, agent_steps
+from tests.gateway.conftest import slow_upstream  # noqa: F401 - a fixture
+from tests.gateway.proxy_support import steps_of
 from tests.live import live_server
 
 pytestmark = [
@@ -22,27 +25,55 @@ pytestmark = [
     pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is not installed"),
 ]
 
+TOY = ToyTokenizer()
 SETUP = """
 from django.contrib.auth import get_user_model
-from pool.services import api_key_create
 get_user_model().objects.create_superuser("op", "op@example.com", "browser-pw-1")
-print(api_key_create(name="trace-agent", scopes=["ingest"])[1])
 """
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "var" / "screenshots"
 
 
-def test_trace_view_at_1440(tmp_path, browser_page):  # noqa: F811 - the fixture
+def test_trace_view_at_1440(tmp_path, browser_page, slow_upstream):  # noqa: F811 - the fixtures
     from playwright.sync_api import expect
 
-    # given: a live server with the demo tokenizer and the agent's tool-call trajectory
+    # given: an SDK agent's tool call, the tool's result and the final answer, through the gateway
     (tmp_path / "srv").mkdir()
-    with live_server(tmp_path / "srv", {"CLAW_TOKENIZER": "demo"}) as srv:
-        key = srv.manage("shell", "-c", SETUP).strip().splitlines()[-1]
-        sent = agent_steps("trace-b", tool_calls_in="metadata")
-        resp = httpx.post(
-            f"{srv.url}/api/v1/steps", json={"steps": sent}, headers={"Authorization": f"Bearer {key}"}
+    env = {"CLAW_TOKENIZER": "demo", "CLAW_UPSTREAM_URL": slow_upstream}
+    with live_server(tmp_path / "srv", env) as srv:
+        srv.manage("shell", "-c", SETUP)
+        key = srv.make_key("ingest", "read")
+        agent = openai.OpenAI(
+            base_url=f"{srv.url}/v1",
+            api_key=key,
+            max_retries=0,
+            timeout=30,
+            default_headers={"X-Claw-Trajectory": "trace-b"},
         )
-        assert resp.status_code == 201, resp.text
+        messages = [
+            {"role": "system", "content": "You are a weather agent."},
+            {"role": "user", "content": "Weather in Paris?"},
+        ]
+        first = agent.chat.completions.create(model="claw-demo", messages=messages, tools=TOOLS)
+        call = first.choices[0].message.tool_calls[0]
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp_c": 21})},
+        ]
+        agent.chat.completions.create(model="claw-demo", messages=messages, tools=TOOLS)
+        s0, s1 = steps_of(srv, key, "trace-b")
+        assert s0["response_text"] is None and s0["metadata"]["tool_calls"]
+
+        # when: the operator opens the trace view at 1440 px
         page, _ = browser_page
         page.set_viewport_size({"width": 1440, "height": 1000})
         page.goto(f"{srv.url}/login/?next=/trajectories/trace-b/")
@@ -50,36 +81,44 @@ def test_trace_view_at_1440(tmp_path, browser_page):  # noqa: F811 - the fixture
         page.fill("#id_password", "browser-pw-1")
         page.get_by_role("button", name="Sign in").click()
         page.wait_for_url("**/trajectories/trace-b/")
-        step0 = page.locator("#step-0")
-        expect(step0.locator(".tool-name")).to_have_text("get_weather")
+        step0, step1 = page.locator("#step-0"), page.locator("#step-1")
+        # then: the tool call with its arguments, the result as the next turn's only new message
+        expect(step0.locator(".tool-name")).to_have_text(call.function.name)
+        assert json.loads(step0.locator("pre.tool-args").inner_text()) == json.loads(call.function.arguments)
+        expect(step1.locator(".turn.prompt .msg")).to_have_count(1)
+        expect(step1.locator(".turn.prompt .msg")).to_have_attribute("data-role", "tool")
+        expect(page.get_by_text("You are a weather agent.", exact=True)).to_have_count(1)
+        # and each call's latency as the door measured it (the upstream takes 300 ms)
+        for loc, s in ((step0, s0), (step1, s1)):
+            assert s["metadata"]["latency_ms"] >= 300
+            expect(loc.locator('[data-fact="latency"]')).to_have_text(f"{s['metadata']['latency_ms']:.0f} ms")
 
         # when: step 0's metadata tree is expanded
         step0.locator("details.metadata > summary").click()
         # then: its keys show, sorted and quoted
         keys = step0.locator("details.metadata .json-tree > details > ul > li > .jt-k")
         expect(keys.first).to_be_visible()
-        assert keys.all_inner_texts() == [json.dumps(k) for k in sorted(sent[0]["metadata"])]
+        assert keys.all_inner_texts() == [json.dumps(k) for k in sorted(s0["metadata"])]
 
         # when: the token view of step 0 is opened
         step0.locator("details.token-view > summary").click()
         chips = step0.locator("[data-tokens=response] .tok")
-        expect(chips).to_have_count(len(sent[0]["response_ids"]))
-        # then: each response token is its decoded text, coloured by its logprob, id on hover
-        first = chips.first
-        expect(first).to_have_text(TOY.token_text(sent[0]["response_ids"][0]))
-        second = chips.nth(1)  # logprob -0.01 as sent
-        expect(second).to_have_attribute(
-            "title", f"id {sent[0]['response_ids'][1]} · logprob -0.010 (p 0.990)"
-        )
-        colours = chips.evaluate_all("es => es.map(e => e.style.backgroundColor)")
-        assert all(colours) and len(set(colours)) > 1  # a scale, not one colour
+        expect(chips).to_have_count(len(s0["response_ids"]))
+        # then: each response token is its decoded text, coloured by its logprob, its id on hover
         ids = [int(i) for i in chips.evaluate_all("es => es.map(e => e.dataset.id)")]
-        assert ids == sent[0]["response_ids"]
+        assert ids == s0["response_ids"]
+        texts = chips.evaluate_all("es => es.map(e => e.title)")
+        lp = s0["rollout_logprobs"]
+        assert texts[0] == f"id {ids[0]} · logprob {lp[0]:.3f} (p {2.718281828459045 ** lp[0]:.3f})"
+        assert all(t.startswith(f"id {i} ") for t, i in zip(texts, ids, strict=True))
+        expect(chips.nth(1)).to_have_text(TOY.token_text(ids[1]))
+        colours = chips.evaluate_all("es => es.map(e => e.style.backgroundColor)")
+        assert all(colours)
         expect(step0.locator(".tok-scale")).to_be_visible()
-        # and no part of the page is wider than the window
+        # and nothing is wider than the window
         assert page.evaluate("document.documentElement.scrollWidth") <= 1440
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOTS / "trace-1440.png"), full_page=True)
         page.set_viewport_size({"width": 390, "height": 900})
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
         page.screenshot(path=str(SCREENSHOTS / "trace-390.png"), full_page=True)
-        assert page.evaluate("document.documentElement.scrollWidth") <= 390 + 1
