@@ -19,7 +19,7 @@ from pool.models import Feedback, RewardEvent, Step, Trajectory
 from pool.selectors.steps import steps_render
 
 from ..models import LabelEvent, StepTag
-from .trace import trace_turns
+from .trace import trace_summary, trace_turns
 
 
 @dataclass(slots=True)
@@ -143,6 +143,7 @@ def trajectory_timeline(uid: str | None = None, *, trajectory_id: int | None = N
         "trajectory": traj,
         "steps": views,
         "turns": turns,
+        "summary": trace_summary(turns),
         "branches": branches_layout(steps),
         "reward_events": rewards[None],
         "feedback": feedback[None],

@@ -196,3 +196,13 @@ def trace_turns(trajectory: Any, views: list[Any]) -> list[Turn]:
             )
         )
     return turns
+
+
+def trace_summary(turns: list[Turn]) -> dict[str, Any]:
+    """How many steps are ready, and every reason the others are not (each once, in the
+    order the steps first give it), for the top of the trace view."""
+    seen: dict[tuple[str, str], Reason] = {}
+    for t in turns:
+        for r in t.reasons:
+            seen.setdefault((r.code, r.why), r)
+    return {"ready": sum(t.ready for t in turns), "steps": len(turns), "reasons": list(seen.values())}

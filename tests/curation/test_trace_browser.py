@@ -122,3 +122,16 @@ def test_trace_view_at_1440(tmp_path, browser_page, slow_upstream):  # noqa: F81
         page.set_viewport_size({"width": 390, "height": 900})
         assert page.evaluate("document.documentElement.scrollWidth") <= 390
         page.screenshot(path=str(SCREENSHOTS / "trace-390.png"), full_page=True)
+
+        # when: step 0's own page is opened and its tokens shown
+        page.set_viewport_size({"width": 1440, "height": 1000})
+        step0.get_by_role("link", name="Step 0").click()
+        page.wait_for_url("**/steps/*/")
+        # then: it says why the step is not ready, shows the tool call and the decoded tokens
+        expect(page.locator('#readiness [data-reason="trajectory"]')).to_contain_text(
+            "trajectory still running"
+        )
+        expect(page.locator(".tool-name")).to_have_text(call.function.name)
+        page.get_by_role("button", name="Show token ids").click()
+        expect(page.locator("[data-tokens=response] .tok")).to_have_count(len(s0["response_ids"]))
+        page.screenshot(path=str(SCREENSHOTS / "trace-step-1440.png"), full_page=True)

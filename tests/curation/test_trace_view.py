@@ -135,6 +135,11 @@ def test_trace_view_shows_turns_tool_calls_rewards_and_metadata(tool_calls_in):
     # and the undeclared group is why nothing is ready, with what to do
     assert 'data-reason="group"' in t1 and "declares no expected_rollouts" in t1
     assert "POST /api/v1/groups" in t1 and 'data-reason="trajectory"' not in t1
+    # and the top of the page counts the ready steps and gives each reason once
+    assert 'data-fact="ready">0 of 2 steps<' in page
+    summary = page[page.index('id="not-ready"') :]
+    summary = summary[: summary.index("</section>")]
+    assert summary.count('data-reason="group"') == 1 and summary.count("<li") == 1
 
 
 def test_step_page_says_why_not_ready_and_shows_the_tool_call():

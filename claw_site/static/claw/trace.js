@@ -47,15 +47,15 @@
 
   function legend(t) {
     var box = el("div", { "class": "tok-legend small muted" });
-    box.appendChild(el("span", {}, t.tokenizer ? "decoded with " + t.tokenizer + "; " : "no tokenizer configured (CLAW_TOKENIZER): ids shown; "));
+    box.appendChild(el("span", {}, t.tokenizer ? "decoded with " + t.tokenizer + " ·" : "no tokenizer configured (CLAW_TOKENIZER): ids shown ·"));
     if (t.response_logprobs) {
       box.appendChild(el("span", {}, "response coloured by probability: "));
       box.appendChild(el("span", { "class": "tok-scale-end" }, "p 0"));
       box.appendChild(el("span", { "class": "tok-scale", "aria-hidden": "true" }));
       box.appendChild(el("span", { "class": "tok-scale-end" }, "1"));
-      box.appendChild(el("span", {}, "; hover a token for its id"));
+      box.appendChild(el("span", {}, "· hover a token for its id"));
     } else {
-      box.appendChild(el("span", {}, "no rollout logprobs recorded; hover a token for its id"));
+      box.appendChild(el("span", {}, "no rollout logprobs recorded · hover a token for its id"));
     }
     return box;
   }
