@@ -166,6 +166,8 @@ def trace_turns(trajectory: Any, views: list[Any]) -> list[Turn]:
         new = [message_of(m) for m in (msgs or [])[start:]]
         earlier = [message_of(m) for m in (msgs or [])[:start]]
         meta = s.metadata if isinstance(s.metadata, dict) else {}
+        if msgs is None and isinstance(meta.get("prompt"), str):  # a text completion's prompt
+            scope, new = "full", [Message(role="prompt", text=meta["prompt"])]
         calls = tool_calls_of(meta.get("tool_calls"))
         echo = echoed.get(s.id)
         if not calls and echo is not None:

@@ -316,3 +316,22 @@ def test_lease_replay_is_a_page_for_browsers_and_json_otherwise(query, accept, p
         assert uids and all(f"&quot;{u}&quot;" in html for u in uids)
     else:
         assert resp["Content-Type"] == "application/json" and resp.content == body
+
+
+def test_a_text_completion_shows_its_prompt_and_text():
+    # given: a text completion's step (no chat messages; the proxy keeps its prompt in metadata)
+    agent = client_for(api_key_create(name="agent", scopes=[Scope.INGEST])[1])
+    step = {
+        "trajectory_uid": "comp",
+        "step_index": 0,
+        "prompt_ids": TOY.encode("Once upon a time"),
+        "response_ids": TOY.encode(" there was"),
+        "response_text": " there was",
+        "metadata": {"endpoint": "completions", "prompt": "Once upon a time"},
+    }
+    assert agent.post("/api/v1/steps", {"steps": [step]}, format="json").status_code == 201
+    # when: its trace is opened
+    turn = turn_of(signed_in("reviewer").get("/trajectories/comp/").content.decode(), 0)
+    # then: the prompt and the completion are shown as text, nothing "unknown"
+    assert 'data-role="prompt"' in turn and "Once upon a time</pre>" in turn
+    assert "there was</pre>" in turn and "text unknown" not in turn
