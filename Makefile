@@ -29,11 +29,12 @@ $(VENV)/.installed-test: pyproject.toml Makefile | $(PY)
 install: $(VENV)/.installed
 
 # serve exits 0 on Ctrl-C (SIGINT) and SIGTERM, so make reports no error; SERVE_ARGS passes
-# options through (e.g. `--fd N`: serve on an inherited socket, as the tests do).
+# options through (e.g. `--fd N`: serve on an inherited socket, as the tests do). The demo's toy
+# tokenizer (CLAW_TOKENIZER=demo) decodes token ids on the pages unless CLAW_TOKENIZER is set.
 run: install
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py bootstrap
-	$(PY) manage.py serve $(SERVE_ARGS)
+	CLAW_TOKENIZER="$${CLAW_TOKENIZER-demo}" $(PY) manage.py serve $(SERVE_ARGS)
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -291,7 +291,29 @@ def lease_batch(request: HttpRequest, lease_id: uuid.UUID) -> HttpResponse:
     body = lease_body(lease_id)
     if body is None:
         raise Http404("no such lease")
-    return HttpResponse(body, content_type="application/json")
+    if not _wants_html(request):
+        return HttpResponse(body, content_type="application/json")
+    # A browser: the same bytes drawn as a formatted tree, with the JSON a link away.
+    try:
+        parsed = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return HttpResponse(body, content_type="application/json")
+    return render(
+        request,
+        "dashboard/lease_batch.html",
+        {"lease_id": lease_id, "batch": parsed, "size": len(body), "page": "consumption"},
+    )
+
+
+def _wants_html(request: HttpRequest) -> bool:
+    """A page, not JSON: ?format=html, or a browser's Accept naming text/html before (or
+    instead of) JSON; ?format=json always JSON."""
+    fmt = request.GET.get("format")
+    if fmt in ("json", "html"):
+        return fmt == "html"
+    accept = request.headers.get("Accept", "")
+    html, js = accept.find("text/html"), accept.find("application/json")
+    return html >= 0 and (js < 0 or html < js)
 
 
 # --- trajectories ----------------------------------------------------------------------------

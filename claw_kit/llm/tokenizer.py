@@ -9,16 +9,28 @@ steps built from them carry token_source "retokenized".
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
 
 _lock = threading.Lock()
 _loaded: dict[str, Any] = {}
+# Named tokenizers that are not Hugging Face directories (CLAW_TOKENIZER=<name>): registered
+# by the composition root (claw_site/apps.py registers "demo", the demo's toy tokenizer), so
+# this module imports no app. A loader returns an object with the Hugging Face methods used
+# here (encode, decode, apply_chat_template).
+_loaders: dict[str, Callable[[], Any]] = {}
+
+
+def register_loader(name: str, loader: Callable[[], Any]) -> None:
+    """Make ``CLAW_TOKENIZER=name`` load ``loader()`` instead of a tokenizer directory."""
+    _loaders[name] = loader
 
 
 def get_tokenizer() -> Any | None:
-    """The tokenizer at CLAW_TOKENIZER (loaded once per process), or None when unset."""
+    """The tokenizer CLAW_TOKENIZER names (a registered loader's name, else a local
+    directory; loaded once per process), or None when unset."""
     path = settings.CLAW_TOKENIZER
     if not path:
         return None
@@ -26,7 +38,10 @@ def get_tokenizer() -> Any | None:
     if tok is None:
         with _lock:
             tok = _loaded.get(path)
-            if tok is None:
+            if tok is None and path in _loaders:
+                tok = _loaders[path]()
+                _loaded[path] = tok
+            elif tok is None:
                 from transformers import AutoTokenizer  # heavy import: only when configured
 
                 tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -79,3 +94,16 @@ def _ids(value: Any) -> list[int]:
     if isinstance(value, dict) or hasattr(value, "input_ids"):
         value = value["input_ids"]
     return list(value)
+
+
+def token_texts(tok: Any, ids: list[int]) -> list[str | None]:
+    """Each id's own text (for showing tokens one by one): the tokenizer's ``token_text``
+    when it has one, else the id decoded alone; None for an id outside its vocabulary."""
+    one = getattr(tok, "token_text", None)
+    out: list[str | None] = []
+    for i in ids:
+        try:
+            out.append(one(i) if one is not None else tok.decode([i]))
+        except (IndexError, KeyError, ValueError, TypeError, OverflowError):
+            out.append(None)
+    return out

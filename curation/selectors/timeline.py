@@ -12,13 +12,14 @@ from typing import Any
 
 from django.db.models import Q
 
-from claw_kit.llm.tokenizer import get_tokenizer
+from claw_kit.llm.tokenizer import get_tokenizer, token_texts
 from pool.flags import QUALITY_NAMES, READINESS_NAMES
 from pool.flags import names as flag_names
 from pool.models import Feedback, RewardEvent, Step, Trajectory
 from pool.selectors.steps import steps_render
 
 from ..models import LabelEvent, StepTag
+from .trace import trace_summary, trace_turns
 
 
 @dataclass(slots=True)
@@ -34,6 +35,7 @@ class StepView:
     label_events: list[Any]
     reward_events: list[Any]
     feedback: list[Feedback]
+    turn: Any = None  # the step as a trace turn (curation/selectors/trace.py)
 
 
 BRANCH_DX, BRANCH_DY, BRANCH_PAD = 44, 34, 18
@@ -134,9 +136,14 @@ def trajectory_timeline(uid: str | None = None, *, trajectory_id: int | None = N
         )
         for s in steps
     ]
+    turns = trace_turns(traj, views)
+    for v, t in zip(views, turns, strict=True):
+        v.turn = t
     return {
         "trajectory": traj,
         "steps": views,
+        "turns": turns,
+        "summary": trace_summary(turns),
         "branches": branches_layout(steps),
         "reward_events": rewards[None],
         "feedback": feedback[None],
@@ -160,18 +167,33 @@ def _messages_text(messages: Any) -> list[dict[str, str]]:
 
 
 def step_token_ids(step_id: int) -> dict[str, Any] | None:
-    """One step's exact token ids (rebuilt by steps_render), as plain lists, or None."""
+    """One step's exact token ids (rebuilt by steps_render), as plain lists, or None; with
+    each id's text when a tokenizer is configured (CLAW_TOKENIZER; else null) and the
+    response's rollout logprobs (null when none were recorded)."""
     step = Step.objects.select_related("trajectory__group").filter(id=step_id).first()
     if step is None:
         return None
     r = steps_render([step])[0]
+    prompt, response = r["prompt_ids"].tolist(), r["response_ids"].tolist()
+    tok = get_tokenizer()
+    lp = r["rollout_logprobs"]
     return {
         "uid": r["uid"],
         "token_source": r["token_source"],
         "drift_offset": r["drift_offset"],
-        "prompt_ids": r["prompt_ids"].tolist(),
-        "response_ids": r["response_ids"].tolist(),
+        "prompt_ids": prompt,
+        "response_ids": response,
+        "tokenizer": _tokenizer_name(tok),
+        "prompt_tokens": token_texts(tok, prompt) if tok is not None else None,
+        "response_tokens": token_texts(tok, response) if tok is not None else None,
+        "response_logprobs": lp.tolist() if lp is not None else None,
     }
+
+
+def _tokenizer_name(tok: Any) -> str | None:
+    if tok is None:
+        return None
+    return str(getattr(tok, "name_or_path", "") or type(tok).__name__)
 
 
 @dataclass(slots=True)
@@ -185,6 +207,9 @@ class StepInspect:
     response_text: str | None
     text_origin: str  # "stored", "decoded" or "unknown"
     readiness_missing: list[str]
+    turn: (
+        Any  # the step as a trace turn (curation/selectors/trace.py): new messages, tool calls, why not ready
+    )
     previous_id: int | None
     next_id: int | None
 
@@ -202,8 +227,9 @@ def step_inspect(step_id: int, *, decode: bool = True) -> StepInspect | None:
     views = timeline["steps"]
     at = next(i for i, v in enumerate(views) if v.step.id == step_id)
     v = views[at]
+    turn = timeline["turns"][at]
     prompt_text, response_text, origin = None, v.response_text, "stored"
-    if not v.messages and v.response_text is None:
+    if not v.messages and v.response_text is None and turn.response is None:
         origin = "unknown"
         if decode:
             decoded = _decode(v.step)
@@ -218,6 +244,7 @@ def step_inspect(step_id: int, *, decode: bool = True) -> StepInspect | None:
         readiness_missing=[
             n for n in READINESS_NAMES if n not in flag_names(v.step.readiness, READINESS_NAMES)
         ],
+        turn=turn,
         previous_id=views[at - 1].step.id if at > 0 else None,
         next_id=views[at + 1].step.id if at + 1 < len(views) else None,
     )

@@ -17,6 +17,7 @@ written.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -55,6 +56,7 @@ class Prepared:
     sender: Sender | None = None  # None: the door's own
     also: dict[str, Any] | None = None  # fields the door sets besides (stream options)
     ask: fields.Ask | None = None  # what the chat sender sent (and what leaves the answer)
+    started: float = 0.0  # perf_counter() when the upstream call was sent (the step's latency_ms)
 
 
 class Writer(Protocol):
@@ -236,6 +238,7 @@ async def run(door: Door, call: Call, prepared: Prepared) -> HttpResponseBase:
     ident, key = call.ident, call.key
     assert ident is not None
     headers = sender.headers(call.request)
+    prepared.started = time.perf_counter()
     if prepared.stream:
         return await _stream(door, sender, call, prepared, headers)
     try:
@@ -251,7 +254,7 @@ async def run(door: Door, call: Call, prepared: Prepared) -> HttpResponseBase:
     problem = door.problem(prepared, answer)
     if problem is not None:
         raise await invalid_answer(problem, door.protocol, ident, key)
-    recorded, extra = sender.recorded(prepared, answer)
+    recorded, extra = _timed(sender.recorded(prepared, answer), prepared)
     outcome = await record(sender.endpoint, ident, key, prepared.chat, recorded, extra)
     response = door.respond(prepared, answer, resp)
     if outcome.steps:
@@ -357,7 +360,7 @@ async def _relayed(
         yield writer.fail(502, sender.incomplete, "stream_incomplete")
         return
     answer = acc.answer()
-    recorded, extra = sender.recorded(prepared, answer)
+    recorded, extra = _timed(sender.recorded(prepared, answer), prepared)
     try:
         await record(sender.endpoint, ident, key, prepared.chat, recorded, extra)
     except (PoolError, HttpError) as e:
@@ -369,3 +372,12 @@ async def _relayed(
         headers = idempotency.kept_headers(None, ident.trajectory_uid)
         await kept.complete(200, SSE_TYPE, headers, b"".join(kept.chunks) + tail)
     yield tail
+
+
+def _timed(
+    recorded: tuple[dict[str, Any], dict[str, Any] | None], prepared: Prepared
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The call's latency (sent to answered in full, in ms) added to its steps' metadata, as
+    the trace view shows it."""
+    answer, extra = recorded
+    return answer, {**(extra or {}), "latency_ms": round(1000 * (time.perf_counter() - prepared.started), 1)}
