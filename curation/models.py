@@ -72,18 +72,6 @@ class Dataset(models.Model):
     def __str__(self) -> str:
         return self.name
 
-    @property
-    def rating_widget(self) -> str:
-        """ "stars" for a small integer range (at most 10 steps), else "slider"."""
-        lo, hi = self.rating_min, self.rating_max
-        if lo == int(lo) and hi == int(hi) and hi - lo <= 9 and lo >= 0:
-            return "stars"
-        return "slider"
-
-    @property
-    def is_group(self) -> bool:
-        return self.mode == MODE_GROUP
-
 
 class DatasetVersion(models.Model):
     """One immutable version of a dataset's spec (filters and grouping rules, normalised by
@@ -158,6 +146,18 @@ class ReviewQueue(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def rating_widget(self) -> str:
+        """ "stars" for a small integer range (at most 10 steps), else "slider"."""
+        lo, hi = self.rating_min, self.rating_max
+        if lo == int(lo) and hi == int(hi) and hi - lo <= 9 and lo >= 0:
+            return "stars"
+        return "slider"
+
+    @property
+    def is_group(self) -> bool:
+        return self.mode == MODE_GROUP
 
 
 class ReviewClaim(models.Model):

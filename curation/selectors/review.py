@@ -18,11 +18,12 @@ from django.db.models import Count, Exists, IntegerField, Min, OuterRef, Q, Quer
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from pool.models import Feedback, PromptGroup, Trajectory
+from pool.models import Feedback, PromptGroup, Step, Trajectory
 
 from ..models import ReviewClaim, ReviewQueue
 from ..specs import spec_parse
 from .specs import dataset_step_rows, spec_compile
+from .timeline import _messages_text
 
 RATING_AGREEMENT = "mean absolute pairwise difference"
 LABEL_AGREEMENT = "percent agreement"
@@ -208,3 +209,63 @@ def review_queues_list() -> list[tuple[ReviewQueue, dict[str, int]]]:
 
 def review_queue_get(name: str) -> ReviewQueue | None:
     return ReviewQueue.objects.select_related("dataset__current").filter(name=name).first()
+
+
+LAST_STEPS = 2
+
+
+def review_group_view(queue: ReviewQueue, group_id: int) -> dict[str, Any]:
+    """Group mode: the group with its rollouts side by side, each with its reward (the
+    trajectory's, else its last step's effective reward), step count and its last steps'
+    answers (``LAST_STEPS``), and the prompt they share (the first step's messages). Two
+    queries besides the scope (no per-rollout reads)."""
+    group = PromptGroup.objects.get(id=group_id)
+    rollouts = review_rollouts(queue, group_id)
+    steps: dict[int, list[Step]] = defaultdict(list)
+    for s in (
+        Step.objects.filter(trajectory_id__in=[t.id for t in rollouts])
+        .only(
+            "id",
+            "uid",
+            "trajectory_id",
+            "step_index",
+            "messages",
+            "response_text",
+            "reward",
+            "effective_reward",
+            "seq_len",
+            "prompt_len",
+        )
+        .order_by("trajectory_id", "step_index")
+    ):
+        steps[s.trajectory_id].append(s)
+    first = next((ss[0] for ss in steps.values() if ss), None)
+    prompt = _messages_text(first.messages) if first is not None else []
+    cards = []
+    for i, t in enumerate(rollouts, start=1):
+        ss = steps[t.id]
+        last = ss[-1] if ss else None
+        reward = t.reward if t.reward is not None else (last.effective_reward if last else None)
+        cards.append(
+            {
+                "n": i,
+                "trajectory": t,
+                "reward": reward,
+                "steps": len(ss),
+                "last": [
+                    {
+                        "index": s.step_index,
+                        "uid": s.uid,
+                        "text": s.response_text,
+                        "tokens": s.seq_len - s.prompt_len,
+                    }
+                    for s in ss[-LAST_STEPS:]
+                ],
+            }
+        )
+    return {"group": group, "prompt": prompt, "rollouts": cards}
+
+
+def review_claim_group(claim_id: int) -> int | None:
+    """The group a claim is for (group mode), or None."""
+    return ReviewClaim.objects.filter(id=claim_id).values_list("group_id", flat=True).first()
