@@ -332,6 +332,7 @@ class QueueFilterForm(DatasetForm):
             if section != "filters":
                 del self.fields[name]
         del self.fields["name"], self.fields["description"]
+        self.fields["readiness"].required = False  # blank: the spec's default
 
     def builder_fields(self) -> list[forms.BoundField]:
         return [self[name] for name, (section, _) in SPEC_FIELDS.items() if section == "filters"]
@@ -357,7 +358,7 @@ class QueueForm(forms.Form):
         help_text="Markdown, shown beside each item (no HTML; links to http(s) only)",
     )
     dataset = forms.ChoiceField(required=False, help_text="or the filters below")
-    mode = forms.ChoiceField(choices=MODES, initial=MODE_TRAJECTORY)
+    mode = forms.ChoiceField(choices=MODES, initial=MODE_TRAJECTORY, required=False)
     rating_min = forms.FloatField(initial=1.0)
     rating_max = forms.FloatField(
         initial=5.0, help_text="a range of up to 10 whole numbers shows stars, else a slider"
@@ -369,10 +370,13 @@ class QueueForm(forms.Form):
     group_reward = forms.ChoiceField(
         choices=GROUP_REWARDS,
         initial="none",
+        required=False,
         label="Group reward",
         help_text="group mode: what a ranking writes",
     )
-    reviews_per_item = forms.IntegerField(min_value=1, max_value=20, initial=1, label="Reviews per item")
+    reviews_per_item = forms.IntegerField(
+        min_value=1, max_value=20, initial=1, required=False, label="Reviews per item"
+    )
 
     EDITABLE = ("description", "guidelines", "dataset", "reviews_per_item")
 
@@ -395,15 +399,15 @@ class QueueForm(forms.Form):
             "guidelines": d["guidelines"],
             "dataset_id": int(d["dataset"]) if d["dataset"] else None,
             "filters": filters,
-            "mode": d["mode"],
+            "mode": d["mode"] or MODE_TRAJECTORY,
             "rating_min": d["rating_min"],
             "rating_max": d["rating_max"],
             "label_choices": _csv(d["label_choices"]),
             "label_multi": d["label_multi"],
             "ask_correction": d["ask_correction"],
             "sets_reward": d["sets_reward"],
-            "group_reward": d["group_reward"],
-            "reviews_per_item": d["reviews_per_item"],
+            "group_reward": d["group_reward"] or "none",
+            "reviews_per_item": d["reviews_per_item"] or 1,
         }
 
     def update_kwargs(self, filters: dict[str, Any]) -> dict[str, Any]:
@@ -414,7 +418,7 @@ class QueueForm(forms.Form):
             "guidelines": d["guidelines"],
             "dataset_id": int(d["dataset"]) if d["dataset"] else None,
             "filters": filters,
-            "reviews_per_item": d["reviews_per_item"],
+            "reviews_per_item": d["reviews_per_item"] or 1,
         }
 
 

@@ -488,7 +488,7 @@ def review(request: HttpRequest, queue: str | None = None) -> HttpResponse:
             messages.error(request, "That review item is missing; here is your next one.")
             return redirect(request.path)
         if action in ("skip", "next", "prev"):
-            item = _int(request.POST.get("item"))
+            item = _int(request.POST.get("item", request.POST.get("trajectory")))
             services.review_release(claim_id=claim_id, user_id=request.user.pk)
             rest = skipped
             if action == "prev" and skipped:

@@ -357,12 +357,12 @@ def review_submit_group(
         raise InvalidInput("this queue reviews one trajectory at a time: give a rating", field="rating")
     rollouts = [t.id for t in review_rollouts(queue, claim.group_id)]
     uids = dict(Trajectory.objects.filter(id__in=rollouts).values_list("id", "uid"))
-    best_only = queue.group_reward == "best" and len(ranking) == 1
+    best_only = queue.group_reward == "best"  # the first named is the best, whatever follows
     if not ranking:
         raise InvalidInput("rank the rollouts (or pick the best)", field="ranking")
     if len(set(ranking)) != len(ranking) or any(t not in uids for t in ranking):
         raise InvalidInput("the ranking names each rollout of this group once", field="ranking")
-    if not best_only and len(ranking) != len(rollouts):
+    if not best_only and len(ranking) != len(rollouts):  # a full ranking otherwise
         raise InvalidInput(f"rank all {len(rollouts)} rollouts, each once", field="ranking")
     scores = group_scores(ranking, rollouts, best_only=best_only)
     feedback: dict[int, Feedback] = {}
