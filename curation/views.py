@@ -491,10 +491,13 @@ def review(request: HttpRequest, queue: str | None = None) -> HttpResponse:
             item = _int(request.POST.get("item", request.POST.get("trajectory")))
             services.review_release(claim_id=claim_id, user_id=request.user.pk)
             rest = skipped
-            if action == "prev" and skipped:
-                request.session[f"review-prefer-{q.pk}"] = skipped[-1]
-                rest = skipped[:-1]
-            if item is not None:
+            if action == "prev":
+                # Back to the item last left: this one is given back, not skipped (it comes
+                # again in its turn).
+                if skipped:
+                    request.session[f"review-prefer-{q.pk}"] = skipped[-1]
+                    rest = skipped[:-1]
+            elif item is not None:
                 rest = [*rest, item][-SKIPS_KEPT:]
             request.session[skipped_key] = rest
             return redirect(request.path)

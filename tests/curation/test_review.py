@@ -431,3 +431,39 @@ def test_the_review_page_shows_the_schema_widgets_and_refuses_bad_values_naming_
     )
     assert resp.status_code == 400 and "Select a valid choice" in resp.content.decode()
     assert not Feedback.objects.exists()
+
+
+@pytest.mark.django_db
+def test_an_operator_edits_a_queues_guidelines_on_the_page_and_in_the_admin():
+    done("a")
+    queue = review_queue_create(name="edit", filters={"readiness": "any"}, rating_min=0, rating_max=10)
+    op = Client()
+    op.force_login(user_create(username="op", role="operator", password=PASSWORD))
+    # when the operator edits it on the queues page (the builder's fields give the filters)
+    page = op.get("/review/queues/?edit=edit").content.decode()
+    assert "Edit queue edit" in page and 'name="rating_min"' not in page  # the schema stays
+    resp = op.post(
+        "/review/queues/?edit=edit",
+        {
+            "description": "now",
+            "guidelines": "Be *kind*.",
+            "reviews_per_item": "2",
+            "readiness": "any",
+            "channel": "val",
+        },
+    )
+    assert resp.status_code == 302
+    queue.refresh_from_db()
+    assert (queue.description, queue.guidelines, queue.reviews_per_item) == ("now", "Be *kind*.", 2)
+    assert queue.filters["channel"] == "val" and (queue.rating_min, queue.rating_max) == (0, 10)
+    # and in the admin, where the guidelines alone are editable
+    form = op.get(f"/admin/curation/reviewqueue/{queue.id}/change/").content.decode()
+    assert 'name="guidelines"' in form and 'name="name"' not in form
+    resp = op.post(f"/admin/curation/reviewqueue/{queue.id}/change/", {"guidelines": "# New"})
+    assert resp.status_code == 302
+    queue.refresh_from_db()
+    assert (queue.guidelines, queue.name, queue.reviews_per_item) == ("# New", "edit", 2)
+    # a reviewer cannot edit
+    rev = Client()
+    rev.force_login(reviewer("rita"))
+    assert rev.post("/review/queues/?edit=edit", {"guidelines": "x"}).status_code == 403

@@ -157,6 +157,12 @@ def test_ten_items_reviewed_with_the_keyboard_only(bench, browser_page):  # noqa
     page.keyboard.press("4")
     expect(page.locator("#rating-value")).to_have_text("4 / 5")
     page.screenshot(path=str(SCREENSHOTS / "review-1440.png"), full_page=True)
+    # j moves on to the next item, k back to the one left
+    first = page.locator(".item h2 code").inner_text()
+    page.keyboard.press("j")
+    expect(page.locator(".item h2 code")).not_to_have_text(first)
+    page.keyboard.press("k")
+    expect(page.locator(".item h2 code")).to_have_text(first)
     # when the reviewer rates each item with a digit and submits with Enter, no clicks
     seen = []
     for i, rating in enumerate(RATINGS):
