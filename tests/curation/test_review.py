@@ -467,3 +467,38 @@ def test_an_operator_edits_a_queues_guidelines_on_the_page_and_in_the_admin():
     rev = Client()
     rev.force_login(reviewer("rita"))
     assert rev.post("/review/queues/?edit=edit", {"guidelines": "x"}).status_code == 403
+
+
+@pytest.mark.django_db
+def test_the_group_page_refuses_a_rank_given_twice_and_agreement_counts_the_best_picked():
+    trajs = rollouts("g", 3)
+    queue = review_queue_create(
+        name="grp", filters={"readiness": "any"}, mode="group", group_reward="rank", reviews_per_item=2
+    )
+    alice, bob = reviewer("alice"), reviewer("bob")
+    client = Client()
+    client.force_login(alice)
+    page = client.get("/review/grp/").content.decode()
+    assert page.count('class="rollout card"') == 3 and "answer 2" in page
+    claim = ReviewClaim.objects.get(user=alice)
+    # a rank given twice is refused, naming the ranking, and nothing is written
+    ranks = {f"rank-{trajs[0].id}": "1", f"rank-{trajs[1].id}": "1", f"rank-{trajs[2].id}": "2"}
+    resp = client.post("/review/grp/", {"action": "submit", "claim": claim.id, **ranks})
+    assert resp.status_code == 400 and "ranking: give each rank from 1 to 3 once" in resp.content.decode()
+    assert not Feedback.objects.exists()
+    # a full ranking is recorded
+    ranks[f"rank-{trajs[1].id}"], ranks[f"rank-{trajs[2].id}"] = "3", "2"
+    assert client.post("/review/grp/", {"action": "submit", "claim": claim.id, **ranks}).status_code == 302
+    # bob picks the same best: 100 % agreement on the best rollout over one item
+    cb = review_claim_next(queue=queue, user_id=bob.id)
+    review_submit_group(
+        claim_id=cb.id, user_id=bob.id, author="bob", ranking=[trajs[0].id, trajs[1].id, trajs[2].id]
+    )
+    assert review_agreement(queue)["best"] == {
+        "metric": "percent agreement",
+        "value": 100.0,
+        "items": 1,
+        "pairs": 1,
+    }
+    # the second review replaced the first's rewards: the last ranking is the reward
+    assert [t.reward for t in Trajectory.objects.filter(group__uid="g").order_by("id")] == [1.0, 0.5, 0.0]
