@@ -1,9 +1,17 @@
-"""Review queues: reviewers claim the next trajectory of a queue and give feedback on it.
+"""Review queues: reviewers claim the next item of a queue and give feedback on it.
 
-Claims are rows with a unique (queue, trajectory): two reviewers never hold the same item
-on any database, without locks held across requests. A claim expires after the queue's
-``claim_seconds``; another reviewer then takes it over with a conditional UPDATE. The
-default queue (every completed trajectory without feedback) always exists.
+Claims are rows with a unique (queue, trajectory, slot): an item has ``reviews_per_item``
+slots, so never more reviewers than that hold or finish it, on any database, without locks
+held across requests; a reviewer never takes two slots of one item. A claim expires after
+the queue's ``claim_seconds``; another reviewer then takes it over with a conditional
+UPDATE. The default queue (every completed trajectory without feedback) always exists.
+
+A submission is checked against the queue's score schema (``review_check``: the rating's
+range, whole stars, the label choices, one label or several). In group mode an item is a
+prompt group: the reviewer ranks its rollouts (or picks the best), each rollout gets a
+Feedback, and with ``group_reward`` "best" (1 for the best, 0 for the others) or "rank"
+(rank r of n: (n - r) / (n - 1)) a human reward through rewards_apply, audited like every
+reward write.
 """
 
 from __future__ import annotations
