@@ -2,7 +2,7 @@
 
 Claims are rows with a unique (queue, trajectory, slot): an item has ``reviews_per_item``
 slots, so never more reviewers than that hold or finish it, on any database, without locks
-held across requests; a reviewer never takes two slots of one item. A claim expires after
+held across requests; a reviewer never finishes two slots of one item. A claim expires after
 the queue's ``claim_seconds``; another reviewer then takes it over with a conditional
 UPDATE. The default queue (every completed trajectory without feedback) always exists.
 

@@ -109,6 +109,8 @@ for i, text in enumerate(answers):
     steps_ingest(steps=[step_in(f"grp-1-r{i}", 0, prompt=[1, 2], response=[3, i], group="grp-1", is_last=True,
         messages=[{"role": "user", "content": "What is the capital of Australia?"}], response_text=text)])
     trajectory_complete(uid=f"grp-1-r{i}")
+review_queue_create(name="slide", filters={"readiness": "any", "channel": "val"}, rating_min=0, rating_max=100,
+    label_choices=["correct", "wrong", "slow", "verbose"], label_multi=True)
 review_queue_create(name="rank", filters={"readiness": "any", "channel": "train"}, mode="group",
     group_reward="rank", guidelines="Rank **correct and complete** answers first.")
 """
@@ -219,6 +221,15 @@ def test_the_workbench_at_390_px(bench, browser_page):  # noqa: F811
     # nothing wider than the screen
     assert page.evaluate("document.documentElement.scrollWidth") <= 390
     page.screenshot(path=str(SCREENSHOTS / "review-390.png"), full_page=True)
+    # a wide range is a slider with its number box; 5 is its top, labels are chips
+    page.goto(f"{bench.url}/review/slide/")
+    page.keyboard.press("5")
+    expect(page.locator("#id_rating")).to_have_value("100")
+    page.keyboard.press("2")
+    expect(page.locator("#id_rating")).to_have_value("25")
+    expect(page.locator(".chips .chip")).to_have_count(4)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    page.screenshot(path=str(SCREENSHOTS / "review-slider-390.png"), full_page=True)
 
 
 def test_an_operator_makes_a_queue_with_the_builder_and_guidelines(bench, browser_page):  # noqa: F811
