@@ -163,6 +163,9 @@ def review_queue_update(
     rpi = queue.reviews_per_item if reviews_per_item is None else reviews_per_item
     if not 1 <= rpi <= MAX_REVIEWS_PER_ITEM:
         raise InvalidInput(f"reviews_per_item must be 1-{MAX_REVIEWS_PER_ITEM}", field="reviews_per_item")
+    if queue.is_default and rpi != 1:
+        # Its items are the trajectories without feedback: a first review ends them.
+        raise InvalidInput("the default queue reviews each item once", field="reviews_per_item")
     queue.description, queue.guidelines, queue.reviews_per_item = description, guidelines, rpi
     fields = ["description", "guidelines", "reviews_per_item"]
     if not queue.is_default:
