@@ -16,7 +16,7 @@ from pool.errors import InvalidInput
 from pool.flags import QUALITY_NAMES
 from pool.models import Channel, Step, Trajectory
 
-from .models import ReviewQueue
+from .models import GROUP_REWARDS, MODE_TRAJECTORY, MODES, ReviewQueue
 
 _BLANK = [("", "any")]
 _LABELS = [
@@ -214,7 +214,10 @@ class DatasetForm(forms.Form):
 
 
 class ReviewForm(forms.Form):
-    """A reviewer's feedback on one claimed item, shaped by its queue."""
+    """A reviewer's feedback on one claimed item, shaped by its queue's score schema: the
+    rating as stars (a small integer range) or a slider with its number box, the labels as
+    buttons (one) or chips (several), a comment. The values are checked against the schema
+    by review_check (curation/services/review.py), whose errors name the field."""
 
     claim = forms.IntegerField(widget=forms.HiddenInput)
     rating = forms.FloatField(required=False)
@@ -224,67 +227,198 @@ class ReviewForm(forms.Form):
 
     def __init__(self, *args: Any, queue: ReviewQueue, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.queue = queue
         rating = self.fields["rating"]
         rating.required = queue.sets_reward
-        rating.widget.attrs.update({"min": queue.rating_min, "max": queue.rating_max, "step": "any"})
+        step = "1" if queue.rating_widget == "stars" else "any"
+        rating.widget.attrs.update({"min": queue.rating_min, "max": queue.rating_max, "step": step})
         # The range itself is checked by review_submit, whose error names the queue's bounds.
         rating.help_text = f"{queue.rating_min:g} to {queue.rating_max:g}"
         if queue.label_choices:
-            self.fields["label"] = forms.ChoiceField(
-                choices=[("", "no label")] + [(c, c) for c in queue.label_choices],
-                required=False,
-                widget=forms.RadioSelect,
-            )
+            choices = [(c, c) for c in queue.label_choices]
+            if queue.label_multi:
+                self.fields["label"] = forms.MultipleChoiceField(
+                    choices=choices, required=False, widget=forms.CheckboxSelectMultiple
+                )
+            else:
+                self.fields["label"] = forms.ChoiceField(
+                    choices=[("", "no label")] + choices, required=False, widget=forms.RadioSelect
+                )
         if not queue.ask_correction:
             del self.fields["correction"]
 
+    def stars(self) -> list[dict[str, Any]]:
+        """The star widget's choices: value, whether checked, and its hotkey."""
+        q = self.queue
+        current = self["rating"].value()
+        try:
+            chosen = float(current) if current not in (None, "") else None
+        except (TypeError, ValueError):
+            chosen = None
+        return [
+            {"value": v, "checked": chosen == v, "key": str(v) if v <= 9 else ""}
+            for v in range(int(q.rating_min), int(q.rating_max) + 1)
+        ]
+
+    def slider_step(self) -> float:
+        return (self.queue.rating_max - self.queue.rating_min) / 100
+
+    def labels(self) -> list[str]:
+        value = self.cleaned_data.get("label")
+        if isinstance(value, list):
+            return value
+        return [value] if value else []
+
+
+class GroupReviewForm(forms.Form):
+    """Group mode: a rank per rollout (``rank-<trajectory id>``, 1 = best), or with a queue
+    whose ``group_reward`` is "best", the best rollout alone (``best``). ``ranking()``: the
+    trajectory ids, best first; the ranks must be 1..n, each once."""
+
+    claim = forms.IntegerField(widget=forms.HiddenInput)
+    comment = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), required=False)
+
+    def __init__(self, *args: Any, queue: ReviewQueue, rollouts: list[Any], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.queue, self.rollouts = queue, rollouts
+        self.best_mode = queue.group_reward == "best"
+        n = len(rollouts)
+        if self.best_mode:
+            self.fields["best"] = forms.TypedChoiceField(
+                choices=[(t.id, str(i)) for i, t in enumerate(rollouts, start=1)],
+                coerce=int,
+                required=True,
+                widget=forms.RadioSelect,
+                error_messages={"required": "pick the best rollout"},
+            )
+        else:
+            for t in rollouts:
+                self.fields[f"rank-{t.id}"] = forms.TypedChoiceField(
+                    choices=[("", "–")] + [(r, str(r)) for r in range(1, n + 1)],
+                    coerce=int,
+                    required=True,
+                    label="Rank",
+                    error_messages={"required": "give every rollout a rank"},
+                )
+
+    def clean(self) -> dict[str, Any]:
+        d = super().clean()
+        if not self.best_mode and not self.errors:
+            ranks = [d.get(f"rank-{t.id}") for t in self.rollouts]
+            if sorted(ranks) != list(range(1, len(self.rollouts) + 1)):
+                raise forms.ValidationError(
+                    "ranking: give each rank from 1 to %(n)s once", params={"n": len(ranks)}
+                )
+        return d
+
+    def ranking(self) -> list[int]:
+        d = self.cleaned_data
+        if self.best_mode:
+            return [d["best"]]
+        return [t.id for t in sorted(self.rollouts, key=lambda t: d[f"rank-{t.id}"])]
+
+    def rows(self) -> list[tuple[Any, forms.BoundField | None]]:
+        """(rollout, its rank field) per rollout; no field in best mode."""
+        return [(t, None if self.best_mode else self[f"rank-{t.id}"]) for t in self.rollouts]
+
+
+class QueueFilterForm(DatasetForm):
+    """The dataset builder's filter fields alone (and its JSON spec, for the advanced), as
+    on /curation/: a review queue's scope. ``filters()``: the spec's filters section."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name, (section, _) in SPEC_FIELDS.items():
+            if section != "filters":
+                del self.fields[name]
+        del self.fields["name"], self.fields["description"]
+        self.fields["readiness"].required = False  # blank: the spec's default
+
+    def builder_fields(self) -> list[forms.BoundField]:
+        return [self[name] for name, (section, _) in SPEC_FIELDS.items() if section == "filters"]
+
+    def filters(self) -> dict[str, Any]:
+        raw = self.spec_raw()
+        filters = raw.get("filters", {}) if isinstance(raw, dict) else None
+        if not isinstance(filters, dict):
+            raise InvalidInput("filters must be an object", field="spec")
+        return filters
+
 
 class QueueForm(forms.Form):
-    """A new review queue: over a dataset, or over a filter spec (JSON)."""
+    """A new review queue (or, with ``edit``, the fields that can change on an existing
+    one): over a dataset, or over the filters of the dataset builder (DatasetForm, shown
+    beside it: the same fields as /curation/)."""
 
     name = forms.CharField(max_length=64)
     description = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), required=False)
-    dataset = forms.ChoiceField(required=False)
-    filters = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false"}),
+    guidelines = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 6}),
         required=False,
-        help_text='dataset filters as JSON, e.g. {"channel": "val"}; ignored with a dataset',
+        help_text="Markdown, shown beside each item (no HTML; links to http(s) only)",
     )
+    dataset = forms.ChoiceField(required=False, help_text="or the filters below")
+    mode = forms.ChoiceField(choices=MODES, initial=MODE_TRAJECTORY, required=False)
     rating_min = forms.FloatField(initial=1.0)
-    rating_max = forms.FloatField(initial=5.0)
+    rating_max = forms.FloatField(
+        initial=5.0, help_text="a range of up to 10 whole numbers shows stars, else a slider"
+    )
     label_choices = forms.CharField(required=False, help_text="comma-separated; blank: free text")
+    label_multi = forms.BooleanField(required=False, label="Several labels per item")
     ask_correction = forms.BooleanField(required=False)
     sets_reward = forms.BooleanField(required=False, help_text="the rating becomes the human reward")
+    group_reward = forms.ChoiceField(
+        choices=GROUP_REWARDS,
+        initial="none",
+        required=False,
+        label="Group reward",
+        help_text="group mode: what a ranking writes",
+    )
+    reviews_per_item = forms.IntegerField(
+        min_value=1, max_value=20, initial=1, required=False, label="Reviews per item"
+    )
 
-    def __init__(self, *args: Any, datasets: list[tuple[int, str]], **kwargs: Any) -> None:
+    EDITABLE = ("description", "guidelines", "dataset", "reviews_per_item")
+
+    def __init__(
+        self, *args: Any, datasets: list[tuple[int, str]], edit: bool = False, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.fields["dataset"].choices = [("", "none: use the filters")] + [(str(i), n) for i, n in datasets]
+        if edit:
+            for name in list(self.fields):
+                if name not in self.EDITABLE:
+                    del self.fields[name]
 
-    def clean_filters(self) -> dict[str, Any]:
-        text = self.cleaned_data["filters"].strip()
-        if not text:
-            return {}
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise forms.ValidationError(f"not JSON: {exc}") from None
-        if not isinstance(value, dict):
-            raise forms.ValidationError("filters must be a JSON object")
-        return value
-
-    def queue_kwargs(self) -> dict[str, Any]:
+    def queue_kwargs(self, filters: dict[str, Any]) -> dict[str, Any]:
         """The keyword arguments of review_queue_create."""
         d = self.cleaned_data
         return {
             "name": d["name"],
             "description": d["description"],
+            "guidelines": d["guidelines"],
             "dataset_id": int(d["dataset"]) if d["dataset"] else None,
-            "filters": d["filters"],
+            "filters": filters,
+            "mode": d["mode"] or MODE_TRAJECTORY,
             "rating_min": d["rating_min"],
             "rating_max": d["rating_max"],
             "label_choices": _csv(d["label_choices"]),
+            "label_multi": d["label_multi"],
             "ask_correction": d["ask_correction"],
             "sets_reward": d["sets_reward"],
+            "group_reward": d["group_reward"] or "none",
+            "reviews_per_item": d["reviews_per_item"] or 1,
+        }
+
+    def update_kwargs(self, filters: dict[str, Any]) -> dict[str, Any]:
+        """The keyword arguments of review_queue_update."""
+        d = self.cleaned_data
+        return {
+            "description": d["description"],
+            "guidelines": d["guidelines"],
+            "dataset_id": int(d["dataset"]) if d["dataset"] else None,
+            "filters": filters,
+            "reviews_per_item": d["reviews_per_item"] or 1,
         }
 
 

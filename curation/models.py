@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from pool.models import Feedback, Step, Trajectory
+from pool.models import Feedback, PromptGroup, Step, Trajectory
 
 
 class StepTag(models.Model):
@@ -93,6 +93,15 @@ class DatasetVersion(models.Model):
         return f"{self.dataset.name} v{self.version}"
 
 
+MODE_TRAJECTORY, MODE_GROUP = "trajectory", "group"
+MODES = [(MODE_TRAJECTORY, "one trajectory per item"), (MODE_GROUP, "a prompt group's rollouts side by side")]
+GROUP_REWARDS = [
+    ("none", "feedback only"),
+    ("best", "best rollout 1, the others 0"),
+    ("rank", "rank r of n: (n - r) / (n - 1)"),
+]
+
+
 class ReviewQueue(models.Model):
     """A review queue: which trajectories (a dataset's, or those matching filters; the
     default queue: every completed trajectory without feedback) and the score schema of
@@ -111,6 +120,18 @@ class ReviewQueue(models.Model):
     sets_reward = models.BooleanField(default=False)
     claim_seconds = models.PositiveIntegerField(default=15 * 60)
     created_at = models.DateTimeField(auto_now_add=True)
+    # --- the review workbench (migration 0006) ---
+    # Shown beside the item, as Markdown rendered without HTML (curation/markdown.py).
+    guidelines = models.TextField(blank=True, default="")
+    # "trajectory": an item is one trajectory; "group": an item is a prompt group, whose
+    # rollouts are shown side by side and ranked (or the best picked).
+    mode = models.CharField(max_length=12, choices=MODES, default=MODE_TRAJECTORY)
+    # Group mode: what a ranking writes as the rollouts' human rewards (audited).
+    group_reward = models.CharField(max_length=8, choices=GROUP_REWARDS, default="none")
+    # An item leaves the queue once this many distinct reviewers reviewed it.
+    reviews_per_item = models.PositiveSmallIntegerField(default=1)
+    # Several labels per feedback (chips) instead of one (buttons).
+    label_multi = models.BooleanField(default=False)
 
     class Meta:
         constraints = [
@@ -120,17 +141,32 @@ class ReviewQueue(models.Model):
             models.CheckConstraint(
                 condition=Q(rating_min__lt=models.F("rating_max")), name="reviewqueue_rating_range"
             ),
+            models.CheckConstraint(condition=Q(reviews_per_item__gte=1), name="reviewqueue_reviews_per_item"),
         ]
 
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def rating_widget(self) -> str:
+        """ "stars" for a small integer range (at most 10 steps), else "slider"."""
+        lo, hi = self.rating_min, self.rating_max
+        if lo == int(lo) and hi == int(hi) and hi - lo <= 9 and lo >= 0:
+            return "stars"
+        return "slider"
+
+    @property
+    def is_group(self) -> bool:
+        return self.mode == MODE_GROUP
+
 
 class ReviewClaim(models.Model):
     """A reviewer's hold on one trajectory of a queue, until ``expires_at`` or until done.
 
-    The unique (queue, trajectory) row is the lock: two reviewers can never hold the same
-    item, on any database; an expired claim is taken over by a conditional UPDATE."""
+    The unique (queue, trajectory, slot) row is the lock: an item has ``reviews_per_item``
+    slots (0, 1, ...), so never more reviewers than that hold or finish it, on any database;
+    an expired claim is taken over by a conditional UPDATE. In group mode ``trajectory`` is
+    the group's first rollout (its lowest id) and ``group`` the group."""
 
     queue = models.ForeignKey(ReviewQueue, on_delete=models.CASCADE, related_name="claims", db_index=False)
     trajectory = models.ForeignKey(Trajectory, on_delete=models.CASCADE, related_name="+", db_index=False)
@@ -141,17 +177,25 @@ class ReviewClaim(models.Model):
     expires_at = models.DateTimeField()
     done_at = models.DateTimeField(null=True, blank=True)
     feedback = models.ForeignKey(Feedback, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    slot = models.PositiveSmallIntegerField(default=0)
+    group = models.ForeignKey(
+        PromptGroup, null=True, blank=True, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
 
     class Meta:
         constraints = [
             # The claim lock; also serves "is this trajectory claimed or done in this queue".
-            models.UniqueConstraint(fields=["queue", "trajectory"], name="reviewclaim_queue_traj_uniq"),
+            models.UniqueConstraint(
+                fields=["queue", "trajectory", "slot"], name="reviewclaim_queue_traj_slot_uniq"
+            ),
         ]
         indexes = [
             # "My open claim in this queue" (resume) and the progress counts.
             models.Index(fields=["queue", "user", "done_at"], name="reviewclaim_queue_user"),
             # Trajectory page and the cascade of a trajectory delete.
             models.Index(fields=["trajectory"], name="reviewclaim_trajectory"),
+            # The cascade of a group delete (group mode claims only).
+            models.Index(fields=["group"], condition=Q(group__isnull=False), name="reviewclaim_group"),
         ]
 
     def __str__(self) -> str:

@@ -102,8 +102,17 @@ class ReviewQueueAdmin(ReadOnlyAdmin):
         ("ask_correction", "sets_reward"),
         "claim_seconds",
         "created_at",
+        ("mode", "group_reward"),
+        ("reviews_per_item", "label_multi"),
+        "guidelines",
     )
-    readonly_fields = tuple(name for f in fields for name in (f if isinstance(f, tuple) else (f,)))
+    # The guidelines alone can be edited here (words beside the item, no effect on data).
+    readonly_fields = tuple(
+        name for f in fields for name in (f if isinstance(f, tuple) else (f,)) if name != "guidelines"
+    )
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm("pool.change_step")
 
     @admin.display(description="filters")
     def filters_display(self, obj: ReviewQueue) -> str:

@@ -6,8 +6,10 @@ from .review import (
     review_claim_next,
     review_queue_create,
     review_queue_default,
+    review_queue_update,
     review_release,
     review_submit,
+    review_submit_group,
 )
 from .users import roles_ensure, user_create
 
@@ -19,6 +21,8 @@ __all__ = [
     "review_queue_default",
     "review_release",
     "review_submit",
+    "review_submit_group",
+    "review_queue_update",
     "roles_ensure",
     "steps_label",
     "trajectories_label",

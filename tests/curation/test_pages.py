@@ -449,7 +449,15 @@ def test_queue_errors_name_the_field():
     client = signed_in("operator")
     resp = client.post("/review/queues/", {"name": "q", "rating_min": "5", "rating_max": "1"})
     assert resp.status_code == 400 and "rating_min must be below rating_max" in resp.text
+    # the filters come from the dataset builder's fields, or its advanced JSON spec
     resp = client.post(
-        "/review/queues/", {"name": "q", "rating_min": "1", "rating_max": "5", "filters": '{"x": 1}'}
+        "/review/queues/",
+        {
+            "name": "q",
+            "rating_min": "1",
+            "rating_max": "5",
+            "advanced": "on",
+            "spec": '{"filters": {"x": 1}}',
+        },
     )
     assert resp.status_code == 400 and "filters.x" in resp.text

@@ -5,7 +5,7 @@
   "use strict";
   var form = document.getElementById("builder");
   if (!form) return;
-  var url = form.dataset.previewUrl;
+  var url = form.getAttribute("data-preview-url"); // not form.dataset: a field named "dataset" shadows it
   var textarea = form.querySelector("textarea[name=spec]");
   var advanced = form.querySelector("input[name=advanced]");
   var errorBox = document.getElementById("preview-error");
