@@ -99,34 +99,10 @@ def home(request: HttpRequest) -> HttpResponse:
 
 @allowed(VIEW)
 def collection(request: HttpRequest) -> HttpResponse:
-    """Trajectories as they arrive, filtered server-side; live rows obey the same filter."""
-    form = TrajectoryFilterForm(request.GET or None)
-    filters = form.cleaned_data if form.is_valid() else {}
-    rows, next_before = trajectories_browse(
-        status=filters.get("status", ""),
-        channel=filters.get("channel", ""),
-        source=filters.get("source", ""),
-        group=filters.get("group", ""),
-        has_ready=filters.get("has_ready", False),
-        before=filters.get("before"),
-    )
-    return render(
-        request,
-        "dashboard/collection.html",
-        {
-            "form": form,
-            "rows": rows,
-            "next_before": next_before,
-            "paged": bool(filters.get("before")),
-            "sources": sources_health(),
-            "live_filter": {k: filters.get(k) or "" for k in ("status", "channel", "source", "group")},
-            # Live rows are only prepended to the first page, and not when "has ready" is on
-            # (readiness is not in the events).
-            "live_rows": not filters.get("before") and not filters.get("has_ready"),
-            "page": "collection",
-            "live_topics": "collection",
-        },
-    )
+    """The collection stage is the trajectory list (one list, live, in the nav): old links
+    and bookmarks land there with their filters."""
+    query = request.META.get("QUERY_STRING", "")
+    return redirect(reverse("curation:trajectories") + (f"?{query}" if query else ""))
 
 
 @allowed("pool.view_step")
@@ -297,6 +273,8 @@ def lease_batch(request: HttpRequest, lease_id: uuid.UUID) -> HttpResponse:
 # --- trajectories ----------------------------------------------------------------------------
 @allowed(VIEW)
 def trajectories(request: HttpRequest) -> HttpResponse:
+    """Collection: trajectories as they arrive, filtered server-side (live rows obey the same
+    filter), and the data sources that wrote them."""
     form = TrajectoryFilterForm(request.GET or None)
     filters = form.cleaned_data if form.is_valid() else {}
     rows, next_before = trajectories_browse(
@@ -310,7 +288,19 @@ def trajectories(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "curation/trajectories.html",
-        {"form": form, "rows": rows, "next_before": next_before, "paged": bool(filters.get("before"))},
+        {
+            "form": form,
+            "rows": rows,
+            "next_before": next_before,
+            "paged": bool(filters.get("before")),
+            "sources": sources_health(),
+            "live_filter": {k: filters.get(k) or "" for k in ("status", "channel", "source", "group")},
+            # Live rows are only prepended to the first page, and not when "has ready" is on
+            # (readiness is not in the events).
+            "live_rows": not filters.get("before") and not filters.get("has_ready"),
+            "page": "trajectories",
+            "live_topics": "collection",
+        },
     )
 
 

@@ -74,6 +74,7 @@ INSTALLED_APPS = [
     "gateway",
     "curation",
     "claw_site",  # the composition root: its `serve` command
+    "django.contrib.humanize",  # intcomma: thousands separators on every page's big numbers
 ]
 
 # Every middleware here is async-capable, so async gateway views never hop to a thread.

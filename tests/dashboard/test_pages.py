@@ -21,7 +21,7 @@ from tests.pool.factories import step_in
 
 pytestmark = pytest.mark.django_db
 
-PAGES = ["/", "/collection/", "/steps/", "/curation/", "/optimization/", "/consumption/"]
+PAGES = ["/", "/trajectories/", "/steps/", "/curation/", "/optimization/", "/consumption/"]
 XSS = '<script>window.__xss=1</script><img src=x onerror="window.__xss=2">"><svg onload="window.__xss=3">'
 
 
@@ -63,7 +63,7 @@ def test_a_user_without_a_role_is_refused(url):
     ("url", "reviewer", "operator"),
     [
         ("/", 200, 200),
-        ("/collection/", 200, 200),
+        ("/trajectories/", 200, 200),
         ("/steps/", 200, 200),
         ("/curation/", 403, 200),
         ("/optimization/", 200, 200),
@@ -80,7 +80,7 @@ def test_the_layout_links_every_stage_and_signs_out_by_post():
     html = signed_in("operator").get("/").content.decode()
     for href, label in [
         ("/", "Overview"),
-        ("/collection/", "Collection"),
+        ("/trajectories/", "Trajectories"),
         ("/steps/", "Representation"),
         ("/curation/", "Curation"),
         ("/optimization/", "Optimization"),
@@ -104,7 +104,7 @@ def test_empty_pool_pages_say_what_to_do_next():
     client = signed_in("operator")
     home = client.get("/").content.decode()
     assert 'data-empty="agent"' in home and "http://testserver/v1" in home and "create_api_key" in home
-    assert 'data-empty="agent"' in client.get("/collection/").content.decode()
+    assert 'data-empty="agent"' in client.get("/trajectories/").content.decode()
     assert 'data-empty="agent"' in client.get("/steps/").content.decode()
     opt = client.get("/optimization/").content.decode()
     assert "No prompt groups yet" in opt and "No group is merged yet" in opt
@@ -141,11 +141,11 @@ def test_overview_counts_every_stage_and_the_rates(pool_data):
 def test_collection_filters_by_source_channel_and_status(pool_data):
     client = signed_in("reviewer")
     rows = lambda resp: [t.uid for t in resp.context["rows"]]  # noqa: E731
-    assert set(rows(client.get("/collection/"))) == {"t1", "t2", "a1", "g1-r0", "g1-r1"}
-    assert rows(client.get("/collection/?source=agent-a")) == ["a1"]
-    assert rows(client.get("/collection/?channel=val")) == ["a1"]
-    assert set(rows(client.get("/collection/?status=completed"))) == {"t1", "t2"}
-    html = client.get("/collection/?status=completed&source=agent-a").content.decode()
+    assert set(rows(client.get("/trajectories/"))) == {"t1", "t2", "a1", "g1-r0", "g1-r1"}
+    assert rows(client.get("/trajectories/?source=agent-a")) == ["a1"]
+    assert rows(client.get("/trajectories/?channel=val")) == ["a1"]
+    assert set(rows(client.get("/trajectories/?status=completed"))) == {"t1", "t2"}
+    html = client.get("/trajectories/?status=completed&source=agent-a").content.decode()
     assert "No trajectories match these filters" in html
     # the live rows get the same filter
     assert 'data-filter-status="completed" data-filter-channel=""' in html
@@ -307,7 +307,7 @@ def test_user_content_is_escaped_on_every_page(pool_data):
     )
     step = Step.objects.get(trajectory__uid="x" + XSS[:60])
     client = signed_in("operator")
-    for url in [*PAGES, f"/steps/{step.id}/", f"/collection/?source={XSS[:20]}"]:
+    for url in [*PAGES, f"/steps/{step.id}/", f"/trajectories/?source={XSS[:20]}"]:
         html = client.get(url).content.decode()
         assert "<script>window" not in html, url
         assert "<img src=x" not in html, url

@@ -8,7 +8,9 @@
 
   function $(sel, root) { return (root || document).querySelector(sel); }
   function $all(sel, root) { return Array.prototype.slice.call((root || document).querySelectorAll(sel)); }
-  function text(el, value) { if (el) el.textContent = value === null || value === undefined ? "–" : String(value); }
+  // Numbers read as the server renders them (Django's intcomma): 12,345.
+  function fmt(value) { return typeof value === "number" && isFinite(value) ? value.toLocaleString("en-US") : String(value); }
+  function text(el, value) { if (el) el.textContent = value === null || value === undefined ? "–" : fmt(value); }
   function el(tag, attrs, content) {
     var e = document.createElement(tag);
     Object.keys(attrs || {}).forEach(function (k) { e.setAttribute(k, attrs[k]); });
@@ -64,7 +66,7 @@
   // it only, never moved by adding up events, so they always agree with each other.
   function setCounter(path, value) {
     $all("[data-live='" + path + "']").forEach(function (e) {
-      text(e, value === null || value === undefined ? value : value + (e.dataset.suffix || ""));
+      text(e, value === null || value === undefined ? value : fmt(value) + (e.dataset.suffix || ""));
     });
   }
   function applyState(state, prefix) {
@@ -78,7 +80,7 @@
     applyState(state, "");
     var pct = $("#optimize-pct");
     if (pct && state && state.optimize) {
-      text(pct, state.optimize.saved_pct === null ? "nothing merged yet" : state.optimize.saved_pct + "% saved");
+      text(pct, state.optimize.saved_pct === null ? "nothing merged yet" : fmt(state.optimize.saved_pct) + "% saved");
     }
     ((state && state.collect && state.collect.sources) || []).forEach(function (s) {
       sourceRows(s.name).forEach(function (row) {
@@ -115,7 +117,7 @@
   function link(href, label) { var a = el("a", { href: href }, label); return a; }
   function cell(content) {
     var td = document.createElement("td");
-    if (content instanceof Node) td.appendChild(content); else td.textContent = content === null || content === undefined ? "–" : String(content);
+    if (content instanceof Node) td.appendChild(content); else td.textContent = content === null || content === undefined ? "–" : fmt(content);
     return td;
   }
 
@@ -144,7 +146,8 @@
     prepend(tbody, row, 100);
   }
 
-  // Representation: the newest steps from `steps.recent`.
+  // Representation: the newest steps from `steps.recent`, each linking to its step page and
+  // its trajectory, with its token counts (prompt + response), as the server renders them.
   var stepTable = $("table#steps[data-live-rows]");
   function addStep(s) {
     if (!stepTable || !matches(stepTable, s)) return;
@@ -152,11 +155,13 @@
     if ($("tr[data-step-id='" + cssEscape(String(s.id)) + "']", tbody)) return;
     var row = el("tr", { "data-step-id": String(s.id) });
     row.appendChild(cell(link(stepTable.dataset.stepUrl + encodeURIComponent(String(s.id)) + "/", s.uid)));
-    row.appendChild(cell(s.trajectory));
-    row.appendChild(cell(s.step_index));
-    row.appendChild(cell(s.source));
-    row.appendChild(cell(null));
-    row.appendChild(cell(el("span", { "class": "badge" }, s.token_source)));
+    row.appendChild(cell(link(stepTable.dataset.trajectoryUrl + encodeURIComponent(s.trajectory) + "/", s.trajectory)));
+    row.appendChild(cell(String(s.step_index)));
+    row.appendChild(cell(s.source || null));
+    var tokens = cell(s.prompt_len === undefined ? null : fmt(s.prompt_len) + " + " + fmt(s.response_len));
+    tokens.dataset.cell = "tokens";
+    row.appendChild(tokens);
+    row.appendChild(cell(el("span", { "class": "badge" + (s.token_source === "retokenized" ? " warn" : "") }, s.token_source)));
     row.appendChild(cell(s.drift ? el("span", { "class": "badge warn" }, "drift") : null));
     row.appendChild(cell(null));
     row.appendChild(cell(new Date().toISOString().slice(0, 19).replace("T", " ")));
@@ -212,7 +217,7 @@
     var badge = $("[data-cell=status]", row);
     text(badge, d.status);
     if (badge) badge.className = "badge " + String(d.status).replace(/[^a-z]/g, "");
-    if (d.steps !== undefined && d.steps !== null) text($("[data-cell=steps]", row), d.steps + " steps");
+    if (d.steps !== undefined && d.steps !== null) text($("[data-cell=steps]", row), fmt(d.steps) + " steps");
     if (d.status === "done") {
       if (bar) bar.value = 1;
       var files = $("[data-cell=files]", row);
