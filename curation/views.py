@@ -83,6 +83,7 @@ def home(request: HttpRequest) -> HttpResponse:
     chart = charts.line_chart(
         [r["steps"] for r in data["rate"]],
         labels=[timezone.localtime(r["minute"]).strftime("%H:%M") for r in data["rate"]],
+        unit="steps/min",
     )
     return render(
         request,

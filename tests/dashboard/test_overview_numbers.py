@@ -48,15 +48,16 @@ def test_the_labels_say_what_each_counter_counts(traffic):
     html = signed_in("operator").get("/").content.decode()
     for label in [
         "steps stored",
-        "trajectories, ",
+        "trajectories</span>, ",
         "of them running",
         "of the steps with exact token ids",
         "retokenized from text",
         "with prompt drift",
         "steps ready to train (exact tokens, final reward, trajectory and group complete)",
         "with no final reward yet (own or trajectory's)",
-        "ready groups",
-        "labelled steps",
+        # one of each in the traffic: the word agrees with its count
+        'ready <span data-plural="curate.ready_groups" data-one="group" data-many="groups">group</span>',
+        'labelled <span data-plural="curate.labelled" data-one="step" data-many="steps">step</span>',
     ]:
         assert label in html, label
 

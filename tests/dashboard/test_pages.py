@@ -217,7 +217,10 @@ def test_group_view_draws_the_prefix_tree_and_the_list_shows_savings(pool_data):
     assert len(shared) == 1 and shared[0]["length"] == 6 and shared[0]["branches"] == 2
     assert html.count('<rect class="node') == 3
     r0 = Step.objects.get(uid="g1-r0:0")
-    assert f'<a href="/steps/{r0.id}/">g1-r0:0</a>' in html
+    # spans read as token ranges, their steps by trajectory and index (the uid on hover)
+    assert f'<a href="/steps/{r0.id}/" title="step g1-r0:0">g1-r0 · step 0</a>' in html
+    assert '<strong>tokens 0–5</strong> <span class="muted small">6 tokens</span>' in html
+    assert html.count('<strong>tokens 6–8</strong> <span class="muted small">3 tokens</span>') == 2
     assert resp.context["merge"]["total_tokens"] == 18 and resp.context["merge"]["unique_tokens"] == 12
     # the list now shows the group's savings and the chart draws it
     resp = client.get("/optimization/")

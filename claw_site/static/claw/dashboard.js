@@ -68,6 +68,10 @@
     $all("[data-live='" + path + "']").forEach(function (e) {
       text(e, value === null || value === undefined ? value : fmt(value) + (e.dataset.suffix || ""));
     });
+    // The word after a count agrees with it: "1 consumer", "2 consumers".
+    $all("[data-plural='" + path + "']").forEach(function (e) {
+      e.textContent = value === 1 ? e.dataset.one : e.dataset.many;
+    });
   }
   function applyState(state, prefix) {
     Object.keys(state || {}).forEach(function (k) {
@@ -245,22 +249,43 @@
     var line = $("polyline.line", chart), area = $("polygon.area", chart);
     var values = (chart.dataset.values || "").split(",").filter(Boolean).map(Number);
     if (!values.length) values = [0];
-    var box = chart.querySelector("svg").viewBox.baseVal;
-    var pad = 4;
+    var viewW = Number(chart.dataset.viewW), top = Number(chart.dataset.top), bottom = Number(chart.dataset.bottom);
+    var ticks = $all("[data-tick]", chart), unit = chart.dataset.unit || "";
+    var scaleTop = Number(chart.dataset.scaleTop) || 1;
+    // The time labels (HH:MM) move on with the minutes, as the points do.
+    var shiftTimes = function (minutes) {
+      $all("[data-time]", chart).forEach(function (t) {
+        var hm = t.textContent.split(":").map(Number);
+        if (hm.length !== 2 || isNaN(hm[0]) || isNaN(hm[1])) return;
+        var total = ((hm[0] * 60 + hm[1] + minutes) % 1440 + 1440) % 1440;
+        t.textContent = ("0" + Math.floor(total / 60)).slice(-2) + ":" + ("0" + total % 60).slice(-2);
+      });
+    };
+    // The y axis keeps its grid lines; when the peak passes the scale, the scale grows to the
+    // next round step (1, 2, 2.5 or 5 × 10^k per grid line) and the tick labels follow.
+    var rescale = function (peak) {
+      var steps = ticks.length - 1, raw = peak / steps, mag = Math.pow(10, Math.floor(Math.log10(raw)));
+      var step = [1, 2, 2.5, 5, 10].map(function (m) { return m * mag; }).filter(function (v) { return v >= raw; })[0];
+      if (step < 1) step = 1;
+      scaleTop = step * steps;
+      ticks.forEach(function (t, i) { t.textContent = fmt(step * i) + (i === steps ? " " + unit : ""); });
+    };
     var minute = Math.floor(Date.now() / 60000), seconds = {}, sum = 0, second = 0, secondSum = 0;
     var redraw = function () {
-      var top = Math.max.apply(null, values.concat([1])), n = Math.max(values.length - 1, 1);
+      var peak = Math.max.apply(null, values.concat([0])), n = Math.max(values.length - 1, 1);
+      if (peak > scaleTop) rescale(peak);
       var pts = values.map(function (v, i) {
-        return (pad + (box.width - 2 * pad) * i / n).toFixed(1) + "," + (pad + (box.height - 2 * pad) * (1 - v / top)).toFixed(1);
+        return (viewW * i / n).toFixed(1) + "," + (top + (bottom - top) * (1 - v / scaleTop)).toFixed(1);
       }).join(" ");
       line.setAttribute("points", pts);
-      area.setAttribute("points", pad + "," + (box.height - pad) + " " + pts + " " + (box.width - pad) + "," + (box.height - pad));
-      text($("[data-chart=max]", chart), Math.round(Math.max.apply(null, values.concat([0]))));
+      area.setAttribute("points", "0," + bottom + " " + pts + " " + viewW + "," + bottom);
+      text($("[data-chart=max]", chart), Math.round(peak));
     };
     Live.on("rate", function (d) {
       var now = Date.now(), m = Math.floor(now / 60000), s = Math.floor(now / 1000);
       if (m !== minute) {
         for (var k = minute; k < m && k < minute + values.length; k++) { values.push(0); values.shift(); }
+        shiftTimes(m - minute);
         minute = m; seconds = {}; sum = 0;
       }
       seconds[s] = true;
