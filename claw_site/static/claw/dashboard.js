@@ -119,8 +119,10 @@
     while (tbody.rows.length > keep) tbody.deleteRow(tbody.rows.length - 1);
   }
   function link(href, label) { var a = el("a", { href: href }, label); return a; }
-  function cell(content) {
+  // cls: "opt" for a column a narrow screen leaves out (claw.css), as the server's rows do.
+  function cell(content, cls) {
     var td = document.createElement("td");
+    if (cls) td.className = cls;
     if (content instanceof Node) td.appendChild(content); else td.textContent = content === null || content === undefined ? "–" : fmt(content);
     return td;
   }
@@ -141,12 +143,12 @@
     var badgeEl = el("span", { "class": "badge " + String(t.status).replace(/[^a-z]/g, "") }, t.status);
     row.appendChild(cell(link(trajTable.dataset.trajectoryUrl + encodeURIComponent(t.uid) + "/", t.uid)));
     row.appendChild(cell(badgeEl));
-    row.appendChild(cell(t.channel));
-    row.appendChild(cell(t.source));
+    row.appendChild(cell(t.channel, "opt"));
+    row.appendChild(cell(t.source, "opt"));
     row.appendChild(cell(t.group ? link(trajTable.dataset.groupUrl + encodeURIComponent(t.group) + "/", t.group) : null));
     var steps = cell(t.step_count); steps.dataset.cell = "step_count"; row.appendChild(steps);
     row.appendChild(cell(null));
-    row.appendChild(cell(new Date().toISOString().slice(0, 19).replace("T", " ")));
+    row.appendChild(cell(new Date().toISOString().slice(0, 19).replace("T", " "), "opt"));
     prepend(tbody, row, 100);
   }
 
@@ -160,15 +162,15 @@
     var row = el("tr", { "data-step-id": String(s.id) });
     row.appendChild(cell(link(stepTable.dataset.stepUrl + encodeURIComponent(String(s.id)) + "/", s.uid)));
     row.appendChild(cell(link(stepTable.dataset.trajectoryUrl + encodeURIComponent(s.trajectory) + "/", s.trajectory)));
-    row.appendChild(cell(String(s.step_index)));
-    row.appendChild(cell(s.source || null));
-    var tokens = cell(s.prompt_len === undefined ? null : fmt(s.prompt_len) + " + " + fmt(s.response_len));
+    row.appendChild(cell(String(s.step_index), "opt"));
+    row.appendChild(cell(s.source || null, "opt"));
+    var tokens = cell(s.prompt_len === undefined ? null : fmt(s.prompt_len) + " + " + fmt(s.response_len), "nowrap");
     tokens.dataset.cell = "tokens";
     row.appendChild(tokens);
     row.appendChild(cell(el("span", { "class": "badge" + (s.token_source === "retokenized" ? " warn" : "") }, s.token_source)));
     row.appendChild(cell(s.drift ? el("span", { "class": "badge warn" }, "drift") : null));
     row.appendChild(cell(null));
-    row.appendChild(cell(new Date().toISOString().slice(0, 19).replace("T", " ")));
+    row.appendChild(cell(new Date().toISOString().slice(0, 19).replace("T", " "), "opt"));
     prepend(tbody, row, 100);
   }
 
