@@ -4,13 +4,16 @@ view, batch configuration, snapshots, leases and their replay, and escaping."""
 
 from __future__ import annotations
 
+import re
 import uuid
 
 import pytest
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
+from curation import charts
 from curation.models import Lease, Snapshot
 from curation.services import dataset_create
 from curation.services.consume import PullIn, consumer_pull
@@ -315,3 +318,60 @@ def test_user_content_is_escaped_on_every_page(pool_data):
         assert "<script>window" not in html, url
         assert "<img src=x" not in html, url
         assert "<svg onload" not in html, url
+
+
+# --- one trajectory list, favicon, chart axes -----------------------------------------------------
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("/collection/", "/trajectories/"),
+        ("/collection/?source=agent-a&status=completed", "/trajectories/?source=agent-a&status=completed"),
+    ],
+)
+def test_collection_is_the_trajectory_list(pool_data, old, new):
+    # given a bookmark of the old collection page, when it is opened
+    client = signed_in("reviewer")
+    resp = client.get(old)
+    # then it lands on the one trajectory list, with its filters
+    assert resp.status_code == 302 and resp["Location"] == new
+    html = client.get("/trajectories/").content.decode()
+    # and that list is live and in the nav, marked as the current page
+    assert 'data-topics="collection"' in html and "data-live-rows" in html
+    assert '<a href="/trajectories/" aria-current="page">Trajectories</a>' in html
+    assert 'href="/collection/"' not in html
+
+
+def test_every_page_links_the_favicon_and_favicon_ico_answers():
+    html = signed_in("operator").get("/").content.decode()
+    assert '<link rel="icon" href="/static/claw/favicon.svg" type="image/svg+xml">' in html
+    resp = Client().get("/favicon.ico")
+    assert resp.status_code == 301 and resp["Location"] == "/static/claw/favicon.ico"
+
+
+@pytest.mark.parametrize(
+    ("top", "ticks"),
+    [
+        (0, [0, 1]),
+        (3, [0, 1, 2, 3]),
+        (7, [0, 2, 4, 6, 8]),
+        (37, [0, 10, 20, 30, 40]),
+        (1234, [0, 500, 1000, 1500]),
+    ],
+)
+def test_chart_ticks_are_round_and_cover_the_peak(top, ticks):
+    assert charts.nice_ticks(top) == ticks
+
+
+def test_the_ingestion_chart_has_a_y_axis_with_its_unit_and_time_ticks(pool_data):
+    # given 7 steps stored this minute, when the overview is served
+    resp = signed_in("operator").get("/")
+    html = resp.content.decode()
+    chart = html[html.index('id="rate-chart"') : html.index("</figure>")]
+    # then the y axis is labelled 0 to the peak's round top, the top one with the unit
+    labels = re.findall(r'data-tick="\d+">([^<]*)</text>', chart)
+    assert labels == ["0", "2", "4", "6", "8 steps/min"]
+    # and the x axis shows times (HH:MM), the last being this minute
+    times = re.findall(r'data-time x="[\d.]+%" y="\d+" text-anchor="\w+">(\d\d:\d\d)</text>', chart)
+    assert len(times) >= 5
+    assert times[-1] == timezone.localtime(resp.context["rate"][-1]["minute"]).strftime("%H:%M")
+    assert 'peak <span data-chart="max">7</span> steps/min' in chart
