@@ -524,6 +524,7 @@ SHOT_PAGES = [
     ("optimization", "/optimization/"),
     ("consumption", "/consumption/"),
     ("admin-steps", "/admin/pool/step/"),
+    ("api-docs", "/api/v1/docs/"),
 ]
 
 
@@ -578,6 +579,11 @@ def test_every_page_fits_the_width_and_is_screenshotted(server, browser, width):
     page.goto(f"{srv.url}/")
     expect(page.locator("#sources tr[data-source]")).to_have_count(1)
     expect(page.locator('#sources tr[data-source="dash-agent"]')).to_be_visible()
+    # and the API docs list the gateway's doors
+    page.goto(f"{srv.url}/api/v1/docs/")
+    expect(page.locator("#operations-gateway-gateway_chat_completions")).to_be_visible()
+    expect(page.locator("#operations-gateway-gateway_scoped_responses")).to_be_visible()
+    shot(page, f"page-api-docs-{width}")
     if width == 1440:
         # and the admin's step list shows its readiness and quality columns inside the page
         page.goto(f"{srv.url}/admin/pool/step/")
