@@ -375,3 +375,18 @@ def test_the_ingestion_chart_has_a_y_axis_with_its_unit_and_time_ticks(pool_data
     assert len(times) >= 5
     assert times[-1] == timezone.localtime(resp.context["rate"][-1]["minute"]).strftime("%H:%M")
     assert 'peak <span data-chart="max">7</span> steps/min' in chart
+
+
+def test_sources_that_only_wrote_events_are_data_sources_and_consumers_are_not(pool_data):
+    # given a service that only posted events, and a trainer and a reader that wrote nothing
+    svc = Source.objects.create(name="reward-svc", kind=Source.Kind.SERVICE)
+    Event.objects.create(type="env_feedback", source=svc, payload={})
+    Source.objects.create(name="trainer-1", kind=Source.Kind.TRAINER)
+    Source.objects.create(name="reader-1", kind=Source.Kind.AGENT)
+    client = signed_in("operator")
+    for url in ["/", "/trajectories/"]:
+        # when the page lists its sources
+        html = client.get(url).content.decode()
+        listed = re.findall(r'<tr data-source="([^"]+)">', html)
+        # then the writers are there, the service with no trajectory, and no consumer
+        assert sorted(listed) == ["agent-a", "reward-svc"], (url, listed)
