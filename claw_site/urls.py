@@ -1,5 +1,7 @@
 from django.contrib import admin
+from django.templatetags.static import static
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 from gateway.apis import healthz
 
@@ -19,4 +21,6 @@ urlpatterns = [
     path("compat/claw-r1/", include("gateway.compat.urls")),
     path("admin/", admin.site.urls),
     path("", include("curation.urls")),
+    # Browsers ask for /favicon.ico whatever the page links: the vendored icon, not a 404.
+    path("favicon.ico", RedirectView.as_view(url=static("claw/favicon.ico"), permanent=True)),
 ]

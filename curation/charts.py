@@ -1,52 +1,103 @@
 """Inline SVG charts for the dashboard pages: geometry only (numbers), drawn by the templates
-(templates/dashboard/_line_chart.html, _bar_chart.html). No library, nothing to load."""
+(templates/dashboard/_line_chart.html, optimization.html). No library, nothing to load.
+
+Charts stretch to their container's width and keep a fixed height in pixels: y positions are
+pixels, x positions are percentages (SVG takes both), so text never scales with the width and
+stays readable from 390 px to 1440 px. Only the line itself sits in a stretched inner SVG.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
-# viewBox of every chart; the SVG scales to its container's width.
-WIDTH, HEIGHT, PAD = 600, 160, 4
+# The line chart's height (px) and its plot area: a tick label sits above each grid line at
+# the left, the time labels below the plot. VIEW_W: the inner SVG's user width (stretched).
+HEIGHT, TOP, BOTTOM, VIEW_W = 200, 22, 172, 600
+# Time labels on the x axis, at most.
+X_TICKS = 7
 
 
-def line_chart(values: Sequence[float], *, labels: Sequence[str] = ()) -> dict[str, Any]:
-    """A line (and filled area) through ``values``, evenly spaced, scaled to the maximum."""
-    top = max(values, default=0) or 1
+def nice_ticks(top: float, *, n: int = 4) -> list[float]:
+    """Round tick values from 0 to at least ``top``: about ``n`` steps of 1, 2, 2.5 or 5 × 10^k
+    (0, 5, 10, 15, 20 — never 0, 3.7, 7.4). The last tick is the scale's maximum."""
+    if top <= 0:
+        return [0, 1]
+    raw = top / n
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    if step < 1 and top >= 1:
+        step = 1
+    count = math.ceil(top / step - 1e-9)
+    return [round(i * step, 6) for i in range(count + 1)]
+
+
+def _num(v: float) -> str:
+    return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.1f}"
+
+
+def line_chart(values: Sequence[float], *, labels: Sequence[str] = (), unit: str = "") -> dict[str, Any]:
+    """A line (and filled area) through ``values``, evenly spaced, on a y axis of round ticks
+    in ``unit``, with ``labels`` (one per value: the x axis's times) shown at most X_TICKS."""
+    ticks = nice_ticks(max(values, default=0))
+    top = ticks[-1]
     n = max(len(values) - 1, 1)
-    inner_w, inner_h = WIDTH - 2 * PAD, HEIGHT - 2 * PAD
-    pts = [(PAD + inner_w * i / n, PAD + inner_h * (1 - v / top)) for i, v in enumerate(values)]
+    plot_h = BOTTOM - TOP
+    pts = [(VIEW_W * i / n, TOP + plot_h * (1 - v / top)) for i, v in enumerate(values)]
     line = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
-    area = f"{PAD:.1f},{HEIGHT - PAD:.1f} {line} {WIDTH - PAD:.1f},{HEIGHT - PAD:.1f}" if pts else ""
+    area = f"0,{BOTTOM} {line} {VIEW_W},{BOTTOM}" if pts else ""
+    every = max(1, math.ceil(len(labels) / X_TICKS)) if labels else 1
+    last = len(labels) - 1
+    # The last label (now) always, and every `every`-th back from it; near an edge the label
+    # hangs inward so it is never cut.
+    x_ticks = []
+    for k, i in enumerate(range(last, -1, -every)):
+        pct = 100 * i / n
+        anchor = "start" if pct < 6 else ("end" if pct > 94 else "middle")
+        # minor: every other label, hidden on a narrow screen (claw.css)
+        x_ticks.append({"x": f"{pct:.2f}", "label": labels[i], "anchor": anchor, "minor": k % 2 == 1})
+    x_ticks.reverse()
     return {
-        "width": WIDTH,
         "height": HEIGHT,
+        "top": TOP,
+        "bottom": BOTTOM,
+        "view_w": VIEW_W,
         "points": line,
         "area": area,
         "max": max(values, default=0),
-        "first": labels[0] if labels else "",
-        "last": labels[-1] if labels else "",
+        "scale_top": top,
+        "unit": unit,
+        "y_ticks": [{"y": f"{TOP + plot_h * (1 - t / top):.1f}", "label": _num(t)} for t in ticks],
+        "x_ticks": x_ticks,
+        "x_label_y": HEIGHT - 8,
         "values": list(values),
     }
 
 
-def bar_chart(items: Sequence[tuple[str, float, float]], *, row: int = 22) -> dict[str, Any]:
+def bar_chart(items: Sequence[tuple[str, float, float]], *, row: int = 40) -> dict[str, Any]:
     """Horizontal bars: (label, value, total) per item; each bar shows value of total (the
-    light bar is the total, the dark one the value), all scaled to the largest total."""
+    light bar is the total, the dark one the value), all scaled to the largest total. Each
+    row is its label and numbers (dark text on the card) above its bar."""
     top = max((t for _, _, t in items), default=0) or 1
-    label_w = 180
-    inner = WIDTH - label_w - 60
     bars = [
         {
             "label": label,
             "y": i * row,
             # Strings: SVG wants a "." decimal point whatever the page's locale.
-            "total_w": f"{inner * total / top:.1f}",
-            "value_w": f"{inner * value / top:.1f}",
+            "total_w": f"{100 * total / top:.2f}",
+            "value_w": f"{100 * value / top:.2f}",
             "value": value,
             "total": total,
             "share": value / total if total else 0.0,
         }
         for i, (label, value, total) in enumerate(items)
     ]
-    return {"width": WIDTH, "height": max(len(bars), 1) * row, "bars": bars, "label_w": label_w, "row": row}
+    return {
+        "height": max(len(bars), 1) * row,
+        "bars": bars,
+        "row": row,
+        "text_y": 14,
+        "bar_y": 20,
+        "bar_h": 14,
+    }

@@ -95,6 +95,7 @@ def home(request: HttpRequest) -> HttpResponse:
     chart = charts.line_chart(
         [r["steps"] for r in data["rate"]],
         labels=[timezone.localtime(r["minute"]).strftime("%H:%M") for r in data["rate"]],
+        unit="steps/min",
     )
     return render(
         request,
@@ -111,34 +112,10 @@ def home(request: HttpRequest) -> HttpResponse:
 
 @allowed(VIEW)
 def collection(request: HttpRequest) -> HttpResponse:
-    """Trajectories as they arrive, filtered server-side; live rows obey the same filter."""
-    form = TrajectoryFilterForm(request.GET or None)
-    filters = form.cleaned_data if form.is_valid() else {}
-    rows, next_before = trajectories_browse(
-        status=filters.get("status", ""),
-        channel=filters.get("channel", ""),
-        source=filters.get("source", ""),
-        group=filters.get("group", ""),
-        has_ready=filters.get("has_ready", False),
-        before=filters.get("before"),
-    )
-    return render(
-        request,
-        "dashboard/collection.html",
-        {
-            "form": form,
-            "rows": rows,
-            "next_before": next_before,
-            "paged": bool(filters.get("before")),
-            "sources": sources_health(),
-            "live_filter": {k: filters.get(k) or "" for k in ("status", "channel", "source", "group")},
-            # Live rows are only prepended to the first page, and not when "has ready" is on
-            # (readiness is not in the events).
-            "live_rows": not filters.get("before") and not filters.get("has_ready"),
-            "page": "collection",
-            "live_topics": "collection",
-        },
-    )
+    """The collection stage is the trajectory list (one list, live, in the nav): old links
+    and bookmarks land there with their filters."""
+    query = request.META.get("QUERY_STRING", "")
+    return redirect(reverse("curation:trajectories") + (f"?{query}" if query else ""))
 
 
 @allowed("pool.view_step")
@@ -331,6 +308,8 @@ def _wants_html(request: HttpRequest) -> bool:
 # --- trajectories ----------------------------------------------------------------------------
 @allowed(VIEW)
 def trajectories(request: HttpRequest) -> HttpResponse:
+    """Collection: trajectories as they arrive, filtered server-side (live rows obey the same
+    filter), and the data sources that wrote them."""
     form = TrajectoryFilterForm(request.GET or None)
     filters = form.cleaned_data if form.is_valid() else {}
     rows, next_before = trajectories_browse(
@@ -344,7 +323,19 @@ def trajectories(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "curation/trajectories.html",
-        {"form": form, "rows": rows, "next_before": next_before, "paged": bool(filters.get("before"))},
+        {
+            "form": form,
+            "rows": rows,
+            "next_before": next_before,
+            "paged": bool(filters.get("before")),
+            "sources": sources_health(),
+            "live_filter": {k: filters.get(k) or "" for k in ("status", "channel", "source", "group")},
+            # Live rows are only prepended to the first page, and not when "has ready" is on
+            # (readiness is not in the events).
+            "live_rows": not filters.get("before") and not filters.get("has_ready"),
+            "page": "trajectories",
+            "live_topics": "collection",
+        },
     )
 
 

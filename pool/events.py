@@ -31,6 +31,8 @@ class StepItem(TypedDict):
     source: str
     token_source: str
     drift: bool
+    prompt_len: int
+    response_len: int
 
 
 class StepsData(TypedDict):

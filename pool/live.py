@@ -378,6 +378,8 @@ def steps_written(written: StepsWritten) -> None:
             "source": source,
             "token_source": s.token_source,
             "drift": s.drift,
+            "prompt_len": s.prompt_len,
+            "response_len": s.response_len,
         }
         for s in steps[-RECENT_STEPS:]
     ]

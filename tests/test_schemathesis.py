@@ -23,7 +23,10 @@ from pool.services import api_key_create
 
 EXAMPLES_PER_OPERATION = 12
 
-schema = schemathesis.openapi.from_wsgi("/api/v1/schema/", get_wsgi_application())
+# The gateway's doors (tag "gateway", claw_site/openapi.py) forward to an upstream model
+# server, which this in-process run has none of: they are tested with the official SDKs
+# (tests/gateway/), not fuzzed here.
+schema = schemathesis.openapi.from_wsgi("/api/v1/schema/", get_wsgi_application()).exclude(tag="gateway")
 
 
 @pytest.fixture

@@ -74,6 +74,7 @@ INSTALLED_APPS = [
     "gateway",
     "curation",
     "claw_site",  # the composition root: its `serve` command
+    "django.contrib.humanize",  # intcomma: thousands separators on every page's big numbers
 ]
 
 # Every middleware here is async-capable, so async gateway views never hop to a thread.
@@ -310,6 +311,11 @@ SPECTACULAR_SETTINGS = {
         "QualityFlagEnum": "pool.flags.QUALITY_NAMES",
         "OperatorLabelEnum": ["none", "accepted", "rejected", "quarantined"],
     },
+    # The gateway's doors are plain Django views: claw_site/openapi.py documents them.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "claw_site.openapi.gateway_doors",
+    ],
 }
 
 # --- Claw limits and gateway ----------------------------------------------------------------------

@@ -23,13 +23,15 @@ from django.db.models.functions import Substr
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
+from django.utils.safestring import mark_safe
 
 from pool import tokens
 from pool.errors import PoolError
-from pool.flags import quality_text, readiness_text
+from pool.flags import QUALITY_NAMES, READINESS_NAMES, READY, names, quality_text, readiness_text
 from pool.models import PromptGroup, RewardEvent, Step, Trajectory
 from pool.services import RewardIn, rewards_apply
 
@@ -53,6 +55,25 @@ EXCERPT_CHARS = 120
 INLINE_STEPS = 200
 # History rows on a step page.
 HISTORY_ROWS = 50
+
+
+# The step list's short names of the readiness conditions and quality flags (the full names
+# are the filters' and the change page's; the list shows them on hover).
+READINESS_SHORT = {
+    "tokens_exact": "tokens",
+    "reward_final": "reward",
+    "trajectory_complete": "traj",
+    "group_complete": "group",
+}
+QUALITY_SHORT = {"missing_logprobs": "no logprobs", "zero_variance": "0 variance", "repetition": "repeats"}
+# Characters of a uid shown in the step list (the whole uid on hover).
+UID_SHOWN = 13
+
+
+def _cut(uid: str) -> str:
+    if len(uid) <= UID_SHOWN:
+        return uid
+    return format_html('<span title="{}">{}…</span>', uid, uid[: UID_SHOWN - 1])
 
 
 class CappedCountPaginator(Paginator):
@@ -86,18 +107,18 @@ ACTION_VALUES: dict[str, forms.Field] = {
 
 @admin.register(Step)
 class StepAdmin(admin.ModelAdmin):
+    # Short columns, so that the list fits 1440 px with the sidebar and the filters: uids cut
+    # (whole on hover), readiness and quality as short names (the full text on hover).
     list_display = (
-        "uid",
-        "trajectory",
-        "step_index",
-        "seq_len",
-        "reward_display",
-        "readiness_display",
-        "quality_display",
-        "label",
-        "token_source",
+        "uid_short",
+        "trajectory_short",
+        "tokens_short",
+        "reward_short",
+        "readiness_short",
+        "quality_short",
+        "label_short",
         "policy",
-        "created_at",
+        "created_short",
     )
     list_filter = (
         ReadinessFilter,
@@ -118,6 +139,10 @@ class StepAdmin(admin.ModelAdmin):
     )
     search_fields = ("uid", "trajectory__uid", "response_text")
     list_select_related = ("trajectory",)
+
+    class Media:
+        css = {"all": ("claw/admin.css",)}
+
     list_per_page = 100
     paginator = CappedCountPaginator
     show_full_result_count = False
@@ -211,6 +236,63 @@ class StepAdmin(admin.ModelAdmin):
     @admin.display(description="quality", ordering="quality_flags")
     def quality_display(self, obj: Step) -> str:
         return quality_text(obj.quality_flags)
+
+    @admin.display(description="uid", ordering="uid")
+    def uid_short(self, obj: Step) -> str:
+        return _cut(obj.uid)
+
+    @admin.display(description="trajectory #", ordering="trajectory__uid")
+    def trajectory_short(self, obj: Step) -> str:
+        return format_html("{} #{}", _cut(obj.trajectory.uid), obj.step_index)
+
+    @admin.display(description="reward", ordering="effective_reward")
+    def reward_short(self, obj: Step) -> str:
+        if obj.effective_reward is None:
+            return "–"
+        return format_html('<span title="scope: {}">{}</span>', obj.reward_scope, f"{obj.effective_reward:g}")
+
+    @admin.display(description="label", ordering="label")
+    def label_short(self, obj: Step) -> str:
+        return "–" if obj.label == Step.Label.NONE else obj.get_label_display()
+
+    @admin.display(description="tokens", ordering="seq_len")
+    def tokens_short(self, obj: Step) -> str:
+        """The count, and where the ids came from when not exact (the token source filter
+        lists them all)."""
+        if obj.token_source in (Step.TokenSource.CLIENT, Step.TokenSource.UPSTREAM):
+            return format_html(
+                '<span title="ids from the {}">{}</span>', obj.token_source, f"{obj.seq_len:,}"
+            )
+        return format_html('{} <span class="claw-warn">{}</span>', f"{obj.seq_len:,}", obj.token_source)
+
+    @admin.display(description="readiness", ordering="readiness")
+    def readiness_short(self, obj: Step) -> str:
+        if obj.readiness == READY:
+            return mark_safe('<span class="claw-ok" title="ready">ready</span>')  # noqa: S308 (a constant)
+        missing = names(READY & ~obj.readiness, READINESS_NAMES)
+        return format_html(
+            '<span title="{}">needs {}</span>',
+            readiness_text(obj.readiness),
+            ", ".join(READINESS_SHORT.get(m, m) for m in missing),
+        )
+
+    @admin.display(description="quality", ordering="quality_flags")
+    def quality_short(self, obj: Step) -> str:
+        flags = names(obj.quality_flags, QUALITY_NAMES)
+        if not flags:
+            return mark_safe('<span class="claw-ok" title="no quality flag">clean</span>')  # noqa: S308 (a constant)
+        return format_html(
+            '<span title="{}">{}</span>',
+            quality_text(obj.quality_flags),
+            ", ".join(QUALITY_SHORT.get(f, f) for f in flags),
+        )
+
+    @admin.display(description="created", ordering="created_at")
+    def created_short(self, obj: Step) -> str:
+        local = timezone.localtime(obj.created_at)
+        return format_html(
+            '<span title="{}">{}</span>', local.isoformat(timespec="seconds"), local.strftime("%m-%d %H:%M")
+        )
 
     @admin.display(description="policy", ordering="policy_version")
     def policy(self, obj: Step) -> int | None:

@@ -8,8 +8,7 @@ from typing import Any
 
 from django.db.models import Count, Sum
 
-from pool.models import MergeResult, PromptGroup
-from pool.selectors.steps import step_ids_by_uid
+from pool.models import MergeResult, PromptGroup, Step
 
 from .pages import keyset_page
 
@@ -106,10 +105,10 @@ def prefix_tree_layout(body: dict[str, Any], *, max_nodes: int = TREE_NODES_SHOW
             first[n["id"]] = first[under[0]["id"]]
             last[n["id"]] = last[under[-1]["id"]]
     wide = max((off + n["length"] for n, off, _ in order), default=0) or 1
-    ids = step_ids_by_uid([u for n, _, _ in order for u in n["steps"] if u is not None])
+    known = _steps_by_uid([u for n, _, _ in order for u in n["steps"] if u is not None])
     boxes, rows = [], []
     for n, offset, depth in order:
-        steps = [(u, ids.get(u)) for u in n["steps"] if u is not None]
+        steps = [known.get(u) or {"uid": u, "id": None} for u in n["steps"] if u is not None]
         shared = len(steps) > 1
         boxes.append(
             {
@@ -120,6 +119,7 @@ def prefix_tree_layout(body: dict[str, Any], *, max_nodes: int = TREE_NODES_SHOW
                 "w": f"{max(TREE_W * n['length'] / wide, 1.0):.2f}",
                 "h": (last[n["id"]] - first[n["id"]] + 1) * TREE_ROW - 2,
                 "offset": offset,
+                "end": offset + n["length"] - 1,
                 "length": n["length"],
                 "steps": len(steps),
                 "branches": len(children.get(n["id"], [])),
@@ -132,6 +132,7 @@ def prefix_tree_layout(body: dict[str, Any], *, max_nodes: int = TREE_NODES_SHOW
                 "depth": depth,
                 "indent": min(depth, 40),
                 "offset": offset,
+                "end": offset + n["length"] - 1,
                 "steps": steps,
                 "shared": shared,
                 "branches": len(children.get(n["id"], [])),
@@ -147,6 +148,13 @@ def prefix_tree_layout(body: dict[str, Any], *, max_nodes: int = TREE_NODES_SHOW
         "tokens_wide": wide,
         "cut": len(nodes) - len(shown),
     }
+
+
+def _steps_by_uid(uids: list[str]) -> dict[str, dict[str, Any]]:
+    """The steps among these uids, each as its uid, id, trajectory uid and index: what a span
+    of the prefix tree names them by (one query); an unknown uid is absent."""
+    rows = Step.objects.filter(uid__in=set(uids)).values_list("uid", "id", "trajectory__uid", "step_index")
+    return {u: {"uid": u, "id": i, "trajectory": t, "index": x} for u, i, t, x in rows}
 
 
 def group_get(uid: str) -> PromptGroup | None:

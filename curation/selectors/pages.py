@@ -12,12 +12,12 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, Exists, F, Max, OuterRef, QuerySet, Sum
+from django.db.models import Count, Exists, F, Max, OuterRef, Q, QuerySet, Sum
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
 from pool.flags import READY, READY_ANY_TOKENS
-from pool.models import PolicyVersion, Source, Step, Trajectory
+from pool.models import Event, PolicyVersion, Source, Step, Trajectory
 from pool.selectors.stats import pool_stats
 
 from .live import live_state
@@ -67,13 +67,19 @@ def ingest_rate(*, now: datetime | None = None, minutes: int = RATE_MINUTES) -> 
 
 
 def sources_health() -> list[dict[str, Any]]:
-    """Every source with its trajectory and step counts and when it was last seen (its newest
-    trajectory's update). Sources are few (one per agent runtime or service)."""
-    rows = Source.objects.annotate(
-        n_trajectories=Count("trajectories"),
-        n_steps=Sum("trajectories__step_count"),
-        last_seen=Max("trajectories__updated_at"),
-    ).order_by(F("last_seen").desc(nulls_last=True), "name")
+    """The data sources (those that wrote trajectories or events; not a trainer's or another
+    consumer-only key's source) with their trajectory and step counts and when they were last
+    seen (the newest trajectory's update). Sources are few (one per agent runtime or service)."""
+    wrote_events = Exists(Event.objects.filter(source_id=OuterRef("pk")))
+    rows = (
+        Source.objects.annotate(
+            n_trajectories=Count("trajectories"),
+            n_steps=Sum("trajectories__step_count"),
+            last_seen=Max("trajectories__updated_at"),
+        )
+        .filter(Q(n_trajectories__gt=0) | Q(wrote_events))
+        .order_by(F("last_seen").desc(nulls_last=True), "name")
+    )
     return [
         {
             "name": s.name,

@@ -60,6 +60,8 @@ class WrittenStep(NamedTuple):  # a tuple: built once per stored step, on the ho
     policy_version: int | None
     token_source: str
     drift: bool
+    prompt_len: int = 0  # token counts: the live step rows show them
+    response_len: int = 0
 
 
 class WrittenTrajectory(NamedTuple):

@@ -682,6 +682,8 @@ def _written_step(r: Step) -> WrittenStep:
         policy_version=r.policy_version_id,
         token_source=r.token_source,
         drift=r.drift,
+        prompt_len=r.prompt_len,
+        response_len=r.seq_len - r.prompt_len,
     )
 
 

@@ -180,19 +180,19 @@ def test_every_stage_page_in_a_browser(server, browser):
     sign_in(page, srv.url)
     # then the overview counts the two stored steps and links every stage
     expect(page.locator('[data-live="collect.steps"]')).to_have_text("2")
-    for name in ["Overview", "Collection", "Representation", "Curation", "Optimization", "Consumption"]:
+    for name in ["Overview", "Trajectories", "Representation", "Curation", "Optimization", "Consumption"]:
         expect(page.locator("header nav").get_by_role("link", name=name, exact=True)).to_be_visible()
     expect(page.locator('#sources tr[data-source="dash-agent"]')).to_be_visible()
     expect(page.locator("#rate-chart polyline")).to_have_count(1)
     shot(page, "overview")
 
-    # when Collection is filtered by status
-    page.get_by_role("link", name="Collection", exact=True).click()
+    # when the trajectory list is filtered by status
+    page.get_by_role("link", name="Trajectories", exact=True).click()
     expect(page.locator("#trajectories tbody tr[data-uid]")).to_have_count(2)
     page.select_option("#id_status", "completed")
     page.get_by_role("button", name="Filter").click()
     expect(page.locator("#trajectories tbody")).to_contain_text("No trajectories match these filters")
-    page.goto(f"{srv.url}/collection/")
+    page.goto(f"{srv.url}/trajectories/")
     shot(page, "collection")
 
     # when a step is inspected, with its token ids on demand
@@ -261,9 +261,9 @@ def test_a_step_posted_through_the_api_appears_live(server, browser):
     overview = first_page(context)
     sign_in(overview, srv.url)
     collection = context.new_page()
-    collection.goto(f"{srv.url}/collection/")
+    collection.goto(f"{srv.url}/trajectories/")
     completed = context.new_page()
-    completed.goto(f"{srv.url}/collection/?status=completed")
+    completed.goto(f"{srv.url}/trajectories/?status=completed")
     consumption = context.new_page()
     consumption.goto(f"{srv.url}/consumption/")
     for page in (overview, collection, completed, consumption):
@@ -309,12 +309,14 @@ def test_the_overviews_numbers_after_live_updates_are_the_apis(server, browser):
     overview = first_page(context)
     sign_in(overview, srv.url)
     collection = context.new_page()
-    collection.goto(f"{srv.url}/collection/")
+    collection.goto(f"{srv.url}/trajectories/")
     for page in (overview, collection):
         expect(page.locator("#live-status")).to_have_attribute("data-state", "live")
     before = reader.numbers()
     for path, value in before.items():
-        expect(overview.locator(f'[data-live="{path}"]')).to_have_text(str(value))
+        expect(overview.locator(f'[data-live="{path}"]')).to_have_text(
+            f"{value:,}" if isinstance(value, int) else str(value)
+        )
 
     # when agents write while the pages are open: a two-rollout group, completed with
     # rewards (ready), a running trajectory and one completed without a reward
@@ -363,7 +365,9 @@ def test_the_overviews_numbers_after_live_updates_are_the_apis(server, browser):
     assert after["collect.running"] == before["collect.running"] + 1
     # then, without a reload, every overview counter becomes the API's number
     for path, value in after.items():
-        expect(overview.locator(f'[data-live="{path}"]')).to_have_text(str(value), timeout=10_000)
+        expect(overview.locator(f'[data-live="{path}"]')).to_have_text(
+            f"{value:,}" if isinstance(value, int) else str(value), timeout=10_000
+        )
     shot(overview, "overview-numbers")
     # and the live Collection rows name the group by its uid, linked to its page
     for uid in ("bg-r0", "bg-r1"):
@@ -414,7 +418,7 @@ def test_script_payloads_never_run(server, browser):
     page = first_page(context)
     sign_in(page, srv.url)
     if HAS_LIVE:  # the payload also arrives through live events on an open page
-        page.goto(f"{srv.url}/collection/")
+        page.goto(f"{srv.url}/trajectories/")
         expect(page.locator("#live-status")).to_have_attribute("data-state", "live")
     # given a step whose ids, text and metadata hold script payloads, from a source (the
     # API key's name) that holds one too
@@ -442,7 +446,7 @@ def test_script_payloads_never_run(server, browser):
         expect(page.locator("#trajectories tr[data-uid]").first).to_have_attribute("data-uid", uid)
         assert page.evaluate("window.__xss") is None
     # when every page that shows the payloads is opened
-    pages = ["/", "/collection/", "/steps/", "/curation/", "/optimization/", "/consumption/"]
+    pages = ["/", "/trajectories/", "/steps/", "/curation/", "/optimization/", "/consumption/"]
     pages += [f"/trajectories/{quote(uid)}/", f"/optimization/groups/{quote('g' + XSS[2])}/"]
     page.goto(f"{srv.url}/steps/")
     page.locator("#steps tbody tr").first.get_by_role("link").first.click()
@@ -457,3 +461,142 @@ def test_script_payloads_never_run(server, browser):
     expect(page.locator("pre.response-text")).to_have_text(XSS_TEXT)
     shot(page, "xss-step")
     assert dialogs == [], dialogs
+
+
+@needs_live
+def test_a_step_written_after_the_steps_page_loaded_is_a_linked_row_with_its_tokens(server, browser):
+    from playwright.sync_api import expect
+
+    srv, agent, _ = server
+    reader = Api(srv.url, srv.make_key("read", name="steps-reader"))
+    context, _ = browser
+    page = first_page(context)
+    sign_in(page, srv.url)
+    page.goto(f"{srv.url}/steps/")
+    expect(page.locator("#live-status")).to_have_attribute("data-state", "live")
+    # when an agent posts a step with 1,234 prompt tokens after the page loaded
+    agent.post(
+        "/api/v1/steps",
+        {
+            "steps": [
+                {
+                    "trajectory_uid": "live-steps",
+                    "step_index": 0,
+                    "prompt_ids": [i % 50 for i in range(1234)],
+                    "response_ids": [1, 2, 3],
+                }
+            ]
+        },
+    )
+    stored = next(
+        s
+        for s in reader.get("/api/v1/steps?page_size=1000")["results"]
+        if s["trajectory_uid"] == "live-steps"
+    )
+    # then, without a reload, its row links to the step and to its trajectory and shows the
+    # API's token counts, with separators
+    row = page.locator("#steps tbody tr.live-new").filter(has_text=stored["uid"])
+    expect(row).to_have_count(1, timeout=LIVE_DEADLINE_MS)
+    tokens = f"{len(stored['prompt_ids']):,} + {len(stored['response_ids']):,}"
+    assert tokens == "1,234 + 3"
+    expect(row.locator("[data-cell=tokens]")).to_have_text(tokens)
+    expect(row.get_by_role("link", name="live-steps", exact=True)).to_have_attribute(
+        "href", "/trajectories/live-steps/"
+    )
+    shot(page, "steps-live")
+    # and the step link opens that step's page
+    row.get_by_role("link", name=stored["uid"], exact=True).click()
+    page.wait_for_url("**/steps/*/")
+    expect(page.locator("body")).to_contain_text(stored["uid"])
+    # and a reload renders the same row the same way
+    page.goto(f"{srv.url}/steps/")
+    expect(
+        page.locator("#steps tbody tr").filter(has_text=stored["uid"]).locator("[data-cell=tokens]")
+    ).to_have_text(tokens)
+
+
+SHOT_PAGES = [
+    ("overview", "/"),
+    ("trajectories", "/trajectories/"),
+    ("steps", "/steps/"),
+    ("group", "/optimization/groups/g1/"),  # merged on open: the optimization page shows it
+    ("group-big", "/optimization/groups/a-prompt-group-with-a-long-uid-42/"),
+    ("optimization", "/optimization/"),
+    ("consumption", "/consumption/"),
+    ("admin-steps", "/admin/pool/step/"),
+    ("api-docs", "/api/v1/docs/"),
+]
+
+
+@pytest.mark.parametrize("width", [1440, 390])
+def test_every_page_fits_the_width_and_is_screenshotted(server, browser, width):
+    from playwright.sync_api import expect
+
+    srv, agent, trainer = server
+    context, dialogs = browser
+    page = first_page(context)
+    # given a pool with a merged group, a source, a big step and a trainer that pulled
+    long_group = "a-prompt-group-with-a-long-uid-42"
+    agent.post(
+        "/api/v1/steps",
+        {
+            "steps": [
+                {
+                    "trajectory_uid": "big",
+                    "step_index": 0,
+                    "prompt_ids": [3] * 1500,
+                    "response_ids": [4] * 1200,
+                },
+                *(
+                    {
+                        "trajectory_uid": f"an-agent-runtime-trajectory-with-a-long-uid-{r}",
+                        "prompt_group_uid": long_group,
+                        "step_index": 0,
+                        "prompt_ids": [7] * 2048,
+                        "response_ids": [r] * 300,
+                        "is_last": True,
+                    }
+                    for r in range(4)
+                ),
+            ]
+        },
+    )
+    trainer.post("/api/v1/consumers/shots/pull", {"dataset": "all", "batch_size": 1, "unit": "steps"})
+    page.set_viewport_size({"width": width, "height": 900})
+    sign_in(page, srv.url)
+    failed: list[str] = []
+    page.on("response", lambda r: failed.append(r.url) if r.status >= 400 else None)
+    for name, url in SHOT_PAGES:
+        # when each page is opened at this width
+        page.goto(f"{srv.url}{url}")
+        page.wait_for_load_state("load")
+        # then nothing on it overflows the page sideways (tables scroll inside their box)
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), (name, width)
+        shot(page, f"page-{name}-{width}")
+    # and no page asked for anything that failed (the favicon included)
+    assert failed == [], failed
+    # and the trainer, a consumer only, is not among the data sources
+    page.goto(f"{srv.url}/")
+    expect(page.locator("#sources tr[data-source]")).to_have_count(1)
+    expect(page.locator('#sources tr[data-source="dash-agent"]')).to_be_visible()
+    # and the API docs list the gateway's doors
+    page.goto(f"{srv.url}/api/v1/docs/")
+    expect(page.locator("#operations-gateway-gateway_chat_completions")).to_be_visible()
+    expect(page.locator("#operations-gateway-gateway_scoped_responses")).to_be_visible()
+    shot(page, f"page-api-docs-{width}")
+    if width == 1440:
+        # and the admin's step list shows its readiness and quality columns inside the page
+        page.goto(f"{srv.url}/admin/pool/step/")
+        results = page.locator("#changelist .results").bounding_box()
+        assert results is not None
+        for column in ("readiness_short", "quality_short", "created_short"):
+            box = page.locator(f"#result_list th.column-{column}").bounding_box()
+            assert box is not None and box["x"] + box["width"] <= results["x"] + results["width"] + 1, (
+                column,
+                box,
+            )
+        # and nothing in the list scrolls out of its box
+        assert page.evaluate(
+            "(e => e.scrollWidth <= e.clientWidth)(document.querySelector('#changelist .results'))"
+        )
+    assert dialogs == []

@@ -6,12 +6,16 @@ in a browser, tests/dashboard/test_dashboard_browser.py."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from curation.selectors.live import live_state
-from tests.conftest import client_for
+from pool.models import PromptGroup
+from pool.services.merge import group_merge_compute
+from tests.conftest import client_for, make_step, post_steps
 from tests.curation.test_pages import signed_in
 from tests.dashboard.traffic import EXPECTED, api_numbers, consistent, drive, page_numbers, state_numbers
 
@@ -48,15 +52,16 @@ def test_the_labels_say_what_each_counter_counts(traffic):
     html = signed_in("operator").get("/").content.decode()
     for label in [
         "steps stored",
-        "trajectories, ",
+        "trajectories</span>, ",
         "of them running",
         "of the steps with exact token ids",
         "retokenized from text",
         "with prompt drift",
         "steps ready to train (exact tokens, final reward, trajectory and group complete)",
         "with no final reward yet (own or trajectory's)",
-        "ready groups",
-        "labelled steps",
+        # one of each in the traffic: the word agrees with its count
+        'ready <span data-plural="curate.ready_groups" data-one="group" data-many="groups">group</span>',
+        'labelled <span data-plural="curate.labelled" data-one="step" data-many="steps">step</span>',
     ]:
         assert label in html, label
 
@@ -67,3 +72,68 @@ def test_the_counters_are_one_statement(traffic):
         state = live_state(["overview"])
     assert len(ctx.captured_queries) == 2, [q["sql"] for q in ctx.captured_queries]
     assert state_numbers(state) == traffic
+
+
+def _api_trajectories(reader) -> list[dict]:
+    rows: list[dict] = []
+    url = "/api/v1/trajectories?page_size=1000"
+    while url:
+        page = reader.get(url).json()
+        rows += page["results"]
+        url = page["next"]
+    return rows
+
+
+def _source_rows(html: str) -> dict[str, tuple[int, int]]:
+    """The sources table of a page: name -> (trajectories, steps), as shown (1,234 read back)."""
+    found = re.findall(
+        r'<tr data-source="([^"]+)">.*?data-cell="trajectories">([\d,]+)<.*?data-cell="steps">([\d,]+)<',
+        html,
+        flags=re.S,
+    )
+    return {name: (int(t.replace(",", "")), int(s.replace(",", ""))) for name, t, s in found}
+
+
+@pytest.mark.parametrize("url", ["/", "/trajectories/"])
+def test_the_sources_are_the_data_sources_the_api_counts(traffic, reader_key, url):
+    # given the traffic: an agent wrote every trajectory, a trainer only pulled and published
+    expected: dict[str, list[int]] = {}
+    for t in _api_trajectories(client_for(reader_key)):
+        row = expected.setdefault(t["source"], [0, 0])
+        row[0] += 1
+        row[1] += t["step_count"]
+    # when the page is served
+    shown = _source_rows(signed_in("operator").get(url).content.decode())
+    # then its sources are the API's data sources with the API's counts; the trainer and the
+    # reader (consumer-only keys) are not among them
+    assert shown == {name: tuple(v) for name, v in expected.items() if name}
+    assert "trainer" not in shown and "reader" not in shown
+
+
+def test_big_numbers_read_with_thousands_separators_as_the_api_counts(agent_key, reader_key):
+    # given two rollouts of a group with a 1,500-token shared prompt, merged
+    agent, reader = client_for(agent_key), client_for(reader_key)
+    steps = [
+        make_step(f"big-r{r}", 0, group="big", prompt=[7] * 1500, response=[r + 1] * 1200) for r in range(2)
+    ]
+    assert post_steps(agent, steps).status_code == 201
+    group_merge_compute(group_id=PromptGroup.objects.get(uid="big").id)
+    api_steps = reader.get("/api/v1/steps?page_size=1000").json()["results"]
+    tree = reader.get("/api/v1/groups/big/prefix-tree").json()
+    operator = signed_in("operator")
+    # when the step list is served, then each row shows the API's token counts, separated
+    html = operator.get("/steps/").content.decode()
+    for s in api_steps:
+        tokens = f"{len(s['prompt_ids']):,} + {len(s['response_ids']):,}"
+        assert tokens == "1,500 + 1,200"
+        assert f'<td data-cell="tokens" class="nowrap">{tokens}</td>' in html
+    # and the optimization page's totals are the merge's, separated
+    total, unique = tree["total_tokens"], tree["unique_tokens"]
+    assert (total, total - unique) == (5400, 1500)
+    html = operator.get("/optimization/").content.decode()
+    assert f'data-stat="tokens-saved">{total - unique:,}<' in html
+    assert f'<td data-cell="tokens">{total:,}</td>' in html and f"{total - unique:,} (28%)" in html
+    # and the overview's counters are the same, separated
+    numbers = page_numbers(operator.get("/").content.decode())
+    assert (numbers["optimize.tokens"], numbers["optimize.tokens_saved"]) == (total, total - unique)
+    assert 'data-live="optimize.tokens">5,400<' in operator.get("/").content.decode()

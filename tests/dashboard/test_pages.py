@@ -4,13 +4,16 @@ view, batch configuration, snapshots, leases and their replay, and escaping."""
 
 from __future__ import annotations
 
+import re
 import uuid
 
 import pytest
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
+from curation import charts
 from curation.models import Lease, Snapshot
 from curation.services import dataset_create
 from curation.services.consume import PullIn, consumer_pull
@@ -21,7 +24,7 @@ from tests.pool.factories import step_in
 
 pytestmark = pytest.mark.django_db
 
-PAGES = ["/", "/collection/", "/steps/", "/curation/", "/optimization/", "/consumption/"]
+PAGES = ["/", "/trajectories/", "/steps/", "/curation/", "/optimization/", "/consumption/"]
 XSS = '<script>window.__xss=1</script><img src=x onerror="window.__xss=2">"><svg onload="window.__xss=3">'
 
 
@@ -63,7 +66,7 @@ def test_a_user_without_a_role_is_refused(url):
     ("url", "reviewer", "operator"),
     [
         ("/", 200, 200),
-        ("/collection/", 200, 200),
+        ("/trajectories/", 200, 200),
         ("/steps/", 200, 200),
         ("/curation/", 403, 200),
         ("/optimization/", 200, 200),
@@ -80,7 +83,7 @@ def test_the_layout_links_every_stage_and_signs_out_by_post():
     html = signed_in("operator").get("/").content.decode()
     for href, label in [
         ("/", "Overview"),
-        ("/collection/", "Collection"),
+        ("/trajectories/", "Trajectories"),
         ("/steps/", "Representation"),
         ("/curation/", "Curation"),
         ("/optimization/", "Optimization"),
@@ -104,7 +107,7 @@ def test_empty_pool_pages_say_what_to_do_next():
     client = signed_in("operator")
     home = client.get("/").content.decode()
     assert 'data-empty="agent"' in home and "http://testserver/v1" in home and "create_api_key" in home
-    assert 'data-empty="agent"' in client.get("/collection/").content.decode()
+    assert 'data-empty="agent"' in client.get("/trajectories/").content.decode()
     assert 'data-empty="agent"' in client.get("/steps/").content.decode()
     opt = client.get("/optimization/").content.decode()
     assert "No prompt groups yet" in opt and "No group is merged yet" in opt
@@ -141,11 +144,11 @@ def test_overview_counts_every_stage_and_the_rates(pool_data):
 def test_collection_filters_by_source_channel_and_status(pool_data):
     client = signed_in("reviewer")
     rows = lambda resp: [t.uid for t in resp.context["rows"]]  # noqa: E731
-    assert set(rows(client.get("/collection/"))) == {"t1", "t2", "a1", "g1-r0", "g1-r1"}
-    assert rows(client.get("/collection/?source=agent-a")) == ["a1"]
-    assert rows(client.get("/collection/?channel=val")) == ["a1"]
-    assert set(rows(client.get("/collection/?status=completed"))) == {"t1", "t2"}
-    html = client.get("/collection/?status=completed&source=agent-a").content.decode()
+    assert set(rows(client.get("/trajectories/"))) == {"t1", "t2", "a1", "g1-r0", "g1-r1"}
+    assert rows(client.get("/trajectories/?source=agent-a")) == ["a1"]
+    assert rows(client.get("/trajectories/?channel=val")) == ["a1"]
+    assert set(rows(client.get("/trajectories/?status=completed"))) == {"t1", "t2"}
+    html = client.get("/trajectories/?status=completed&source=agent-a").content.decode()
     assert "No trajectories match these filters" in html
     # the live rows get the same filter
     assert 'data-filter-status="completed" data-filter-channel=""' in html
@@ -217,7 +220,10 @@ def test_group_view_draws_the_prefix_tree_and_the_list_shows_savings(pool_data):
     assert len(shared) == 1 and shared[0]["length"] == 6 and shared[0]["branches"] == 2
     assert html.count('<rect class="node') == 3
     r0 = Step.objects.get(uid="g1-r0:0")
-    assert f'<a href="/steps/{r0.id}/">g1-r0:0</a>' in html
+    # spans read as token ranges, their steps by trajectory and index (the uid on hover)
+    assert f'<a href="/steps/{r0.id}/" title="step g1-r0:0">g1-r0 · step 0</a>' in html
+    assert '<strong>tokens 0–5</strong> <span class="muted small">6 tokens</span>' in html
+    assert html.count('<strong>tokens 6–8</strong> <span class="muted small">3 tokens</span>') == 2
     assert resp.context["merge"]["total_tokens"] == 18 and resp.context["merge"]["unique_tokens"] == 12
     # the list now shows the group's savings and the chart draws it
     resp = client.get("/optimization/")
@@ -307,8 +313,80 @@ def test_user_content_is_escaped_on_every_page(pool_data):
     )
     step = Step.objects.get(trajectory__uid="x" + XSS[:60])
     client = signed_in("operator")
-    for url in [*PAGES, f"/steps/{step.id}/", f"/collection/?source={XSS[:20]}"]:
+    for url in [*PAGES, f"/steps/{step.id}/", f"/trajectories/?source={XSS[:20]}"]:
         html = client.get(url).content.decode()
         assert "<script>window" not in html, url
         assert "<img src=x" not in html, url
         assert "<svg onload" not in html, url
+
+
+# --- one trajectory list, favicon, chart axes -----------------------------------------------------
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("/collection/", "/trajectories/"),
+        ("/collection/?source=agent-a&status=completed", "/trajectories/?source=agent-a&status=completed"),
+    ],
+)
+def test_collection_is_the_trajectory_list(pool_data, old, new):
+    # given a bookmark of the old collection page, when it is opened
+    client = signed_in("reviewer")
+    resp = client.get(old)
+    # then it lands on the one trajectory list, with its filters
+    assert resp.status_code == 302 and resp["Location"] == new
+    html = client.get("/trajectories/").content.decode()
+    # and that list is live and in the nav, marked as the current page
+    assert 'data-topics="collection"' in html and "data-live-rows" in html
+    assert '<a href="/trajectories/" aria-current="page">Trajectories</a>' in html
+    assert 'href="/collection/"' not in html
+
+
+def test_every_page_links_the_favicon_and_favicon_ico_answers():
+    html = signed_in("operator").get("/").content.decode()
+    assert '<link rel="icon" href="/static/claw/favicon.svg" type="image/svg+xml">' in html
+    resp = Client().get("/favicon.ico")
+    assert resp.status_code == 301 and resp["Location"] == "/static/claw/favicon.ico"
+
+
+@pytest.mark.parametrize(
+    ("top", "ticks"),
+    [
+        (0, [0, 1]),
+        (3, [0, 1, 2, 3]),
+        (7, [0, 2, 4, 6, 8]),
+        (37, [0, 10, 20, 30, 40]),
+        (1234, [0, 500, 1000, 1500]),
+    ],
+)
+def test_chart_ticks_are_round_and_cover_the_peak(top, ticks):
+    assert charts.nice_ticks(top) == ticks
+
+
+def test_the_ingestion_chart_has_a_y_axis_with_its_unit_and_time_ticks(pool_data):
+    # given 7 steps stored this minute, when the overview is served
+    resp = signed_in("operator").get("/")
+    html = resp.content.decode()
+    chart = html[html.index('id="rate-chart"') : html.index("</figure>")]
+    # then the y axis is labelled 0 to the peak's round top, the top one with the unit
+    labels = re.findall(r'data-tick="\d+">([^<]*)</text>', chart)
+    assert labels == ["0", "2", "4", "6", "8 steps/min"]
+    # and the x axis shows times (HH:MM), the last being this minute
+    times = re.findall(r'data-time x="[\d.]+%" y="\d+" text-anchor="\w+">(\d\d:\d\d)</text>', chart)
+    assert len(times) >= 5
+    assert times[-1] == timezone.localtime(resp.context["rate"][-1]["minute"]).strftime("%H:%M")
+    assert 'peak <span data-chart="max">7</span> steps/min' in chart
+
+
+def test_sources_that_only_wrote_events_are_data_sources_and_consumers_are_not(pool_data):
+    # given a service that only posted events, and a trainer and a reader that wrote nothing
+    svc = Source.objects.create(name="reward-svc", kind=Source.Kind.SERVICE)
+    Event.objects.create(type="env_feedback", source=svc, payload={})
+    Source.objects.create(name="trainer-1", kind=Source.Kind.TRAINER)
+    Source.objects.create(name="reader-1", kind=Source.Kind.AGENT)
+    client = signed_in("operator")
+    for url in ["/", "/trajectories/"]:
+        # when the page lists its sources
+        html = client.get(url).content.decode()
+        listed = re.findall(r'<tr data-source="([^"]+)">', html)
+        # then the writers are there, the service with no trajectory, and no consumer
+        assert sorted(listed) == ["agent-a", "reward-svc"], (url, listed)

@@ -148,7 +148,8 @@ def state_numbers(state: dict[str, Any]) -> dict[str, Any]:
 def page_numbers(html: str) -> dict[str, Any]:
     """Every ``data-live`` number of a served page, by its path."""
     found = dict(re.findall(r'data-live="([a-z_.]+)"[^>]*>([^<]*)<', html))
-    return {k: None if v == "–" else int(v.removesuffix("%")) for k, v in found.items()}
+    # Numbers are shown with thousands separators (12,345): read back as ints.
+    return {k: None if v == "–" else int(v.removesuffix("%").replace(",", "")) for k, v in found.items()}
 
 
 def consistent(n: dict[str, Any]) -> None:

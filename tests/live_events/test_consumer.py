@@ -109,6 +109,10 @@ async def test_a_step_submitted_through_the_api_arrives_as_a_steps_event(viewer,
     assert [s["uid"] for s in steps_event["recent"]] == ["e1-s0", "e1-s1"]
     assert steps_event["recent"][0]["trajectory"] == "e1"
     assert steps_event["recent"][0]["token_source"] == "client"
+    # with each step's token counts (the live /steps/ rows show them), the ones submitted
+    assert [(s["prompt_len"], s["response_len"]) for s in steps_event["recent"]] == [
+        (len(st["prompt_ids"]), len(st["response_ids"])) for st in steps
+    ]
     (traj,) = steps_event["trajectories"]
     assert traj["uid"] == "e1" and traj["status"] == "completed" and traj["step_count"] == 2
     assert traj["source"] == "agent" and traj["channel"] == "train" and traj["group"] == "g1"

@@ -60,7 +60,7 @@
       var dd = document.querySelector("[data-preview='" + key + "']");
       if (!dd) return;
       var v = numbers[key];
-      dd.textContent = v === null ? "–" : (typeof v === "number" && !Number.isInteger(v) ? v.toFixed(1) : String(v));
+      dd.textContent = v === null ? "–" : (typeof v === "number" && !Number.isInteger(v) ? v.toFixed(1) : (typeof v === "number" ? v.toLocaleString("en-US") : String(v)));
     });
   }
 

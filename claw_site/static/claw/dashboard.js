@@ -8,7 +8,9 @@
 
   function $(sel, root) { return (root || document).querySelector(sel); }
   function $all(sel, root) { return Array.prototype.slice.call((root || document).querySelectorAll(sel)); }
-  function text(el, value) { if (el) el.textContent = value === null || value === undefined ? "–" : String(value); }
+  // Numbers read as the server renders them (Django's intcomma): 12,345.
+  function fmt(value) { return typeof value === "number" && isFinite(value) ? value.toLocaleString("en-US") : String(value); }
+  function text(el, value) { if (el) el.textContent = value === null || value === undefined ? "–" : fmt(value); }
   function el(tag, attrs, content) {
     var e = document.createElement(tag);
     Object.keys(attrs || {}).forEach(function (k) { e.setAttribute(k, attrs[k]); });
@@ -64,7 +66,11 @@
   // it only, never moved by adding up events, so they always agree with each other.
   function setCounter(path, value) {
     $all("[data-live='" + path + "']").forEach(function (e) {
-      text(e, value === null || value === undefined ? value : value + (e.dataset.suffix || ""));
+      text(e, value === null || value === undefined ? value : fmt(value) + (e.dataset.suffix || ""));
+    });
+    // The word after a count agrees with it: "1 consumer", "2 consumers".
+    $all("[data-plural='" + path + "']").forEach(function (e) {
+      e.textContent = value === 1 ? e.dataset.one : e.dataset.many;
     });
   }
   function applyState(state, prefix) {
@@ -78,7 +84,7 @@
     applyState(state, "");
     var pct = $("#optimize-pct");
     if (pct && state && state.optimize) {
-      text(pct, state.optimize.saved_pct === null ? "nothing merged yet" : state.optimize.saved_pct + "% saved");
+      text(pct, state.optimize.saved_pct === null ? "nothing merged yet" : fmt(state.optimize.saved_pct) + "% saved");
     }
     ((state && state.collect && state.collect.sources) || []).forEach(function (s) {
       sourceRows(s.name).forEach(function (row) {
@@ -113,9 +119,11 @@
     while (tbody.rows.length > keep) tbody.deleteRow(tbody.rows.length - 1);
   }
   function link(href, label) { var a = el("a", { href: href }, label); return a; }
-  function cell(content) {
+  // cls: "opt" for a column a narrow screen leaves out (claw.css), as the server's rows do.
+  function cell(content, cls) {
     var td = document.createElement("td");
-    if (content instanceof Node) td.appendChild(content); else td.textContent = content === null || content === undefined ? "–" : String(content);
+    if (cls) td.className = cls;
+    if (content instanceof Node) td.appendChild(content); else td.textContent = content === null || content === undefined ? "–" : fmt(content);
     return td;
   }
 
@@ -135,16 +143,17 @@
     var badgeEl = el("span", { "class": "badge " + String(t.status).replace(/[^a-z]/g, "") }, t.status);
     row.appendChild(cell(link(trajTable.dataset.trajectoryUrl + encodeURIComponent(t.uid) + "/", t.uid)));
     row.appendChild(cell(badgeEl));
-    row.appendChild(cell(t.channel));
-    row.appendChild(cell(t.source));
+    row.appendChild(cell(t.channel, "opt"));
+    row.appendChild(cell(t.source, "opt"));
     row.appendChild(cell(t.group ? link(trajTable.dataset.groupUrl + encodeURIComponent(t.group) + "/", t.group) : null));
     var steps = cell(t.step_count); steps.dataset.cell = "step_count"; row.appendChild(steps);
     row.appendChild(cell(null));
-    row.appendChild(cell(new Date().toISOString().slice(0, 19).replace("T", " ")));
+    row.appendChild(cell(new Date().toISOString().slice(0, 19).replace("T", " "), "opt"));
     prepend(tbody, row, 100);
   }
 
-  // Representation: the newest steps from `steps.recent`.
+  // Representation: the newest steps from `steps.recent`, each linking to its step page and
+  // its trajectory, with its token counts (prompt + response), as the server renders them.
   var stepTable = $("table#steps[data-live-rows]");
   function addStep(s) {
     if (!stepTable || !matches(stepTable, s)) return;
@@ -152,14 +161,16 @@
     if ($("tr[data-step-id='" + cssEscape(String(s.id)) + "']", tbody)) return;
     var row = el("tr", { "data-step-id": String(s.id) });
     row.appendChild(cell(link(stepTable.dataset.stepUrl + encodeURIComponent(String(s.id)) + "/", s.uid)));
-    row.appendChild(cell(s.trajectory));
-    row.appendChild(cell(s.step_index));
-    row.appendChild(cell(s.source));
-    row.appendChild(cell(null));
-    row.appendChild(cell(el("span", { "class": "badge" }, s.token_source)));
+    row.appendChild(cell(link(stepTable.dataset.trajectoryUrl + encodeURIComponent(s.trajectory) + "/", s.trajectory)));
+    row.appendChild(cell(String(s.step_index), "opt"));
+    row.appendChild(cell(s.source || null, "opt"));
+    var tokens = cell(s.prompt_len === undefined ? null : fmt(s.prompt_len) + " + " + fmt(s.response_len), "nowrap");
+    tokens.dataset.cell = "tokens";
+    row.appendChild(tokens);
+    row.appendChild(cell(el("span", { "class": "badge" + (s.token_source === "retokenized" ? " warn" : "") }, s.token_source)));
     row.appendChild(cell(s.drift ? el("span", { "class": "badge warn" }, "drift") : null));
     row.appendChild(cell(null));
-    row.appendChild(cell(new Date().toISOString().slice(0, 19).replace("T", " ")));
+    row.appendChild(cell(new Date().toISOString().slice(0, 19).replace("T", " "), "opt"));
     prepend(tbody, row, 100);
   }
 
@@ -212,7 +223,7 @@
     var badge = $("[data-cell=status]", row);
     text(badge, d.status);
     if (badge) badge.className = "badge " + String(d.status).replace(/[^a-z]/g, "");
-    if (d.steps !== undefined && d.steps !== null) text($("[data-cell=steps]", row), d.steps + " steps");
+    if (d.steps !== undefined && d.steps !== null) text($("[data-cell=steps]", row), fmt(d.steps) + " steps");
     if (d.status === "done") {
       if (bar) bar.value = 1;
       var files = $("[data-cell=files]", row);
@@ -240,22 +251,43 @@
     var line = $("polyline.line", chart), area = $("polygon.area", chart);
     var values = (chart.dataset.values || "").split(",").filter(Boolean).map(Number);
     if (!values.length) values = [0];
-    var box = chart.querySelector("svg").viewBox.baseVal;
-    var pad = 4;
+    var viewW = Number(chart.dataset.viewW), top = Number(chart.dataset.top), bottom = Number(chart.dataset.bottom);
+    var ticks = $all("[data-tick]", chart), unit = chart.dataset.unit || "";
+    var scaleTop = Number(chart.dataset.scaleTop) || 1;
+    // The time labels (HH:MM) move on with the minutes, as the points do.
+    var shiftTimes = function (minutes) {
+      $all("[data-time]", chart).forEach(function (t) {
+        var hm = t.textContent.split(":").map(Number);
+        if (hm.length !== 2 || isNaN(hm[0]) || isNaN(hm[1])) return;
+        var total = ((hm[0] * 60 + hm[1] + minutes) % 1440 + 1440) % 1440;
+        t.textContent = ("0" + Math.floor(total / 60)).slice(-2) + ":" + ("0" + total % 60).slice(-2);
+      });
+    };
+    // The y axis keeps its grid lines; when the peak passes the scale, the scale grows to the
+    // next round step (1, 2, 2.5 or 5 × 10^k per grid line) and the tick labels follow.
+    var rescale = function (peak) {
+      var steps = ticks.length - 1, raw = peak / steps, mag = Math.pow(10, Math.floor(Math.log10(raw)));
+      var step = [1, 2, 2.5, 5, 10].map(function (m) { return m * mag; }).filter(function (v) { return v >= raw; })[0];
+      if (step < 1) step = 1;
+      scaleTop = step * steps;
+      ticks.forEach(function (t, i) { t.textContent = fmt(step * i) + (i === steps ? " " + unit : ""); });
+    };
     var minute = Math.floor(Date.now() / 60000), seconds = {}, sum = 0, second = 0, secondSum = 0;
     var redraw = function () {
-      var top = Math.max.apply(null, values.concat([1])), n = Math.max(values.length - 1, 1);
+      var peak = Math.max.apply(null, values.concat([0])), n = Math.max(values.length - 1, 1);
+      if (peak > scaleTop) rescale(peak);
       var pts = values.map(function (v, i) {
-        return (pad + (box.width - 2 * pad) * i / n).toFixed(1) + "," + (pad + (box.height - 2 * pad) * (1 - v / top)).toFixed(1);
+        return (viewW * i / n).toFixed(1) + "," + (top + (bottom - top) * (1 - v / scaleTop)).toFixed(1);
       }).join(" ");
       line.setAttribute("points", pts);
-      area.setAttribute("points", pad + "," + (box.height - pad) + " " + pts + " " + (box.width - pad) + "," + (box.height - pad));
-      text($("[data-chart=max]", chart), Math.round(Math.max.apply(null, values.concat([0]))));
+      area.setAttribute("points", "0," + bottom + " " + pts + " " + viewW + "," + bottom);
+      text($("[data-chart=max]", chart), Math.round(peak));
     };
     Live.on("rate", function (d) {
       var now = Date.now(), m = Math.floor(now / 60000), s = Math.floor(now / 1000);
       if (m !== minute) {
         for (var k = minute; k < m && k < minute + values.length; k++) { values.push(0); values.shift(); }
+        shiftTimes(m - minute);
         minute = m; seconds = {}; sum = 0;
       }
       seconds[s] = true;
