@@ -167,6 +167,31 @@ def spec_parse(raw: Any, *, field: str = "") -> Spec:
     return spec
 
 
+def serving_summary(serving: Serving) -> list[str]:
+    """The serving rules in words, one line each (the dataset and consumption pages)."""
+    order = {
+        "oldest_ready": "oldest ready first",
+        "newest_ready": "newest ready first",
+    }.get(serving.order) or {
+        "reward_std": "priority: highest within-group reward spread first, ties oldest first",
+        "staleness": "priority: least stale first (highest policy version), ties oldest first",
+    }.get(serving.priority or "", serving.order)
+    lines = [f"Order: {order}"]
+    r = serving.reuse
+    if r is not None and r.max_uses > 1:
+        fall = (
+            f", priority falls by {r.decay:g} a use" if serving.order == "priority" else ", fewer uses first"
+        )
+        lines.append(f"Reuse: up to {r.max_uses} uses of a unit per consumer, one at a time{fall}")
+    else:
+        lines.append("Reuse: none (each unit once per consumer)")
+    if serving.stale_after is not None:
+        lines.append(f"Fresh: units more than {serving.stale_after} policy versions behind are dropped")
+    if serving.capacity is not None:
+        lines.append(f"Capacity: at most {serving.capacity} units wait per consumer, older ones dropped")
+    return lines
+
+
 def spec_dump(spec: Spec) -> dict[str, Any]:
     """The normalised JSON form (every field, defaults included) stored on a version."""
     return msgspec.to_builtins(spec)

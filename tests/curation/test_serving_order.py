@@ -230,6 +230,22 @@ def test_without_reuse_the_manifest_is_as_before_and_with_it_names_use_indexes(t
     assert two["use_indexes"] == [0] * len(two["step_uids"]) == [0, 0, 0, 0]
 
 
+def test_claw_client_batches_expose_the_use_index_per_step(trainer):
+    from claw_client import Batch
+
+    # given a dataset serving each group twice, its first use acked
+    the_pool()
+    dataset_create(name="d", spec={"serving": {"reuse": {"max_uses": 2}}})
+    first = pull(trainer, batch_size=4)
+    trainer.post(f"/api/v1/leases/{first.json()['lease_id']}/ack")
+    # when the second use is pulled and read by claw_client
+    second = Batch(pull(trainer, batch_size=1).content)
+    # then each step uid has its use index, as the manifest says
+    assert second.use_indexes == {"g0-r0:0": 1, "g0-r1:0": 1}
+    assert set(Batch(first.content).use_indexes.values()) == {0}
+    assert Batch(b'{"lease_id": null, "manifest": null, "batch": null}').use_indexes == {}
+
+
 def test_a_unit_in_an_open_lease_is_not_offered_to_its_consumer_again(trainer):
     # given a dataset that serves each group twice
     the_pool()
@@ -350,3 +366,42 @@ def test_a_version_stored_before_the_order_existed_is_the_same_spec_with_its_def
     # then the first adds no version, the second does
     assert same == 1
     assert Dataset.objects.get(name="d").current.version == 2
+
+
+@pytest.mark.parametrize(
+    ("serving", "lines"),
+    [
+        ({}, ["Order: oldest ready first", "Reuse: none (each unit once per consumer)"]),
+        (
+            {"order": "priority", "priority": "reward_std", "reuse": {"max_uses": 3, "decay": 0.25}},
+            [
+                "Order: priority: highest within-group reward spread first, ties oldest first",
+                "Reuse: up to 3 uses of a unit per consumer, one at a time, priority falls by 0.25 a use",
+            ],
+        ),
+        (
+            {"order": "newest_ready", "reuse": {"max_uses": 2}, "stale_after": 1},
+            [
+                "Order: newest ready first",
+                "Reuse: up to 2 uses of a unit per consumer, one at a time, fewer uses first",
+                "Fresh: units more than 1 policy versions behind are dropped",
+            ],
+        ),
+    ],
+)
+def test_the_dataset_and_consumption_pages_show_the_serving_rules(serving, lines):
+    from django.utils.html import escape
+
+    from tests.curation.test_pages import signed_in
+
+    # given a dataset with these serving rules
+    dataset_create(name="d", spec={"serving": serving})
+    client = signed_in("operator")
+    # when its page and the consumption page are read
+    pages = [client.get("/curation/datasets/d/"), client.get("/consumption/?dataset=d")]
+    # then both list the rules, line by line
+    for page in pages:
+        assert page.status_code == 200
+        html = page.content.decode()
+        block = html[html.index("serving-rules") :]
+        assert [escape(line) in block for line in lines] == [True] * len(lines)
