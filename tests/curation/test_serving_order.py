@@ -246,6 +246,20 @@ def test_claw_client_batches_expose_the_use_index_per_step(trainer):
     assert Batch(b'{"lease_id": null, "manifest": null, "batch": null}').use_indexes == {}
 
 
+def test_the_consumer_status_counts_units_and_their_uses(trainer):
+    # given a dataset serving each group twice, every group taken twice and acked
+    the_pool()
+    dataset_create(name="d", spec={"serving": {"reuse": {"max_uses": 2}}})
+    for _ in range(2):
+        lease = pull(trainer, batch_size=10).json()["lease_id"]
+        trainer.post(f"/api/v1/leases/{lease}/ack")
+    # when its status is read
+    [entry] = trainer.get("/api/v1/consumers/c1").json()["datasets"]
+    # then it has 4 units delivered, in 8 deliveries, none never delivered
+    assert (entry["delivered_units"], entry["deliveries"], entry["pending_units"]) == (4, 8, 0)
+    assert entry["leases"]["acked"] == 2
+
+
 def test_a_unit_in_an_open_lease_is_not_offered_to_its_consumer_again(trainer):
     # given a dataset that serves each group twice
     the_pool()
