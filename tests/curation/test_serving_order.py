@@ -419,3 +419,27 @@ def test_the_dataset_and_consumption_pages_show_the_serving_rules(serving, lines
         html = page.content.decode()
         block = html[html.index("serving-rules") :]
         assert [escape(line) in block for line in lines] == [True] * len(lines)
+
+
+def test_the_builder_saves_and_shows_the_order_and_the_reuse_budget():
+    from curation.models import Dataset
+    from tests.curation.test_pages import BUILDER, signed_in
+
+    client = signed_in("operator")
+    # when the operator saves a dataset served by priority with a reuse budget
+    fields = {"order": "priority", "priority": "staleness", "max_uses": "3", "decay": "0.5"}
+    resp = client.post("/curation/", {**BUILDER, "name": "replay", **fields})
+    assert resp.status_code == 302, resp.content
+    # then the version holds them
+    serving = Dataset.objects.get(name="replay").current.spec["serving"]
+    assert (serving["order"], serving["priority"], serving["reuse"]) == (
+        "priority",
+        "staleness",
+        {"max_uses": 3, "decay": 0.5},
+    )
+    # and the builder opens with them, so saving it again keeps them (no new version)
+    form = client.get("/curation/?dataset=replay").context["form"]
+    shown = {k: form.initial[k] for k in fields}
+    assert shown == {"order": "priority", "priority": "staleness", "max_uses": 3, "decay": 0.5}
+    client.post("/curation/", {**BUILDER, "name": "replay", **{k: str(v) for k, v in shown.items()}})
+    assert Dataset.objects.get(name="replay").current.version == 1
