@@ -215,6 +215,43 @@ def test_the_order_holds_beyond_the_candidates_a_pull_reads(trainer, serving, ex
     assert got == expected
 
 
+# (serving rules, units in order: the pool's groups and "lone", a trajectory without a group
+# at version 2, completed after them)
+LONE = [
+    pytest.param({}, ["g0", "g1", "g2", "g3", "lone"], id="oldest"),
+    pytest.param({"order": "newest_ready"}, ["lone", "g3", "g2", "g1", "g0"], id="newest"),
+    # a lone trajectory has no spread: 0, like g0, which is older
+    pytest.param(
+        {"order": "priority", "priority": "reward_std"}, ["g2", "g1", "g3", "g0", "lone"], id="spread"
+    ),
+    pytest.param(
+        {"order": "priority", "priority": "staleness"}, ["g0", "g3", "g2", "lone", "g1"], id="staleness"
+    ),
+    pytest.param(
+        {"order": "priority", "priority": "staleness", "reuse": {"max_uses": 2, "decay": 5}},
+        ["g0", "g3", "g2", "lone", "g1"] * 2,
+        id="staleness-K2",
+    ),
+]
+
+
+@pytest.mark.parametrize(("serving", "expected"), LONE)
+def test_trajectories_without_a_group_take_their_place_in_the_order(trainer, serving, expected):
+    # given the pool and then a completed trajectory without a group, at version 2
+    the_pool()
+    steps_ingest(
+        steps=[step_in("lone", 0, prompt=[7], response=[8], reward=1.0, is_last=True, policy_version=2)]
+    )
+    dataset_create(name="d", spec={"serving": serving})
+    # when everything is pulled one unit at a time
+    got = []
+    while (body := pull(trainer, batch_size=1).json())["lease_id"] is not None:
+        got += [s["prompt_group_uid"] or s["trajectory_uid"] for s in body["batch"]["steps"][:1]]
+        trainer.post(f"/api/v1/leases/{body['lease_id']}/ack")
+    # then the lone trajectory comes where its age, spread or version puts it
+    assert got == expected
+
+
 def test_without_reuse_the_manifest_is_as_before_and_with_it_names_use_indexes(trainer):
     # given two datasets over the pool: one with K = 1, one with K = 2
     the_pool()
