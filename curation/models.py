@@ -217,8 +217,9 @@ class Lease(models.Model):
 
 class Delivery(models.Model):
     """A unit (a prompt group, a trajectory without a group, or a step) held by a consumer
-    for a dataset: leased or acked. The unique row is what makes delivery exactly once per
-    consumer, on every database: two pullers can never both insert it."""
+    for a dataset: leased or acked, as its ``use_index``-th use. The unique row is what makes
+    delivery exactly once per consumer (each use once, under a reuse budget), on every
+    database: two pullers can never both insert it."""
 
     class Kind(models.IntegerChoices):
         GROUP = 1, "group"
