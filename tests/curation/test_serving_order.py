@@ -480,3 +480,23 @@ def test_the_builder_saves_and_shows_the_order_and_the_reuse_budget():
     assert shown == {"order": "priority", "priority": "staleness", "max_uses": 3, "decay": 0.5}
     client.post("/curation/", {**BUILDER, "name": "replay", **{k: str(v) for k, v in shown.items()}})
     assert Dataset.objects.get(name="replay").current.version == 1
+
+
+def test_the_migration_backfills_the_scores_the_effect_writes():
+    import importlib
+
+    from django.apps import apps
+
+    backfill = importlib.import_module("curation.migrations.0007_serving_order").backfill
+    # given the pool, scored by the effect, and a group that is not ready (never scored)
+    the_pool()
+    group_upsert(uid="open", expected_rollouts=3)
+    by_effect = sorted(GroupScore.objects.values_list("group_id", "reward_std", "policy_version", "ready_at"))
+    # when the scores are gone and the migration's backfill runs
+    GroupScore.objects.all().delete()
+    backfill(apps, None)
+    # then it writes the same rows (ready time: the group's)
+    again = sorted(GroupScore.objects.values_list("group_id", "reward_std", "policy_version", "ready_at"))
+    ready = dict(PromptGroup.objects.values_list("id", "ready_at"))
+    assert [r[:3] for r in again] == [r[:3] for r in by_effect] and len(again) == 4
+    assert all(at == ready[g] for g, _s, _v, at in again)
