@@ -66,6 +66,17 @@ class Batch:
     def __bool__(self) -> bool:
         return self.lease_id is not None
 
+    @property
+    def use_indexes(self) -> dict[str, int]:
+        """Each step uid's use index: which use of its unit by this consumer this delivery
+        is, from 0. A dataset with a reuse budget (``serving.reuse.max_uses`` K > 1) may
+        deliver a unit up to K times, one use at a time; without one every use is 0 (the
+        manifest then has no ``use_indexes``). Empty for an empty batch."""
+        if not self.manifest:
+            return {}
+        uids = self.manifest["step_uids"]
+        return dict(zip(uids, self.manifest.get("use_indexes") or [0] * len(uids), strict=True))
+
     def __len__(self) -> int:
         return len(self.batch["steps"]) if self.batch else 0
 

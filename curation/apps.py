@@ -10,7 +10,10 @@ class CurationConfig(AppConfig):
         from pool.ingest import effects
 
         from . import events, tasks
+        from .services import consume
 
         effects.register(events.snapshot_live, events.SnapshotChanged)
         effects.register(tasks.snapshot_build_enqueue, events.SnapshotRequested)
         effects.register(events.lease_live, events.LeaseChanged)
+        # Serving order priority: a ready group's scores (curation/models.py GroupScore).
+        effects.register(consume.group_scores_refresh, effects.GroupsReady)

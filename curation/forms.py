@@ -94,6 +94,11 @@ SPEC_FIELDS: dict[str, tuple[str, str]] = {
     "reward_assignment": ("grouping", "str"),
     "stale_after": ("serving", "int"),
     "capacity": ("serving", "int"),
+    # Serving order and reuse (specs.Serving): a section with a dot is a nested struct.
+    "order": ("serving", "str"),
+    "priority": ("serving", "str"),
+    "max_uses": ("serving.reuse", "int"),
+    "decay": ("serving.reuse", "float"),
 }
 
 
@@ -161,6 +166,31 @@ class DatasetForm(forms.Form):
         label="Consumer capacity",
         help_text="ready units waiting per consumer; the oldest beyond it are dropped (counted)",
     )
+    order = forms.ChoiceField(
+        choices=[
+            ("oldest_ready", "oldest ready first"),
+            ("newest_ready", "newest ready first"),
+            ("priority", "by priority"),
+        ],
+        initial="oldest_ready",
+        required=False,
+        label="Serving order",
+    )
+    priority = forms.ChoiceField(
+        choices=[("", "none"), ("reward_std", "highest reward spread"), ("staleness", "least stale")],
+        required=False,
+        label="Priority",
+        help_text="with order by priority; ties oldest first",
+    )
+    max_uses = forms.IntegerField(
+        required=False,
+        min_value=1,
+        label="Uses per consumer",
+        help_text="reuse: a unit served up to this many times to a consumer (blank: once)",
+    )
+    decay = forms.FloatField(
+        required=False, min_value=0, label="Priority decay", help_text="priority lost per use (reuse)"
+    )
     advanced = forms.BooleanField(required=False, label="Edit the JSON spec directly")
     spec = forms.CharField(widget=forms.Textarea(attrs={"rows": 12, "spellcheck": "false"}), required=False)
     name = forms.CharField(max_length=64, required=False, help_text="an existing name gets a new version")
@@ -180,7 +210,10 @@ class DatasetForm(forms.Form):
         """Initial field values showing a stored (normalised) spec."""
         initial: dict[str, Any] = {"spec": json.dumps(spec, indent=2)}
         for name, (section, kind) in SPEC_FIELDS.items():
-            value = spec.get(section, {}).get(name)
+            part: Any = spec
+            for key in section.split("."):
+                part = (part or {}).get(key)
+            value = (part or {}).get(name)
             if value is None:
                 continue
             initial[name] = ", ".join(value) if kind == "csv" else value
@@ -209,7 +242,8 @@ class DatasetForm(forms.Form):
             elif value == "":
                 value = None
             if value is not None:
-                raw[section][name] = value
+                top, _, nested = section.partition(".")
+                (raw[top].setdefault(nested, {}) if nested else raw[top])[name] = value
         return raw
 
 

@@ -261,8 +261,9 @@ class Lease(models.Model):
 
 class Delivery(models.Model):
     """A unit (a prompt group, a trajectory without a group, or a step) held by a consumer
-    for a dataset: leased or acked. The unique row is what makes delivery exactly once per
-    consumer, on every database: two pullers can never both insert it."""
+    for a dataset: leased or acked, as its ``use_index``-th use. The unique row is what makes
+    delivery exactly once per consumer (each use once, under a reuse budget), on every
+    database: two pullers can never both insert it."""
 
     class Kind(models.IntegerChoices):
         GROUP = 1, "group"
@@ -275,15 +276,51 @@ class Delivery(models.Model):
     key = models.BigIntegerField()  # the group, trajectory or step id
     lease = models.ForeignKey(Lease, on_delete=models.CASCADE, related_name="deliveries")
     created_at = models.DateTimeField(auto_now_add=True)
+    # Which use of the unit by this consumer this is, from 0 (specs.Serving.reuse: a unit
+    # may be served up to max_uses times; without reuse it is always 0: exactly once).
+    use_index = models.PositiveIntegerField(default=0)
 
     class Meta:
         constraints = [
-            # Exactly once per consumer and dataset; also serves "was this unit delivered".
-            models.UniqueConstraint(fields=["consumer", "dataset", "kind", "key"], name="delivery_once"),
+            # Each use once per consumer and dataset (one use without reuse: exactly once);
+            # also serves "was this unit delivered" and "how many uses" (a prefix).
+            models.UniqueConstraint(
+                fields=["consumer", "dataset", "kind", "key", "use_index"], name="delivery_use_once"
+            ),
         ]
 
     def __str__(self) -> str:
         return f"{self.get_kind_display()} {self.key} -> consumer {self.consumer_id}"
+
+
+class GroupScore(models.Model):
+    """A ready prompt group's serving scores (specs.Serving ``order: priority``), written by
+    the effect of ``GroupsReady`` (services.consume.group_scores_refresh) each time the
+    group is found ready, so a priority pull orders by an index instead of aggregating
+    every waiting group's rewards. The row outlives a group that is no longer ready (the
+    pull reads only ready groups) and is rewritten when it is ready again."""
+
+    group = models.OneToOneField(
+        "pool.PromptGroup", primary_key=True, on_delete=models.CASCADE, related_name="serving_score"
+    )
+    # Population standard deviation of its completed rollouts' rewards (0 for fewer than 2).
+    reward_std = models.FloatField()
+    # The lowest policy version of its completed rollouts' steps (the stalest decides); -1:
+    # a step has none (staler than any version, as serving.stale_after counts it).
+    policy_version = models.BigIntegerField()
+    # The group's ready_at when scored (a copy, so the index orders ties by age too).
+    ready_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [
+            # Pull, order priority/reward_std: "ready groups, highest spread first, oldest first".
+            models.Index(fields=["-reward_std", "ready_at", "group"], name="gscore_spread"),
+            # Pull, order priority/staleness: "ready groups, newest policy first, oldest first".
+            models.Index(fields=["-policy_version", "ready_at", "group"], name="gscore_fresh"),
+        ]
+
+    def __str__(self) -> str:
+        return f"group {self.group_id}: std {self.reward_std:g}, version {self.policy_version}"
 
 
 class Skip(models.Model):

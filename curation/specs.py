@@ -10,6 +10,7 @@ documented on its struct below; docs/curation.md has the semantics.
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -69,6 +70,11 @@ class Grouping(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_de
     reward_assignment: Literal["each_step", "last_step"] = "each_step"
 
 
+class Reuse(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=False):
+    max_uses: int = 1
+    decay: float = 0.0
+
+
 class Serving(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=False):
     """Rules applied per consumer when a unit is offered to a pull. A unit they drop is never
     served to that consumer, and the drop is counted with its reason (``Skip.reason``;
@@ -82,6 +88,19 @@ class Serving(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_def
     # more are ready, the oldest beyond it are dropped ("capacity"), so a slow trainer
     # keeps to recent data instead of an ever-growing backlog.
     capacity: int | None = None
+    # Serving order of the units a pull may take: "oldest_ready" (ready first, first
+    # served), "newest_ready", or "priority" by the named score ``priority``: "reward_std"
+    # (highest within-group reward spread first: a group's spread, a step's group's spread,
+    # 0 without a group) or "staleness" (least stale first: highest policy version first,
+    # the unit's stalest step deciding, none below every version); ties by age (oldest
+    # ready first).
+    order: Literal["oldest_ready", "newest_ready", "priority"] = "oldest_ready"
+    priority: Literal["reward_std", "staleness"] | None = None
+    # Reuse (a replay buffer): one consumer may receive a unit up to max_uses times (an ack
+    # consumes a use, a nack or expiry gives it back); each delivery records its use index.
+    # Its effective priority falls with each use: base - decay x uses (Trinity-RFT); under
+    # oldest_ready and newest_ready fewer uses come first. None (max_uses 1): exactly once.
+    reuse: Reuse | None = None
 
 
 class Spec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=False):
@@ -89,6 +108,9 @@ class Spec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaul
     grouping: Grouping = msgspec.field(default_factory=Grouping)
     serving: Serving = msgspec.field(default_factory=Serving)
 
+
+# The most uses a reuse budget may grant one consumer per unit.
+MAX_USES = 1000
 
 _AT = re.compile(r" - at `\$\.?(.*)`$")
 _UNKNOWN = re.compile(r"Object contains unknown field `([^`]*)`")
@@ -109,9 +131,24 @@ def spec_parse(raw: Any, *, field: str = "") -> Spec:
         ("grouping.min_rollouts", g.min_rollouts, 1),
         ("serving.stale_after", s.stale_after, 0),
         ("serving.capacity", s.capacity, 1),
+        ("serving.reuse.max_uses", s.reuse.max_uses if s.reuse else None, 1),
+        ("serving.reuse.decay", s.reuse.decay if s.reuse else None, 0),
     ):
         if value is not None and value < least:
             raise InvalidInput(f"{name} must be >= {least}", field=_join(field, name))
+    if s.reuse is not None and s.reuse.max_uses > MAX_USES:
+        raise InvalidInput(
+            f"serving.reuse.max_uses must be <= {MAX_USES}", field=_join(field, "serving.reuse.max_uses")
+        )
+    if s.reuse is not None and not math.isfinite(s.reuse.decay):
+        raise InvalidInput("serving.reuse.decay must be finite", field=_join(field, "serving.reuse.decay"))
+    if (s.order == "priority") != (s.priority is not None):
+        name = "serving.priority" if s.order == "priority" else "serving.order"
+        raise InvalidInput(
+            'serving.order "priority" needs serving.priority ("reward_std" or "staleness"), and '
+            'serving.priority needs serving.order "priority"',
+            field=_join(field, name),
+        )
     for name in ("created_after", "created_before"):
         # In UTC: PostgreSQL refuses offsets beyond +-15:59 that ISO 8601 parsers accept.
         value = getattr(f, name)
@@ -128,6 +165,31 @@ def spec_parse(raw: Any, *, field: str = "") -> Spec:
             "filters.reward_min must be <= reward_max", field=_join(field, "filters.reward_min")
         )
     return spec
+
+
+def serving_summary(serving: Serving) -> list[str]:
+    """The serving rules in words, one line each (the dataset and consumption pages)."""
+    order = {
+        "oldest_ready": "oldest ready first",
+        "newest_ready": "newest ready first",
+    }.get(serving.order) or {
+        "reward_std": "priority: highest within-group reward spread first, ties oldest first",
+        "staleness": "priority: least stale first (highest policy version), ties oldest first",
+    }.get(serving.priority or "", serving.order)
+    lines = [f"Order: {order}"]
+    r = serving.reuse
+    if r is not None and r.max_uses > 1:
+        fall = (
+            f", priority falls by {r.decay:g} a use" if serving.order == "priority" else ", fewer uses first"
+        )
+        lines.append(f"Reuse: up to {r.max_uses} uses of a unit per consumer, one at a time{fall}")
+    else:
+        lines.append("Reuse: none (each unit once per consumer)")
+    if serving.stale_after is not None:
+        lines.append(f"Fresh: units more than {serving.stale_after} policy versions behind are dropped")
+    if serving.capacity is not None:
+        lines.append(f"Capacity: at most {serving.capacity} units wait per consumer, older ones dropped")
+    return lines
 
 
 def spec_dump(spec: Spec) -> dict[str, Any]:

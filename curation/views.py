@@ -58,7 +58,7 @@ from .selectors.review import (
 from .selectors.specs import dataset_preview, dataset_versions, datasets_list, datasets_with_current
 from .selectors.timeline import step_inspect, step_token_ids, trajectory_timeline
 from .services.snapshots import snapshot_create
-from .specs import spec_dump, spec_parse
+from .specs import serving_summary, spec_dump, spec_parse
 
 VIEW = "pool.view_trajectory"
 REVIEW = "pool.add_feedback"
@@ -270,6 +270,7 @@ def _batch_config(form: BatchForm, names: list[str]) -> dict[str, Any] | None:
         "pull_json": json.dumps(pull),
         "max_staleness": spec["filters"]["max_staleness"],
         "preview": dataset_preview(spec_parse(spec)),
+        "serving": serving_summary(spec_parse(spec).serving),
     }
 
 
@@ -471,6 +472,7 @@ def dataset(request: HttpRequest, name: str) -> HttpResponse:
             "dataset": ds,
             "versions": [(v, json.dumps(v.spec, indent=2)) for v in versions],
             "preview": preview,
+            "serving": serving_summary(spec_parse(ds.current.spec).serving) if ds.current else [],
         },
     )
 

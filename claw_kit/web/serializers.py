@@ -90,4 +90,6 @@ def _field_for(tp: Any, **kwargs: Any) -> serializers.Field:
         return serializers.ListField(child=_field_for(tp.item_type), **kwargs)
     if isinstance(tp, i.DictType):
         return serializers.DictField(**kwargs)
+    if isinstance(tp, i.StructType):  # a nested struct (e.g. serving.reuse)
+        return struct_serializer(tp.cls, tp.cls.__name__)(**kwargs)
     raise TypeError(f"no serializer field for {tp!r}")

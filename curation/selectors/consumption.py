@@ -22,7 +22,7 @@ LEASES_SHOWN = 30
 
 def consumer_status(name: str, *, owner: int | None = None) -> dict[str, Any] | None:
     """A consumer's progress per dataset it pulled from: its leases by status, the units
-    delivered to it, the ready units still waiting for it (under the dataset's current
+    delivered to it (and ``deliveries``: their uses, under a reuse budget), the ready units still waiting for it (under the dataset's current
     version), and the units dropped for it, by reason (Skip rows; specs.Serving), with the
     stale drops by the current policy version they were made under (``stale_drops``: how
     many still hold, are deliverable again since the version moved back, or were served
@@ -42,6 +42,7 @@ def consumer_status(name: str, *, owner: int | None = None) -> dict[str, Any] | 
             {
                 "leases": {s.value: 0 for s in Lease.Status},
                 "delivered_units": 0,
+                "deliveries": 0,
                 "dropped": {r.label: 0 for r in Skip.Reason},
                 "dropped_steps": {r.label: 0 for r in Skip.Reason},
                 "stale_drops": {},
@@ -56,14 +57,17 @@ def consumer_status(name: str, *, owner: int | None = None) -> dict[str, Any] | 
     )
     for dataset_id, status, n in leases:
         entry(dataset_id)["leases"][status] = n
+    # A unit delivered at all has its use 0 row (acked uses are 0..n-1, specs.Serving.reuse):
+    # delivered_units counts units, deliveries every use of them (the same without reuse).
     delivered = (
         Delivery.objects.filter(consumer=consumer)
         .values_list("dataset_id")
-        .annotate(n=Count("id"))
+        .annotate(n=Count("id", filter=Q(use_index=0)), uses=Count("id"))
         .order_by()
     )
-    for dataset_id, n in delivered:
+    for dataset_id, n, uses in delivered:
         entry(dataset_id)["delivered_units"] = n
+        entry(dataset_id)["deliveries"] = uses
     served = Delivery.objects.filter(
         consumer=consumer,
         dataset_id=OuterRef("dataset_version__dataset_id"),

@@ -1,10 +1,19 @@
 """Consumption: trainers pull batches of what a dataset admits, under leases.
 
 A pull claims units (whole prompt groups, lone trajectories, or steps) for one consumer by
-inserting ``Delivery`` rows, unique per (consumer, dataset, unit): concurrent pullers of one
-consumer can never both claim a unit, on PostgreSQL or SQLite, and a unit lost to another
-puller is simply replaced by the next candidate. Ready units are offered oldest-ready first;
-a unit that is not ready is never a candidate, so it blocks nothing.
+inserting ``Delivery`` rows, unique per (consumer, dataset, unit, use index): concurrent
+pullers of one consumer can never both claim a unit, on PostgreSQL or SQLite, and a unit
+lost to another puller is simply replaced by the next candidate. Ready units are offered in
+the dataset's serving order (specs.Serving ``order``: oldest ready first by default, newest
+ready first, or by a priority score, ties oldest first); a unit that is not ready is never a
+candidate, so it blocks nothing.
+
+Reuse (``serving.reuse``): a unit may go to one consumer up to ``max_uses`` times, one use at
+a time (a unit in an open lease is not offered to that consumer again until the lease ends),
+each Delivery row recording its ``use_index`` (0, 1, ...: the uses acked before it). An ack
+consumes the use; a nack or expiry deletes its row, so the same use index is offered again.
+Acked uses are therefore always 0..n-1, the next use is n, and the unique row keeps two
+pullers from taking the same use. Without reuse every use index is 0: exactly once.
 
 A lease ends by ack (its units are consumed by that consumer for good), nack or expiry (its
 Delivery rows go, the units are candidates again). The batch is stored byte for byte with
@@ -23,14 +32,27 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import connection, transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import (
+    BigIntegerField,
+    Count,
+    Exists,
+    ExpressionWrapper,
+    F,
+    FloatField,
+    Min,
+    OuterRef,
+    Q,
+    Subquery,
+    Value,
+)
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from claw_kit.web import guard
 from claw_kit.web.renderers import dumps
 from pool import sql
 from pool.errors import Conflict, InvalidInput, NotFound
-from pool.ingest.effects import emit
+from pool.ingest.effects import GroupsReady, emit
 from pool.models import AuditEvent, PolicyVersion, PromptGroup, Step, Trajectory
 from pool.selectors.steps import branch_ends, steps_render
 from pool.services import effective_reward
@@ -38,7 +60,7 @@ from pool.services.audit import audit_record
 
 from ..events import LeaseChanged
 from ..formats import RENDERERS
-from ..models import Consumer, Dataset, Delivery, Lease, Skip
+from ..models import Consumer, Dataset, Delivery, GroupScore, Lease, Skip
 from ..selectors.specs import Compiled, dataset_steps, spec_compile, units_admitted
 from ..specs import spec_parse
 
@@ -50,6 +72,8 @@ MAX_LEASE_SECONDS = 24 * 3600
 # to another puller of the same consumer first).
 CANDIDATE_FACTOR = 4
 MAX_ROUNDS = 8
+# Groups scored per statement by group_scores_refresh (bounded statements on SQLite too).
+SCORE_CHUNK = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +240,68 @@ def leases_expire(*, consumer_id: int | None = None, now=None) -> int:
         )
 
 
+def group_scores_refresh(event: GroupsReady) -> None:
+    """The effect of ready groups on serving (curation/apps.py): write each group's scores
+    (GroupScore: reward spread, stalest policy version, ready time) for order priority.
+    Idempotent (an upsert from the current rows); runs inside the settle's transaction,
+    before the group's ready_at is written (a group without one is ready now). A few
+    statements per chunk of groups."""
+    ids = sorted(event.group_ids)
+    now = timezone.now()
+    for i in range(0, len(ids), SCORE_CHUNK):
+        chunk = ids[i : i + SCORE_CHUNK]
+        rewards: dict[int, dict[int, float | None]] = {g: {} for g in chunk}
+        for tid, gid, reward in Trajectory.objects.filter(
+            group_id__in=chunk, status=Trajectory.Status.COMPLETED
+        ).values_list("id", "group_id", "reward"):
+            rewards[gid][tid] = reward
+        unrewarded = [t for g in rewards.values() for t, r in g.items() if r is None]
+        last = dict(
+            Step.objects.filter(trajectory_id__in=unrewarded, is_last=True).values_list(
+                "trajectory_id", "reward"
+            )
+        )
+        versions = {
+            gid: -1 if missing else lowest
+            for gid, lowest, missing in Step.objects.filter(
+                trajectory__group_id__in=chunk, trajectory__status=Trajectory.Status.COMPLETED
+            )
+            .values_list("trajectory__group_id")
+            .annotate(
+                lowest=Min("policy_version_id"), missing=Count("id", filter=Q(policy_version__isnull=True))
+            )
+            .values_list("trajectory__group_id", "lowest", "missing")
+            .order_by()
+        }
+        ready = dict(PromptGroup.objects.filter(id__in=chunk).values_list("id", "ready_at"))
+        rows = []
+        for gid in chunk:
+            values = [r if r is not None else last.get(t) for t, r in rewards[gid].items()]
+            values = [v for v in values if v is not None]
+            rows.append(
+                GroupScore(
+                    group_id=gid,
+                    reward_std=_pstdev(values),
+                    policy_version=versions.get(gid, -1),
+                    ready_at=ready.get(gid) or now,
+                )
+            )
+        GroupScore.objects.bulk_create(
+            rows,
+            update_conflicts=True,
+            unique_fields=["group"],
+            update_fields=["reward_std", "policy_version", "ready_at"],
+        )
+
+
+def _pstdev(values: list[float]) -> float:
+    """Population standard deviation (0 for fewer than two values)."""
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    return (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+
+
 # --- helpers --------------------------------------------------------------------------------
 def lease_changed(lease: Lease, *, consumer: str, dataset: str, taken: int = 0, acked: int = 0) -> None:
     """Emit ``LeaseChanged`` (its effect: the live ``lease`` event, after the commit)."""
@@ -278,6 +364,7 @@ def _claim(c: Compiled, ds: Dataset, who: Consumer, lease: Lease, pull: PullIn) 
     dataset does not admit, or its serving rules drop, are remembered as Skip rows with
     their reason (counted in ``lease.dropped``)."""
     taken: dict[int, bool] = {}
+    uses: dict[int, int] = {}  # step id -> the use index of its unit
     n_units = 0
     drops = _Drops(c, who, lease.dataset_version_id)
     if c.spec.serving.capacity is not None:
@@ -287,42 +374,44 @@ def _claim(c: Compiled, ds: Dataset, who: Consumer, lease: Lease, pull: PullIn) 
         if want <= 0:
             break
         if pull.unit == "steps":
-            rows = list(
-                dataset_steps(c)
-                .filter(*_not_taken(ds, who, drops, Delivery.Kind.STEP))
-                .order_by("id")
-                .values_list("id", "policy_version_id")[:want]
-            )
+            rows = _ready_steps(c, ds, who, drops, want)
             if not rows:
                 break
-            stale = {i for i, v in rows if drops.stale(v)}
+            stale = {i for i, v, _u in rows if drops.stale(v)}
             drops.add(Skip.Reason.STALE, [(Delivery.Kind.STEP, i, 1) for i in stale])
-            fresh = [i for i, _v in rows if i not in stale]
-            won = _insert(who, ds, lease, [(Delivery.Kind.STEP, i) for i in fresh])
-            for _step_kind, key in won:
+            fresh = [(Delivery.Kind.STEP, i, u) for i, _v, u in rows if i not in stale]
+            won = _insert(who, ds, lease, fresh)
+            for _step_kind, key, use in won:
                 taken[key] = False
+                uses[key] = use
             n_units += len(won)
             continue
         candidates = _ready_units(ds, who, drops, want * CANDIDATE_FACTOR)
         if not candidates:
             break
-        groups = [k for k in candidates if k > 0]
-        lone = [-k for k in candidates if k < 0]
+        use_of = dict(candidates)
+        groups = [k for k, _u in candidates if k > 0]
+        lone = [-k for k, _u in candidates if k < 0]
         # The candidates' steps by trajectory id (index step_curation), not through a join.
         members = list(Trajectory.objects.filter(group_id__in=groups).values_list("id", flat=True))
         admitted = units_admitted(c, Q(trajectory_id__in=members + lone))
-        drops.add(Skip.Reason.FILTERED, [(_kind(k), abs(k), None) for k in candidates if k not in admitted])
+        drops.add(
+            Skip.Reason.FILTERED, [(_kind(k), abs(k), None) for k, _u in candidates if k not in admitted]
+        )
         stale = drops.stale_units(admitted)
         drops.add(Skip.Reason.STALE, [(_kind(k), abs(k), len(admitted[k])) for k in stale])
-        order = [k for k in candidates if k in admitted and k not in stale][:want]
-        won = _insert(who, ds, lease, [(_kind(k), abs(k)) for k in order])
-        for kind, key in won:
-            taken.update(admitted[key if kind == Delivery.Kind.GROUP else -key])
+        order = [k for k, _u in candidates if k in admitted and k not in stale][:want]
+        won = _insert(who, ds, lease, [(_kind(k), abs(k), use_of[k]) for k in order])
+        for kind, key, use in won:
+            unit = admitted[key if kind == Delivery.Kind.GROUP else -key]
+            taken.update(unit)
+            uses.update(dict.fromkeys(unit, use))
         n_units += len(won)
         if len(candidates) < want * CANDIDATE_FACTOR and len(won) == len(order):
             break  # every ready unit was looked at
     lease.n_units = n_units
     lease.dropped = dict(drops.counts)
+    lease.uses = uses
     return taken
 
 
@@ -337,6 +426,7 @@ class _Drops:
 
     def __init__(self, c: Compiled, who: Consumer, version_id: int) -> None:
         self.who, self.version_id = who, version_id
+        self.order = _Order.of(c)
         self.counts: Counter[str] = Counter()
         after, current = c.spec.serving.stale_after, c.current_version
         self.current = current
@@ -399,15 +489,109 @@ def skip_holds(current: int | None, *, max_staleness: bool) -> Q:
     return holds
 
 
+@dataclass(frozen=True, slots=True)
+class _Order:
+    """A dataset's serving order and reuse budget (specs.Serving), as a pull applies them."""
+
+    order: str  # oldest_ready, newest_ready, priority
+    priority: str | None  # reward_std, staleness (order priority)
+    max_uses: int
+    decay: float
+
+    @classmethod
+    def of(cls, c: Compiled) -> _Order:
+        s = c.spec.serving
+        return cls(s.order, s.priority, s.reuse.max_uses if s.reuse else 1, s.reuse.decay if s.reuse else 0.0)
+
+    @property
+    def reuse(self) -> bool:
+        return self.max_uses > 1
+
+    def rank(self, qs, *, at: str, base, kind: int, ds: Dataset, who: Consumer, limit: int) -> list:
+        """The first ``limit`` rows of a queue of units (``qs``, ready time ``at``, score
+        ``base`` for order priority) in this order, as (ready time, id, uses, priority).
+        Without reuse the oldest_ready statement is today's (``at``, id; index group_ready);
+        order priority without reuse orders by the score's own column (gscore_spread,
+        gscore_fresh for groups)."""
+        cols = [at, "id"]
+        if self.reuse:
+            qs = qs.annotate(_uses=_uses(ds, who, kind))
+        if self.order == "priority":
+            # Trinity-RFT's effective priority: base - decay x uses.
+            prio = (
+                ExpressionWrapper(base - self.decay * F("_uses"), output_field=FloatField())
+                if self.reuse
+                else base
+            )
+            qs = qs.annotate(_prio=prio)
+            keys = [F("_prio").desc(), at, "id"]
+        elif self.order == "newest_ready":
+            keys = [f"-{at}", "-id"]
+        else:
+            keys = [at, "id"]
+        if self.reuse and self.order != "priority":
+            keys.insert(0, "_uses")  # fewer uses first
+        cols += ["_uses" if self.reuse else Value(0), "_prio" if self.order == "priority" else Value(0.0)]
+        if not self.reuse and self.order != "priority":
+            cols = cols[:2]  # today's statement
+        rows = list(qs.order_by(*keys).values_list(*cols)[:limit])
+        return [(r[0], r[1], 0, 0.0) for r in rows] if len(cols) == 2 else rows
+
+    def sort_key(self, row: tuple):
+        """The merge key of a (ready time, signed key, uses, priority) row of either queue."""
+        at, key, uses, prio = row
+        if self.order == "priority":
+            return (-prio, at, key)
+        if self.order == "newest_ready":
+            return (uses, _Desc((at, key)))
+        return (uses, at, key)
+
+
+class _Desc:
+    """Sorts its value in reverse (newest_ready's merge key)."""
+
+    __slots__ = ("v",)
+
+    def __init__(self, v) -> None:
+        self.v = v
+
+    def __lt__(self, other: _Desc) -> bool:
+        return self.v > other.v
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Desc) and self.v == other.v
+
+
+def _uses(ds: Dataset, who: Consumer, kind: int):
+    """A unit's uses by this consumer (its Delivery rows: acked uses; none is open where the
+    unit is a candidate), a subquery on ``pk`` (a prefix of delivery_use_once)."""
+    n = (
+        Delivery.objects.filter(consumer=who, dataset=ds, kind=kind, key=OuterRef("pk"))
+        .order_by()
+        .values("key")
+        .annotate(n=Count("id"))
+        .values("n")[:1]
+    )
+    return Coalesce(Subquery(n), 0)
+
+
 def _not_taken(ds: Dataset, who: Consumer, drops: _Drops, kind: int) -> list:
-    """Conditions on a unit's ``pk``: neither delivered to this consumer nor dropped for it
-    under this dataset version by a drop that still holds (both EXISTS probes on unique
-    indexes)."""
+    """Conditions on a unit's ``pk``: not delivered to this consumer (with reuse: not held by
+    an open lease of it, and its last use not taken) nor dropped for it under this dataset
+    version by a drop that still holds (EXISTS probes on unique indexes)."""
     done = Delivery.objects.filter(consumer=who, dataset=ds, kind=kind, key=OuterRef("pk"))
     skipped = Skip.objects.filter(
         drops.holds, consumer=who, dataset_version_id=drops.version_id, kind=kind, key=OuterRef("pk")
     )
-    return [~Exists(done), ~Exists(skipped)]
+    if not drops.order.reuse:
+        return [~Exists(done), ~Exists(skipped)]
+    # Acked uses are 0..n-1 and at most one is open: "uses < max_uses, none open" is two
+    # probes of delivery_use_once.
+    return [
+        ~Exists(done.filter(lease__status=Lease.Status.LEASED)),
+        ~Exists(done.filter(use_index__gte=drops.order.max_uses - 1)),
+        ~Exists(skipped),
+    ]
 
 
 def _pending(ds: Dataset, who: Consumer, drops: _Drops):
@@ -423,13 +607,58 @@ def _pending(ds: Dataset, who: Consumer, drops: _Drops):
     return groups, "ready_at", lone, "completed_at"
 
 
-def _ready_units(ds: Dataset, who: Consumer, drops: _Drops, limit: int) -> list[int]:
-    """Unit keys not yet offered to this consumer, oldest-ready first, both queues merged."""
+def _ready_units(ds: Dataset, who: Consumer, drops: _Drops, limit: int) -> list[tuple[int, int]]:
+    """(unit key, use index) of the units this consumer may take, in the serving order, both
+    queues merged (group keys positive, lone trajectories' negative). Order priority reads
+    groups from their scores (GroupScore: gscore_spread, gscore_fresh); a lone trajectory
+    has no spread (0) and its own policy version."""
+    o = drops.order
     groups, g_at, lone, l_at = _pending(ds, who, drops)
-    g = list(groups.order_by(g_at, "id").values_list(g_at, "id")[:limit])
-    t = list(lone.order_by(l_at, "id").values_list(l_at, "id")[:limit])
-    merged = sorted([(at, k) for at, k in g] + [(at, -k) for at, k in t])
-    return [k for _, k in merged[:limit]]
+    g_base = l_base = None
+    if o.order == "priority":
+        groups, g_at = groups.filter(serving_score__isnull=False), "serving_score__ready_at"
+        if o.priority == "reward_std":
+            g_base, l_base = F("serving_score__reward_std"), Value(0.0)
+        else:
+            g_base, l_base = (
+                F("serving_score__policy_version"),
+                Coalesce(F("policy_version_id"), -1, output_field=BigIntegerField()),
+            )
+    if not o.reuse and o.order == "oldest_ready":  # today's statements and merge
+        g = list(groups.order_by(g_at, "id").values_list(g_at, "id")[:limit])
+        t = list(lone.order_by(l_at, "id").values_list(l_at, "id")[:limit])
+        merged = sorted([(at, k) for at, k in g] + [(at, -k) for at, k in t])
+        return [(k, 0) for _, k in merged[:limit]]
+    g = o.rank(groups, at=g_at, base=g_base, kind=Delivery.Kind.GROUP, ds=ds, who=who, limit=limit)
+    t = o.rank(lone, at=l_at, base=l_base, kind=Delivery.Kind.TRAJECTORY, ds=ds, who=who, limit=limit)
+    rows = [(at, k, u, p) for at, k, u, p in g] + [(at, -k, u, p) for at, k, u, p in t]
+    return [(k, u) for _at, k, u, _p in sorted(rows, key=o.sort_key)[:limit]]
+
+
+def _ready_steps(c: Compiled, ds: Dataset, who: Consumer, drops: _Drops, limit: int) -> list[tuple]:
+    """(step id, policy version, use index) of the steps this consumer may take, in the
+    serving order (a step's age is its id; its spread its group's, 0 without a score)."""
+    o = drops.order
+    pending = dataset_steps(c).filter(*_not_taken(ds, who, drops, Delivery.Kind.STEP))
+    if not o.reuse and o.order == "oldest_ready":  # today's statement
+        return [(i, v, 0) for i, v in pending.order_by("id").values_list("id", "policy_version_id")[:limit]]
+    base = None
+    if o.priority == "reward_std":
+        base = Coalesce(F("trajectory__group__serving_score__reward_std"), Value(0.0))
+    elif o.priority == "staleness":
+        base = Coalesce(F("policy_version_id"), -1, output_field=BigIntegerField())
+    ranked = o.rank(
+        pending.annotate(_at=F("id")),
+        at="_at",
+        base=base,
+        kind=Delivery.Kind.STEP,
+        ds=ds,
+        who=who,
+        limit=limit,
+    )
+    ids = [i for _at, i, _u, _p in ranked]
+    versions = dict(Step.objects.filter(id__in=ids).values_list("id", "policy_version_id"))
+    return [(i, versions[i], u) for _at, i, u, _p in ranked]
 
 
 def _drop_over_capacity(c: Compiled, ds: Dataset, who: Consumer, drops: _Drops, unit: str) -> None:
@@ -467,9 +696,12 @@ def _drop_over_capacity(c: Compiled, ds: Dataset, who: Consumer, drops: _Drops, 
     drops.add(Skip.Reason.CAPACITY, old)
 
 
-def _insert(who: Consumer, ds: Dataset, lease: Lease, units: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Claim units with Delivery rows; returns those this call won (the others belong to
-    a concurrent pull of the same consumer). One statement (sql.rows_insert_new)."""
+def _insert(
+    who: Consumer, ds: Dataset, lease: Lease, units: list[tuple[int, int, int]]
+) -> list[tuple[int, int, int]]:
+    """Claim (kind, key, use index) units with Delivery rows; returns those this call won
+    (the others belong to a concurrent pull of the same consumer, which took that use
+    first). One statement (sql.rows_insert_new)."""
     now = timezone.now()
     rows = [
         sql.new_instance(
@@ -481,14 +713,17 @@ def _insert(who: Consumer, ds: Dataset, lease: Lease, units: list[tuple[int, int
                 "key": key,
                 "lease_id": lease.id,
                 "created_at": now,
+                "use_index": use,
             },
         )
-        for kind, key in units
+        for kind, key, use in units
     ]
     won = {
         (int(k), int(v))
         for k, v in sql.rows_insert_new(
-            rows, conflict=("consumer_id", "dataset_id", "kind", "key"), returning=("kind", "key")
+            rows,
+            conflict=("consumer_id", "dataset_id", "kind", "key", "use_index"),
+            returning=("kind", "key"),
         )
     }
     return [u for u in units if (int(u[0]), u[1]) in won]
@@ -543,6 +778,10 @@ def _render(lease: Lease, ds: Dataset, who: Consumer, c: Compiled, taken: dict[i
         "created_at": lease.created_at,
         "expires_at": lease.expires_at,
     }
+    if _Order.of(c).reuse:
+        # serving.reuse: the use index of each step's unit, beside step_uids (absent without
+        # reuse, where every use is 0: the manifest stays as it was).
+        manifest["use_indexes"] = [getattr(lease, "uses", {}).get(s.id, 0) for s in steps]
     lease.n_steps = len(steps)
     lease.content_hash = manifest["content_hash"]
     # The body: manifest, then the batch payload spliced in as is (hashed bytes = served bytes).

@@ -54,7 +54,9 @@ def dataset_update(
     if spec is not None:
         parsed = spec_dump(spec_parse(spec))
         current = dataset.current
-        if current is None or current.spec != parsed:
+        # The current spec normalised again: one stored before a field existed has no key
+        # for it, and is still the same spec as today's form with that field's default.
+        if current is None or spec_dump(spec_parse(current.spec)) != parsed:
             number = (current.version if current else 0) + 1
             dataset.current = DatasetVersion.objects.create(
                 dataset=dataset, version=number, spec=parsed, created_by=actor

@@ -157,6 +157,12 @@ def test_curation_builder_previews_live_and_saves(server, browser_page):
     expect(page.locator("#preview-error")).to_contain_text("grouping.min_rollouts")
     page.fill("#id_min_rollouts", "")
     expect(page.locator("#preview-error")).to_be_hidden()
+    # and the serving order and reuse budget go into the spec (reuse nested in serving)
+    page.select_option("#id_order", "priority")
+    page.select_option("#id_priority", "reward_std")
+    page.fill("#id_max_uses", "2")
+    expect(page.locator("#id_spec")).to_have_value(re.compile(r'"reuse": \{\s*"max_uses": 2\s*\}'))
+    expect(page.locator("#preview-error")).to_be_hidden()
     # when it is saved as a dataset
     page.fill("#id_name", "explore")
     page.get_by_role("button", name="Save dataset").click()
@@ -164,3 +170,4 @@ def test_curation_builder_previews_live_and_saves(server, browser_page):
     page.wait_for_url(f"{server.url}/curation/datasets/explore/")
     expect(page.locator('[data-version="1"]')).to_contain_text("created by op")
     expect(page.locator('[data-preview="steps"]')).to_have_text("3")
+    expect(page.locator(".serving-rules")).to_contain_text("up to 2 uses of a unit per consumer")

@@ -889,5 +889,12 @@ def test_the_dataset_builder_has_the_serving_rules_and_the_reward_assignment(dja
     from curation.models import Dataset
 
     spec = Dataset.objects.get(name="fresh").current.spec
-    assert spec["serving"] == {"stale_after": 2, "capacity": 500}
+    assert spec["serving"] == {
+        "stale_after": 2,
+        "capacity": 500,
+        # the serving order's defaults (specs.Serving), stored with every version
+        "order": "oldest_ready",
+        "priority": None,
+        "reuse": None,
+    }
     assert spec["grouping"]["reward_assignment"] == "last_step"

@@ -43,7 +43,13 @@
       } else {
         value = el.value;
       }
-      if (value !== null) spec[path[0]][path[1]] = value;
+      if (value === null) return;
+      if (path.length === 3) {  // a nested struct: serving.reuse.max_uses
+        spec[path[0]][path[1]] = spec[path[0]][path[1]] || {};
+        spec[path[0]][path[1]][path[2]] = value;
+      } else {
+        spec[path[0]][path[1]] = value;
+      }
     });
     return spec;
   }
