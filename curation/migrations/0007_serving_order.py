@@ -66,7 +66,7 @@ def backfill(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("curation", "0005_owners_and_reversible_drops"),
+        ("curation", "0006_review_workbench"),
         ("pool", "0014_idempotent_calls"),
     ]
 
