@@ -95,6 +95,16 @@ def media_store(*, data: bytes, declared_type: str | None, field: str = "image")
         return Media.objects.get(sha256=sha)
 
 
+def media_check(*, data: bytes, declared_type: str | None, field: str = "image") -> tuple[str, int, int]:
+    """The checks of ``media_store`` without storing (a door's, before its call goes
+    upstream): (media type, width, height), or the same errors. No query."""
+    if len(data) > max_bytes():
+        raise MediaTooLarge(
+            f"image of {len(data)} bytes is over the limit of {max_bytes()} bytes", field=field
+        )
+    return _check_image(data, normalize_media_type(declared_type, field=field), field=field)
+
+
 def media_resolve(refs: Mapping[str, str]) -> dict[str, Media]:
     """The stored Media of each sha256 in ``refs`` (sha256 -> the field that named it), in one
     query. Raises InvalidInput naming the field of a malformed or unknown sha256. Any key may
@@ -192,3 +202,29 @@ def _check_image(data: bytes, declared: str | None, *, field: str) -> tuple[str,
 
 def _storage_name(sha: str) -> str:
     return f"media/{sha[:2]}/{sha}"
+
+
+def media_upload(*, data: bytes, declared_type: str | None, field: str = "body") -> tuple[Media, bool]:
+    """POST /api/v1/media: ``media_store`` in its own transaction; (the Media, created?).
+    Idempotent: the same bytes again answer the same image, created False."""
+    with transaction.atomic():
+        existed = Media.objects.filter(sha256=hashlib.sha256(data).hexdigest()).exists()
+        media = media_store(data=data, declared_type=declared_type, field=field)
+    return media, not existed
+
+
+def media_render(media: Media) -> dict:
+    """An upload's answer: what was stored, and where to download it."""
+    return {
+        "sha256": media.sha256,
+        "media_type": media.media_type,
+        "width": media.width,
+        "height": media.height,
+        "byte_size": media.byte_size,
+        "url": f"/api/v1/media/{media.sha256}",
+    }
+
+
+def media_file(media: Media):
+    """The stored bytes of ``media`` as an open binary file (the caller closes it)."""
+    return default_storage.open(media.file.name, "rb")

@@ -1,0 +1,168 @@
+"""A step's images, as the pipeline writes them (issue 24).
+
+A door puts a step's images on ``StepIn.images`` as ``ImageIn``s, in order: bytes it decoded
+(base64, a ``data:`` URL), the sha256 of an image already stored (``POST /api/v1/media``), or
+a remote http(s) URL the agent chose, which is kept as a reference and never fetched.
+White-box steps carry them in Claw-R1's ``multi_modal_data`` (``images_from_multi_modal_data``).
+
+The pipeline (pipeline.py) calls ``media_prepare`` inside the write's transaction before the
+step rows go in (the images are checked and stored by pool.services.media.media_store, so a
+bad image refuses the whole write before any step row), and ``media_link`` right after them
+(one bulk_create of StepMedia rows for the whole write). Both do nothing, and query nothing,
+for a write without images.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from django.conf import settings
+
+from ..errors import InvalidInput
+from ..models import Media, StepMedia
+from ..services.media import media_decode_base64, media_decode_data_url, media_resolve, media_store
+
+# The functions below take contract.StepIns (typed Any here: contract.py imports this module).
+StepIn = Any
+
+
+@dataclass(slots=True)
+class ImageIn:
+    """One image of a step, in order. Exactly one of ``data`` (with its sha256 computed
+    here), ``sha256`` (a stored image's) or ``url`` (a remote reference) says what it is.
+    ``message_index`` / ``part_index``: where it sits in the step's ``messages``."""
+
+    field: str  # how errors name it (steps[0].multi_modal_data.images[2])
+    data: bytes | None = None
+    declared_type: str | None = None
+    sha256: str | None = None
+    url: str | None = None
+    message_index: int | None = None
+    part_index: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.data is not None and self.sha256 is None:
+            self.sha256 = hashlib.sha256(self.data).hexdigest()
+
+    def key(self) -> list[Any]:
+        """What the idempotency fingerprint covers (plan.content_hash)."""
+        return [self.sha256, self.url, self.message_index, self.part_index]
+
+
+def images_from_multi_modal_data(mmd: Any, where: str) -> list[ImageIn]:
+    """Claw-R1's ``multi_modal_data`` (``{"images": [...], "videos": [...]}``) -> ImageIns.
+    Each image: base64 text (optionally a ``data:`` URL), raw bytes (MessagePack bin), or
+    ``{"sha256": "..."}`` of an uploaded image (other keys, as a read returns them, are
+    ignored). Videos are refused for now."""
+    if mmd is None:
+        return []
+    if not isinstance(mmd, dict):
+        raise InvalidInput('must be an object {"images": [...]}', field=where)
+    unknown = sorted(set(mmd) - {"images", "videos"})
+    if unknown:
+        raise InvalidInput(
+            f"unknown key {unknown[0]!r}; expected images (and videos)", field=f"{where}.{unknown[0]}"
+        )
+    if mmd.get("videos"):
+        raise InvalidInput("videos are not accepted yet; send frames as images", field=f"{where}.videos")
+    images = mmd.get("images") or []
+    if not isinstance(images, list):
+        raise InvalidInput("must be a list of images", field=f"{where}.images")
+    check_count(len(images), f"{where}.images")
+    out = []
+    for i, item in enumerate(images):
+        at = f"{where}.images[{i}]"
+        if isinstance(item, bytes):
+            out.append(ImageIn(field=at, data=item))
+        elif isinstance(item, str):
+            if item.startswith("data:"):
+                data, declared = media_decode_data_url(item, field=at)
+                out.append(ImageIn(field=at, data=data, declared_type=declared))
+            else:
+                out.append(ImageIn(field=at, data=media_decode_base64(item, field=at)))
+        elif isinstance(item, dict) and isinstance(item.get("sha256"), str):
+            out.append(ImageIn(field=f"{at}.sha256", sha256=item["sha256"]))
+        else:
+            raise InvalidInput('an image is base64 text, a data URL or {"sha256": "..."}', field=at)
+    return out
+
+
+def check_count(n: int, where: str) -> None:
+    limit = int(getattr(settings, "CLAW_MEDIA_MAX_PER_STEP", 32))
+    if n > limit:
+        raise InvalidInput(f"{n} images in one step; at most {limit} (CLAW_MEDIA_MAX_PER_STEP)", field=where)
+
+
+def media_prepare(steps: Sequence[StepIn]) -> dict[str, Media]:
+    """Check and store the images of ``steps`` (inside the write's transaction): the Media of
+    each sha256 they name. Bytes seen twice in the write are checked and stored once; sha256
+    references are resolved in one query. Raises InvalidInput naming the image's field."""
+    found: dict[str, Media] = {}
+    refs: dict[str, str] = {}
+    for s in steps:
+        if not s.images:
+            continue
+        check_count(len(s.images), s.at("multi_modal_data.images"))
+        for im in s.images:
+            if im.data is not None:
+                if im.sha256 not in found:
+                    found[im.sha256] = media_store(
+                        data=im.data, declared_type=im.declared_type, field=im.field
+                    )  # type: ignore[index]
+                elif im.declared_type:
+                    media_store(data=im.data, declared_type=im.declared_type, field=im.field)
+            elif im.url is None and im.sha256 is not None:
+                refs.setdefault(im.sha256, im.field)
+    missing = {sha: f for sha, f in refs.items() if sha not in found}
+    if missing:
+        found.update(media_resolve(missing))
+    return found
+
+
+def media_link(steps: Sequence[StepIn], row_ids: Sequence[int], media: dict[str, Media]) -> None:
+    """The StepMedia rows of the written steps (``row_ids`` in the order of ``steps``), one
+    bulk_create; each image's placeholder span from its step's prompt ids when they show one
+    run of placeholder ids per image (CLAW_MEDIA_PLACEHOLDER_TOKEN_IDS)."""
+    rows = []
+    for s, step_id in zip(steps, row_ids, strict=True):
+        if not s.images:
+            continue
+        spans = placeholder_spans(s.prompt_ids, len(s.images))
+        for pos, im in enumerate(s.images):
+            start, end = spans[pos] if spans else (None, None)
+            stored = im.url is None
+            rows.append(
+                StepMedia(
+                    step_id=step_id,
+                    position=pos,
+                    kind=StepMedia.Kind.STORED if stored else StepMedia.Kind.URL,
+                    media_id=media[im.sha256].id if stored else None,  # type: ignore[index]
+                    source_url=None if stored else im.url,
+                    message_index=im.message_index,
+                    part_index=im.part_index,
+                    token_start=start,
+                    token_end=end,
+                )
+            )
+    if rows:
+        StepMedia.objects.bulk_create(rows, batch_size=1000)
+
+
+def placeholder_spans(prompt_ids: np.ndarray, n_images: int) -> list[tuple[int, int]] | None:
+    """[(start, end)] of the runs of placeholder ids in ``prompt_ids``, one per image in
+    order, or None when their number is not ``n_images`` (then no span is recorded: a guess
+    would point a trainer at the wrong tokens)."""
+    ids = getattr(settings, "CLAW_MEDIA_PLACEHOLDER_TOKEN_IDS", [])
+    if not ids or not len(prompt_ids):
+        return None
+    mask = np.isin(prompt_ids, np.asarray(ids, dtype=prompt_ids.dtype)).astype(np.int8)
+    edges = np.diff(np.concatenate(([0], mask, [0])))
+    starts = np.flatnonzero(edges == 1)
+    ends = np.flatnonzero(edges == -1)
+    if len(starts) != n_images:
+        return None
+    return [(int(a), int(b)) for a, b in zip(starts, ends, strict=True)]
