@@ -161,7 +161,7 @@ def _row_fields(rows: Sequence[Row]) -> dict[str, list[Any]]:
     out["has_rollout_logprobs"] = [r["rollout_logprobs"] is not None for r in rows]
     # Each row's images in order (pool.selectors.steps.step_images): [{sha256, media_type,
     # width, height, url, ...}], [] for a row without; the bytes are GET <url>.
-    out["images"] = [r["images"] for r in rows]
+    out["images"] = [r.get("images") or [] for r in rows]
     return out
 
 
