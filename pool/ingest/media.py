@@ -24,7 +24,7 @@ from django.conf import settings
 
 from ..errors import InvalidInput
 from ..models import Media, StepMedia
-from ..services.media import media_decode_base64, media_decode_data_url, media_resolve, media_store
+from ..services.media import media_decode_base64, media_decode_data_url, media_resolve, media_store_many
 
 # The functions below take contract.StepIns (typed Any here: contract.py imports this module).
 StepIn = Any
@@ -99,9 +99,10 @@ def check_count(n: int, where: str) -> None:
 
 def media_prepare(steps: Sequence[StepIn]) -> dict[str, Media]:
     """Check and store the images of ``steps`` (inside the write's transaction): the Media of
-    each sha256 they name. Bytes seen twice in the write are checked and stored once; sha256
+    each sha256 they name. Bytes seen twice in the write are checked and stored once, those
+    stored already are found in one query (pool.services.media.media_store_many); sha256
     references are resolved in one query. Raises InvalidInput naming the image's field."""
-    found: dict[str, Media] = {}
+    inline: dict[str, tuple[bytes, str | None, str]] = {}
     refs: dict[str, str] = {}
     for s in steps:
         if not s.images:
@@ -109,14 +110,15 @@ def media_prepare(steps: Sequence[StepIn]) -> dict[str, Media]:
         check_count(len(s.images), s.at("multi_modal_data.images"))
         for im in s.images:
             if im.data is not None:
-                if im.sha256 not in found:
-                    found[im.sha256] = media_store(
-                        data=im.data, declared_type=im.declared_type, field=im.field
-                    )  # type: ignore[index]
-                elif im.declared_type:
-                    media_store(data=im.data, declared_type=im.declared_type, field=im.field)
+                seen = inline.get(im.sha256)
+                if seen is None or (im.declared_type and not seen[1]):
+                    inline[im.sha256] = (im.data, im.declared_type, im.field)
+                elif im.declared_type and im.declared_type != seen[1]:
+                    # the same bytes declared as two types: at most one is right
+                    media_store_many({im.sha256: (im.data, im.declared_type, im.field)})
             elif im.url is None and im.sha256 is not None:
                 refs.setdefault(im.sha256, im.field)
+    found = media_store_many(inline)
     missing = {sha: f for sha, f in refs.items() if sha not in found}
     if missing:
         found.update(media_resolve(missing))

@@ -95,6 +95,50 @@ def media_store(*, data: bytes, declared_type: str | None, field: str = "image")
         return Media.objects.get(sha256=sha)
 
 
+def media_store_many(items: Mapping[str, tuple[bytes, str | None, str]]) -> dict[str, Media]:
+    """``media_store`` for many images at once (sha256 -> (bytes, declared type, field)):
+    one query finds those stored already, the new ones are checked, their files written, and
+    their rows inserted in one statement (plus one query for their ids). Same errors, same
+    guarantees (files before rows; call inside the write's transaction)."""
+    if not items:
+        return {}
+    found = {m.sha256: m for m in Media.objects.filter(sha256__in=list(items))}
+    new = []
+    for sha, (data, declared_type, field) in items.items():
+        if len(data) > max_bytes():
+            raise MediaTooLarge(
+                f"image of {len(data)} bytes is over the limit of {max_bytes()} bytes", field=field
+            )
+        declared = normalize_media_type(declared_type, field=field)
+        known = found.get(sha)
+        if known is not None:
+            if declared is not None and declared != known.media_type:
+                raise InvalidInput(f"image is {known.media_type}, not the declared {declared}", field=field)
+            continue
+        media_type, width, height = _check_image(data, declared, field=field)
+        new.append((sha, data, media_type, width, height))
+    if new:
+        rows = []
+        for sha, data, media_type, width, height in new:
+            name = _storage_name(sha)
+            if not default_storage.exists(name):  # before the row (see the module docstring)
+                name = default_storage.save(name, ContentFile(data))
+            rows.append(
+                Media(
+                    sha256=sha,
+                    media_type=media_type,
+                    byte_size=len(data),
+                    width=width,
+                    height=height,
+                    file=name,
+                )
+            )
+        # ignore_conflicts: a concurrent writer storing the same bytes first keeps its row.
+        Media.objects.bulk_create(rows, ignore_conflicts=True)
+        found.update({m.sha256: m for m in Media.objects.filter(sha256__in=[r.sha256 for r in rows])})
+    return found
+
+
 def media_check(*, data: bytes, declared_type: str | None, field: str = "image") -> tuple[str, int, int]:
     """The checks of ``media_store`` without storing (a door's, before its call goes
     upstream): (media type, width, height), or the same errors. No query."""
