@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from django.conf import settings
 
+from .. import sql
 from ..errors import InvalidInput
 from ..models import Media, StepMedia
 from ..services.media import media_decode_base64, media_decode_data_url, media_resolve, media_store_many
@@ -150,8 +151,8 @@ def media_link(steps: Sequence[StepIn], row_ids: Sequence[int], media: dict[str,
                     token_end=end,
                 )
             )
-    if rows:
-        StepMedia.objects.bulk_create(rows, batch_size=1000)
+    # The pool's bulk insert (pool/sql.py): bulk_create, binary COPY on PostgreSQL.
+    sql.rows_insert(rows)
 
 
 def placeholder_spans(prompt_ids: np.ndarray, n_images: int) -> list[tuple[int, int]] | None:

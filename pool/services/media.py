@@ -186,7 +186,11 @@ def media_decode_base64(text: str, *, field: str) -> bytes:
     if len(text) * 3 // 4 > max_bytes() + 3:
         raise MediaTooLarge(f"image is over the limit of {max_bytes()} bytes", field=field)
     try:
-        return base64.b64decode(text.replace("\n", "").replace("\r", "").replace(" ", ""), validate=True)
+        return base64.b64decode(text, validate=True)  # the common case: no copy of the text
+    except (binascii.Error, ValueError):
+        pass
+    try:  # line-wrapped base64 (MIME style)
+        return base64.b64decode("".join(text.split()), validate=True)
     except (binascii.Error, ValueError):
         raise InvalidInput("image data is not valid base64", field=field) from None
 
