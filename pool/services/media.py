@@ -195,12 +195,6 @@ def media_decode_base64(text: str, *, field: str) -> bytes:
         raise InvalidInput("image data is not valid base64", field=field) from None
 
 
-def media_open(media: Media) -> bytes:
-    """The stored bytes of ``media``."""
-    with default_storage.open(media.file.name, "rb") as handle:
-        return handle.read()
-
-
 def normalize_media_type(declared: str | None, *, field: str) -> str | None:
     if declared is None or declared == "":
         return None
