@@ -15,7 +15,9 @@ for a write without images.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +27,7 @@ from django.conf import settings
 from .. import sql
 from ..errors import InvalidInput
 from ..models import Media, StepMedia
-from ..services.media import media_decode_base64, media_decode_data_url, media_resolve, media_store_many
+from ..services.media import media_data_url_parts, media_decode_base64, media_resolve, media_store_many
 
 # The functions below take contract.StepIns (typed Any here: contract.py imports this module).
 StepIn = Any
@@ -39,6 +41,8 @@ class ImageIn:
 
     field: str  # how errors name it (steps[0].multi_modal_data.images[2])
     data: bytes | None = None
+    # Base64 text whose sha256 is known already (``_from_base64``): decoded only if needed.
+    b64: str | None = None
     declared_type: str | None = None
     sha256: str | None = None
     url: str | None = None
@@ -48,6 +52,18 @@ class ImageIn:
     def __post_init__(self) -> None:
         if self.data is not None and self.sha256 is None:
             self.sha256 = hashlib.sha256(self.data).hexdigest()
+
+    def payload(self) -> bytes:
+        """The image's bytes (decoding its base64 text the first time)."""
+        if self.data is None and self.b64 is not None:
+            self.data = media_decode_base64(self.b64, field=self.field)
+        assert self.data is not None, "a stored or remote image has no payload here"
+        return self.data
+
+    @property
+    def inline(self) -> bool:
+        """Sent with its bytes (not a sha256 reference, not a remote URL)."""
+        return self.data is not None or self.b64 is not None
 
     def key(self) -> list[Any]:
         """What the idempotency fingerprint covers (plan.content_hash)."""
@@ -80,16 +96,40 @@ def images_from_multi_modal_data(mmd: Any, where: str) -> list[ImageIn]:
         if isinstance(item, bytes):
             out.append(ImageIn(field=at, data=item))
         elif isinstance(item, str):
-            if item.startswith("data:"):
-                data, declared = media_decode_data_url(item, field=at)
-                out.append(ImageIn(field=at, data=data, declared_type=declared))
-            else:
-                out.append(ImageIn(field=at, data=media_decode_base64(item, field=at)))
+            text, declared = (
+                media_data_url_parts(item, field=at) if item.startswith("data:") else (item, None)
+            )
+            out.append(_from_base64(text, at, declared))
         elif isinstance(item, dict) and isinstance(item.get("sha256"), str):
             out.append(ImageIn(field=f"{at}.sha256", sha256=item["sha256"]))
         else:
             raise InvalidInput('an image is base64 text, a data URL or {"sha256": "..."}', field=at)
     return out
+
+
+# Base64 texts decoded lately: blake2b-128 of the text -> the sha256 of its bytes, so an image
+# a client sends again (a screenshot agent re-sends its last screenshots in every step) is
+# not decoded and hashed again when it is stored already. Only texts that decoded are kept;
+# an image not stored yet is decoded (and checked) all the same. Per process, bounded.
+_SEEN: OrderedDict[bytes, str] = OrderedDict()
+_SEEN_MAX = 4096
+_SEEN_LOCK = threading.Lock()
+
+
+def _from_base64(text: str, at: str, declared: str | None) -> ImageIn:
+    key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    with _SEEN_LOCK:
+        sha = _SEEN.get(key)
+        if sha is not None:
+            _SEEN.move_to_end(key)
+    if sha is not None:
+        return ImageIn(field=at, b64=text, sha256=sha, declared_type=declared)
+    im = ImageIn(field=at, data=media_decode_base64(text, field=at), declared_type=declared)
+    with _SEEN_LOCK:
+        _SEEN[key] = im.sha256  # type: ignore[assignment]
+        if len(_SEEN) > _SEEN_MAX:
+            _SEEN.popitem(last=False)
+    return im
 
 
 def check_count(n: int, where: str) -> None:
@@ -103,20 +143,20 @@ def media_prepare(steps: Sequence[StepIn]) -> dict[str, Media]:
     each sha256 they name. Bytes seen twice in the write are checked and stored once, those
     stored already are found in one query (pool.services.media.media_store_many); sha256
     references are resolved in one query. Raises InvalidInput naming the image's field."""
-    inline: dict[str, tuple[bytes, str | None, str]] = {}
+    inline: dict[str, tuple[Callable[[], bytes], str | None, str]] = {}
     refs: dict[str, str] = {}
     for s in steps:
         if not s.images:
             continue
         check_count(len(s.images), s.at("multi_modal_data.images"))
         for im in s.images:
-            if im.data is not None:
+            if im.inline:
                 seen = inline.get(im.sha256)
                 if seen is None or (im.declared_type and not seen[1]):
-                    inline[im.sha256] = (im.data, im.declared_type, im.field)
+                    inline[im.sha256] = (im.payload, im.declared_type, im.field)
                 elif im.declared_type and im.declared_type != seen[1]:
                     # the same bytes declared as two types: at most one is right
-                    media_store_many({im.sha256: (im.data, im.declared_type, im.field)})
+                    media_store_many({im.sha256: (im.payload, im.declared_type, im.field)})
             elif im.url is None and im.sha256 is not None:
                 refs.setdefault(im.sha256, im.field)
     found = media_store_many(inline)

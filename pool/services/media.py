@@ -25,7 +25,7 @@ import hashlib
 import io
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from django.conf import settings
 from django.core.files.base import ContentFile
@@ -95,8 +95,11 @@ def media_store(*, data: bytes, declared_type: str | None, field: str = "image")
         return Media.objects.get(sha256=sha)
 
 
-def media_store_many(items: Mapping[str, tuple[bytes, str | None, str]]) -> dict[str, Media]:
-    """``media_store`` for many images at once (sha256 -> (bytes, declared type, field)):
+def media_store_many(
+    items: Mapping[str, tuple[bytes | Callable[[], bytes], str | None, str]],
+) -> dict[str, Media]:
+    """``media_store`` for many images at once (sha256 -> (bytes, or what gives them when
+    they are needed: an image stored already is not decoded again; declared type; field)):
     one query finds those stored already, the new ones are checked, their files written, and
     their rows inserted in one statement (plus one query for their ids). Same errors, same
     guarantees (files before rows; call inside the write's transaction)."""
@@ -104,17 +107,18 @@ def media_store_many(items: Mapping[str, tuple[bytes, str | None, str]]) -> dict
         return {}
     found = {m.sha256: m for m in Media.objects.filter(sha256__in=list(items))}
     new = []
-    for sha, (data, declared_type, field) in items.items():
-        if len(data) > max_bytes():
-            raise MediaTooLarge(
-                f"image of {len(data)} bytes is over the limit of {max_bytes()} bytes", field=field
-            )
+    for sha, (payload, declared_type, field) in items.items():
         declared = normalize_media_type(declared_type, field=field)
         known = found.get(sha)
         if known is not None:
             if declared is not None and declared != known.media_type:
                 raise InvalidInput(f"image is {known.media_type}, not the declared {declared}", field=field)
             continue
+        data = payload() if callable(payload) else payload
+        if len(data) > max_bytes():
+            raise MediaTooLarge(
+                f"image of {len(data)} bytes is over the limit of {max_bytes()} bytes", field=field
+            )
         media_type, width, height = _check_image(data, declared, field=field)
         new.append((sha, data, media_type, width, height))
     if new:
@@ -168,13 +172,18 @@ def media_resolve(refs: Mapping[str, str]) -> dict[str, Media]:
 def media_decode_data_url(url: str, *, field: str) -> tuple[bytes, str | None]:
     """``data:<type>;base64,<data>`` -> (bytes, declared type). Raises InvalidInput naming
     ``field`` for a data URL that is not base64 or does not decode."""
+    text, declared = media_data_url_parts(url, field=field)
+    return media_decode_base64(text, field=field), declared
+
+
+def media_data_url_parts(url: str, *, field: str) -> tuple[str, str | None]:
+    """``data:<type>;base64,<data>`` -> (its base64 text, declared type), not decoded."""
     match = _DATA_URL.match(url)
     if match is None:
         raise InvalidInput("image data URL must look like data:image/png;base64,...", field=field)
     if "base64" not in match.group(2).lower().split(";"):
         raise InvalidInput("image data URL must be base64-encoded", field=field)
-    declared = match.group(1).strip() or None
-    return media_decode_base64(url[match.end() :], field=field), declared
+    return url[match.end() :], match.group(1).strip() or None
 
 
 def media_decode_base64(text: str, *, field: str) -> bytes:

@@ -253,3 +253,36 @@ def test_steps_and_padded_carry_each_rows_images_with_one_query_for_the_batch(
     first = padded(rows)["images"][1][0]
     assert set(first) >= {"sha256", "media_type", "width", "height", "url"}
     assert first["url"] == f"/api/v1/media/{want[1][0]}"
+
+
+def test_an_image_sent_again_after_a_refused_write_is_checked_and_stored_then(agent, media_root):
+    # given: a batch refused whole (its second step's image is bad) after its first image's
+    # base64 text was decoded once (the pipeline remembers the texts it decoded)
+    good = png(40)
+    refused = [image_step("again", 0, [b64(good)]), image_step("again", 1, [b64(b"not an image")])]
+    assert agent.post("/api/v1/steps", {"steps": refused}, format="json").status_code == 400
+    assert counts() == (0, 0, 0)
+    # when: the same text is sent again, declared wrongly, then rightly
+    wrong = image_step("again", 0, [data_url(good, "image/gif")])
+    resp = agent.post("/api/v1/steps", {"steps": [wrong]}, format="json")
+    assert resp.status_code == 400 and "not the declared image/gif" in resp.json()["error"]["message"]
+    assert (
+        agent.post(
+            "/api/v1/steps", {"steps": [image_step("again", 0, [b64(good)])]}, format="json"
+        ).status_code
+        == 201
+    )
+    # then: it was decoded, checked and stored, byte-exact, once
+    (media,) = Media.objects.all()
+    assert (
+        media.sha256 == hashlib.sha256(good).hexdigest()
+        and (media_root / media.file.name).read_bytes() == good
+    )
+    # and: a later step re-sending it references the same image
+    assert (
+        agent.post(
+            "/api/v1/steps", {"steps": [image_step("again", 1, [b64(good)])]}, format="json"
+        ).status_code
+        == 201
+    )
+    assert Media.objects.count() == 1 and StepMedia.objects.filter(media=media).count() == 2
