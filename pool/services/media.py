@@ -1,9 +1,12 @@
 """Images in steps, stored once by content (issue 24).
 
-``media_store`` checks an image's bytes with Pillow and stores them under their sha256;
-``media_resolve`` finds images already stored by their sha256 (a white-box step's
-``{"sha256": ...}`` reference, after ``POST /api/v1/media``); ``media_decode_data_url`` and
-``media_decode_base64`` turn what the doors carry into bytes.
+``media_store`` checks an image's bytes with Pillow and stores them under their sha256
+(``media_store_many``: a whole write's images, in a constant number of queries; what the step
+pipeline calls, pool/ingest/media.py); ``media_check`` runs the same checks without storing (a
+proxied door, before its call goes upstream); ``media_resolve`` finds images already stored by
+their sha256 (a white-box step's ``{"sha256": ...}`` reference, after ``POST /api/v1/media``);
+``media_decode_data_url`` and ``media_decode_base64`` turn what the doors carry into bytes.
+Pillow's ``verify`` checks the file's structure and checksums without decoding its pixels.
 
 Storage: Django's "default" storage (settings.STORAGES; the filesystem under MEDIA_ROOT unless
 configured otherwise, an S3-compatible store by settings alone: see pool.models.Media), under
