@@ -9,7 +9,8 @@ Every format serves a step's *effective* reward (pool/services/effective_reward.
 else its branch's, else its trajectory's) with ``reward_scope`` saying which, after the
 dataset's ``grouping.reward_assignment``.
 
-* ``steps``: the rows as read (``{"steps": rows}``).
+* ``steps``: the rows as read (``{"steps": rows}``), each with its ordered ``images``
+  (``{sha256, media_type, width, height, url, ...}``; the bytes are ``GET <url>``).
 * ``padded``: verl-style 2-D arrays, prompts LEFT-padded and responses RIGHT-padded with
   token id ``PAD_TOKEN_ID`` (0). A masked step (``mask`` true) keeps its tokens but its
   ``response_mask`` row is all 0. A null reward is written as 0.0 in ``token_level_rewards``
@@ -61,7 +62,8 @@ def padded(rows: Sequence[Row]) -> dict[str, Any]:
     ``has_rollout_logprobs``); ``token_level_rewards`` (N, R) float64, the step's reward at
     its last response token (a null reward, or a step without response tokens, puts none).
     Per row lists: ``ROW_FIELDS``, ``reward`` (the effective reward, null kept),
-    ``reward_scope``, ``reward_source`` and ``has_rollout_logprobs``.
+    ``reward_scope``, ``reward_source``, ``has_rollout_logprobs`` and ``images`` (each row's
+    ordered image references, ``{sha256, media_type, width, height, url, ...}``).
     """
     n = len(rows)
     plen = np.fromiter((len(r["prompt_ids"]) for r in rows), dtype=np.int64, count=n)
@@ -157,6 +159,9 @@ def _row_fields(rows: Sequence[Row]) -> dict[str, list[Any]]:
     out["reward_scope"] = [r["reward_scope"] for r in rows]
     out["reward_source"] = [r["reward_source"] for r in rows]
     out["has_rollout_logprobs"] = [r["rollout_logprobs"] is not None for r in rows]
+    # Each row's images in order (pool.selectors.steps.step_images): [{sha256, media_type,
+    # width, height, url, ...}], [] for a row without; the bytes are GET <url>.
+    out["images"] = [r.get("images") or [] for r in rows]
     return out
 
 

@@ -9,12 +9,14 @@ import uuid
 from urllib.parse import quote
 
 from django.db import connection
-from django.http import Http404, JsonResponse
+from django.http import FileResponse, Http404, HttpResponse, JsonResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import exceptions, generics, serializers, status
+from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from claw_kit.web.parsers import LimitedBodyParser
 from pool.access.auth import (
     IngestScope,
     PolicyWriteScope,
@@ -37,6 +39,7 @@ from pool.selectors.events import (
     policy_versions_list,
     policy_versions_listed,
 )
+from pool.selectors.media import media_get
 from pool.selectors.stats import pool_stats
 from pool.selectors.steps import step_get, steps_listed, steps_render
 from pool.selectors.trajectories import (
@@ -61,6 +64,7 @@ from pool.services import (
 from pool.services.capabilities import trajectory_create_with_capability
 from pool.services.events import EventIn
 from pool.services.groups import group_upsert
+from pool.services.media import MEDIA_TYPES, media_file, media_render, media_upload
 from pool.services.merge import group_merge_ensure, merge_tree_render
 
 from . import serializers as s
@@ -448,3 +452,87 @@ def healthz(request):
         return JsonResponse({"status": "ok"})
     except Exception:  # noqa: BLE001 - any DB failure means unhealthy
         return JsonResponse({"status": "error", "db": "unreachable"}, status=503)
+
+
+# --- media (issue 24): images stored once by content -------------------------------------------
+class ImageBodyParser(LimitedBodyParser):
+    """A raw image body (``Content-Type: image/png`` ...): its bytes, checked by the service."""
+
+    media_type = "image/*"
+
+    def decode(self, data: bytes):
+        return data
+
+
+class OctetStreamParser(ImageBodyParser):
+    media_type = "application/octet-stream"  # the type is then read from the bytes
+
+
+class MediaUploadApi(APIView):
+    """POST /api/v1/media: store one image (PNG, JPEG, WebP or GIF), idempotent by content."""
+
+    permission_classes = [IngestScope]
+    parser_classes = [ImageBodyParser, OctetStreamParser, MultiPartParser]
+
+    @extend_schema(
+        request={"image/*": {"type": "string", "format": "binary"}, "multipart/form-data": None},
+        responses={201: s.MediaSerializer, 200: s.MediaSerializer},
+        summary="Upload an image (raw body with its image/* type, or multipart field 'file')",
+    )
+    def post(self, request):
+        data, declared, field = _upload_of(request)
+        media, created = media_upload(data=data, declared_type=declared, field=field)
+        return Response(
+            media_render(media), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        )
+
+
+def _upload_of(request) -> tuple[bytes, str | None, str]:
+    """(bytes, declared type, its field) of an upload: the raw body, or multipart's ``file`` part."""
+    content_type = (request.content_type or "").split(";")[0].strip().lower()
+    if content_type.startswith("multipart/"):
+        upload = request.FILES.get("file")
+        if upload is None:
+            raise InvalidInput("multipart upload needs a 'file' part", field="file")
+        declared = (upload.content_type or "").split(";")[0].strip() or None
+        if declared == "application/octet-stream":
+            declared = None
+        return upload.read(), declared, "file"
+    if not content_type:
+        raise InvalidInput("send the image as the body with its Content-Type (image/png, ...)", field="body")
+    data = request.data
+    if not isinstance(data, bytes) or not data:
+        raise InvalidInput("empty body; expected the image's bytes", field="body")
+    return data, None if content_type == "application/octet-stream" else content_type, "body"
+
+
+class MediaDetailApi(APIView):
+    """GET /api/v1/media/<sha256>: the image's bytes, as stored, with its checked type."""
+
+    permission_classes = [ReadScope]
+
+    def perform_content_negotiation(self, request, force=False):
+        return super().perform_content_negotiation(request, force=True)  # bytes whatever Accept says
+
+    @extend_schema(
+        responses={(200, "image/*"): OpenApiResponse(description="the image's bytes")},
+        summary="Download an image by its sha256 (immutable; ETag is the sha256)",
+    )
+    def get(self, request, sha256: str):
+        sources = None if principal_has_scope(request.user, Scope.CONSUME) else read_sources_of(request)
+        media = _found(media_get(sha256=sha256, sources=sources))
+        etag = f'"{media.sha256}"'
+        if etag in [t.strip() for t in request.META.get("HTTP_IF_NONE_MATCH", "").split(",")]:
+            response = HttpResponse(status=304)
+        else:
+            response = FileResponse(media_file(media), content_type=media.media_type)
+            response["Content-Length"] = str(media.byte_size)
+        raster = media.media_type in MEDIA_TYPES.values()
+        ext = media.media_type.split("/")[-1] if raster else "bin"
+        disposition = "inline" if raster else "attachment"
+        response["Content-Disposition"] = f'{disposition}; filename="{media.sha256}.{ext}"'
+        response["X-Content-Type-Options"] = "nosniff"
+        # Content-addressed, so never stale; private: it is served to authenticated callers only.
+        response["Cache-Control"] = "private, max-age=31536000, immutable"
+        response["ETag"] = etag
+        return response

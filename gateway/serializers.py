@@ -57,6 +57,37 @@ class StepBatchSerializer(serializers.Serializer):
     steps = StepWriteSerializer(many=True)
 
 
+def inline_image_ref() -> serializers.Serializer:
+    return ImageRefSerializer()
+
+
+class ImageRefSerializer(serializers.Serializer):
+    """One image of a step as reads and batch formats carry it (pool.selectors.steps.step_images)."""
+
+    sha256 = serializers.CharField(allow_null=True)
+    media_type = serializers.CharField(allow_null=True)
+    width = serializers.IntegerField(allow_null=True)
+    height = serializers.IntegerField(allow_null=True)
+    byte_size = serializers.IntegerField(allow_null=True)
+    url = serializers.CharField()
+    kind = serializers.ChoiceField(choices=["stored", "url"])
+    message_index = serializers.IntegerField(allow_null=True)
+    part_index = serializers.IntegerField(allow_null=True)
+    token_start = serializers.IntegerField(allow_null=True)
+    token_end = serializers.IntegerField(allow_null=True)
+
+
+class MediaSerializer(serializers.Serializer):
+    """POST /api/v1/media's answer: the stored image."""
+
+    sha256 = serializers.CharField()
+    media_type = serializers.CharField()
+    width = serializers.IntegerField()
+    height = serializers.IntegerField()
+    byte_size = serializers.IntegerField()
+    url = serializers.CharField()
+
+
 class StepReadSerializer(StepWriteSerializer):  # type: ignore[valid-type,misc]
     # A read's reward and reward_source are the step's effective reward (its own, else its
     # branch's, else its trajectory's: pool/services/effective_reward.py).
@@ -82,6 +113,11 @@ class StepReadSerializer(StepWriteSerializer):  # type: ignore[valid-type,misc]
     )
     quality_flags = serializers.ListField(child=serializers.ChoiceField(choices=list(QUALITY_NAMES)))
     label = serializers.ChoiceField(choices=[v for v in Step.Label.values if v], allow_null=True)
+    images = serializers.ListField(
+        child=inline_image_ref(),
+        help_text="the step's images in order: stored ones by sha256 with their download url "
+        "(GET /api/v1/media/<sha256>); kind 'url' for a remote image kept as a reference only",
+    )
 
 
 class StepIngestResultSerializer(serializers.Serializer):

@@ -26,6 +26,9 @@ urlpatterns = [
     path("feedback", apis.FeedbackApi.as_view(), name="feedback"),
     path("policy-versions", apis.PolicyVersionApi.as_view(), name="policy-versions"),
     path("stats", apis.StatsApi.as_view(), name="stats"),
+    # Images (issue 24): upload (idempotent by content) and download by sha256.
+    path("media", apis.MediaUploadApi.as_view(), name="media"),
+    re_path(r"^media/(?P<sha256>[0-9a-f]{64})$", apis.MediaDetailApi.as_view(), name="media-detail"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     # Split: Swagger UI's setup script is served as a file (no inline script under the CSP).
     path("docs/", SpectacularSwaggerSplitView.as_view(url_name="api:schema"), name="docs"),

@@ -19,7 +19,7 @@ from django.test import Client
 from curation.models import Consumer, Dataset, DatasetVersion, LabelEvent, Lease, Snapshot
 from curation.services import dataset_create
 from curation.services.consume import PullIn, consumer_pull, lease_ack, lease_nack
-from pool.models import ApiKey, AuditEvent, MergeResult
+from pool.models import ApiKey, AuditEvent, Media, MergeResult, StepMedia
 from pool.services import api_key_create, steps_ingest
 from tests.pool.factories import pool_counts, step_in
 
@@ -270,6 +270,17 @@ CASES: list[tuple[str, str, str, dict, str]] = [
     ("reader writes a trajectory", "post", f"{A}/trajectories", j({"uid": "r-t"}), "read"),
     ("ingest key creates a dataset", "post", f"{A}/datasets", j({"name": "i-ds"}), "ingest"),
     ("metrics with an ingest key", "get", "/metrics", {}, "ingest"),
+    # --- media (issue 24) ----------------------------------------------------------------------
+    ("media: not an image", "post", f"{A}/media", raw(b"plain text", "image/png"), "ingest"),
+    (
+        "media: SVG with script",
+        "post",
+        f"{A}/media",
+        raw(b"<svg><script>1</script></svg>", "image/svg+xml"),
+        "ingest",
+    ),
+    ("media: unknown sha256", "get", f"{A}/media/{'0' * 64}", {}, "read"),
+    ("media: upload with a read key", "post", f"{A}/media", raw(b"\x89PNG", "image/png"), "read"),
 ]
 
 
@@ -298,6 +309,7 @@ def seeded(db, settings, tmp_path) -> dict[str, str]:
 
 def every_count() -> dict[str, int]:
     models = (Dataset, DatasetVersion, LabelEvent, Lease, Snapshot, Consumer, ApiKey, AuditEvent, MergeResult)
+    models += (Media, StepMedia)  # issue 24
     return {**pool_counts(), **{m.__name__: m.objects.count() for m in models}}
 
 
@@ -321,6 +333,7 @@ def test_there_are_at_least_sixty_cases_covering_every_api_route():
             .replace("{name}", "")
             .replace("{lease_id}", "")
             .replace("{snapshot_id}", "")
+            .replace("{sha256}", "")
         )
         prefix = pattern.split("//")[0].rstrip("/")
         assert any(p.startswith(prefix) for p in paths), route

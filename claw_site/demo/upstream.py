@@ -900,7 +900,14 @@ def main(argv: list[str] | None = None, *, wrap: Callable[[Any], Any] | None = N
         "--no-token-ids", action="store_true", help="ignore return_token_ids (a plain OpenAI server)"
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--image-tokens",
+        type=int,
+        default=int(os.environ.get("CLAW_DEMO_IMAGE_TOKENS", "0")),
+        help="render each image part as this many placeholder ids (151655, as a VLM server's <|image_pad|>)",
+    )
     args = p.parse_args(argv)
+    _tok.image_tokens = args.image_tokens
     app = create_app(
         latency_ms=args.latency_ms,
         failure_rate=args.failure_rate,

@@ -475,3 +475,19 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+
+# --- Media: images in steps (pool/services/media.py) -------------------------------------------
+# Images are stored once by sha256 in STORAGES["default"] (above: the filesystem under
+# MEDIA_ROOT, var/media by default; for an S3-compatible store install django-storages and set
+# STORAGES["default"] = {"BACKEND": "storages.backends.s3.S3Storage", "OPTIONS": {"bucket_name":
+# ..., "endpoint_url": ...}}: nothing else changes). Per image: bytes and pixels (Pillow's
+# decompression-bomb limit by default); per step: how many images.
+CLAW_MEDIA_MAX_BYTES = env_int("CLAW_MEDIA_MAX_BYTES", 20 * 1024 * 1024)
+CLAW_MEDIA_MAX_PIXELS = env_int("CLAW_MEDIA_MAX_PIXELS", 89_478_485)
+CLAW_MEDIA_MAX_PER_STEP = env_int("CLAW_MEDIA_MAX_PER_STEP", 32)
+# Token ids an upstream's prompt ids use for an image's placeholder run (e.g. 151655, Qwen2-VL's
+# <|image_pad|>); comma-separated. Runs in order map to a step's images in order and give each
+# StepMedia its token_start/token_end. Empty: spans are not recorded.
+CLAW_MEDIA_PLACEHOLDER_TOKEN_IDS = [
+    int(x) for x in os.environ.get("CLAW_MEDIA_PLACEHOLDER_TOKEN_IDS", "151655").split(",") if x.strip()
+]

@@ -91,6 +91,8 @@ _KEPT = frozenset(
         "policy_version",
         "is_last",
         "metadata",
+        # Claw-R1's Step.multi_modal_data ({"images": [...]}): stored once by content (issue 24)
+        "multi_modal_data",
     }
 )
 

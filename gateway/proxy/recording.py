@@ -37,12 +37,14 @@ from pool import tokens
 from pool.errors import InvalidInput
 from pool.ingest import AppendTarget, StepIn, steps_append
 from pool.ingest.claim import Tail
+from pool.ingest.media import ImageIn
 from pool.ingest.plan import Stored
 from pool.models import Step
 from pool.services import gateway_event_record
 from pool.tenancy import OWN
 
 from . import branches
+from .images import chat_images
 
 CHAT = "chat.completions"
 COMPLETIONS = "completions"
@@ -88,6 +90,8 @@ class ProxiedCall:
     new_trajectory: bool = False
     # Set while building its steps: (branches before it, its messages' hash chain, the decision).
     branching: tuple[branches.Branches, list[bytes], branches.Decision] | None = None
+    # The images of its messages, in order (gateway/proxy/images.py); every choice's step has them.
+    images: list[ImageIn] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -213,6 +217,7 @@ def _steps_of(call: ProxiedCall, tail: Tail) -> list[StepIn]:
                 branch=decision.branch if decision is not None else 0,
                 parent_step_id=decision.parent.step_id if decision is not None and decision.parent else None,
                 field_prefix=f"choices[{i}]",
+                images=list(call.images),
             )
         )
     return out
@@ -305,15 +310,19 @@ def build_call(
     meta["params"] = {k: v for k, v in request.items() if k not in _NOT_PARAMS}
     if extra:
         meta.update(extra)
+    # Images: stored once by content; the messages keep each one's download path instead of
+    # its bytes (a screenshot agent re-sends its last screenshots in every call).
+    images, messages = chat_images(request.get("messages")) if chat else ([], None)
     return ProxiedCall(
         trajectory_uid=ident.trajectory_uid,
         prompt_group_uid=ident.prompt_group_uid,
         policy_version=ident.policy_version,
         new_trajectory=ident.new,
         token_source=token_source,
-        messages=request.get("messages") if chat else None,
+        messages=messages,
         metadata=meta,
         choices=choices,
+        images=images,
     )
 
 

@@ -17,6 +17,7 @@ written.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from claw_kit.web.errors import HttpError
 from pool.errors import PoolError
 from pool.services.api_keys import VerifiedKey
 
-from . import fields, idempotency
+from . import fields, idempotency, images
 from .envelope import Call, ErrorShape, receive
 from .faults import fault_event, invalid_answer, record, upstream_fault
 from .recording import CHAT, COMPLETIONS, Identity
@@ -198,6 +199,8 @@ async def serve(
     async def handle(call: Call) -> HttpResponseBase:
         assert call.ident is not None
         prepared, call.ident = await door.prepare(call.body(), call.ident, call.key, scoped=call.scoped)
+        if images.has_images(prepared.chat):  # a bad image: refused before anything goes upstream
+            await asyncio.to_thread(images.check_chat_images, prepared.chat)
         key = idempotency.key_of(call.request)
         if key is None:
             return await run(door, call, prepared)

@@ -27,6 +27,7 @@ from .. import tokens
 from ..errors import InvalidInput
 from ..models import Step
 from . import rules
+from .media import ImageIn, images_from_multi_modal_data
 
 assert array("I").itemsize == 4, "token conversion assumes a 32-bit C unsigned int"
 
@@ -64,6 +65,16 @@ def _step_wire(name: str, token_ids: Any, logprobs: Any, doc: str) -> type[msgsp
             ("messages", _doc(list[dict[str, Any]] | None, "The chat messages of the prompt, if any."), None),
             ("response_text", _doc(str | None, "The response as text, if known."), None),
             ("metadata", _doc(dict[str, Any] | None, "Free-form JSON object."), None),
+            (
+                "multi_modal_data",
+                _doc(
+                    dict[str, Any] | None,
+                    'Claw-R1\'s multi-modal data: {"images": [...]}, each image base64 (or a data: URL) or '
+                    '{"sha256": ...} of an uploaded image (POST /api/v1/media), in prompt order. '
+                    "Stored once by content; a read returns the images as references.",
+                ),
+                None,
+            ),
         ],
         forbid_unknown_fields=True,
         kw_only=True,  # field order is free: it is the fingerprint's order (CONTENT_FIELDS)
@@ -119,15 +130,19 @@ SERVER_FIELDS: tuple[str, ...] = (
     "readiness",
     "quality_flags",
     "label",
+    # the step's images in order ([{sha256, media_type, width, height, url, ...}]; [] for none)
+    "images",
 )
 READ_FIELDS: tuple[str, ...] = STEP_FIELDS + SERVER_FIELDS
 # The idempotency fingerprint covers every submitted field but the uid (the key itself), in
 # struct order, with the token arrays as their lengths (their bytes are hashed after it,
-# logprobs last), plus where the ids came from.
+# logprobs last), plus where the ids came from. Images enter by their sha256 (or URL) and place,
+# after the logprobs, and only when a step has any (plan.content_hash), so the fingerprints of
+# steps without images are those of earlier releases.
 TOKEN_ARRAYS: tuple[str, ...] = ("prompt_ids", "response_ids")
-CONTENT_FIELDS: tuple[str, ...] = tuple(f for f in STEP_FIELDS if f not in ("uid", "rollout_logprobs")) + (
-    "token_source",
-)
+CONTENT_FIELDS: tuple[str, ...] = tuple(
+    f for f in STEP_FIELDS if f not in ("uid", "rollout_logprobs", "multi_modal_data")
+) + ("token_source",)
 
 
 @dataclass(slots=True)
@@ -154,6 +169,9 @@ class StepIn:
     messages: list | None = None
     response_text: str | None = None
     metadata: dict = field(default_factory=dict)
+    # As submitted it becomes ``images`` (pool/ingest/media.py); not kept beyond that.
+    multi_modal_data: dict | None = None
+    images: list[ImageIn] = field(default_factory=list)  # in order; set from multi_modal_data or by the door
     token_source: str = Step.TokenSource.CLIENT
     drift: bool = False
     drift_offset: int | None = None
@@ -206,10 +224,12 @@ def step_from_wire(w: Any, where: str) -> StepIn:
         rules.check_json(w.messages, f"{where}.messages", depth=FIELD_DEPTH)
     metadata = w.metadata if w.metadata is not None else {}
     rules.check_json(metadata, f"{where}.metadata", depth=FIELD_DEPTH)
+    images = images_from_multi_modal_data(w.multi_modal_data, f"{where}.multi_modal_data")
     # Every other wire field passes through as decoded (the struct is the contract).
     passed = {name: getattr(w, name) for name in _PASSED_THROUGH}
     return StepIn(
         **passed,
+        images=images,
         uid=w.uid or "",
         prompt_ids=prompt,
         response_ids=response,
@@ -220,7 +240,9 @@ def step_from_wire(w: Any, where: str) -> StepIn:
 
 
 _PASSED_THROUGH = tuple(
-    f for f in STEP_FIELDS if f not in ("uid", "prompt_ids", "response_ids", "rollout_logprobs", "metadata")
+    f
+    for f in STEP_FIELDS
+    if f not in ("uid", "prompt_ids", "response_ids", "rollout_logprobs", "metadata", "multi_modal_data")
 )
 
 

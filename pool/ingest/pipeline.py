@@ -42,6 +42,7 @@ from . import effects, rules
 from .claim import EMPTY, Tail, recent, tail_load
 from .contract import StepIn, default_uid
 from .effects import StepsWritten, WrittenStep, WrittenTrajectory
+from .media import media_link, media_prepare
 from .plan import Candidate, Packed, Planned, Stored, build_rows, choose_parents, pack, step_row
 
 # Concurrent batches racing on the same new uid: the loser's transaction fails on the unique
@@ -238,7 +239,9 @@ def _ingest(
         for mine in refs
     ]
 
-    # 5. Write, parents before children; then the effects.
+    # 5. Images checked and stored (a bad one refuses the write: nothing of it stays); the
+    # steps written, parents before children, with their images' rows; then the effects.
+    media = media_prepare(new_steps)
     planned = choose_parents(new_steps, [h for _, h in new], candidates)
     rows = build_rows(
         planned,
@@ -247,6 +250,7 @@ def _ingest(
         insert=sql.backend().insert_steps,
         readiness_of=_known_readiness(new_steps, trajs, groups),
     )
+    media_link(new_steps, [r.id for r in rows], media)
     effects.apply(
         _written(rows, [_trajectory_written(t) for t in trajs.values()], source_id=source_id, channel=channel)
     )
@@ -368,11 +372,14 @@ def _append_fused(
         sources=None if mine is None else tuple(sorted(mine)),
     )
     # One statement in autocommit when nothing follows it; inside a transaction when
-    # registered effects must commit or roll back with the steps.
-    with transaction.atomic() if effects.any_registered() else nullcontext():
+    # registered effects, or the step's images, must commit or roll back with the steps.
+    has_media = any(s.images for s in steps)
+    with transaction.atomic() if effects.any_registered() or has_media else nullcontext():
         got = sql.backend().append(claim, rows)
         if got is None:
             return None
+        if has_media:  # after the claim: a missed claim stores nothing; a bad image rolls it back
+            media_link(steps, [got.ids[r.step_index] for r in rows], media_prepare(steps))
         traj_id, group_id = got.trajectory_id, got.group_id
         for row, s in zip(rows, steps, strict=True):
             row.id, row.trajectory_id = got.ids[row.step_index], traj_id
@@ -459,6 +466,7 @@ def _append_general(
                 f"trajectory {target.trajectory_uid!r}: step uids {steps[0].uid!r}.. are taken by other steps",
                 field="trajectory_uid",
             ) from None
+        media_link(steps, [r.id for r in rows], media_prepare(steps))
         effects.apply(
             _written(
                 rows,

@@ -52,6 +52,9 @@ def content_hash(s: StepIn, seq_hash: bytes) -> bytes:
     if s.rollout_logprobs is not None:
         h.update(b"lp")
         h.update(np.ascontiguousarray(s.rollout_logprobs, dtype=tokens.LOGPROB_DTYPE).tobytes())
+    if s.images:  # by content and place (pool/ingest/media.py); absent: the old fingerprint
+        h.update(b"img")
+        h.update(orjson.dumps([im.key() for im in s.images]))
     return h.digest()
 
 

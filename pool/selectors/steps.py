@@ -12,7 +12,7 @@ from django.db.models import Max, QuerySet
 
 from .. import flags, tokens
 from ..flags import READY, Readiness
-from ..models import GenerationText, Step
+from ..models import GenerationText, Step, StepMedia
 from ..services.generation_texts import response_ids_hash
 from ..tenancy import Sources
 from ..tenancy import q as of_sources
@@ -28,6 +28,7 @@ def steps_render(steps: Sequence[Step]) -> list[dict[str, Any]]:
     numpy (the JSON renderer serialises them natively, without a Python list per token).
     """
     full = tokens.load_sequences(s.id for s in steps)
+    images = step_images(s.id for s in steps)
     parents = {s.parent_step_id for s in steps if s.parent_step_id is not None}
     # Only steps on a branch (proxied chat calls) have a parent: no query for any other page.
     parent_uids = dict(Step.objects.filter(id__in=parents).values_list("id", "uid")) if parents else {}
@@ -58,6 +59,7 @@ def steps_render(steps: Sequence[Step]) -> list[dict[str, Any]]:
                 "messages": s.messages,
                 "response_text": s.response_text,
                 "metadata": s.metadata,
+                "multi_modal_data": {"images": images[s.id]} if s.id in images else None,
                 "reward_status": s.effective_reward_status,
                 "reward_scope": s.reward_scope,
                 "token_source": s.token_source,
@@ -70,9 +72,55 @@ def steps_render(steps: Sequence[Step]) -> list[dict[str, Any]]:
                 "readiness": flags.names(s.readiness, flags.READINESS_NAMES),
                 "quality_flags": flags.names(s.quality_flags, flags.QUALITY_NAMES),
                 "label": s.label or None,
+                "images": images.get(s.id, []),
             }
         )
     return out
+
+
+def step_images(step_ids: Iterable[int]) -> dict[int, list[dict[str, Any]]]:
+    """Each step's images in order, as reads and batch formats carry them (one query for
+    all the steps; steps without images are absent):
+
+    ``{"sha256", "media_type", "width", "height", "byte_size", "url"}`` with ``url`` the
+    download path (GET /api/v1/media/<sha256>), plus where the image sits in the step
+    (``message_index``, ``part_index``, the placeholder span ``token_start``/``token_end``)
+    and ``kind``: "stored", or "url" for a remote image passed through and never fetched,
+    whose ``url`` is the address the agent sent and whose sha256 and sizes are null."""
+    ids = list(step_ids)
+    out: dict[int, list[dict[str, Any]]] = {}
+    if not ids:
+        return out
+    rows = (
+        StepMedia.objects.filter(step_id__in=ids)
+        .order_by("step_id", "position")
+        .values_list(
+            "step_id", "kind", "source_url", "message_index", "part_index", "token_start", "token_end",
+            "media__sha256", "media__media_type", "media__width", "media__height", "media__byte_size",
+        )
+    )  # fmt: skip
+    for step_id, kind, url, msg, part, start, end, sha, media_type, width, height, size in rows:
+        out.setdefault(step_id, []).append(
+            {
+                "sha256": sha,
+                "media_type": media_type,
+                "width": width,
+                "height": height,
+                "byte_size": size,
+                "url": media_path(sha) if sha else url,
+                "kind": kind,
+                "message_index": msg,
+                "part_index": part,
+                "token_start": start,
+                "token_end": end,
+            }
+        )
+    return out
+
+
+def media_path(sha256: str) -> str:
+    """The download path of a stored image (gateway/urls.py: media-detail)."""
+    return f"/api/v1/media/{sha256}"
 
 
 def branch_ends(trajectory_ids: Iterable[int]) -> set[tuple[str, int, int]]:

@@ -291,6 +291,8 @@ def test_the_matrix_covers_every_api_route():
         covered.setdefault(f"/api/v1/{endpoint}", set()).add(method)
     for endpoint in SNAPSHOT_READS:
         covered.setdefault(f"/api/v1/{endpoint.replace('{snapshot}', '{snapshot_id}')}", set()).add("get")
+    covered.setdefault("/api/v1/media", set()).add("post")  # test_media_matrix
+    covered.setdefault("/api/v1/media/{sha256}", set()).add("get")
     # then each one is exercised above (a new endpoint must join the matrix)
     assert covered == api_routes()
 
@@ -360,3 +362,52 @@ def test_writes_are_attributed_to_the_keys_source(seeded, agent_key, agent):
     # then the step and its new trajectory belong to that key's source
     step = Step.objects.select_related("source", "trajectory__source").get(uid="src-t-s0")
     assert step.source.name == "agent" and step.trajectory.source.name == "agent"
+
+
+# --- media (issue 24): uploads are writes, downloads reads -----------------------------------------
+def _png(width: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (width, 2), (1, 2, 3)).save(out, "PNG")
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("caller", list(CALLERS))
+def test_media_matrix(seeded, django_user_model, settings, tmp_path, caller):
+    # given: an image a seeded step references (every caller's key is granted the seed source)
+    import base64
+    import hashlib
+
+    settings.MEDIA_ROOT = tmp_path / "media"
+    data = _png(3)
+    step = make_step(
+        "seed-img",
+        0,
+        prompt=[1],
+        response=[2],
+        multi_modal_data={"images": [base64.b64encode(data).decode()]},
+    )
+    assert (
+        caller_client("admin", django_user_model)
+        .post("/api/v1/steps", {"steps": [step]}, format="json")
+        .status_code
+        == 201
+    )
+    Step.objects.filter(uid=step["uid"]).update(source_id=Source.objects.get(name=SEED).id)
+    client = caller_client(caller, django_user_model)
+    may_write, may_read = CALLERS[caller]
+    # when: it uploads an image, and downloads the referenced one
+    up = client.post("/api/v1/media", data=_png(5), content_type="image/png")
+    down = client.get(f"/api/v1/media/{hashlib.sha256(data).hexdigest()}")
+    # then: uploads need the ingest scope, downloads any read scope
+    if may_write:
+        assert up.status_code == 201 and up.json()["width"] == 5, up.content
+    else:
+        assert up.status_code == (401 if caller == "anonymous" else 403), up.content
+    if may_read:
+        assert down.status_code == 200 and b"".join(down.streaming_content) == data
+    else:
+        assert down.status_code == (401 if caller == "anonymous" else 403), down.content

@@ -20,6 +20,7 @@ from pool.ingest.contract import (
     STEP_FIELDS,
     StepWire,
 )
+from pool.ingest.media import ImageIn
 from pool.ingest.plan import pack
 from pool.models import Step
 from pool.services import steps_ingest
@@ -71,6 +72,7 @@ def test_stepin_holds_every_wire_field_with_its_type():
         "parent_step_id",
         "field_prefix",
         "row_id",
+        "images",  # the decoded images: from multi_modal_data, or set by a proxied door
     }
 
 
@@ -115,6 +117,12 @@ def test_the_fingerprint_covers_every_content_field_and_not_the_uid():
         other = step_in("t", 2, prompt=[1, 2, 3], response=[4, 5], group="g", metadata={"k": 1})
         setattr(other, name, value)
         assert pack(other).content_hash != h, name
+    # images enter by content (sha256) and place, and only when a step has any
+    with_image = step_in("t", 2, prompt=[1, 2, 3], response=[4, 5], group="g", metadata={"k": 1})
+    with_image.images = [ImageIn(field="i", sha256="a" * 64)]
+    other_image = step_in("t", 2, prompt=[1, 2, 3], response=[4, 5], group="g", metadata={"k": 1})
+    other_image.images = [ImageIn(field="i", sha256="b" * 64)]
+    assert len({h, pack(with_image).content_hash, pack(other_image).content_hash}) == 3
     for prompt, response in (([1, 2, 3, 4], [5]), ([1, 2, 3], [4, 6])):
         assert (
             pack(step_in("t", 2, prompt=prompt, response=response, group="g", metadata={"k": 1})).content_hash
