@@ -86,7 +86,7 @@ def image_refs(row: Mapping[str, Any]) -> list[dict[str, Any]]:
     refs = row.get("images")
     if refs is None:
         refs = (row.get("multi_modal_data") or {}).get("images") or []
-    return [r for r in refs if isinstance(r, Mapping) and r.get("sha256")]
+    return [dict(r) for r in refs if isinstance(r, Mapping) and r.get("sha256")]
 
 
 def to_pil(data: Iterable[bytes]) -> list[Any]:

@@ -559,7 +559,7 @@ def review_queues(request: HttpRequest) -> HttpResponse:
 # --- images (issue 24): thumbnails and full images for the pages -------------------------------
 # Served with their checked raster type, nosniff, a filename and a sandboxing CSP, so a
 # hostile file opened on its own (only PNG, JPEG, WebP and GIF pass ingest) is never active.
-_MEDIA_CSP = "default-src 'none'; img-src 'self'; style-src 'unsafe-inline'; sandbox"
+_MEDIA_CSP = "default-src 'none'; img-src 'self'; sandbox"
 
 
 def _media_headers(response: HttpResponse, filename: str, *, inline: bool = True) -> HttpResponse:

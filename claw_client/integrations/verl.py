@@ -219,7 +219,7 @@ def _multi_modal_data(rows: list[dict[str, Any]], media: Any) -> np.ndarray | No
             "the batch has images: pass media=ClawClient(...) (or a row -> images function) to fetch them"
         )
     fetch = media.images if hasattr(media, "images") else media
-    out = []
+    out: list[dict[str, list[Any]] | None] = []
     for r in rows:
         if image_refs(r):
             pil = list(fetch(r))

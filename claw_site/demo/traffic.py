@@ -558,19 +558,17 @@ def _screenshot_rollout(
     for turn in range(SCREEN_TURNS):
         screens.append(screenshot_png(group if turn == 0 else f"{traj}:{turn}"))
         shown = screens[-SCREENS_IN_PROMPT:]
+        text = task if turn == 0 else "Done. The screen now:"
         user = {
             "role": "user",
-            "content": [
-                {"type": "text", "text": task if turn == 0 else "Done. The screen now:"},
-                *(_image_part(png) for png in shown),
-            ],
+            "content": [{"type": "text", "text": text}, *(_image_part(png) for png in shown)],
         }
         messages: list[Any] = [{"role": "system", "content": SCREEN_SYSTEM}, *history, user]
         r = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=MAX_TOKENS)
         yield
         # The history keeps the text only: the screenshots of earlier turns are re-sent above.
         history += [
-            {"role": "user", "content": user["content"][0]["text"]},
+            {"role": "user", "content": text},
             {"role": "assistant", "content": r.choices[0].message.content or ""},
         ]
 
