@@ -31,6 +31,10 @@ PAD, BOS, EOS = 0, 1, 2
 BYTE_OFFSET = 3
 SYSTEM, USER, ASSISTANT, TOOL, END, TOOLS = 259, 260, 261, 262, 263, 264
 
+# Outside the vocabulary, as Qwen2-VL's ids: an image is <|vision_start|> <|image_pad|>*n
+# <|vision_end|> (see ToyTokenizer.image_tokens).
+VISION_START, VISION_END, IMAGE_PAD = 151652, 151653, 151655
+
 SPECIAL_TOKENS: dict[int, str] = {
     PAD: "<pad>",
     BOS: "<bos>",
@@ -60,6 +64,11 @@ class ToyTokenizer:
     bos_token_id: int = BOS
     eos_token_id: int = EOS
     end_token_id: int = END
+    # Image parts (image_url / image) rendered as a run of this many placeholder ids between
+    # vision start/end ids, as a VLM server expands Qwen2-VL's <|image_pad|>; 0: images add
+    # nothing (the default).
+    image_tokens: int = 0
+    image_token_id: int = IMAGE_PAD
 
     def encode(self, text: str) -> list[int]:
         """UTF-8 bytes of ``text`` shifted by 3. Never adds special tokens."""
@@ -103,7 +112,11 @@ class ToyTokenizer:
             if marker is None:
                 raise ValueError(f"unknown role {role!r}")
             ids.append(marker)
-            ids += _encode_cached(message_text(m.get("content")))
+            content = m.get("content")
+            if self.image_tokens and isinstance(content, list):
+                ids += self._parts(content)
+            else:
+                ids += _encode_cached(message_text(content))
             tool_calls = m.get("tool_calls")
             if tool_calls:
                 ids += _encode_cached(compact_json(canonical_tool_calls(tool_calls)))
@@ -111,6 +124,16 @@ class ToyTokenizer:
         if add_generation_prompt:
             ids.append(ASSISTANT)
         return ids
+
+    def _parts(self, parts: list) -> list[int]:
+        """Content parts in order: texts encoded, each image a run of placeholder ids."""
+        out: list[int] = []
+        for p in parts:
+            if isinstance(p, dict) and p.get("type") in ("image_url", "image", "input_image"):
+                out += [VISION_START, *[self.image_token_id] * self.image_tokens, VISION_END]
+            elif isinstance(p, dict):
+                out += _encode_cached(p.get("text") or "")
+        return out
 
 
 def _encode(text: str) -> list[int]:

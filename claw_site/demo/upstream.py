@@ -42,11 +42,6 @@ Contract:
   ``<rollout id="N">...</rollout>`` block of the user message: 1.0 when the rollout contains
   the ``<reference>...</reference>`` answer as a whole word, else 0.0; without a reference,
   the rollout's length relative to the longest one.
-- Images, as a VLM server expands them: each ``image_url`` part of a chat message (a data URL
-  or an address; neither is fetched nor decoded here) becomes, in ``prompt_token_ids`` at its
-  place among the message's text parts, ``VISION_START`` + ``IMAGE_PLACEHOLDER_TOKENS`` ×
-  ``IMAGE_PAD`` + ``VISION_END`` (Qwen2-VL's ids; a real server repeats ``<|image_pad|>`` by
-  the image's patch grid, the demo a fixed run).
 - Degenerate output: header ``x-demo-reply: loop`` makes every text answer a loop of one word
   cut at max_tokens (finish_reason "length"), as a model stuck in repetition would answer; the
   demo traffic uses it to show the truncated and repetition quality flags. Tool calls are
@@ -78,12 +73,10 @@ STREAM_CHUNK_TOKENS = 4
 MAX_N = 64
 MAX_MODEL_LEN = 131_072
 TOOL_ARGUMENTS = '{"x": 1}'
-# Images in prompts (Qwen2-VL's ids: <|vision_start|>, <|image_pad|>, <|vision_end|>): each
-# image is a run of IMAGE_PLACEHOLDER_TOKENS pad ids between the two markers. A real server's
-# run is the image's patch count (256 for a 448x448 image); the demo's is fixed and short.
-VISION_START, IMAGE_PAD, VISION_END = 151652, 151655, 151653
-IMAGE_PLACEHOLDER_TOKENS = 16
-_IMAGE_SENTINEL = "\x00<demo-image>\x00"  # stands for an image part while the template renders
+# The placeholder run of each image in the demo's prompt ids (``manage.py serve`` starts the
+# demo upstream with ``--image-tokens DEMO_IMAGE_TOKENS``): a VLM server's run is the image's
+# patch count (256 for a 448x448 image in Qwen2-VL); the demo's is fixed and short.
+DEMO_IMAGE_TOKENS = 16
 WORDS = (
     "the",
     "agent",
@@ -779,50 +772,10 @@ def _chat_prompt(body: dict, *, add_generation_prompt: bool) -> list[int]:
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise HttpError(400, "tools must be an array", param="tools")
-    messages, images = _image_sentinels(messages)
     try:
-        ids = _tok.apply_chat_template(messages, tools, add_generation_prompt=add_generation_prompt)
+        return _tok.apply_chat_template(messages, tools, add_generation_prompt=add_generation_prompt)
     except ValueError as e:
         raise HttpError(400, str(e), param="messages") from None
-    return _expand_images(ids) if images else ids
-
-
-def _image_sentinels(messages: list) -> tuple[list, int]:
-    """(messages with each image_url part replaced by a text sentinel, the number of images)."""
-    out, n = [], 0
-    for m in messages:
-        content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, list) and any(
-            isinstance(p, dict) and p.get("type") == "image_url" for p in content
-        ):
-            parts = []
-            for p in content:
-                if isinstance(p, dict) and p.get("type") == "image_url":
-                    parts.append({"type": "text", "text": _IMAGE_SENTINEL})
-                    n += 1
-                else:
-                    parts.append(p)
-            m = {**m, "content": parts}
-        out.append(m)
-    return out, n
-
-
-_SENTINEL_IDS = _tok.encode(_IMAGE_SENTINEL)
-_IMAGE_IDS = [VISION_START, *[IMAGE_PAD] * IMAGE_PLACEHOLDER_TOKENS, VISION_END]
-
-
-def _expand_images(ids: list[int]) -> list[int]:
-    """Each sentinel's ids -> the image's placeholder run."""
-    out: list[int] = []
-    i, k, first = 0, len(_SENTINEL_IDS), _SENTINEL_IDS[0]
-    while i < len(ids):
-        if ids[i] == first and ids[i : i + k] == _SENTINEL_IDS:
-            out += _IMAGE_IDS
-            i += k
-        else:
-            out.append(ids[i])
-            i += 1
-    return out
 
 
 def _text_prompt(prompt: Any, *, add_special_tokens: bool) -> list[int]:
@@ -951,7 +904,14 @@ def main(argv: list[str] | None = None, *, wrap: Callable[[Any], Any] | None = N
         "--no-token-ids", action="store_true", help="ignore return_token_ids (a plain OpenAI server)"
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--image-tokens",
+        type=int,
+        default=int(os.environ.get("CLAW_DEMO_IMAGE_TOKENS", "0")),
+        help="render each image part as this many placeholder ids (151655, as a VLM server's <|image_pad|>)",
+    )
     args = p.parse_args(argv)
+    _tok.image_tokens = args.image_tokens
     app = create_app(
         latency_ms=args.latency_ms,
         failure_rate=args.failure_rate,

@@ -18,7 +18,7 @@ from django.core.files.storage import default_storage
 from PIL import Image
 
 from pool.models import Media
-from pool.services.media import media_open
+from pool.services.media import media_file
 
 # The longest side of a thumbnail, in pixels (the pages show them at up to 160 px; 2x for
 # dense screens). WebP at quality 80: a 1280x800 screenshot gives about 5-15 KB.
@@ -37,7 +37,8 @@ def thumbnail_ensure(*, media: Media, size: int = THUMB_SIZE) -> bytes:
     if default_storage.exists(name):
         with default_storage.open(name, "rb") as fh:
             return fh.read()
-    data = _render(media_open(media), size)
+    with media_file(media) as fh:
+        data = _render(fh.read(), size)
     saved = default_storage.save(name, ContentFile(data))
     if saved != name:  # a concurrent request stored it first: keep theirs, drop ours
         default_storage.delete(saved)

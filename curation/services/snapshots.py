@@ -42,7 +42,7 @@ from pool.ingest.effects import emit
 from pool.models import Feedback, Media, Step
 from pool.selectors.steps import branch_ends, step_images
 from pool.services import effective_reward
-from pool.services.media import media_open
+from pool.services.media import media_file
 
 from ..events import SnapshotChanged, SnapshotRequested
 from ..models import Dataset, Snapshot, StepTag
@@ -652,7 +652,11 @@ def _media_bytes(images: dict[int, list[dict[str, Any]]]) -> dict[str, bytes]:
     shas = {i["sha256"] for refs in images.values() for i in refs if i["sha256"]}
     if not shas:
         return {}
-    return {m.sha256: media_open(m) for m in Media.objects.filter(sha256__in=shas).order_by("sha256")}
+    out = {}
+    for m in Media.objects.filter(sha256__in=shas).order_by("sha256"):
+        with media_file(m) as fh:
+            out[m.sha256] = fh.read()
+    return out
 
 
 def _images_column(rows: list[dict[str, Any]], media: dict[str, bytes]) -> pa.Array:

@@ -35,7 +35,12 @@ IMAGE = png(61, (480, 300))
 SVG = b'<svg xmlns="http://www.w3.org/2000/svg" onload="window.__xss=1;alert(1)"><script>alert(2)</script></svg>'
 HTML = b"<!doctype html><html><body><script>window.__xss=3;alert(3)</script></body></html>"
 # (what an attacker uploads, the type it declares): every one is refused, naming the body
-HOSTILE = [(SVG, "image/svg+xml"), (SVG, "image/png"), (HTML, "image/png"), (HTML, "application/octet-stream")]
+HOSTILE = [
+    (SVG, "image/svg+xml"),
+    (SVG, "image/png"),
+    (HTML, "image/png"),
+    (HTML, "application/octet-stream"),
+]
 
 
 @pytest.fixture
@@ -67,7 +72,11 @@ def test_images_are_shown_inert_and_hostile_uploads_are_refused(server, browser)
     for data, declared in HOSTILE:
         resp = httpx.post(f"{srv.url}/api/v1/media", content=data, headers={**auth, "Content-Type": declared})
         assert resp.status_code == 400 and resp.json()["error"]["param"] == "body", (declared, resp.text)
-        bad = {**step, "trajectory_uid": "bad", "multi_modal_data": {"images": [base64.b64encode(data).decode()]}}
+        bad = {
+            **step,
+            "trajectory_uid": "bad",
+            "multi_modal_data": {"images": [base64.b64encode(data).decode()]},
+        }
         resp = httpx.post(f"{srv.url}/api/v1/steps", json={"steps": [bad]}, headers=auth)
         assert resp.status_code == 400, resp.text
         assert resp.json()["error"]["param"] == "steps[0].multi_modal_data.images[0]"

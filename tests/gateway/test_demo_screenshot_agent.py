@@ -13,8 +13,10 @@ import pytest
 
 from claw_client import ClawClient
 from claw_site.demo import traffic
-from claw_site.demo.upstream import IMAGE_PAD, IMAGE_PLACEHOLDER_TOKENS
-from tests.live import live_server
+from claw_site.demo.toy_tokenizer import IMAGE_PAD, VISION_END, VISION_START
+from claw_site.demo.upstream import DEMO_IMAGE_TOKENS
+from tests.gateway.conftest import start_upstream
+from tests.live import live_server, stop_process
 
 pytestmark = pytest.mark.live
 
@@ -24,8 +26,18 @@ COUNTS = (
 )
 
 
-def test_the_screenshot_agent_stores_each_screenshot_once(demo_upstream, tmp_path):
-    with live_server(tmp_path, {"CLAW_UPSTREAM_URL": demo_upstream}) as srv:
+@pytest.fixture
+def vlm_upstream():
+    """The demo upstream as `manage.py serve` starts it: images as placeholder runs."""
+    base, proc = start_upstream("--image-tokens", str(DEMO_IMAGE_TOKENS))
+    try:
+        yield base
+    finally:
+        stop_process(proc)
+
+
+def test_the_screenshot_agent_stores_each_screenshot_once(vlm_upstream, tmp_path):
+    with live_server(tmp_path, {"CLAW_UPSTREAM_URL": vlm_upstream}) as srv:
         agent_key, trainer_key = srv.make_key("ingest"), srv.make_key("consume")
         admin = srv.make_key("admin")
         # given the screenshot agent run to the end of one group, as the demo traffic runs it
@@ -54,10 +66,13 @@ def test_the_screenshot_agent_stores_each_screenshot_once(demo_upstream, tmp_pat
             # and each image's placeholder run in the prompt ids is its recorded span
             ids = list(row["prompt_ids"])
             for image in row["images"]:
-                assert image["token_end"] - image["token_start"] == IMAGE_PLACEHOLDER_TOKENS, image
-                assert (
-                    ids[image["token_start"] : image["token_end"]] == [IMAGE_PAD] * IMAGE_PLACEHOLDER_TOKENS
-                )
+                start, end = image["token_start"], image["token_end"]
+                assert end - start == DEMO_IMAGE_TOKENS, image
+                assert ids[start - 1 : end + 1] == [
+                    VISION_START,
+                    *[IMAGE_PAD] * DEMO_IMAGE_TOKENS,
+                    VISION_END,
+                ]
         # and each distinct screenshot is stored once: the group's shared first one, then
         # every rollout's own, however many prompts re-sent them
         unique = {hashlib.sha256(b).digest() for images in fetched.values() for b in images}
