@@ -35,6 +35,7 @@ from .wire import MSGPACK, encode_step_batch
 if TYPE_CHECKING:
     from .client import Batch, ClawClient, ClawError, steps_to_numpy
     from .collate import collate_steps
+    from .media import MediaCache
 
 # Imported on first use: the client needs httpx, collate needs torch.
 _LAZY = {
@@ -43,6 +44,7 @@ _LAZY = {
     "ClawError": "client",
     "steps_to_numpy": "client",
     "collate_steps": "collate",
+    "MediaCache": "media",
 }
 
 __all__ = [
@@ -50,6 +52,7 @@ __all__ = [
     "Batch",
     "ClawClient",
     "ClawError",
+    "MediaCache",
     "TOKEN_DTYPE",
     "PrefixTree",
     "PrefixTreeStats",

@@ -14,7 +14,9 @@ not ack or nack anything. Errors are ``ClawError`` built from the server's error
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -23,6 +25,7 @@ from urllib.parse import quote
 import httpx
 import numpy as np
 
+from .media import MediaCache, check_sha256, image_refs, to_pil
 from .prefix_tree import TOKEN_DTYPE
 from .wire import MSGPACK, encode_step_batch
 
@@ -131,8 +134,19 @@ class ClawClient:
     """The API at ``base_url`` (e.g. ``http://host:8000``) with one API key. Closes its
     connection pool when used as a context manager, or by ``close()``."""
 
-    def __init__(self, base_url: str, api_key: str, *, timeout: float = 60.0, **httpx_kwargs: Any):
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = 60.0,
+        media_cache: str | os.PathLike[str] | None = None,
+        **httpx_kwargs: Any,
+    ):
         self.base_url = base_url.rstrip("/")
+        # Images by sha256 on disk (claw_client/media.py): ``media_cache`` or the default
+        # (~/.cache/claw_client/media, $CLAW_CLIENT_MEDIA_CACHE).
+        self.media_cache = MediaCache(media_cache)
         self.http = httpx.Client(
             base_url=f"{self.base_url}/api/v1",
             headers={"Authorization": f"Bearer {api_key}"},
@@ -351,6 +365,36 @@ class ClawClient:
                 for chunk in resp.iter_bytes():
                     fh.write(chunk)
         return path
+
+    # --- images (issue 24) ------------------------------------------------------------------
+    def fetch_media(self, sha256: str) -> bytes:
+        """The bytes of the stored image ``sha256`` (GET /media/<sha256>), from the disk cache
+        when there, else downloaded once, checked against the hash and cached. Raises
+        ClawError (type ``sha256_mismatch``) when the bytes served do not hash to it."""
+        cached = self.media_cache.get(check_sha256(sha256))
+        if cached is not None:
+            return cached
+        resp = self._request("GET", f"/media/{sha256}")
+        data = resp.content
+        got = hashlib.sha256(data).hexdigest()
+        if got != sha256:
+            raise ClawError(
+                resp.status_code,
+                "sha256_mismatch",
+                f"image {sha256} was served as bytes hashing to {got}",
+                "sha256",
+            )
+        self.media_cache.put(sha256, data)
+        return data
+
+    def media_bytes(self, row: dict[str, Any]) -> list[bytes]:
+        """A row's stored images' bytes, in order (claw_client.media.image_refs); no Pillow."""
+        return [self.fetch_media(r["sha256"]) for r in image_refs(row)]
+
+    def images(self, row: dict[str, Any]) -> list[Any]:
+        """A row's stored images as loaded PIL images, in order (needs Pillow: the ``images``
+        extra). Each is downloaded once (the disk cache); remote images are left out."""
+        return to_pil(self.media_bytes(row))
 
     # --- transport --------------------------------------------------------------------------
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:

@@ -435,18 +435,20 @@ class SnapshotDownloadApi(APIView):
             OpenApiParameter(
                 "format",
                 str,
-                enum=[*snapshots.FORMATS, *snapshots.EXPORTS],
-                description="jsonl (default) or parquet; sft or dpo for a snapshot built with that TRL export",
+                enum=[*snapshots.FORMATS, *snapshots.EXPORTS, *snapshots.ARCHIVES],
+                description=(
+                    "jsonl (default) or parquet; sft or dpo for a snapshot built with that TRL export;"
+                    " tar (snapshot.jsonl plus media/<sha256>.<ext>) for a snapshot with images"
+                ),
             )
         ],
         responses={(200, "application/octet-stream"): OpenApiTypes.BINARY},
     )
     def get(self, request, snapshot_id):
         fmt = request.query_params.get("format", "jsonl")
-        if fmt not in (*snapshots.FORMATS, *snapshots.EXPORTS):
-            raise InvalidInput(
-                f"format must be one of {[*snapshots.FORMATS, *snapshots.EXPORTS]}", field="format"
-            )
+        known = [*snapshots.FORMATS, *snapshots.EXPORTS, *snapshots.ARCHIVES]
+        if fmt not in known:
+            raise InvalidInput(f"format must be one of {known}", field="format")
         snap = _snapshot(snapshot_id)
         if snap.status != Snapshot.Status.DONE:
             raise Conflict(f"snapshot {snap.id} is {snap.status}: download it once done", field="snapshot")

@@ -26,4 +26,7 @@ urlpatterns = [
     path("review/", views.review, name="review"),
     path("review/queues/", views.review_queues, name="review_queues"),
     path("review/<str:queue>/", views.review, name="review_queue"),
+    # Images (issue 24): a stored image's thumbnail and the image itself, for signed-in users.
+    path("images/<str:sha256>/thumb", views.media_thumb, name="media_thumb"),
+    path("images/<str:sha256>/", views.media_full, name="media_full"),
 ]

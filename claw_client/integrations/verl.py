@@ -27,6 +27,14 @@ uid or None), ``trajectory_uids``, ``step_indices`` (int32; the names Claw-R1's 
 reads), ``step_uids``, ``policy_versions``, ``staleness``, ``reward`` (null kept),
 ``reward_scope``, ``has_rollout_logprobs``. ``meta_info``: ``lease_id``,
 ``dataset_version``, ``policy_versions`` and ``staleness`` of the pull's manifest.
+
+Images (issue 24): when any row carries stored images, ``multi_modal_data`` holds each row's
+images in order as loaded PIL images, ``{"images": [...], "image": [...]}`` (the same list
+under both keys: ``images`` is what Claw-R1's VerlBackend and verl's agent loop read from a
+step's ``multi_modal_data`` and hand to the processor, ``image`` what verl's RLHFDataset and
+vLLM's engine take), and None for a row without images. They are fetched by sha256 through
+the client's disk cache (``ClawClient.images``): the pulling client of a ``Batch``, or
+``media=`` (a ClawClient, or any ``row -> list[PIL image]``) for a dict or a list of rows.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ def to_dataproto(
     response_length: int | None = None,
     pad_token_id: int = 0,
     metadata: bool = False,
+    media: Any = None,
 ) -> DataProto:
     """The DataProto of ``batch``: a client ``Batch``, a pull answer (dict), its ``batch``
     part, or a list of steps (the ``steps`` format's rows), in the ``steps`` or ``padded``
@@ -60,6 +69,8 @@ def to_dataproto(
     step's metadata keys into non-tensor columns (None where a step lacks one), as Claw-R1's
     VerlBackend does; a key that would replace a column above is left out."""
     rows, info = batch_rows(batch)
+    if media is None:
+        media = info.get("client")
     if not rows:
         raise ValueError("the batch has no steps: nothing to convert (an empty pull is falsy)")
     n = len(rows)
@@ -113,6 +124,9 @@ def to_dataproto(
         "reward_scope": _objects(r.get("reward_scope") for r in rows),
         "has_rollout_logprobs": np.array(has_logprobs, dtype=bool),
     }
+    images = _multi_modal_data(rows, media)
+    if images is not None:
+        non_tensors["multi_modal_data"] = images
     if metadata:
         keys = sorted({k for r in rows for k in (r.get("metadata") or {})} - set(non_tensors))
         for key in keys:
@@ -135,7 +149,11 @@ def batch_rows(batch: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     their real tokens, so both formats give the same rows."""
     info: dict[str, Any] = {}
     if hasattr(batch, "manifest") and hasattr(batch, "batch") and not isinstance(batch, Mapping):
-        info = {"lease_id": batch.lease_id, "manifest": batch.manifest}
+        info = {
+            "lease_id": batch.lease_id,
+            "manifest": batch.manifest,
+            "client": getattr(batch, "_client", None),
+        }
         batch = batch.batch or {}
     elif isinstance(batch, Mapping) and "manifest" in batch:
         info = {"lease_id": batch.get("lease_id"), "manifest": batch.get("manifest")}
@@ -183,9 +201,32 @@ def _padded_rows(b: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "prompt_ids": prompts[i, p - lp :] if p else prompts[i, :0],
                 "response_ids": responses[i, :lr],
                 "rollout_logprobs": logprobs[i, :lr] if b["has_rollout_logprobs"][i] else None,
+                "images": b["images"][i] if "images" in b else [],
             }
         )
     return rows
+
+
+def _multi_modal_data(rows: list[dict[str, Any]], media: Any) -> np.ndarray | None:
+    """Each row's ``{"images": [PIL], "image": [PIL]}`` (None without images); None for a
+    batch without any stored image."""
+    from claw_client.media import image_refs
+
+    if not any(image_refs(r) for r in rows):
+        return None
+    if media is None:
+        raise ValueError(
+            "the batch has images: pass media=ClawClient(...) (or a row -> images function) to fetch them"
+        )
+    fetch = media.images if hasattr(media, "images") else media
+    out: list[dict[str, list[Any]] | None] = []
+    for r in rows:
+        if image_refs(r):
+            pil = list(fetch(r))
+            out.append({"images": pil, "image": pil})
+        else:
+            out.append(None)
+    return _objects(out)
 
 
 def _width(lengths: list[int], fixed: int | None, what: str) -> int:

@@ -1,6 +1,6 @@
 """Demo traffic: agents that keep a fresh install showing live data, curation included.
 
-Four agents take turns, one HTTP call at a time, ``pace_s`` apart:
+Five agents take turns, one HTTP call at a time, ``pace_s`` apart:
 
 - **black-box**: an unmodified agent using the official ``openai`` client, pointed at the
   gateway's scoped base URL ``{base}/t/{trajectory_uid}/{group_uid}/v1``. A group of 4 rollouts
@@ -17,6 +17,12 @@ Four agents take turns, one HTTP call at a time, ``pace_s`` apart:
   which the gateway records as a new branch of its trajectory) and an OpenAI Responses agent
   (``POST /v1/responses``, function_call items, chained by ``previous_response_id`` so it
   never resends its history). Each rollout is completed with a reward.
+- **screenshot**: a GUI agent on the official ``openai`` client, through the same scoped base
+  URL: a group of ``SCREEN_ROLLOUTS`` rollouts, each turn sending the text history plus its
+  last ``SCREENS_IN_PROMPT`` screenshots (PNG, drawn in code with Pillow from a seed:
+  rectangles and text-like stripes) as ``image_url`` data URLs, as such agents re-send them.
+  Rollouts of a group start from the same first screenshot. The gateway stores each distinct
+  screenshot once; the demo upstream puts a run of image placeholder ids in the prompt ids.
 - **judge**: a slow verifier. Rollouts of some groups complete without a reward; the judge
   posts it ``LATE_REWARD_PACES`` paces later through ``POST /api/v1/rewards``, and only then
   do their steps and group become ready.
@@ -34,6 +40,8 @@ midway is marked ``failed`` (best effort) so its group can still complete.
 
 from __future__ import annotations
 
+import base64
+import io
 import itertools
 import logging
 import random
@@ -46,6 +54,7 @@ from typing import Any
 
 import httpx
 import openai
+from PIL import Image, ImageDraw
 
 from .toy_tokenizer import ToyTokenizer
 from .upstream import MODEL_ID, generate_reply
@@ -155,6 +164,7 @@ def run_demo_traffic(base_url: str, api_key: str, *, stop: threading.Event, pace
             ("white-box", white_box),
             ("black-box", black_box),
             ("doors", lambda: _doors_rollout(base_url, http, next(doors_runs))),
+            ("screenshot", lambda: _screenshot_group(base_url, llm, http)),
             ("judge", lambda: _judge(base_url, http, late)),
         ]
         agents: list[Agent | None] = [None] * len(makers)
@@ -467,6 +477,100 @@ def _white_box_group(
             if posted:
                 _abandon(http, base_url, traj)
             yield False
+
+
+# --- the screenshot agent ------------------------------------------------------------------------
+SCREEN_ROLLOUTS = 2
+SCREEN_TURNS = 3
+SCREENS_IN_PROMPT = 3  # the last screenshots each prompt carries (the rest is text history)
+SCREEN_SIZE = (640, 400)  # a small screen: W-vision's bench uses 1280x800
+SCREEN_TASKS = (
+    "Open the settings page and turn on dark mode.",
+    "Find the latest invoice and download it as PDF.",
+    "Add a new contact named Ada Lovelace.",
+)
+SCREEN_SYSTEM = "You are a computer-use agent. Each user turn shows the screen; say what to click next."
+
+
+def screenshot_png(seed: str) -> bytes:
+    """A PNG screen drawn from ``seed`` (the same seed, the same bytes): a title bar, a side
+    panel, a few windows and text-like stripes, so it compresses like a real screen."""
+    rng = random.Random(seed)
+    w, h = SCREEN_SIZE
+    image = Image.new("RGB", SCREEN_SIZE, (rng.randrange(200, 256),) * 3)
+    draw = ImageDraw.Draw(image)
+    draw.rectangle([0, 0, w, 28], fill=(40, 44, 52))
+    draw.rectangle([0, 28, 120, h], fill=(230, 232, 236))
+    for y in range(44, h - 20, 22):  # side panel entries
+        draw.rectangle([12, y, 12 + rng.randrange(40, 96), y + 8], fill=(120, 124, 132))
+    for _ in range(rng.randint(2, 4)):  # windows with lines of "text"
+        x0, y0 = rng.randrange(130, w - 220), rng.randrange(40, h - 160)
+        x1, y1 = x0 + rng.randrange(160, 320), y0 + rng.randrange(100, 220)
+        draw.rectangle([x0, y0, x1, y1], fill=(255, 255, 255), outline=(180, 184, 190))
+        draw.rectangle([x0, y0, x1, y0 + 18], fill=tuple(rng.randrange(60, 200) for _ in range(3)))
+        for y in range(y0 + 28, y1 - 8, 12):
+            draw.rectangle([x0 + 8, y, x0 + 8 + rng.randrange(20, x1 - x0 - 16), y + 5], fill=(90, 94, 102))
+    out = io.BytesIO()
+    image.save(out, format="PNG", optimize=False)
+    return out.getvalue()
+
+
+def _image_part(png: bytes) -> dict[str, Any]:
+    return {
+        "type": "image_url",
+        "image_url": {"url": "data:image/png;base64," + base64.b64encode(png).decode()},
+    }
+
+
+def _screenshot_group(base_url: str, llm: openai.OpenAI, http: httpx.Client) -> Agent:
+    """One prompt group of screenshot-agent rollouts, completed with a reward; yields after
+    each HTTP call."""
+    rng = random.Random()
+    group = f"demo-ss-g-{uuid.uuid4().hex[:12]}"
+    task = rng.choice(SCREEN_TASKS)
+    _post(http, f"{base_url}/api/v1/groups", {"uid": group, "expected_rollouts": SCREEN_ROLLOUTS})
+    yield True
+    for _ in range(SCREEN_ROLLOUTS):
+        traj = f"demo-ss-{uuid.uuid4().hex[:12]}"
+        client = llm.with_options(base_url=f"{base_url}/t/{traj}/{group}/v1")
+        turns_done = 0
+        try:
+            for _ in _screenshot_rollout(client, task, group, traj, rng):
+                turns_done += 1
+                yield True
+            body = {"status": "completed", "reward": round(rng.random(), 3)}
+            _post(http, f"{base_url}/api/v1/trajectories/{traj}/complete", body)
+            yield True
+        except Exception as e:  # noqa: BLE001 - one failed rollout must not stall its group
+            logger.warning("demo traffic: screenshot rollout %s failed: %s", traj, _describe(e))
+            if turns_done:
+                _abandon(http, base_url, traj)
+            yield False
+
+
+def _screenshot_rollout(
+    client: openai.OpenAI, task: str, group: str, traj: str, rng: random.Random
+) -> Iterator[None]:
+    """SCREEN_TURNS turns; each adds a screenshot (the first is the group's own, shared by its
+    rollouts) and sends the text history with the last SCREENS_IN_PROMPT screenshots."""
+    screens: list[bytes] = []
+    history: list[Any] = []
+    for turn in range(SCREEN_TURNS):
+        screens.append(screenshot_png(group if turn == 0 else f"{traj}:{turn}"))
+        shown = screens[-SCREENS_IN_PROMPT:]
+        text = task if turn == 0 else "Done. The screen now:"
+        user = {
+            "role": "user",
+            "content": [{"type": "text", "text": text}, *(_image_part(png) for png in shown)],
+        }
+        messages: list[Any] = [{"role": "system", "content": SCREEN_SYSTEM}, *history, user]
+        r = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=MAX_TOKENS)
+        yield
+        # The history keeps the text only: the screenshots of earlier turns are re-sent above.
+        history += [
+            {"role": "user", "content": text},
+            {"role": "assistant", "content": r.choices[0].message.content or ""},
+        ]
 
 
 # --- the judge ----------------------------------------------------------------------------------

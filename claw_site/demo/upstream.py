@@ -73,6 +73,10 @@ STREAM_CHUNK_TOKENS = 4
 MAX_N = 64
 MAX_MODEL_LEN = 131_072
 TOOL_ARGUMENTS = '{"x": 1}'
+# The placeholder run of each image in the demo's prompt ids (``manage.py serve`` starts the
+# demo upstream with ``--image-tokens DEMO_IMAGE_TOKENS``): a VLM server's run is the image's
+# patch count (256 for a 448x448 image in Qwen2-VL); the demo's is fixed and short.
+DEMO_IMAGE_TOKENS = 16
 WORDS = (
     "the",
     "agent",

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import io
 import logging
 import math
+import tarfile
 import tempfile
 import uuid
 from collections import Counter
@@ -37,9 +39,10 @@ from claw_client.integrations import trl
 from pool import flags, tokens
 from pool.errors import InvalidInput, NotFound
 from pool.ingest.effects import emit
-from pool.models import Feedback, Step
-from pool.selectors.steps import branch_ends
+from pool.models import Feedback, Media, Step
+from pool.selectors.steps import branch_ends, step_images
 from pool.services import effective_reward
+from pool.services.media import media_file
 
 from ..events import SnapshotChanged, SnapshotRequested
 from ..models import Dataset, Snapshot, StepTag
@@ -77,10 +80,19 @@ COLUMNS = (
     "feedback",
     "mask",
     "metadata",
+    "images",
 )
 FEEDBACK_TYPE = pa.struct(
     [("rating", pa.float64()), ("label", pa.string()), ("correction", pa.string()), ("comment", pa.string())]
 )
+IMAGE_TYPE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+# The Parquet schema's "huggingface" metadata: the features datasets reads (only the images
+# column needs one; the others are read from their Arrow types). "Sequence" of "Image" reads
+# as a list of images in datasets 3 and later.
+HF_FEATURES = {"info": {"features": {"images": {"_type": "Sequence", "feature": {"_type": "Image"}}}}}
+# The JSONL with its images: snapshot.jsonl and media/<sha256>.<ext>, each image once, in one
+# uncompressed tar (the images are compressed already). Built only for a snapshot with images.
+ARCHIVES = ("tar",)
 # metadata is free-form JSON: a JSON string column in Parquet (an object in the JSONL).
 PARQUET_SCHEMA = pa.schema(
     [
@@ -104,7 +116,14 @@ PARQUET_SCHEMA = pa.schema(
         ("feedback", pa.list_(FEEDBACK_TYPE)),
         ("mask", pa.bool_()),
         ("metadata", pa.string()),
-    ]
+        # A step's images in order, as Hugging Face datasets' Image feature stores them
+        # (struct {bytes, path}; the schema's "huggingface" metadata below names the feature,
+        # so datasets.load_dataset("parquet", ...) gives PIL images). ``path`` is
+        # "<sha256>.<ext>", the bytes inline. A remote image (passed through, never fetched)
+        # has no bytes here and is left out of this column; the JSONL keeps its reference.
+        ("images", pa.list_(IMAGE_TYPE)),
+    ],
+    metadata={b"huggingface": orjson.dumps(HF_FEATURES)},
 )
 log = logging.getLogger(__name__)
 CONTENT_TYPES = {
@@ -112,6 +131,7 @@ CONTENT_TYPES = {
     "parquet": "application/vnd.apache.parquet",
     "sft": "application/x-ndjson",
     "dpo": "application/x-ndjson",
+    "tar": "application/x-tar",
 }
 
 
@@ -295,8 +315,13 @@ def _write(
     stats = _Stats()
     export = (snap.manifest or {}).get("export")
     finals = _Finals() if export else None
-    with tempfile.TemporaryFile() as jsonl, tempfile.TemporaryFile() as parquet:
+    with (
+        tempfile.TemporaryFile() as jsonl,
+        tempfile.TemporaryFile() as parquet,
+        tempfile.TemporaryFile() as archive_file,
+    ):
         writer = pq.ParquetWriter(parquet, PARQUET_SCHEMA)  # leaves the handle open
+        archive = _Archive(archive_file)
         try:
             for n, chunk in enumerate(
                 _chunks(snap.step_ids or [], masked, chunk_size, _assignment(snap)), start=1
@@ -307,6 +332,7 @@ def _write(
                     digest.update(line)
                     stats.add(row)
                 writer.write_table(_table(chunk))
+                archive.add_media(chunk)
                 if finals is not None:
                     finals.add(chunk)
                 Snapshot.objects.filter(id=snap.id, attempt=snap.attempt).update(
@@ -318,7 +344,10 @@ def _write(
         finally:
             writer.close()
         files = {}
-        for fmt, tmp in (("jsonl", jsonl), ("parquet", parquet)):
+        outputs = [("jsonl", jsonl), ("parquet", parquet)]
+        if archive.close(jsonl):  # only a snapshot with images has the tar
+            outputs.append(("tar", archive_file))
+        for fmt, tmp in outputs:
             tmp.flush()
             tmp.seek(0)
             name = default_storage.save(f"{folder}/snapshot.{fmt}", File(tmp, name=f"snapshot.{fmt}"))
@@ -333,6 +362,7 @@ def _write(
         "dataset_version": version.version,
         "spec": version.spec,
         **stats.summary(),
+        "media": archive.summary(),
         "content_hash": digest.hexdigest(),
         **({"export": export} if export else {}),
         "formats": {fmt: {"bytes": default_storage.size(name)} for fmt, name in files.items()},
@@ -447,7 +477,7 @@ class _Chunk:
     orjson writes exactly as the lists they hold) and the raw token bytes per row, from
     which the Parquet list columns are built in bulk."""
 
-    __slots__ = ("rows", "prompts", "responses", "logprobs", "ids", "branches")
+    __slots__ = ("rows", "prompts", "responses", "logprobs", "ids", "branches", "media")
 
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
@@ -456,6 +486,8 @@ class _Chunk:
         self.prompts: list[bytes] = []
         self.responses: list[bytes] = []
         self.logprobs: list[bytes | None] = []
+        # The stored bytes of each image the chunk's rows reference (sha256 -> bytes), read once.
+        self.media: dict[str, bytes] = {}
 
 
 def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: str) -> Iterator[_Chunk]:
@@ -494,6 +526,8 @@ def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: str) -
             feedback.setdefault(("s", sid) if sid is not None else ("t", tid), []).append(f)
         full = tokens.load_sequences(ids)
         chunk = _Chunk()
+        images = step_images(ids)
+        chunk.media = _media_bytes(images)
         branches = chunk.branches
         for (
             sid,
@@ -549,6 +583,7 @@ def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: str) -
                     "feedback": feedback.get(("s", sid), []) + feedback.get(("t", traj_id), []),
                     "mask": sid in masked,
                     "metadata": metadata,
+                    "images": [_image_ref(i) for i in images.get(sid, [])],
                 }
             )
             branches.append(branch)
@@ -590,9 +625,98 @@ def _table(chunk: _Chunk) -> pa.Table:
             arrays.append(vectors[c])
         elif c == "metadata":
             arrays.append(pa.array([orjson.dumps(r[c]).decode() for r in rows], type=field.type))
+        elif c == "images":
+            arrays.append(_images_column(rows, chunk.media))
         else:
             arrays.append(pa.array([r[c] for r in rows], type=field.type))
     return pa.Table.from_arrays(arrays, schema=PARQUET_SCHEMA)
+
+
+# --- images (issue 24) ----------------------------------------------------------------------
+def _media_name(sha256: str, media_type: str) -> str:
+    """An image's file name in the tar's media/ folder and its Parquet ``path``."""
+    return f"{sha256}.{media_type.split('/')[-1]}"
+
+
+def _image_ref(image: dict[str, Any]) -> dict[str, Any]:
+    """A step's image as a snapshot row holds it: the reads' reference (sha256, type, size,
+    place in the prompt; ``url`` the API download) plus ``file``, its path in the tar
+    (``media/<sha256>.<ext>``; null for a remote image, whose ``url`` is its address)."""
+    ref = dict(image)
+    ref["file"] = f"media/{_media_name(image['sha256'], image['media_type'])}" if image["sha256"] else None
+    return ref
+
+
+def _media_bytes(images: dict[int, list[dict[str, Any]]]) -> dict[str, bytes]:
+    """The stored bytes of every image these steps reference, each read once."""
+    shas = {i["sha256"] for refs in images.values() for i in refs if i["sha256"]}
+    if not shas:
+        return {}
+    out = {}
+    for m in Media.objects.filter(sha256__in=shas).order_by("sha256"):
+        with media_file(m) as fh:
+            out[m.sha256] = fh.read()
+    return out
+
+
+def _images_column(rows: list[dict[str, Any]], media: dict[str, bytes]) -> pa.Array:
+    values = []
+    for r in rows:
+        values.append(
+            [
+                {"bytes": media[i["sha256"]], "path": _media_name(i["sha256"], i["media_type"])}
+                for i in r["images"]
+                if i["sha256"]
+            ]
+        )
+    return pa.array(values, type=pa.list_(IMAGE_TYPE))
+
+
+class _Archive:
+    """The tar of the JSONL and its images: each image the snapshot references added once
+    (media/<sha256>.<ext>) as chunks come, snapshot.jsonl last. Opened at the first image."""
+
+    def __init__(self, fileobj) -> None:
+        self.fileobj = fileobj
+        self.tar: tarfile.TarFile | None = None
+        self.seen: set[str] = set()
+        self.bytes = self.references = 0
+
+    def add_media(self, chunk: _Chunk) -> None:
+        for row in chunk.rows:
+            for image in row["images"]:
+                sha = image["sha256"]
+                if not sha:
+                    continue
+                self.references += 1
+                if sha in self.seen:
+                    continue
+                self.seen.add(sha)
+                data = chunk.media[sha]
+                self.bytes += len(data)
+                if self.tar is None:
+                    self.tar = tarfile.open(fileobj=self.fileobj, mode="w", format=tarfile.PAX_FORMAT)
+                self._add(image["file"], len(data), io.BytesIO(data))
+
+    def close(self, jsonl) -> bool:
+        """Add snapshot.jsonl and close; False (nothing written) for a snapshot without images."""
+        if self.tar is None:
+            return False
+        jsonl.flush()
+        size = jsonl.tell()
+        jsonl.seek(0)
+        self._add("snapshot.jsonl", size, jsonl)
+        self.tar.close()  # the fileobj stays open
+        return True
+
+    def summary(self) -> dict[str, int]:
+        return {"images": len(self.seen), "references": self.references, "bytes": self.bytes}
+
+    def _add(self, name: str, size: int, fileobj) -> None:
+        info = tarfile.TarInfo(name)
+        info.size, info.mode, info.mtime = size, 0o644, 0  # fixed: the same content, the same tar
+        assert self.tar is not None
+        self.tar.addfile(info, fileobj)
 
 
 class _Stats:

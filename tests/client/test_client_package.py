@@ -5,6 +5,7 @@ boolean SDPA mask or a FlexAttention BlockMask, and recovers per-step response l
 the packed logits; a test shows they match the flat per-step forward of a small transformer
 to 1e-4 in fp32." (the Django part; the rest: tests/client/test_tree_attention.py)"""
 
+import hashlib
 import subprocess
 import sys
 
@@ -95,3 +96,33 @@ def test_the_client_package_lists_its_subpackages_and_the_server_has_its_depende
     extras = [r for reqs in client["project"]["optional-dependencies"].values() for r in reqs]
     assert not {"django", "djangorestframework"} & names(client["project"]["dependencies"] + extras)
     assert set(client["project"]["optional-dependencies"]) == {"torch", "verl", "trl", "images"}
+    assert names(client["project"]["optional-dependencies"]["images"]) == {"Pillow"}  # ClawClient.images
+
+
+def test_the_media_cache_works_without_pillow(tmp_path):
+    # given a fresh interpreter where importing PIL (and django) fails
+    code = (
+        "import hashlib, sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('django', 'PIL'):\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import claw_client\n"
+        f"cache = claw_client.MediaCache({str(tmp_path)!r})\n"
+        "data = b'not an image, just bytes'\n"
+        "h = hashlib.sha256(data).hexdigest()\n"
+        "assert cache.get(h) is None\n"
+        "cache.put(h, data)\n"
+        "assert cache.get(h) == data\n"
+        "print('ok')\n"
+    )
+    # when bytes are cached and read back by their sha256 there
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    # then it works, and the file is named by its hash
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+    digest = hashlib.sha256(b"not an image, just bytes").hexdigest()
+    assert [p.relative_to(tmp_path).parts for p in tmp_path.rglob("*") if p.is_file()] == [
+        (digest[:2], digest)
+    ]

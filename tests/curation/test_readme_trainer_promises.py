@@ -603,6 +603,7 @@ SNAPSHOT_COLUMNS = (
     "feedback",
     "mask",
     "metadata",
+    "images",
 )
 # The columns that are a step read's fields of the same name.
 AS_READ = tuple(c for c in SNAPSHOT_COLUMNS if c not in ("tags", "feedback", "mask"))

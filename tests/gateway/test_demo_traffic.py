@@ -237,16 +237,24 @@ def test_serve_runs_demo_upstream_and_agents_then_reaps_them(demo_server: LiveSe
         assert len(kids) == 1, kids
         assert httpx.get(f"{serve.upstream}/models").json()["data"][0]["id"] == "claw-demo"
 
-        # and steps of the white-box, black-box, Anthropic and Responses demo agents appear
-        # (the Anthropic agent's compaction as a second branch)
+        # and steps of the white-box, black-box, Anthropic, Responses and screenshot demo agents
+        # appear (the Anthropic agent's compaction as a second branch; the screenshot agent's
+        # sliding window of screenshots makes a branch per turn, so it is left out of that check)
         def every_kind() -> bool:
             steps = demo_steps(serve.url, reader)
             uids = {s["trajectory_uid"] for s in steps}
             bb = {u for u in uids if u.startswith("demo-bb-")}
-            doors = {s["trajectory_uid"][:10] for s in steps if s["branch"] > 0} | {
-                u[:10] for u in uids if u.startswith("demo-resp-")
-            }
-            return any(u.startswith("demo-wb-") for u in uids) and len(bb) >= 2 and len(doors) == 2
+            doors = {
+                s["trajectory_uid"][:10]
+                for s in steps
+                if s["branch"] > 0 and not s["trajectory_uid"].startswith("demo-ss-")
+            } | {u[:10] for u in uids if u.startswith("demo-resp-")}
+            return (
+                any(u.startswith("demo-wb-") for u in uids)
+                and len(bb) >= 2
+                and len(doors) == 2
+                and any(u.startswith("demo-ss-") for u in uids)
+            )
 
         wait_for(every_kind, serve, "steps from the demo agents")
         # and the black-box steps carry the upstream's own ids, with no drift across turns

@@ -55,6 +55,7 @@ from django.db import close_old_connections, connections
 from claw_kit.metrics import multiprocess_dir
 from claw_site.celery import app as celery_app
 from claw_site.demo.traffic import run_demo_traffic
+from claw_site.demo.upstream import DEMO_IMAGE_TOKENS
 from pool.management.commands.bootstrap import stored_key
 from pool.models import Scope
 
@@ -166,7 +167,16 @@ class Command(BaseCommand):
         port = sock.getsockname()[1]
         with sock:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "claw_site.demo.upstream", "--fd", str(sock.fileno())],
+                [
+                    sys.executable,
+                    "-m",
+                    "claw_site.demo.upstream",
+                    "--fd",
+                    str(sock.fileno()),
+                    # Images in prompts as a VLM server's placeholder runs (the screenshot agent).
+                    "--image-tokens",
+                    str(DEMO_IMAGE_TOKENS),
+                ],  # fmt: skip
                 cwd=settings.BASE_DIR,
                 pass_fds=(sock.fileno(),),
                 preexec_fn=_die_with_parent,  # safe: no threads are running yet
