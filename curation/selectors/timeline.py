@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db.models import Q
@@ -19,6 +19,7 @@ from pool.models import Feedback, RewardEvent, Step, Trajectory
 from pool.selectors.steps import steps_render
 
 from ..models import LabelEvent, StepTag
+from .media import steps_media
 from .trace import trace_summary, trace_turns
 
 
@@ -36,6 +37,9 @@ class StepView:
     reward_events: list[Any]
     feedback: list[Feedback]
     turn: Any = None  # the step as a trace turn (curation/selectors/trace.py)
+    # The images of the messages this turn shows (all of them for a full prompt): an agent
+    # re-sends its recent screenshots every turn, so the earlier ones are not repeated.
+    media: list[dict[str, Any]] = field(default_factory=list)
 
 
 BRANCH_DX, BRANCH_DY, BRANCH_PAD = 44, 34, 18
@@ -96,7 +100,7 @@ def branches_layout(steps: Sequence[Step]) -> dict[str, Any] | None:
 def trajectory_timeline(uid: str | None = None, *, trajectory_id: int | None = None) -> dict[str, Any] | None:
     """A trajectory (by uid or id) with every step's text, flags, labels, rewards and
     feedback, or None.
-    Six queries whatever the step count (no per-step reads); token ids stay in the
+    Seven queries whatever the step count (no per-step reads); token ids stay in the
     database (step_token_ids loads one step's on demand)."""
     key = {"uid": uid} if uid is not None else {"id": trajectory_id}
     traj = Trajectory.objects.select_related("source", "group").filter(**key).first()
@@ -137,8 +141,14 @@ def trajectory_timeline(uid: str | None = None, *, trajectory_id: int | None = N
         for s in steps
     ]
     turns = trace_turns(traj, views)
+    media = steps_media(ids)
     for v, t in zip(views, turns, strict=True):
         v.turn = t
+        v.media = [
+            m
+            for m in media.get(v.step.id, ())
+            if t.prompt_scope != "new" or m["message_index"] is None or m["message_index"] >= t.shown_from
+        ]
     return {
         "trajectory": traj,
         "steps": views,

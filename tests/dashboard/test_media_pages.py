@@ -16,9 +16,11 @@ from django.test import Client
 from PIL import Image
 
 from pool.models import Media, Step, StepMedia
+from pool.services import steps_ingest, trajectory_complete
 from pool.services.media import media_store
 from tests.curation.test_pages import finished, signed_in
 from tests.media_support import attach, attach_url, png, sha
+from tests.pool.factories import step_in
 
 pytestmark = pytest.mark.django_db
 
@@ -131,3 +133,39 @@ def test_images_are_for_signed_in_users_with_a_role_only(shots, suffix):
     assert signed_in("nobody").get(url).status_code == 403
     assert signed_in("reviewer").get(f"/images/{'0' * 64}/{suffix}").status_code == 404
     assert signed_in("operator").get(f"/images/not-a-hash/{suffix}").status_code == 404
+
+
+def test_the_trace_view_shows_each_turns_new_screenshots_once_in_order():
+    # given a screenshot agent's trajectory: each turn re-sends the whole conversation, one
+    # new screenshot per turn (message 2k), referenced from every later step's prompt
+    shots = [png(60 + k, (120, 80)) for k in range(3)]
+    batch, messages = [], []
+    for k in range(3):
+        messages = messages + [{"role": "user", "content": f"screen {k}: what now?"}]
+        batch.append(
+            step_in("ss-trace", k, prompt=[1, 2, k], response=[7, k], reward=1.0, is_last=k == 2,
+                    messages=list(messages), response_text=f"click {k}")
+        )  # fmt: skip
+        messages = messages + [{"role": "assistant", "content": f"click {k}"}]
+    steps = sorted(steps_ingest(steps=batch).created, key=lambda s: s.step_index)
+    trajectory_complete(uid="ss-trace")
+    for k, step in enumerate(steps):
+        StepMedia.objects.bulk_create(
+            StepMedia(step=step, position=j, media=media_store(data=shots[j], declared_type="image/png"),
+                      message_index=2 * j, part_index=1)
+            for j in range(k + 1)
+        )  # fmt: skip
+    # when a reviewer opens the trace view
+    client = signed_in("reviewer")
+    html = client.get("/trajectories/ss-trace/").content.decode()
+    # then each turn shows the screenshot its new message carries, and no earlier one again
+    turns = html.split('data-prompt="')[1:]
+    assert len(turns) == 3
+    shown = [
+        re.findall(r'<img src="/images/([0-9a-f]{64})/thumb"', t.split('class="turn response"')[0])
+        for t in turns
+    ]
+    assert shown == [[sha(shots[0])], [sha(shots[1])], [sha(shots[2])]]
+    # and the step inspector, which shows the whole prompt, shows all three in order
+    page = client.get(f"/steps/{steps[2].id}/").content.decode()
+    assert re.findall(r'<img src="/images/([0-9a-f]{64})/thumb"', page) == [sha(s) for s in shots]
