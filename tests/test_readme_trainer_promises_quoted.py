@@ -27,6 +27,8 @@ SECTIONS = (
     (TRAINERS, "### What a trainer receives: rewards and logprobs"),
     (TRAINERS, "### Prefix-tree merge and trainer utilities"),
     (TRAINERS, "### verl: a DataProto"),
+    (TRAINERS, "### Serving order and reuse"),
+    (TRAINERS, "### Images for trainers"),
 )
 # Covered paragraphs of other sections: (file, heading, how the paragraph begins).
 PARAGRAPHS = (

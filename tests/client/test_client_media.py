@@ -1,7 +1,14 @@
 """ClawClient's images (issue 24, part 4) against a real server process (tests/live.py): a
 trainer gets a pulled row's images back byte-exact (bytes, or PIL images), each image is
 downloaded once (the disk cache by sha256), and bytes that do not hash to their name are
-caught, whether served so or corrupted in the cache."""
+caught, whether served so or corrupted in the cache.
+
+docs/trainers.md, Images for trainers: Each format carries a step's images in order (images, see
+Images), by reference: a trainer downloads each image once by its sha256.
+ClawClient.fetch_media(sha256) returns an image's bytes, checked against their sha256, and
+caches them on disk by hash (~/.cache/claw_client/media, CLAW_CLIENT_MEDIA_CACHE or
+media_cache=), so each image is downloaded once; media_bytes(row) gives a row's image bytes and
+images(row) its PIL images (the images extra)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,12 @@
 """Snapshots carry the images of their steps (issue 24, part 4): the Parquet file holds the
 bytes in an ``images`` column that Hugging Face ``datasets`` reads as its ``Image`` feature,
 and the tar download holds the JSONL (with references) and a media/ folder, each image once.
-Both are compared byte for byte with what was stored."""
+Both are compared byte for byte with what was stored.
+
+docs/trainers.md, Images for trainers: Snapshots hold the bytes: the Parquet file has an images
+column that Hugging Face datasets loads as a sequence of its Image feature (PIL images), and a
+snapshot with images also has a tar download (?format=tar): snapshot.jsonl, whose rows carry the
+image references and each image's file, plus a media/ folder holding each image once."""
 
 from __future__ import annotations
 

@@ -10,7 +10,19 @@ with these reward spreads (population std) and policy versions:
     g1: rewards 0, 1    std 0.5   version 1
     g2: rewards 0, 2    std 1     version 2
     g3: rewards 0, 0.5  std 0.25  version 3
-"""
+
+docs/trainers.md, Serving order and reuse: A dataset's serving rules also say in which order its
+units are served and how often one consumer may receive each. order is oldest_ready (the
+default: oldest-ready first, as above), newest_ready, or priority with a named score in
+priority: reward_std serves the groups whose rewards spread the most first, staleness the least
+stale first (the highest policy version), ties by age. reuse: {"max_uses": K, "decay": d} lets
+one consumer receive a unit up to K times, one use at a time, fewer uses first, its priority
+falling by d with each use; each delivery is recorded with its use index, and the manifest then
+lists use_indexes beside step_uids. A nack or an expired lease gives its use back, so the same
+use is offered again; an ack spends it. With K = 1 (the default) every unit is served exactly
+once per consumer, as above, and the manifest is unchanged. Replay stays byte-exact under every
+order. Scores are kept by an effect of the groups becoming ready (curation.GroupScore, indexed),
+so a priority pull reads an index."""
 
 from __future__ import annotations
 

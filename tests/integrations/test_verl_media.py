@@ -1,7 +1,12 @@
 """verl gets a row's images (issue 24, part 4): ``to_dataproto`` of a pulled batch with images
 carries each row's images in order as PIL images in ``non_tensor_batch["multi_modal_data"]``,
 the way Claw-R1's VerlBackend and verl's agent loop read a step's multi_modal_data
-(``images``; ``image`` too, for verl's dataset and vLLM), against a real server process."""
+(``images``; ``image`` too, for verl's dataset and vLLM), against a real server process.
+
+docs/trainers.md, Images for trainers: The verl integration puts a row's images in the
+DataProto's non_tensor_batch["multi_modal_data"] as {"images": [...], "image": [...]} (PIL
+images; the first key is what Claw-R1's VerlBackend and verl's agent loop read, the second what
+verl's RLHFDataset passes to vLLM)."""
 
 from __future__ import annotations
 
