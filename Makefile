@@ -30,11 +30,13 @@ install: $(VENV)/.installed
 
 # serve exits 0 on Ctrl-C (SIGINT) and SIGTERM, so make reports no error; SERVE_ARGS passes
 # options through (e.g. `--fd N`: serve on an inherited socket, as the tests do). The demo's toy
-# tokenizer (CLAW_TOKENIZER=demo) decodes token ids on the pages unless CLAW_TOKENIZER is set.
+# tokenizer (CLAW_TOKENIZER=demo) decodes token ids on the pages unless CLAW_TOKENIZER is set
+# (exported by make, not by a shell around serve: a shell would turn Ctrl-C into make's Error).
+run: export CLAW_TOKENIZER ?= demo
 run: install
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py bootstrap
-	CLAW_TOKENIZER="$${CLAW_TOKENIZER-demo}" $(PY) manage.py serve $(SERVE_ARGS)
+	$(PY) manage.py serve $(SERVE_ARGS)
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -36,7 +36,6 @@ PostgreSQL (DATABASE_URL).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets
@@ -294,7 +293,9 @@ def _review(url: str, password: str, rewards: dict[str, float]) -> None:
                 "name": REVIEW_QUEUE,
                 "description": "fidelity matrix",
                 "dataset": "",
-                "filters": json.dumps({"readiness": "any", "sources": [HUMAN_SOURCE]}),
+                # the queue's scope, chosen with the dataset builder's fields
+                "readiness": "any",
+                "sources": HUMAN_SOURCE,
                 "rating_min": "1",
                 "rating_max": "5",
                 "label_choices": "",
@@ -307,14 +308,14 @@ def _review(url: str, password: str, rewards: dict[str, float]) -> None:
             page = web.get(f"/review/{REVIEW_QUEUE}/")
             claim = re.search(r'name="claim" value="(\d+)"', page.text)
             traj = re.search(r'href="/trajectories/([^/"]+)/"><code>', page.text)
-            traj_id = re.search(r'name="trajectory" value="(\d+)"', page.text)
+            traj_id = re.search(r'name="item" value="(\d+)"', page.text)
             assert claim and traj and traj_id, page.text[-2000:]
             done = web.post(
                 f"/review/{REVIEW_QUEUE}/",
                 data={
                     "csrfmiddlewaretoken": _csrf(page.text),
                     "claim": claim.group(1),
-                    "trajectory": traj_id.group(1),
+                    "item": traj_id.group(1),
                     "rating": str(1 + 4 * rewards[traj.group(1)]),
                     "label": "",
                     "comment": "fidelity",
