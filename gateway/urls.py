@@ -26,6 +26,9 @@ urlpatterns = [
     path("feedback", apis.FeedbackApi.as_view(), name="feedback"),
     path("policy-versions", apis.PolicyVersionApi.as_view(), name="policy-versions"),
     path("stats", apis.StatsApi.as_view(), name="stats"),
+    path("tasks", apis.TaskListCreateApi.as_view(), name="tasks"),
+    path("task-sampler", apis.TaskSamplerApi.as_view(), name="task-sampler"),
+    path("task-sampler/records", apis.TaskSampleRecordApi.as_view(), name="task-sampler-records"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     # Split: Swagger UI's setup script is served as a file (no inline script under the CSP).
     path("docs/", SpectacularSwaggerSplitView.as_view(url_name="api:schema"), name="docs"),
