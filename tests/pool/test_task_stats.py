@@ -3,6 +3,7 @@ statistics exactly once per rollout, through the one registered effect of ready 
 
 from __future__ import annotations
 
+import io
 import threading
 
 import pytest
@@ -277,3 +278,55 @@ def test_concurrent_groups_of_one_task_sum_correctly_on_postgresql():
     assert (t.seen, t.attempted, t.rewarded, t.passes) == (n_groups, 4 * n_groups, 4 * n_groups, 3 * n_groups)
     assert t.reward_sum == pytest.approx(3.0 * n_groups)
     assert t.informative_groups == n_groups
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_import_tasks_reads_jsonl_and_parquet_idempotently(tmp_path, fmt):
+    import json
+
+    from django.core.management import call_command
+
+    # given a file of three tasks, one naming its own set
+    rows = [
+        {"uid": "a", "prompt": "p-a", "ground_truth": "1", "metadata": {"k": 1}},
+        {"uid": "b", "prompt": "p-b", "ground_truth": "2", "metadata": {"k": 2}},
+        {"uid": "c", "set": "other", "prompt": "p-c", "ground_truth": "3", "metadata": {"k": 3}},
+    ]
+    path = tmp_path / f"tasks.{fmt}"
+    if fmt == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.table(
+            {
+                "uid": [r["uid"] for r in rows],
+                "set": [r.get("set") for r in rows],
+                "prompt": [r["prompt"] for r in rows],
+                "ground_truth": [r["ground_truth"] for r in rows],
+                "metadata": [r["metadata"] for r in rows],
+            }
+        )
+        pq.write_table(table, path)
+    out = io.StringIO()
+    # when it is imported twice with --set train
+    call_command("import_tasks", str(path), "--set", "train", "--batch", "2", stdout=out)
+    call_command("import_tasks", str(path), "--set", "train", stdout=out)
+    # then the tasks are shared, in their sets, field by field, and the repeat changed nothing
+    got = {t.uid: t for t in Task.objects.all()}
+    assert sorted(got) == ["a", "b", "c"]
+    for r in rows:
+        t = got[r["uid"]]
+        assert (t.source_id, t.set_name, t.prompt, t.ground_truth, t.metadata) == (
+            None,
+            r.get("set") or "train",
+            r["prompt"],
+            r["ground_truth"],
+            r["metadata"],
+        )
+    text = out.getvalue()
+    assert "imported 3 rows: 3 created, 0 updated, 0 unchanged" in text
+    assert "imported 3 rows: 0 created, 0 updated, 3 unchanged" in text
+    assert "  2 rows:" in text  # progress per batch
