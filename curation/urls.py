@@ -26,4 +26,5 @@ urlpatterns = [
     path("review/", views.review, name="review"),
     path("review/queues/", views.review_queues, name="review_queues"),
     path("review/<str:queue>/", views.review, name="review_queue"),
+    path("tasks/", views.tasks, name="tasks"),
 ]

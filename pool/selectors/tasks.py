@@ -187,3 +187,39 @@ def tasks_histogram(qs: QuerySet[Task]) -> dict[str, int]:
         **{b: Count("id", filter=bucket_q(b)) for b in ("unseen", "solved", "hopeless", "informative")},
     )
     return {k: int(v) for k, v in agg.items()}
+
+
+BINS = 10  # the pass-rate histogram: [0, 0.1), [0.1, 0.2), ... [0.9, 1.0]
+
+
+def tasks_overview(*, set_name: str | None = None, sources: Sources = None, rows: int = 50) -> dict[str, Any]:
+    """The tasks page: bucket counts (the same Q objects as ``GET /api/v1/tasks?bucket=``),
+    the pass-rate histogram of seen tasks, the sets, and the most informative tasks."""
+    qs = tasks_listed(sources)
+    if set_name:
+        qs = qs.filter(set_name=set_name)
+    edges = [i / BINS for i in range(BINS + 1)]
+    bins = {
+        f"b{i}": Count(
+            "id",
+            filter=Q(pass_rate__gte=edges[i])
+            & (Q(pass_rate__lt=edges[i + 1]) if i < BINS - 1 else Q(pass_rate__lte=1.0)),
+        )
+        for i in range(BINS)
+    }
+    agg = qs.aggregate(**bins)
+    counts = [int(agg[f"b{i}"]) for i in range(BINS)]
+    top = max(counts) or 1
+    shown = list(qs.filter(seen__gt=0).order_by("-score", "rand_key")[:rows])
+    for t in shown:
+        t.mean_reward = t.reward_sum / t.rewarded if t.rewarded else None  # type: ignore[attr-defined]
+    return {
+        "buckets": tasks_histogram(qs),
+        "bins": [
+            {"lo": edges[i], "hi": edges[i + 1], "count": c, "pct": round(100 * c / top)}
+            for i, c in enumerate(counts)
+        ],
+        "sets": sorted(set(tasks_listed(sources).values_list("set_name", flat=True).distinct())),
+        "rows": shown,
+        "set": set_name or "",
+    }
