@@ -453,13 +453,6 @@ def healthz(request):
 
 
 # --- tasks and the task sampler -------------------------------------------------------------------
-class TaskSamplerScope(IngestScope):
-    """The rollout side asks what to roll out: ingest keys (agents, rollout drivers) and
-    consume keys (a trainer driving its own rollouts)."""
-
-    scopes = (Scope.INGEST, Scope.CONSUME)
-
-
 class TaskListCreateApi(APIView):
     """``GET``: tasks with their statistics (filters of pool.selectors.tasks.TaskFilter, ``sort``
     one of its SORTS, ``-`` for descending, keyset ``cursor``). ``POST``: register tasks in
@@ -525,7 +518,11 @@ class TaskListCreateApi(APIView):
 
 
 class TaskSamplerApi(APIView):
-    permission_classes = [TaskSamplerScope]
+    """A read of the tasks (what to roll out next) that records its answer: any key that may
+    read tasks may ask (agents, rollout drivers with ingest keys, trainers with consume keys,
+    readers); the answer covers only the tasks the caller may read."""
+
+    permission_classes = [ReadScope]
 
     @extend_schema(
         request=s.TaskSamplerSerializer,

@@ -187,7 +187,7 @@ def test_scopes_and_tenancy(make_key):
     a, b = client_for(make_key(Scope.INGEST, name="a")), client_for(make_key(Scope.INGEST, name="b"))
     a.post("/api/v1/tasks", {"tasks": [{"uid": "mine-a", "set": "s"}]}, format="json")
     b.post("/api/v1/tasks", {"tasks": [{"uid": "mine-b", "set": "s"}]}, format="json")
-    # then each source samples its own only; no key is 401, a read key 403
+    # then each source samples its own only; no key is 401, a policy-only key 403
     assert uids(sample(a, n=5, strategy="uniform", seed=0)) == ["mine-a"]
     assert uids(sample(b, n=5, strategy="uniform", seed=0)) == ["mine-b"]
     assert (
@@ -196,10 +196,13 @@ def test_scopes_and_tenancy(make_key):
         .status_code
         == 401
     )
-    reader = client_for(make_key(Scope.READ, name="r"))
+    policy = client_for(make_key(Scope.POLICY, name="p"))
     assert (
-        reader.post("/api/v1/task-sampler", {"n": 1, "strategy": "uniform"}, format="json").status_code == 403
+        policy.post("/api/v1/task-sampler", {"n": 1, "strategy": "uniform"}, format="json").status_code == 403
     )
+    # and a read key (it reads every source) samples among every source's tasks
+    reader = client_for(make_key(Scope.READ, name="r"))
+    assert sorted(uids(sample(reader, n=5, strategy="uniform", seed=0))) == ["mine-a", "mine-b"]
     # and a trainer's consume key may sample
     trainer = client_for(make_key(Scope.CONSUME, name="t"))
     assert sample(trainer, n=5, strategy="uniform", seed=0)["tasks"] == []
