@@ -150,7 +150,9 @@ class TrajectoryCompletionBatchSerializer(StrictSerializer):
 
 class GroupUpsertSerializer(StrictSerializer):
     uid = serializers.CharField(max_length=rules.MAX_UID_LEN)
-    task = serializers.CharField(max_length=rules.MAX_UID_LEN, required=False)  # the task it rolls out
+    task = serializers.CharField(
+        max_length=rules.MAX_UID_LEN, required=False
+    )  # the task it rolls out (a uid)
     expected_rollouts = StrictIntegerField(min_value=1, max_value=INT32_MAX, required=False, allow_null=True)
     dataset = serializers.CharField(max_length=128, required=False, allow_blank=True)
     ground_truth = SafeJSONField(required=False, allow_null=True)
@@ -255,9 +257,18 @@ class PolicyVersionSerializer(StrictSerializer):
 
 
 # --- tasks and the task sampler (pool/services/task_catalog.py) ------------------------------
+class TextField(serializers.CharField):
+    """A JSON string only (DRF's CharField turns 7 into "7")."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            raise serializers.ValidationError("must be a string")
+        return super().to_internal_value(data)
+
+
 class TaskInSerializer(StrictSerializer):
-    uid = serializers.CharField(max_length=rules.MAX_UID_LEN)
-    set = serializers.CharField(max_length=128, required=False, allow_blank=True, default="")
+    uid = TextField(max_length=rules.MAX_UID_LEN)
+    set = TextField(max_length=128, required=False, allow_blank=True, default="")
     prompt = SafeJSONField(required=False, allow_null=True, default=None)
     ground_truth = SafeJSONField(required=False, allow_null=True, default=None)
     metadata = SafeDictField(required=False, default=dict)

@@ -270,6 +270,20 @@ CASES: list[tuple[str, str, str, dict, str]] = [
     ("reader writes a trajectory", "post", f"{A}/trajectories", j({"uid": "r-t"}), "read"),
     ("ingest key creates a dataset", "post", f"{A}/datasets", j({"name": "i-ds"}), "ingest"),
     ("metrics with an ingest key", "get", "/metrics", {}, "ingest"),
+    # --- tasks and the task sampler ----------------------------------------------------------------
+    ("tasks: truncated JSON", "post", f"{A}/tasks", raw(b'{"tasks": ['), "admin"),
+    ("tasks: uid is a number", "post", f"{A}/tasks", j({"tasks": [{"uid": 7}]}), "admin"),
+    ("tasks list: pass_rate_min is text", "get", f"{A}/tasks?pass_rate_min=high", {}, "admin"),
+    ("tasks list: unknown sort", "get", f"{A}/tasks?sort=colour", {}, "admin"),
+    ("task-sampler: n is text", "post", f"{A}/task-sampler", j({"n": "64", "strategy": "uniform"}), "admin"),
+    (
+        "task-sampler: unknown filter",
+        "post",
+        f"{A}/task-sampler",
+        j({"strategy": "uniform", "tasks": {"x": 1}}),
+        "admin",
+    ),
+    ("task-sampler records: bad cursor", "get", f"{A}/task-sampler/records?cursor=zz", {}, "admin"),
 ]
 
 
