@@ -57,3 +57,20 @@ def test_the_page_counts_equal_the_api_and_the_histogram_adds_up(operator, admin
 def test_the_page_needs_a_login():
     resp = Client().get("/tasks/")
     assert resp.status_code == 302 and "/login/" in resp["Location"]
+
+
+def test_the_admin_lists_tasks_sets_and_sampler_records(operator, agent):
+    # given tasks and one sampler answer
+    _seed()
+    assert (
+        agent.post(
+            "/api/v1/task-sampler", {"n": 2, "strategy": "uniform", "seed": 1}, format="json"
+        ).status_code
+        == 200
+    )
+    page = Client()
+    page.force_login(operator)
+    # then each admin list shows them
+    assert "t5" in page.get("/admin/pool/task/?q=t5").content.decode()
+    assert "math" in page.get("/admin/pool/taskset/").content.decode()
+    assert "uniform" in page.get("/admin/pool/tasksamplerecord/").content.decode()
