@@ -27,6 +27,7 @@ from django.db.models import Q
 
 from ..errors import Conflict, InvalidInput
 from ..ingest import rules
+from ..ingest.effects import GroupsReady, emit
 from ..models import PromptGroup, Task, TaskSampleRecord, TaskSet
 from ..selectors.task_sampler import DEFAULTS, STRATEGIES, tasks_pick
 from ..selectors.tasks import tasks_filtered, tasks_listed
@@ -140,7 +141,8 @@ def group_task_set(
     *, group: PromptGroup, uid: str, source_id: int | None, sources: object, field: str
 ) -> None:
     """Bind ``group`` to the task ``uid`` names (task_resolve). A group bound to another task
-    is a 409 naming ``field``; binding the same task again changes nothing."""
+    is a 409 naming ``field``; binding the same task again changes nothing. A group that was
+    ready already is counted into the task's statistics now (``GroupsReady``: once)."""
     task = task_resolve(uid=uid, source_id=source_id, sources=sources, field=field)
     if group.task_id == task.id:
         return
@@ -151,6 +153,8 @@ def group_task_set(
         if current != task.id:
             raise Conflict(f"prompt group {group.uid!r} names another task", field=field)
     group.task_id = task.id
+    if group.ready_at is not None:  # ready before it named its task: counted now, once
+        emit(GroupsReady(group_ids=frozenset((group.id,))))
 
 
 def groups_tasks_set(*, bindings: dict[str, str], groups: dict[str, PromptGroup], **access: Any) -> None:

@@ -330,3 +330,30 @@ def test_import_tasks_reads_jsonl_and_parquet_idempotently(tmp_path, fmt):
     assert "imported 3 rows: 3 created, 0 updated, 0 unchanged" in text
     assert "imported 3 rows: 0 created, 0 updated, 3 unchanged" in text
     assert "  2 rows:" in text  # progress per batch
+
+
+@pytest.mark.django_db
+def test_a_group_that_names_its_task_after_it_is_ready_is_counted_once(agent_key):
+    # given a ready group of two rewarded rollouts that named no task
+    agent = client_for(agent_key)
+    agent.post("/api/v1/groups", {"uid": "late", "expected_rollouts": 2}, format="json")
+    steps = [
+        {
+            "trajectory_uid": f"late-{i}",
+            "prompt_group_uid": "late",
+            "step_index": 0,
+            "is_last": True,
+            "prompt_ids": PROMPT,
+            "response_ids": [i],
+            "reward": float(i),
+        }
+        for i in range(2)
+    ]
+    assert agent.post("/api/v1/steps", {"steps": steps}, format="json").status_code == 201
+    assert PromptGroup.objects.get(uid="late").ready_at is not None
+    # when it names its task, twice
+    for _ in range(2):
+        assert agent.post("/api/v1/groups", {"uid": "late", "task": "tl"}, format="json").status_code == 200
+    # then the task counts the group once
+    t = Task.objects.get(uid="tl")
+    assert (t.seen, t.rewarded, t.passes, t.informative_groups) == (1, 2, 1, 1)
