@@ -501,7 +501,7 @@ class TaskListCreateApi(APIView):
     )
     def get(self, request):
         params = request.query_params
-        filters = {k: v for k, v in params.items() if k not in ("sort", "cursor", "page_size")}
+        filters = {k: v for k, v in params.items() if k not in ("sort", "cursor", "page_size", "format")}
         qs = tasks_filtered(tasks_listed(read_sources_of(request)), filters, field="query")
         size = params.get("page_size", "100")
         if not size.isdigit() or not 1 <= int(size) <= 1000:
