@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 from django.db import connection
 from django.http import Http404, JsonResponse
-from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import exceptions, generics, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -497,7 +497,27 @@ class TaskListCreateApi(APIView):
         )
 
     @extend_schema(
-        responses=OpenApiResponse(description="{next, results: [task with stats]}"), summary="List tasks"
+        parameters=[
+            OpenApiParameter("set", str),
+            OpenApiParameter("uid", str),
+            *(
+                OpenApiParameter(n, float)
+                for n in ("pass_rate_min", "pass_rate_max", "recent_pass_rate_min", "recent_pass_rate_max")
+            ),
+            OpenApiParameter("seen_min", int),
+            OpenApiParameter("seen_max", int),
+            OpenApiParameter("informative", bool),
+            OpenApiParameter("bucket", str, enum=["unseen", "solved", "hopeless", "informative"]),
+            OpenApiParameter(
+                "sort",
+                str,
+                description="uid, pass_rate, recent_pass_rate, score, seen, last_policy_version, created; '-' descending",
+            ),
+            OpenApiParameter("cursor", str),
+            OpenApiParameter("page_size", int),
+        ],
+        responses=OpenApiResponse(description="{next, results: [task with stats]}"),
+        summary="List tasks",
     )
     def get(self, request):
         params = request.query_params
