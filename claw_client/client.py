@@ -153,6 +153,7 @@ class ClawClient:
             timeout=timeout,
             **httpx_kwargs,
         )
+        self.last_task_sample: dict[str, Any] | None = None  # record id and seed of sample_tasks
 
     def close(self) -> None:
         self.http.close()
@@ -258,6 +259,67 @@ class ClawClient:
     ) -> dict[str, Any]:
         body = _present(version=version, current=current, metadata=metadata)
         return self._json("POST", "/policy-versions", json=body)
+
+    # --- tasks: what to roll out next ------------------------------------------------------
+    def register_tasks(self, tasks: Iterable[dict[str, Any]], *, set: str | None = None) -> dict[str, Any]:
+        """Register tasks in bulk, idempotent by uid: items ``{"uid", "set", "prompt",
+        "ground_truth", "metadata"}`` (``set`` fills in items without one). Returns the
+        created / updated / unchanged counts and each task's status."""
+        items = [dict(t) if set is None or "set" in t else {**t, "set": set} for t in tasks]
+        return self._json("POST", "/tasks", json={"tasks": items})
+
+    def sample_tasks(
+        self,
+        n: int = 64,
+        *,
+        strategy: str = "informative",
+        tasks: dict[str, Any] | None = None,
+        seed: int | None = None,
+        **options: Any,
+    ) -> list[dict[str, Any]]:
+        """The tasks to roll out next (``POST /task-sampler``, recorded by the pool): ``strategy``
+        one of uniform, least_seen, informative, easy_to_hard; ``tasks`` filters them as
+        ``GET /tasks`` does (``{"set": "train"}``); ``options``: explore_below,
+        explore_fraction, temperature, target. Each item has uid, prompt, ground_truth,
+        metadata, reason and stats; the answer's record id and seed are on
+        ``last_task_sample``."""
+        body = _present(n=n, strategy=strategy, tasks=tasks, seed=seed, **options)
+        answer = self._json("POST", "/task-sampler", json=body)
+        self.last_task_sample = {"record": answer["record"], "seed": answer["seed"]}
+        return answer["tasks"]
+
+    def open_group(
+        self,
+        uid: str,
+        *,
+        expected_rollouts: int | None = None,
+        task: str | None = None,
+        dataset: str | None = None,
+        ground_truth: Any = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Create (or update) a prompt group; ``task``: the uid of the task it rolls out."""
+        body = _present(
+            uid=uid,
+            expected_rollouts=expected_rollouts,
+            task=task,
+            dataset=dataset,
+            ground_truth=ground_truth,
+            metadata=metadata,
+        )
+        return self._json("POST", "/groups", json=body)
+
+    def list_tasks(self, **query: Any) -> list[dict[str, Any]]:
+        """Every task matching ``query`` (filters and ``sort`` of ``GET /tasks``), page by page."""
+        out: list[dict[str, Any]] = []
+        params: dict[str, Any] | None = {k: v for k, v in query.items() if v is not None}
+        url = "/tasks"
+        while url:
+            page = self._json("GET", url, params=params)
+            out.extend(page["results"])
+            url = page["next"] or ""
+            params = None  # the next link carries the query and the cursor
+        return out
 
     # --- datasets (admin keys) --------------------------------------------------------------
     def create_dataset(

@@ -29,4 +29,5 @@ urlpatterns = [
     # Images (issue 24): a stored image's thumbnail and the image itself, for signed-in users.
     path("images/<str:sha256>/thumb", views.media_thumb, name="media_thumb"),
     path("images/<str:sha256>/", views.media_full, name="media_full"),
+    path("tasks/", views.tasks, name="tasks"),
 ]

@@ -25,6 +25,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from pool.errors import Conflict, InvalidInput, NotFound, PoolError
+from pool.selectors.tasks import tasks_overview
 from pool.services.merge import group_merge_ensure, merge_tree_render
 
 from . import charts, services
@@ -703,3 +704,15 @@ def media_full(request: HttpRequest, sha256: str) -> HttpResponse:
     )
     response["Content-Length"] = str(media.byte_size)
     return _media_headers(response, f"{media.sha256}.{ext}", inline=raster)
+
+
+# --- tasks: what groups roll out, and how each task fares ----------------------------------------
+@allowed(VIEW)
+def tasks(request: HttpRequest) -> HttpResponse:
+    """The tasks page: solved / hopeless / informative counts (equal to GET /api/v1/tasks
+    ?bucket=...), the pass-rate histogram and the most informative tasks; ``?format=json``
+    is the counts alone (the page's live refresh on each ``readiness`` event)."""
+    data = tasks_overview(set_name=request.GET.get("set") or None)
+    if request.GET.get("format") == "json":
+        return JsonResponse({"buckets": data["buckets"], "bins": data["bins"]})
+    return render(request, "curation/tasks.html", {**data, "page": "tasks", "live_topics": "consumption"})

@@ -227,8 +227,12 @@ def train(
     log: Callable[[str], Any] | None = print,
     allow_null_rewards: bool = False,
     allow_missing_logprobs: bool = False,
+    rollout: Callable[[TinyLM, int], Any] | None = None,
 ) -> list[dict[str, Any]]:
     """``steps`` GRPO steps on ``dataset`` as ``consumer``; one stats dict per step.
+
+    ``rollout(model, version)``, when given, runs before each pull: it rolls out the tasks to
+    train on next with the current policy (``rollout_tasks``: the whole loop in one process).
 
     A pull that finds nothing ready ends training early (the stats list is then shorter).
     After each acked step the policy version becomes ``v + 1`` (``policy_version`` is the
@@ -243,6 +247,8 @@ def train(
     versions = version_client or client
     out: list[dict[str, Any]] = []
     for step in range(steps):
+        if rollout is not None:
+            rollout(model, version)
         with client.pull(dataset, consumer=consumer, batch_size=batch_size, format="tree") as batch:
             if not batch:
                 break
@@ -276,6 +282,74 @@ def train(
         if log is not None:
             log(json.dumps(row))
     return out
+
+
+# --- the rollout side: sample tasks, roll them out with the policy, reward them ----------------------
+def rollout_tasks(
+    claw: ClawClient,
+    model: TinyLM,
+    version: int,
+    *,
+    task_set: str,
+    groups: int = 2,
+    rollouts: int = 4,
+    strategy: str = "informative",
+    response_len: int = 4,
+    rng: np.random.Generator | None = None,
+) -> list[dict[str, Any]]:
+    """One round of rollouts: ``sample_tasks`` picks ``groups`` tasks of ``task_set``; each is
+    one prompt group (``task`` named, ``rollouts`` expected) of white-box rollouts sampled from
+    ``model`` itself (so the rollout logprobs are exact), one step each, rewarded by the task's
+    verifier: 1.0 when the first response token is the task's ``ground_truth`` (a token id,
+    modulo VOCAB), else 0.0. Returns the sampled tasks. The tasks' statistics, and so the next
+    sample, follow from the rewards (the pool keeps them)."""
+    rng = rng if rng is not None else np.random.default_rng(version)
+    picked = claw.sample_tasks(
+        groups, strategy=strategy, tasks={"set": task_set}, seed=int(rng.integers(2**31))
+    )
+    steps = []
+    for t in picked:
+        prompt = [int(x) for x in (t["prompt"] or [])] or [1]
+        group = f"{t['uid']}-v{version}-{rng.integers(2**31)}"
+        claw.open_group(group, expected_rollouts=rollouts, task=t["uid"])
+        for r in range(rollouts):
+            response, logprobs = _sample(model, prompt, response_len, rng)
+            reward = float(response[0] == int(t["ground_truth"]) % VOCAB)
+            steps.append(
+                {
+                    "trajectory_uid": f"{group}-r{r}",
+                    "prompt_group_uid": group,
+                    "step_index": 0,
+                    "prompt_ids": prompt,
+                    "response_ids": response,
+                    "rollout_logprobs": logprobs,
+                    "reward": reward,
+                    "is_last": True,
+                    "policy_version": version,
+                }
+            )
+    if steps:
+        claw.submit_steps(steps)
+    return picked
+
+
+@torch.no_grad()
+def _sample(
+    model: TinyLM, prompt: list[int], n: int, rng: np.random.Generator
+) -> tuple[list[int], list[float]]:
+    """``n`` tokens sampled from the model after ``prompt`` (a plain causal mask), with their logprobs."""
+    ids = [p % VOCAB for p in prompt]
+    out, lps = [], []
+    for _ in range(n):
+        u = len(ids)
+        mask = torch.ones(u, u, dtype=torch.bool).tril()[None, None]
+        logits = model(torch.tensor([ids]), torch.arange(u)[None], mask)[0, -1]
+        logp = torch.log_softmax(logits.double(), dim=-1).numpy()
+        tok = int(rng.choice(VOCAB, p=np.exp(logp) / np.exp(logp).sum()))
+        out.append(tok)
+        lps.append(float(logp[tok]))
+        ids.append(tok)
+    return out, lps
 
 
 def main(argv: Sequence[str] | None = None) -> int:

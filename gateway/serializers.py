@@ -186,6 +186,9 @@ class TrajectoryCompletionBatchSerializer(StrictSerializer):
 
 class GroupUpsertSerializer(StrictSerializer):
     uid = serializers.CharField(max_length=rules.MAX_UID_LEN)
+    task = serializers.CharField(
+        max_length=rules.MAX_UID_LEN, required=False
+    )  # the task it rolls out (a uid)
     expected_rollouts = StrictIntegerField(min_value=1, max_value=INT32_MAX, required=False, allow_null=True)
     dataset = serializers.CharField(max_length=128, required=False, allow_blank=True)
     ground_truth = SafeJSONField(required=False, allow_null=True)
@@ -287,3 +290,36 @@ class PolicyVersionSerializer(StrictSerializer):
     # Past the bound (CLAW_POLICY_MAX_STEP) or backwards: admins only.
     force = StrictBooleanField(default=False)
     metadata = SafeDictField(required=False)
+
+
+# --- tasks and the task sampler (pool/services/task_catalog.py) ------------------------------
+class TextField(serializers.CharField):
+    """A JSON string only (DRF's CharField turns 7 into "7")."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            raise serializers.ValidationError("must be a string")
+        return super().to_internal_value(data)
+
+
+class TaskInSerializer(StrictSerializer):
+    uid = TextField(max_length=rules.MAX_UID_LEN)
+    set = TextField(max_length=128, required=False, allow_blank=True, default="")
+    prompt = SafeJSONField(required=False, allow_null=True, default=None)
+    ground_truth = SafeJSONField(required=False, allow_null=True, default=None)
+    metadata = SafeDictField(required=False, default=dict)
+
+
+class TaskRegisterSerializer(StrictSerializer):
+    tasks = TaskInSerializer(many=True, allow_empty=False, max_length=10_000)
+
+
+class TaskSamplerSerializer(StrictSerializer):
+    tasks = SafeDictField(required=False, allow_null=True, default=None)  # GET /api/v1/tasks's filters
+    n = StrictIntegerField(min_value=1, max_value=1_000, default=64)
+    strategy = serializers.ChoiceField(choices=["uniform", "least_seen", "informative", "easy_to_hard"])
+    seed = StrictIntegerField(min_value=0, max_value=INT64_MAX, required=False, allow_null=True, default=None)
+    explore_below = StrictIntegerField(min_value=0, max_value=INT32_MAX, required=False, allow_null=True)
+    explore_fraction = FiniteFloatField(min_value=0, max_value=1, required=False, allow_null=True)
+    temperature = FiniteFloatField(min_value=0, max_value=100, required=False, allow_null=True)
+    target = FiniteFloatField(min_value=0, max_value=1, required=False, allow_null=True)

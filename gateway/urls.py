@@ -29,6 +29,9 @@ urlpatterns = [
     # Images (issue 24): upload (idempotent by content) and download by sha256.
     path("media", apis.MediaUploadApi.as_view(), name="media"),
     re_path(r"^media/(?P<sha256>[0-9a-f]{64})$", apis.MediaDetailApi.as_view(), name="media-detail"),
+    path("tasks", apis.TaskListCreateApi.as_view(), name="tasks"),
+    path("task-sampler", apis.TaskSamplerApi.as_view(), name="task-sampler"),
+    path("task-sampler/records", apis.TaskSampleRecordApi.as_view(), name="task-sampler-records"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     # Split: Swagger UI's setup script is served as a file (no inline script under the CSP).
     path("docs/", SpectacularSwaggerSplitView.as_view(url_name="api:schema"), name="docs"),

@@ -17,6 +17,9 @@ from .models import (
     RewardFailure,
     RewardFunction,
     Source,
+    Task,
+    TaskSampleRecord,
+    TaskSet,
     TrajectoryCapability,
 )
 from .rewards.base import RewardError
@@ -228,3 +231,52 @@ class RewardFailureAdmin(admin.ModelAdmin):
     raw_id_fields = ("trajectory", "step")
     readonly_fields = ("created_at", "updated_at")
     show_full_result_count = False
+
+
+# --- tasks: sets (thresholds editable), tasks and the sampler's records (read-only) -----------------
+@admin.register(TaskSet)
+class TaskSetAdmin(admin.ModelAdmin):
+    """A set's pass threshold and recent window (half-life in policy versions); a change
+    applies to groups counted after it (pool/services/task_stats.py)."""
+
+    list_display = ("name", "pass_threshold", "window", "created_at")
+    search_fields = ("name",)
+
+
+@admin.register(Task)
+class TaskAdmin(admin.ModelAdmin):
+    """Tasks with their statistics; the statistics are the write pipeline's (read-only)."""
+
+    list_display = (
+        "uid",
+        "set_name",
+        "source",
+        "seen",
+        "pass_rate",
+        "recent_pass_rate",
+        "informative_groups",
+    )
+    list_filter = ("set_name",)
+    search_fields = ("uid",)
+    show_full_result_count = False
+    readonly_fields = tuple(
+        f.name for f in Task._meta.fields if f.name not in ("set_name", "prompt", "ground_truth", "metadata")
+    )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # registration is POST /api/v1/tasks or manage.py import_tasks
+
+
+@admin.register(TaskSampleRecord)
+class TaskSampleRecordAdmin(admin.ModelAdmin):
+    """Every answer of the task sampler, for audit (read-only)."""
+
+    list_display = ("id", "strategy", "source", "api_key", "created_at")
+    list_filter = ("strategy",)
+    show_full_result_count = False
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False

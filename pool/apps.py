@@ -46,3 +46,7 @@ class PoolConfig(AppConfig):
         effects.register(live.merge_done, MergeDone)
         effects.register(tasks.group_merge_enqueue, GroupMergeRequested)
         effects.register(tasks.steps_merge_enqueue, StepsMergeRequested)
+        # Ready groups: the statistics of the tasks they rolled out (counted once per group).
+        from .services import task_stats
+
+        effects.register(task_stats.groups_ready_task_stats, GroupsReady)

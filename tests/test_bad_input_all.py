@@ -281,6 +281,20 @@ CASES: list[tuple[str, str, str, dict, str]] = [
     ),
     ("media: unknown sha256", "get", f"{A}/media/{'0' * 64}", {}, "read"),
     ("media: upload with a read key", "post", f"{A}/media", raw(b"\x89PNG", "image/png"), "read"),
+    # --- tasks and the task sampler ----------------------------------------------------------------
+    ("tasks: truncated JSON", "post", f"{A}/tasks", raw(b'{"tasks": ['), "admin"),
+    ("tasks: uid is a number", "post", f"{A}/tasks", j({"tasks": [{"uid": 7}]}), "admin"),
+    ("tasks list: pass_rate_min is text", "get", f"{A}/tasks?pass_rate_min=high", {}, "admin"),
+    ("tasks list: unknown sort", "get", f"{A}/tasks?sort=colour", {}, "admin"),
+    ("task-sampler: n is text", "post", f"{A}/task-sampler", j({"n": "64", "strategy": "uniform"}), "admin"),
+    (
+        "task-sampler: unknown filter",
+        "post",
+        f"{A}/task-sampler",
+        j({"strategy": "uniform", "tasks": {"x": 1}}),
+        "admin",
+    ),
+    ("task-sampler records: bad cursor", "get", f"{A}/task-sampler/records?cursor=zz", {}, "admin"),
 ]
 
 

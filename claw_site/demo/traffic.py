@@ -204,8 +204,10 @@ def _black_box_group(
     """One prompt group of black-box rollouts; yields after each HTTP call."""
     rng = random.Random()
     group = f"demo-bb-g-{uuid.uuid4().hex[:12]}"
-    task = rng.choice(TASKS)
-    _post(http, f"{base_url}/api/v1/groups", {"uid": group, "expected_rollouts": ROLLOUTS_PER_GROUP})
+    task_uid, task = _demo_task(http, base_url, rng)
+    _post(
+        http, f"{base_url}/api/v1/groups", {"uid": group, "expected_rollouts": ROLLOUTS_PER_GROUP, **task_uid}
+    )
     yield True
     for k in range(ROLLOUTS_PER_GROUP):
         traj = f"demo-bb-{uuid.uuid4().hex[:12]}"
@@ -413,8 +415,10 @@ def _white_box_group(
     """One prompt group of white-box rollouts posting exact steps; yields after each call."""
     rng = random.Random()
     group = f"demo-wb-g-{uuid.uuid4().hex[:12]}"
-    task = rng.choice(TASKS)
-    _post(http, f"{base_url}/api/v1/groups", {"uid": group, "expected_rollouts": ROLLOUTS_PER_GROUP})
+    task_uid, task = _demo_task(http, base_url, rng)
+    _post(
+        http, f"{base_url}/api/v1/groups", {"uid": group, "expected_rollouts": ROLLOUTS_PER_GROUP, **task_uid}
+    )
     yield True
     for k in range(ROLLOUTS_PER_GROUP):
         traj = f"demo-wb-{uuid.uuid4().hex[:12]}"
@@ -602,6 +606,25 @@ class Refused(Exception):
     def __init__(self, message: str, *, status: int):
         super().__init__(message)
         self.status = status
+
+
+# --- the demo task set: groups roll out what the task sampler picks ---------------------------------
+DEMO_SET = "demo"
+
+
+def _demo_task(http: httpx.Client, base_url: str, rng: random.Random) -> tuple[dict[str, str], str]:
+    """The task a demo group rolls out: the demo set is registered (idempotent by uid), then
+    ``POST /api/v1/task-sampler`` picks one (``informative``), so the tasks page fills. Returns
+    ({"task": uid}, its prompt); when the sampler cannot answer, a random task without a uid."""
+    try:
+        tasks = [{"uid": f"demo-task-{i}", "set": DEMO_SET, "prompt": t} for i, t in enumerate(TASKS)]
+        _post(http, f"{base_url}/api/v1/tasks", {"tasks": tasks})
+        body = {"tasks": {"set": DEMO_SET}, "n": 1, "strategy": "informative", "seed": rng.randrange(2**31)}
+        [picked] = _post(http, f"{base_url}/api/v1/task-sampler", body).json()["tasks"]
+        return {"task": picked["uid"]}, picked["prompt"]
+    except (Refused, httpx.HTTPError, ValueError, KeyError) as e:
+        logger.warning("demo traffic: no task from the sampler: %s", _describe(e))
+        return {}, rng.choice(TASKS)
 
 
 def _post(

@@ -61,6 +61,7 @@ from pool.services import steps_ingest, trajectory_complete, trajectory_register
 from pool.services.api_keys import VerifiedKey
 from pool.services.capabilities import trajectory_init
 from pool.services.generation_texts import generation_text_remember
+from pool.services.groups import group_upsert
 from pool.services.reward_compute import (
     ground_truth_in,
     response_text_lookup,
@@ -161,15 +162,21 @@ async def register_trajectory(
     traj = trajectory_uid or body.get("trajectory_uid")
     if not isinstance(traj, str) or not traj:
         raise HttpError(400, "trajectory_uid is required", param="trajectory_uid")
+    meta = _metadata(body)
+    group = prompt_uid if prompt_uid != "-" else None
     await run_db(
         trajectory_register,
         uid=traj,
-        prompt_group_uid=prompt_uid if prompt_uid != "-" else None,
+        prompt_group_uid=group,
         channel=body.get("channel"),
-        metadata=_metadata(body),
+        metadata=meta,
         source_id=key.source_id,
         sources=key.write_sources,
     )
+    task = (meta or {}).get("task")
+    if group is not None and isinstance(task, str) and task:
+        # Claw-R1's trajectory metadata names the dataset row: the group rolls out that task.
+        await run_db(group_upsert, uid=group, task=task, source_id=key.source_id, sources=key.write_sources)
     return HttpResponse(_OK, content_type="application/json")
 
 

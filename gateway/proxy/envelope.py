@@ -109,7 +109,8 @@ def call_identity(request: HttpRequest, path_trajectory: str | None, path_group:
     group = path_group if path_group is not None else meta.get("HTTP_X_CLAW_PROMPT_GROUP") or None
     if group == "-":  # the scoped URL's "no group"
         group = None
-    for name, value in (("trajectory", traj), ("prompt group", group)):
+    task = meta.get("HTTP_X_CLAW_TASK") or None  # the task the group rolls out
+    for name, value in (("trajectory", traj), ("prompt group", group), ("task", task)):
         if value is not None and (not value.strip() or len(value) > rules.MAX_UID_LEN):
             raise HttpError(
                 400, f"the {name} uid must be 1 to {rules.MAX_UID_LEN} characters", code="invalid_uid"
@@ -129,4 +130,6 @@ def call_identity(request: HttpRequest, path_trajectory: str | None, path_group:
             raise HttpError(
                 400, "X-Claw-Policy-Version must be a non-negative integer", code="invalid_policy_version"
             )
-    return Identity(trajectory_uid=traj, prompt_group_uid=group, policy_version=policy_version, new=new)
+    return Identity(
+        trajectory_uid=traj, prompt_group_uid=group, policy_version=policy_version, new=new, task=task
+    )

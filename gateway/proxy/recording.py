@@ -41,6 +41,7 @@ from pool.ingest.media import ImageIn
 from pool.ingest.plan import Stored
 from pool.models import Step
 from pool.services import gateway_event_record
+from pool.services.groups import group_upsert
 from pool.tenancy import OWN
 
 from . import branches
@@ -61,6 +62,7 @@ class Identity:
     prompt_group_uid: str | None = None
     policy_version: int | None = None
     new: bool = False
+    task: str | None = None  # X-Claw-Task: the task the prompt group rolls out
 
 
 @dataclass(slots=True)
@@ -135,6 +137,9 @@ def record_answer(
         )
         return Outcome(event="untokenized_call")
     try:
+        if ident.task is not None and ident.prompt_group_uid is not None:
+            # The group names its task (created with it when new): pool/services/task_catalog.py.
+            group_upsert(uid=ident.prompt_group_uid, task=ident.task, source_id=source_id, sources=sources)
         return Outcome(steps=record_call(call=call, source_id=source_id, sources=sources))
     except InvalidInput as exc:  # e.g. longer than CLAW_MAX_TOKENS_PER_STEP: never truncated
         gateway_event_record(

@@ -14,6 +14,7 @@ from ..ingest import rules
 from ..ingest.effects import GroupsCompleted, StepsWritten, emit
 from ..models import PromptGroup, Trajectory
 from ..tenancy import OWN, allowed
+from .task_catalog import group_task_set
 
 TERMINAL = (Trajectory.Status.COMPLETED, Trajectory.Status.FAILED, Trajectory.Status.ABANDONED)
 
@@ -26,6 +27,7 @@ def group_upsert(
     dataset: str | None = None,
     ground_truth: Any = None,
     metadata: dict | None = None,
+    task: str | None = None,
     source_id: int | None = None,
     sources: object = OWN,
 ) -> PromptGroup:
@@ -38,6 +40,8 @@ def group_upsert(
     group, _ = PromptGroup.objects.select_for_update().get_or_create(uid=uid, defaults={"source_id": owner})
     if mine is not None and group.source_id not in mine:
         raise UidTaken("prompt group", uid, field="uid")
+    if task is not None:  # the task it rolls out (pool/services/task_catalog.py)
+        group_task_set(group=group, uid=task, source_id=source_id, sources=sources, field="task")
     changed = []
     for name, value in (
         ("expected_rollouts", expected_rollouts),

@@ -35,6 +35,7 @@ WRITES = [
     ("feedback", {"step_uid": S, "rating": 1.0, "label": "good"}),
     ("policy-versions", {"version": 5}),
     ("trajectory-completions", {"completions": [{"uid": T}]}),
+    ("tasks", {"tasks": [{"uid": "new-task", "set": "s"}]}),
 ]
 # Curation writes: admin keys and operators only. (method, endpoint, body)
 CURATE = [
@@ -60,7 +61,10 @@ CONSUME = [
 SNAPSHOT_CREATE = [("post", "snapshots", {"dataset": D})]
 SNAPSHOT_READS = ["snapshots/{snapshot}", "snapshots/{snapshot}/download"]
 # Reads sent as POST (a spec in the body).
-READ_POSTS = [("datasets/preview", {"filters": {}})]
+READ_POSTS = [
+    ("datasets/preview", {"filters": {}}),
+    ("task-sampler", {"n": 4, "strategy": "uniform"}),  # a read of tasks, its answer recorded
+]
 READS = [
     "steps",
     f"steps/{S}",
@@ -76,6 +80,8 @@ READS = [
     "datasets",
     f"datasets/{D}",
     f"datasets/{D}/preview",
+    "tasks",
+    "task-sampler/records",
 ]
 
 # caller -> (may write, may read)

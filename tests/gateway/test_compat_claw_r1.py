@@ -73,6 +73,11 @@ def test_a_claw_r1_black_box_agent_works_by_changing_only_the_gateway_url(gw):
         assert step["response_ids"] == expected["choices"][0]["token_ids"]
         assert step["token_source"] == "upstream" and step["policy_version"] == 3
         assert step["prompt_group_uid"] == prompt_uid and step["drift"] is False
+    # and the trajectory metadata's task is the task its prompt group rolls out
+    listed = httpx.get(
+        f"{gw.server.url}/api/v1/tasks", params={"uid": "demo"}, headers=auth(gw.key), timeout=30
+    )
+    assert [t["uid"] for t in listed.json()["results"]] == ["demo"]
     # and: the last step carries is_last and the reward; the trajectory is complete
     # and: the earlier step is served the outcome as its branch's reward (its own is none)
     assert (steps[0]["is_last"], steps[0]["reward"], steps[0]["reward_scope"]) == (False, 1.0, "branch")

@@ -185,7 +185,7 @@ from django.utils import timezone
 from curation.selectors.review import review_candidates, review_progress
 from curation.services import review_queue_default
 from pool.flags import QUALITY_NAMES, READY, names
-from pool.models import PromptGroup, RewardEvent, Step, Trajectory
+from pool.models import PromptGroup, RewardEvent, Step, Task, TaskSampleRecord, Trajectory
 
 flags = Counter()
 for value in Step.objects.exclude(quality_flags=0).values_list("quality_flags", flat=True):
@@ -203,6 +203,9 @@ print(json.dumps({
     ).count(),
     "review_candidates": review_candidates(queue, now=timezone.now()).count(),
     "review_progress": review_progress(queue),
+    # the task sampler picked the groups' tasks, and their statistics filled
+    "seen_tasks": Task.objects.filter(set_name="demo", seen__gt=0).count(),
+    "task_samples": TaskSampleRecord.objects.count(),
 }))
 """
 
@@ -335,6 +338,7 @@ def test_demo_traffic_fills_the_curation_pages(demo_server: LiveServer, tmp_path
                 and {"completed", "failed", "abandoned"} <= statuses.keys()
                 and state["late_rewards"] > 0
                 and state["review_progress"]["done"] > 0
+                and state["seen_tasks"] > 0
             )
 
         wait_for(shows_every_case, serve, "the demo traffic to show every curation case")
@@ -351,6 +355,8 @@ def test_demo_traffic_fills_the_curation_pages(demo_server: LiveServer, tmp_path
     assert state["review_candidates"] > 0, state
     progress = state["review_progress"]
     assert progress["total"] > progress["done"] > 0, state
+    # and the groups rolled out tasks the sampler picked, whose statistics fill the tasks page
+    assert state["seen_tasks"] > 0 and state["task_samples"] > 0, state
     assert "Traceback" not in serve.output(), serve.output()
 
 
