@@ -23,9 +23,9 @@ Then the sampler's latency alone: 10,000 and 100,000 registered tasks of a set w
 statistics, ``informative`` and n = 64, p50 over ``--calls`` calls each (target <= 50 ms) and
 their ratio (target <= 1.5). ``pull_oldest_p50_ms``: one pull of 8 groups (64 steps) and its
 ack through ``POST /api/v1/consumers/{name}/pull`` (today's order, oldest ready first) of the
-groups the runs made ready; ``pull_priority_p50_ms`` (serving by priority) is another
-helper's and null here until the integrator wires it. Prints progress on stderr and one JSON
-line.
+groups the runs made ready, and ``pull_priority_p50_ms`` the same pull from a dataset served
+by priority (``reward_std``: the groups whose rewards spread the most first), the two taking
+turns. Prints progress on stderr and one JSON line.
 """
 
 from __future__ import annotations
@@ -84,11 +84,10 @@ def run(args: argparse.Namespace) -> dict:
             result[f"sampler_p50_ms_{label}"] = sampler_latency(client, size, args.calls, args.seed)
             print(f"  sampler at {label}: {result[f'sampler_p50_ms_{label}']} ms p50", file=sys.stderr)
         result["sampler_ratio"] = round(result["sampler_p50_ms_100k"] / result["sampler_p50_ms_10k"], 3)
-    # Serving order by priority is built by another helper: the integrator wires
-    # pull_priority_p50_ms; pull_oldest_p50_ms is today's pull (oldest ready first) of the
-    # groups the runs made ready.
-    result["pull_priority_p50_ms"] = None
-    result["pull_oldest_p50_ms"] = pull_latency(args.calls)
+    # Pulls of the groups the runs made ready: oldest ready first, and by priority.
+    pulls = pull_latency(args.calls)
+    result["pull_priority_p50_ms"] = pulls["priority"]
+    result["pull_oldest_p50_ms"] = pulls["oldest"]
     targets = {
         f"informative_over_uniform >= {TARGETS['informative_over_uniform']:g}": result[
             "informative_over_uniform"
@@ -210,34 +209,42 @@ def sampler_latency(client, size: int, calls: int, seed: int) -> float:
     return round(statistics.median(times), 2)
 
 
-def pull_latency(pulls: int) -> float:
-    """p50 of one pull (8 groups: 64 steps) and its ack, oldest ready first, by a trainer's key."""
+PULL_ORDERS = {"oldest": {}, "priority": {"order": "priority", "priority": "reward_std"}}
+
+
+def pull_latency(pulls: int) -> dict[str, float]:
+    """p50 of one pull (8 groups: 64 steps) and its ack by a trainer's key, per serving order:
+    oldest ready first (the default) and by priority (highest reward spread first), each a
+    dataset of its own over the same ready groups; the two take turns within each round, so
+    a busy machine slows them alike."""
     from django.test import Client
 
     from curation.services import dataset_create
     from pool.models import Scope
     from pool.services import api_key_create
 
-    dataset_create(name="w-tasks")
+    for name, serving in PULL_ORDERS.items():
+        dataset_create(name=f"w-tasks-{name}", spec={"serving": serving} if serving else None)
     trainer = Client(
         HTTP_AUTHORIZATION=f"Bearer {api_key_create(name='bench-trainer', scopes=[Scope.CONSUME])[1]}"
     )
-    times = []
+    times: dict[str, list[float]] = {name: [] for name in PULL_ORDERS}
     for i in range(pulls + 2):
-        t = time.perf_counter()
-        body = _ok(
-            trainer.post(
-                "/api/v1/consumers/curriculum/pull",
-                {"dataset": "w-tasks", "batch_size": 8},
-                content_type="application/json",
-            ),
-            200,
-        )
-        assert body["lease_id"] and len(body["manifest"]["step_uids"]) == 8 * GROUP, body.get("manifest")
-        _ok(trainer.post(f"/api/v1/leases/{body['lease_id']}/ack"), 200)
-        if i >= 2:
-            times.append((time.perf_counter() - t) * 1000)
-    return round(statistics.median(times), 2)
+        for name in PULL_ORDERS:
+            t = time.perf_counter()
+            body = _ok(
+                trainer.post(
+                    f"/api/v1/consumers/curriculum-{name}/pull",
+                    {"dataset": f"w-tasks-{name}", "batch_size": 8},
+                    content_type="application/json",
+                ),
+                200,
+            )
+            assert body["lease_id"] and len(body["manifest"]["step_uids"]) == 8 * GROUP, body.get("manifest")
+            _ok(trainer.post(f"/api/v1/leases/{body['lease_id']}/ack"), 200)
+            if i >= 2:
+                times[name].append((time.perf_counter() - t) * 1000)
+    return {name: round(statistics.median(ts), 2) for name, ts in times.items()}
 
 
 def _ok(resp, status: int) -> dict:

@@ -1,6 +1,7 @@
 """bench.curriculum's W-tasks runs on a small scale, through the real API (the bench itself
 runs 20,000 groups per strategy on PostgreSQL): the pool's task statistics agree with the
-bench's own count of groups with signal, and the pull figure answers."""
+bench's own count of groups with signal, and the pull figures (oldest first, by priority)
+answer."""
 
 from __future__ import annotations
 
@@ -27,5 +28,6 @@ def test_a_small_curriculum_run_is_counted_by_the_task_statistics(strategy):
     agg = tasks.aggregate(seen=Sum("seen"), rewarded=Sum("rewarded"), informative=Sum("informative_groups"))
     assert agg["seen"] == 128 and agg["rewarded"] == 128 * curriculum.GROUP
     assert agg["informative"] == round(signal * 128)
-    # and the oldest-ready pull serves those groups
-    assert curriculum.pull_latency(2) > 0
+    # and the pulls, oldest ready first and by priority, serve those groups
+    pulls = curriculum.pull_latency(2)
+    assert set(pulls) == {"oldest", "priority"} and min(pulls.values()) > 0
