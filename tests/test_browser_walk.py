@@ -65,6 +65,15 @@ dataset_create(name="walk-ds", spec={"filters": {"readiness": "any"}, "grouping"
 print(api_key_create(name="walk-agent", scopes=["ingest", "read"])[1])
 print(api_key_create(name="walk-trainer", scopes=["consume"], source_kind="trainer")[1])
 """
+GROUPS = [
+    (
+        "walk-g",
+        "What is the capital of Australia?",
+        ["Canberra.", "Sydney.", "Canberra, since 1913.", "Melbourne, I think."],
+    ),
+    ("walk-g2", "What is 17 * 3?", ["51.", "17 * 3 = 51, since 17 * 3 = 10 * 3 + 7 * 3.", "54."]),
+    ("walk-g3", "Name a prime above 90.", ["91.", "97 is prime.", "93."]),
+]
 USERS = {"reviewer": "rev", "operator": "ope", "admin": "adm"}
 
 
@@ -109,31 +118,26 @@ def _populate(srv: LiveServer, agent_key: str, trainer_key: str) -> Pool:
         {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"hits": ["consumers/pull"]})},
     ]
     agent.chat.completions.create(model="claw-demo", messages=messages, tools=TOOLS)
-    # a group of four rollouts, each completed with a reward
-    _post(srv, agent_key, "/api/v1/groups", {"uid": "walk-g", "expected_rollouts": 4})
-    answers = ["Canberra.", "Sydney.", "Canberra, since 1913.", "Melbourne, I think."]
-    _post(
-        srv,
-        agent_key,
-        "/api/v1/steps",
-        {
-            "steps": [
-                {
-                    "trajectory_uid": f"walk-g-r{r}",
-                    "prompt_group_uid": "walk-g",
-                    "step_index": 0,
-                    "prompt_ids": [7, 7, 7, 7, 8, 9],
-                    "response_ids": [10 + r, 20 + r, 30 + r],
-                    "messages": [{"role": "user", "content": "What is the capital of Australia?"}],
-                    "response_text": text,
-                    "is_last": True,
-                }
-                for r, text in enumerate(answers)
-            ]
-        },
-    )
-    for r in range(4):
-        _post(srv, agent_key, f"/api/v1/trajectories/walk-g-r{r}/complete", {"reward": float(r % 2 == 0)})
+    # prompt groups of several rollouts, each completed with a reward (one per role for the
+    # group-mode queue: an item claimed by one reviewer is not offered to another)
+    for uid, question, answers in GROUPS:
+        _post(srv, agent_key, "/api/v1/groups", {"uid": uid, "expected_rollouts": len(answers)})
+        steps = [
+            {
+                "trajectory_uid": f"{uid}-r{r}",
+                "prompt_group_uid": uid,
+                "step_index": 0,
+                "prompt_ids": [7, 7, 7, 7, 8, 9],
+                "response_ids": [10 + r, 20 + r, 30 + r],
+                "messages": [{"role": "user", "content": question}],
+                "response_text": text,
+                "is_last": True,
+            }
+            for r, text in enumerate(answers)
+        ]
+        _post(srv, agent_key, "/api/v1/steps", {"steps": steps})
+        for r in range(len(answers)):
+            _post(srv, agent_key, f"/api/v1/trajectories/{uid}-r{r}/complete", {"reward": float(r % 2 == 0)})
     # a thousand small steps, so that the overview's numbers need thousands separators
     bulk = [
         {
