@@ -304,6 +304,10 @@ def test_every_page_as_every_role(pool, contexts, role: str, row: Row):
                 assert page.url == url
             elif expected == "403":
                 assert resp.status == 403, (role, row.path, resp.status)
+                # a clean 403: the site's header and a way on, not a bare "403 Forbidden"
+                said = page.locator("[data-forbidden]").text_content()
+                assert "Not allowed" in said and f"signed in as {USERS[role]} ({role})" in said, said
+                assert page.locator("header nav").get_by_role("link", name="Overview").count() == 1
             else:
                 assert resp.status == 200 and re.search(r"/login/\?next=", page.url), (role, page.url)
             if row.name == "api-docs" and expected == "ok":
