@@ -25,6 +25,7 @@ import pytest
 
 from tests.curation.test_pages_browser import CHROMIUM, CHROMIUM_ARGS
 from tests.dashboard.test_dashboard_browser import celery_worker
+from tests.dashboard.traffic import api_counters
 from tests.gateway.conftest import demo_upstream  # noqa: F401 - a fixture
 from tests.live import ROOT, LiveServer, live_server
 from tests.media_support import png
@@ -353,13 +354,17 @@ def test_overview_numbers_equal_the_api_with_thousands_separators(pool, contexts
         )
     finally:
         page.close()
-    # then its counters are the API's, field by field
+    # then its counters are the API's, field by field (its stats and its whole step list)
     shown = {k: int(v.replace(",", "")) for k, v in raw.items() if re.fullmatch(r"[\d,]+", v)}
-    assert shown["collect.steps"] == stats["steps"]
-    assert shown["collect.trajectories"] == stats["trajectories"]
-    assert shown["collect.running"] == stats["trajectories_by_status"].get("running", 0)
-    assert shown["represent.drift"] == stats["steps_drift"]
-    assert shown["curate.awaiting_reward"] == stats["steps_reward_pending"]
+    steps: list[dict] = []
+    url: str | None = "/api/v1/steps?page_size=1000"
+    while url:
+        page_ = pool.api(url)
+        steps += page_["results"]
+        url = page_["next"] and page_["next"].removeprefix(pool.srv.url)
+    expected = api_counters(stats, steps)
+    assert {k: shown[k] for k in expected} == expected
+    assert len(steps) == stats["steps"]
     # and big numbers carry thousands separators
     assert raw["collect.steps"] == f"{stats['steps']:,}"
     assert raw["collect.trajectories"] == f"{stats['trajectories']:,}"
