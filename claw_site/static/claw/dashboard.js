@@ -160,8 +160,8 @@
     var tbody = stepTable.tBodies[0];
     if ($("tr[data-step-id='" + cssEscape(String(s.id)) + "']", tbody)) return;
     var row = el("tr", { "data-step-id": String(s.id) });
-    row.appendChild(cell(link(stepTable.dataset.stepUrl + encodeURIComponent(String(s.id)) + "/", s.uid)));
-    row.appendChild(cell(link(stepTable.dataset.trajectoryUrl + encodeURIComponent(s.trajectory) + "/", s.trajectory)));
+    row.appendChild(cell(link(stepTable.dataset.stepUrl + encodeURIComponent(String(s.id)) + "/", s.uid), "nowrap"));
+    row.appendChild(cell(link(stepTable.dataset.trajectoryUrl + encodeURIComponent(s.trajectory) + "/", s.trajectory), "nowrap"));
     row.appendChild(cell(String(s.step_index), "opt"));
     row.appendChild(cell(s.source || null, "opt"));
     var tokens = cell(s.prompt_len === undefined ? null : fmt(s.prompt_len) + " + " + fmt(s.response_len), "nowrap");
