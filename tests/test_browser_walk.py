@@ -123,8 +123,16 @@ def _populate(srv: LiveServer, agent_key: str, trainer_key: str) -> Pool:
     agent.chat.completions.create(model="claw-demo", messages=messages, tools=TOOLS)
     # prompt groups of several rollouts, each completed with a reward (one per role for the
     # group-mode queue: an item claimed by one reviewer is not offered to another)
+    # each group rolls out a registered task, so the tasks page has statistics to show
+    tasks = [{"uid": f"task-{uid}", "set": "walk", "prompt": q, "ground_truth": a[0]} for uid, q, a in GROUPS]
+    _post(srv, agent_key, "/api/v1/tasks", {"tasks": tasks})
     for uid, question, answers in GROUPS:
-        _post(srv, agent_key, "/api/v1/groups", {"uid": uid, "expected_rollouts": len(answers)})
+        _post(
+            srv,
+            agent_key,
+            "/api/v1/groups",
+            {"uid": uid, "expected_rollouts": len(answers), "task": f"task-{uid}"},
+        )
         steps = [
             {
                 "trajectory_uid": f"{uid}-r{r}",

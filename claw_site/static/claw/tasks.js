@@ -3,6 +3,10 @@
  * Writes text and bar heights only. */
 (function () {
   "use strict";
+  // Bar heights are set here, not in style attributes (the pages' CSP refuses inline styles).
+  Array.prototype.forEach.call(document.querySelectorAll(".histogram .bar[data-pct]"), function (bar) {
+    bar.style.height = bar.getAttribute("data-pct") + "%";
+  });
   var box = document.getElementById("task-buckets");
   if (!box || !window.ClawLive) return;
   var pending = null;
