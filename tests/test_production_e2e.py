@@ -413,7 +413,7 @@ def reviewer(site: str, password: str, rec: Recorder, reviewed: list[str]) -> No
                 data={
                     "csrfmiddlewaretoken": csrf_of(page.text),
                     "claim": claim.group(1),
-                    "trajectory": re.search(r'name="trajectory" value="(\d+)"', page.text).group(1),
+                    "item": re.search(r'name="item" value="(\d+)"', page.text).group(1),
                     "rating": "4",
                     "label": REVIEW_LABEL,
                     "comment": "fine",

@@ -71,13 +71,18 @@ def session_cookie(user) -> str:
 
 
 @asynccontextmanager
-async def socket(user=None, topics: str = "overview"):
-    """A connected websocket of ``user`` (anonymous when None) on ``ws/live/``."""
+async def socket(user=None, topics: str = "overview", *, cookie: str | None = None):
+    """A connected websocket of ``user`` (anonymous when None) on ``ws/live/``. A test that
+    opens a second socket while the first is connected passes the first's session ``cookie``
+    (``session_cookie``, made before either connects): signing in again writes auth_user
+    (last_login), which SQLite's shared-cache test database refuses ("table is locked")
+    while the first socket's consumer reads it on another thread."""
     from claw_site.asgi import application
 
     headers = [(b"origin", b"http://localhost")]
-    if user is not None:
-        cookie = await sync_to_async(session_cookie)(user)
+    if user is not None or cookie is not None:
+        if cookie is None:
+            cookie = await sync_to_async(session_cookie)(user)
         headers.append((b"cookie", f"sessionid={cookie}".encode()))
     comm = WebsocketCommunicator(application, f"/ws/live/?topics={topics}", headers=headers)
     connected, _ = await comm.connect(timeout=DEADLINE)

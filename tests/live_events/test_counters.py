@@ -9,12 +9,21 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from asgiref.sync import sync_to_async
 
 from curation import consumers
 from curation.selectors.live import live_state
 from tests.conftest import client_for, make_step, post_steps
 from tests.dashboard.traffic import EXPECTED, api_numbers, consistent, drive, state_numbers
-from tests.live_events.conftest import DEADLINE, in_thread, socket, state_until, total, until
+from tests.live_events.conftest import (
+    DEADLINE,
+    in_thread,
+    session_cookie,
+    socket,
+    state_until,
+    total,
+    until,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -100,7 +109,11 @@ async def test_one_read_serves_every_dashboard_of_a_process(viewer, agent_key, m
 
     monkeypatch.setattr(consumers, "live_state", counted)
     agent = client_for(agent_key)
-    async with socket(viewer, topics="overview") as a, socket(viewer, topics="overview,collection") as b:
+    cookie = await sync_to_async(session_cookie)(viewer)  # one sign-in, before either connects
+    async with (
+        socket(topics="overview", cookie=cookie) as a,
+        socket(topics="overview,collection", cookie=cookie) as b,
+    ):
         for comm in (a, b):
             await comm.receive_json_from(timeout=DEADLINE)  # hello: one read each
         assert len(reads) == 2
