@@ -138,6 +138,7 @@ class LiveServer:
         self.app = app
         self.serve = serve
         self.var_dir = var_dir
+        var_dir.mkdir(parents=True, exist_ok=True)  # on PostgreSQL no SQLite file creates it
         # Held for the server's whole life, restarts included: the port can never be lost.
         self._sock = listening_socket()
         self.port: int = self._sock.getsockname()[1]
