@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from PIL import Image, UnidentifiedImageError
 
 from ..errors import InvalidInput, PoolError
@@ -70,32 +70,18 @@ def media_store(*, data: bytes, declared_type: str | None, field: str = "image")
     (by sha256) and are written once. Raises InvalidInput / MediaTooLarge naming ``field``
     for bytes that are not a PNG, JPEG, WebP or GIF image, that are not the declared type,
     that are truncated, that declare more pixels than CLAW_MEDIA_MAX_PIXELS, or that are over
-    CLAW_MEDIA_MAX_BYTES; nothing is written then. Call it inside the write's transaction."""
+    CLAW_MEDIA_MAX_BYTES; nothing is written then. Call it inside the write's transaction.
+    One image of ``media_store_many``."""
+    _check_size(data, field)
+    sha = hashlib.sha256(data).hexdigest()
+    return media_store_many({sha: (data, declared_type, field)})[sha]
+
+
+def _check_size(data: bytes, field: str) -> None:
     if len(data) > max_bytes():
         raise MediaTooLarge(
             f"image of {len(data)} bytes is over the limit of {max_bytes()} bytes", field=field
         )
-    sha = hashlib.sha256(data).hexdigest()
-    declared = normalize_media_type(declared_type, field=field)
-    existing = Media.objects.filter(sha256=sha).first()
-    if existing is not None:
-        # Known bytes were checked when first stored; only the declared type can disagree.
-        if declared is not None and declared != existing.media_type:
-            raise InvalidInput(f"image is {existing.media_type}, not the declared {declared}", field=field)
-        return existing
-    media_type, width, height = _check_image(data, declared, field=field)
-    name = _storage_name(sha)
-    if not default_storage.exists(name):
-        # Before the row: a crash from here on leaves an orphan file, never a row without one.
-        name = default_storage.save(name, ContentFile(data))
-    try:
-        with transaction.atomic():
-            return Media.objects.create(
-                sha256=sha, media_type=media_type, byte_size=len(data), width=width, height=height, file=name
-            )
-    except IntegrityError:
-        # A concurrent writer stored the same bytes first: theirs is the row.
-        return Media.objects.get(sha256=sha)
 
 
 def media_store_many(
@@ -118,10 +104,7 @@ def media_store_many(
                 raise InvalidInput(f"image is {known.media_type}, not the declared {declared}", field=field)
             continue
         data = payload() if callable(payload) else payload
-        if len(data) > max_bytes():
-            raise MediaTooLarge(
-                f"image of {len(data)} bytes is over the limit of {max_bytes()} bytes", field=field
-            )
+        _check_size(data, field)
         media_type, width, height = _check_image(data, declared, field=field)
         new.append((sha, data, media_type, width, height))
     if new:
@@ -149,10 +132,7 @@ def media_store_many(
 def media_check(*, data: bytes, declared_type: str | None, field: str = "image") -> tuple[str, int, int]:
     """The checks of ``media_store`` without storing (a door's, before its call goes
     upstream): (media type, width, height), or the same errors. No query."""
-    if len(data) > max_bytes():
-        raise MediaTooLarge(
-            f"image of {len(data)} bytes is over the limit of {max_bytes()} bytes", field=field
-        )
+    _check_size(data, field)
     return _check_image(data, normalize_media_type(declared_type, field=field), field=field)
 
 
