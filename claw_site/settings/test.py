@@ -5,8 +5,25 @@ django_capture_on_commit_callbacks and run tasks explicitly, so on-commit handli
 argument serialisation are exercised for real.
 """
 
-from .base import *  # noqa: F403
-from .base import REDIS_URL, env_float
+import os
+from pathlib import Path
+from urllib.parse import urlparse, urlunparse
+
+# Parallel runs (pytest-xdist, `make test`): each worker process gets its own var dir (media,
+# snapshot files) and its own Redis database (broker, channel layer, rate limits), set in the
+# environment before the base settings read it, so the live servers and Celery workers a test
+# starts inherit them too. Databases are per worker already: pytest-django suffixes the test
+# database with the worker id, and tests/live.py gives each live server its own.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ...; unset without xdist
+if _WORKER:
+    _n = int(_WORKER.removeprefix("gw"))
+    os.environ["CLAW_VAR_DIR"] = str(Path(__file__).resolve().parents[2] / "var" / f"test-{_WORKER}")
+    if os.environ.get("REDIS_URL"):
+        _redis = urlparse(os.environ["REDIS_URL"])
+        os.environ["REDIS_URL"] = urlunparse(_redis._replace(path=f"/{1 + _n % 15}"))
+
+from .base import *  # noqa: E402, F403
+from .base import REDIS_URL, env_float  # noqa: E402
 
 DEBUG = False
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # speed; never in production
