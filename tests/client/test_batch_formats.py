@@ -106,3 +106,18 @@ def test_a_tree_whose_walk_does_not_reach_a_root_is_refused():
     served["prompt_lens"] = [2]
     with pytest.raises(ValueError, match="well-formed tree"):
         batch_steps(served, "tree")
+
+
+@pytest.mark.parametrize("fmt", ["padded", "tree"])
+def test_collate_steps_of_a_padded_or_tree_batch_is_that_of_its_steps_batch(fmt):
+    pytest.importorskip("torch")
+    from claw_client import collate_steps
+
+    def pulled(f: str) -> Batch:
+        manifest = {"format": f, "step_uids": [r["uid"] for r in ROWS]}
+        return Batch(dumps({"lease_id": "L", "manifest": manifest, "batch": RENDERERS[f](ROWS)}))
+
+    want, got = collate_steps(pulled("steps")), collate_steps(pulled(fmt))
+    for name in ("input_ids", "attention_mask", "position_ids", "response_mask", "rollout_logprobs"):
+        assert got[name].tolist() == want[name].tolist(), name
+    assert got["rewards"].tolist() == want["rewards"].tolist() and got["step_uids"] == want["step_uids"]
