@@ -33,8 +33,9 @@ from .prefix_tree import TOKEN_DTYPE, PrefixTree, PrefixTreeStats, build_prefix_
 from .wire import MSGPACK, encode_step_batch
 
 if TYPE_CHECKING:
-    from .client import Batch, ClawClient, ClawError, steps_to_numpy
+    from .client import Batch, ClawClient, ClawError
     from .collate import collate_steps
+    from .formats import batch_steps, steps_to_numpy
     from .media import MediaCache
 
 # Imported on first use: the client needs httpx, collate needs torch.
@@ -42,7 +43,8 @@ _LAZY = {
     "Batch": "client",
     "ClawClient": "client",
     "ClawError": "client",
-    "steps_to_numpy": "client",
+    "steps_to_numpy": "formats",
+    "batch_steps": "formats",
     "collate_steps": "collate",
     "MediaCache": "media",
 }
@@ -56,6 +58,7 @@ __all__ = [
     "TOKEN_DTYPE",
     "PrefixTree",
     "PrefixTreeStats",
+    "batch_steps",
     "build_prefix_tree",
     "collate_steps",
     "encode_step_batch",

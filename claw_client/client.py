@@ -23,14 +23,11 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
-import numpy as np
 
+from .formats import batch_steps
 from .media import MediaCache, check_sha256, image_refs, to_pil
-from .prefix_tree import TOKEN_DTYPE
 from .wire import MSGPACK, encode_step_batch
 
-# The server stores rollout logprobs as little-endian float64 (pool.tokens.LOGPROB_DTYPE).
-LOGPROB_DTYPE = np.dtype("<f8")
 # The server caps a long-poll at 30 s; an endless iterator waits that long per pull.
 FOREVER_WAIT_SECONDS = 30.0
 
@@ -53,6 +50,14 @@ class Batch:
     """One pull's answer: ``lease_id``, ``manifest``, the ``batch`` as parsed JSON and the
     ``raw`` bytes served. Empty (falsy, all None) when nothing was ready.
 
+    It reads every format the server serves (``format``: ``steps``, ``padded`` or ``tree``):
+    ``len(batch)`` is its number of steps, ``batch.steps`` one dict per step in batch order
+    with token ids and logprobs as numpy arrays (claw_client/formats.py: padded rows are cut
+    back to their real tokens by their masks, tree steps read back from the packed layout),
+    and iterating over it gives those steps. A format this client does not know (a newer
+    server's) still loads, with ``len`` and ``repr``: its ``steps`` raises TypeError naming
+    it, and ``batch`` holds its JSON.
+
     As a context manager it acks the lease when its block ends normally and nacks it when the
     block raises (the exception propagates); an empty batch does neither.
     """
@@ -70,6 +75,11 @@ class Batch:
         return self.lease_id is not None
 
     @property
+    def format(self) -> str | None:
+        """The format it was served in (``steps``, ``padded``, ``tree``); None when empty."""
+        return self.manifest.get("format") if self.manifest else None
+
+    @property
     def use_indexes(self) -> dict[str, int]:
         """Each step uid's use index: which use of its unit by this consumer this delivery
         is, from 0. A dataset with a reuse budget (``serving.reuse.max_uses`` K > 1) may
@@ -81,18 +91,27 @@ class Batch:
         return dict(zip(uids, self.manifest.get("use_indexes") or [0] * len(uids), strict=True))
 
     def __len__(self) -> int:
-        return len(self.batch["steps"]) if self.batch else 0
+        """The number of steps, whatever the format (the manifest's ``step_uids``)."""
+        return len(self.manifest["step_uids"]) if self.manifest else 0
 
     def __repr__(self) -> str:
-        return f"Batch(lease_id={self.lease_id!r}, steps={len(self)})"
+        return f"Batch(lease_id={self.lease_id!r}, format={self.format!r}, steps={len(self)})"
 
     @property
     def steps(self) -> list[dict[str, Any]]:
-        """The steps with token ids and rollout logprobs as numpy arrays (``batch`` keeps the
-        JSON as served)."""
+        """The steps, in batch order, with ``prompt_ids`` and ``response_ids`` as int32 arrays
+        and ``rollout_logprobs`` as float64 arrays (None where a step has none), in every
+        format (claw_client.formats.batch_steps): a ``steps`` batch's steps carry every field
+        served; a ``padded`` or ``tree`` batch's the fields of its per-row lists (uid,
+        trajectory_uid, prompt_group_uid, step_index, policy_version, staleness, mask, reward,
+        reward_scope, reward_source, images). ``batch`` keeps the JSON as served. Raises
+        TypeError for a format this client has no step view of."""
         if self._steps is None:
-            self._steps = steps_to_numpy(self.batch["steps"] if self.batch else [])
+            self._steps = batch_steps(self.batch, self.format) if self.batch else []
         return self._steps
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.steps)
 
     def ack(self) -> dict[str, Any] | None:
         return self._lease_client().ack(self.lease_id) if self else None  # type: ignore[arg-type]
@@ -114,20 +133,6 @@ class Batch:
         if self._client is None:
             raise RuntimeError("this Batch is not bound to a ClawClient")
         return self._client
-
-
-def steps_to_numpy(steps: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Copies of ``steps`` (the steps format) with ``prompt_ids`` and ``response_ids`` as int32
-    arrays and ``rollout_logprobs`` as float64 arrays (None stays None)."""
-    out = []
-    for s in steps:
-        row = dict(s)
-        row["prompt_ids"] = np.asarray(s["prompt_ids"], dtype=TOKEN_DTYPE)
-        row["response_ids"] = np.asarray(s["response_ids"], dtype=TOKEN_DTYPE)
-        if s.get("rollout_logprobs") is not None:
-            row["rollout_logprobs"] = np.asarray(s["rollout_logprobs"], dtype=LOGPROB_DTYPE)
-        out.append(row)
-    return out
 
 
 class ClawClient:

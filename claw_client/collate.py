@@ -1,4 +1,5 @@
-"""Torch tensors of a batch in the ``steps`` format (torch imported when first used).
+"""Torch tensors of a batch's steps (torch imported when first used): a client Batch of any
+format (its ``steps``), or a ``steps`` format answer.
 
 Prompts are left-padded and responses right-padded, so every response starts at the same
 column (``input_ids = cat(prompts, responses)``), the layout of verl-style PPO trainers.

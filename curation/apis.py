@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from claw_kit.web.files import file_download
+from claw_kit.web.query import KnownQueryParams
 from pool.access.auth import (
     ConsumeScope,
     ReadScope,
@@ -103,7 +104,7 @@ def dataset_render(ds: Dataset, *, versions: bool = False) -> dict[str, Any]:
     return out
 
 
-class DatasetListCreateApi(APIView):
+class DatasetListCreateApi(KnownQueryParams, APIView):
     def get_permissions(self):
         return [CurateScope()] if self.request.method == "POST" else [ReadScope()]
 
@@ -131,7 +132,7 @@ class DatasetListCreateApi(APIView):
         return Response(dataset_render(ds, versions=True), status=status.HTTP_201_CREATED)
 
 
-class DatasetDetailApi(APIView):
+class DatasetDetailApi(KnownQueryParams, APIView):
     def get_permissions(self):
         return [CurateScope()] if self.request.method in ("PUT", "PATCH") else [ReadScope()]
 
@@ -181,7 +182,7 @@ class DatasetDetailApi(APIView):
         return Response(dataset_render(ds, versions=True))
 
 
-class DatasetPreviewApi(APIView):
+class DatasetPreviewApi(KnownQueryParams, APIView):
     permission_classes = [ReadScope]
 
     @extend_schema(
@@ -332,7 +333,7 @@ class LeaseReleaseApi(APIView):
         return Response(lease_render(consume.lease_release(lease_id=lease_id, actor=_actor(request))))
 
 
-class LeaseBatchApi(APIView):
+class LeaseBatchApi(KnownQueryParams, APIView):
     permission_classes = [ConsumeScope]
 
     @extend_schema(
@@ -346,7 +347,7 @@ class LeaseBatchApi(APIView):
         return HttpResponse(body, content_type="application/json")
 
 
-class ConsumerDetailApi(APIView):
+class ConsumerDetailApi(KnownQueryParams, APIView):
     permission_classes = [ConsumeScope]
 
     @extend_schema(
@@ -404,7 +405,7 @@ class SnapshotCreateApi(APIView):
         return Response(snapshot_render(snap), status=status.HTTP_202_ACCEPTED)
 
 
-class SnapshotDetailApi(APIView):
+class SnapshotDetailApi(KnownQueryParams, APIView):
     permission_classes = [ReadScope]
 
     @extend_schema(
@@ -425,7 +426,7 @@ class _FileNegotiation(BaseContentNegotiation):
         return renderers[0], renderers[0].media_type
 
 
-class SnapshotDownloadApi(APIView):
+class SnapshotDownloadApi(KnownQueryParams, APIView):
     permission_classes = [ReadScope]
     content_negotiation_class = _FileNegotiation
 

@@ -17,6 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from claw_kit.web.parsers import LimitedBodyParser
+from claw_kit.web.query import KnownQueryParams
 from pool.access.auth import (
     IngestScope,
     PolicyWriteScope,
@@ -42,7 +43,14 @@ from pool.selectors.events import (
 from pool.selectors.media import media_get
 from pool.selectors.stats import pool_stats
 from pool.selectors.steps import step_get, steps_listed, steps_render
-from pool.selectors.tasks import task_render, task_stats_render, tasks_filtered, tasks_listed, tasks_page
+from pool.selectors.tasks import (
+    SORTS,
+    task_render,
+    task_stats_render,
+    tasks_filtered,
+    tasks_listed,
+    tasks_page,
+)
 from pool.selectors.trajectories import (
     group_get,
     group_render,
@@ -93,7 +101,7 @@ def _one_or_many(data, key: str):
 
 
 # --- steps ----------------------------------------------------------------------------------
-class StepListCreateApi(generics.GenericAPIView):
+class StepListCreateApi(KnownQueryParams, generics.GenericAPIView):
     filterset_class = StepFilter
     parser_classes = [StepBatchParser, StepBatchMsgpackParser]
 
@@ -130,7 +138,7 @@ class StepListCreateApi(generics.GenericAPIView):
         return self.get_paginated_response(steps_render(page))
 
 
-class StepDetailApi(APIView):
+class StepDetailApi(KnownQueryParams, APIView):
     permission_classes = [ReadScope]
 
     @extend_schema(responses=s.StepReadSerializer, summary="One step, exactly as written")
@@ -139,7 +147,7 @@ class StepDetailApi(APIView):
 
 
 # --- trajectories ---------------------------------------------------------------------------
-class TrajectoryListCreateApi(generics.GenericAPIView):
+class TrajectoryListCreateApi(KnownQueryParams, generics.GenericAPIView):
     filterset_class = TrajectoryFilter
 
     def get_queryset(self):
@@ -186,7 +194,7 @@ class TrajectoryListCreateApi(generics.GenericAPIView):
         return self.get_paginated_response([trajectory_render(t) for t in page])
 
 
-class TrajectoryDetailApi(APIView):
+class TrajectoryDetailApi(KnownQueryParams, APIView):
     permission_classes = [ReadScope]
 
     @extend_schema(responses=s.TrajectorySerializer)
@@ -241,7 +249,7 @@ class TrajectoryCompletionsApi(APIView):
 
 
 # --- groups ---------------------------------------------------------------------------------
-class GroupListCreateApi(generics.GenericAPIView):
+class GroupListCreateApi(KnownQueryParams, generics.GenericAPIView):
     filterset_class = GroupFilter
 
     def get_queryset(self):
@@ -265,7 +273,7 @@ class GroupListCreateApi(generics.GenericAPIView):
         return self.get_paginated_response([group_render(g) for g in page])
 
 
-class GroupDetailApi(APIView):
+class GroupDetailApi(KnownQueryParams, APIView):
     permission_classes = [ReadScope]
 
     @extend_schema(responses=s.GroupSerializer)
@@ -273,7 +281,7 @@ class GroupDetailApi(APIView):
         return Response(group_render(_found(group_get(uid=uid, sources=read_sources_of(request)))))
 
 
-class GroupPrefixTreeApi(APIView):
+class GroupPrefixTreeApi(KnownQueryParams, APIView):
     """The prefix-tree merge of a group: stats and radix nodes for visualisation.
 
     A current stored result is served as is. Without one, a group of up to
@@ -332,7 +340,7 @@ class RewardApi(APIView):
         return Response({"applied": len(events), "received": len(items)})
 
 
-class EventApi(generics.GenericAPIView):
+class EventApi(KnownQueryParams, generics.GenericAPIView):
     filterset_class = EventFilter
 
     def get_queryset(self):
@@ -362,7 +370,7 @@ class EventApi(generics.GenericAPIView):
         return self.get_paginated_response([event_render(e) for e in page])
 
 
-class FeedbackApi(generics.GenericAPIView):
+class FeedbackApi(KnownQueryParams, generics.GenericAPIView):
     filterset_class = FeedbackFilter
 
     def get_queryset(self):
@@ -392,7 +400,7 @@ class FeedbackApi(generics.GenericAPIView):
         return self.get_paginated_response([feedback_render(f) for f in page])
 
 
-class PolicyVersionApi(generics.GenericAPIView):
+class PolicyVersionApi(KnownQueryParams, generics.GenericAPIView):
     pagination_class = None
 
     def get_queryset(self):
@@ -438,7 +446,7 @@ class PolicyVersionApi(generics.GenericAPIView):
         return Response([policy_version_render(p) for p in policy_versions_list()])
 
 
-class StatsApi(APIView):
+class StatsApi(KnownQueryParams, APIView):
     permission_classes = [ReadScope]
 
     @extend_schema(responses=OpenApiResponse(description="Pool counts and token economics"))
@@ -508,7 +516,7 @@ def _upload_of(request) -> tuple[bytes, str | None, str]:
     return data, None if content_type == "application/octet-stream" else content_type, "body"
 
 
-class MediaDetailApi(APIView):
+class MediaDetailApi(KnownQueryParams, APIView):
     """GET /api/v1/media/<sha256>: the image's bytes, as stored, with its checked type."""
 
     permission_classes = [ReadScope]
@@ -541,7 +549,7 @@ class MediaDetailApi(APIView):
 
 
 # --- tasks and the task sampler -------------------------------------------------------------------
-class TaskListCreateApi(APIView):
+class TaskListCreateApi(KnownQueryParams, APIView):
     """``GET``: tasks with their statistics (filters of pool.selectors.tasks.TaskFilter, ``sort``
     one of its SORTS, ``-`` for descending, keyset ``cursor``). ``POST``: register tasks in
     bulk, idempotent by uid (same content: unchanged; other content: updated)."""
@@ -599,6 +607,7 @@ class TaskListCreateApi(APIView):
             OpenApiParameter(
                 "sort",
                 str,
+                enum=[*SORTS, *(f"-{name}" for name in SORTS)],
                 description="uid, pass_rate, recent_pass_rate, score, seen, last_policy_version, created; '-' descending",
             ),
             OpenApiParameter("cursor", str),
@@ -675,7 +684,7 @@ class TaskSamplerApi(APIView):
         )
 
 
-class TaskSampleRecordApi(generics.GenericAPIView):
+class TaskSampleRecordApi(KnownQueryParams, generics.GenericAPIView):
     """The sampler's answers, oldest first (keyset pages): a restricted reader sees its sources' only."""
 
     permission_classes = [ReadScope]
@@ -688,7 +697,9 @@ class TaskSampleRecordApi(generics.GenericAPIView):
         return qs
 
     @extend_schema(
-        responses=OpenApiResponse(description="cursor pages of records"), summary="Sampler records"
+        parameters=[OpenApiParameter("cursor", str), OpenApiParameter("page_size", int)],
+        responses=OpenApiResponse(description="cursor pages of records"),
+        summary="Sampler records",
     )
     def get(self, request):
         page = self.paginate_queryset(self.get_queryset())

@@ -47,6 +47,8 @@ import torch
 from tensordict import TensorDict
 from verl.protocol import DataProto
 
+from claw_client.formats import padded_steps
+
 __all__ = ["batch_rows", "to_dataproto"]
 
 # What a step row needs; the rest is optional (metadata, reward_scope, ...).
@@ -162,7 +164,7 @@ def batch_rows(batch: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         if "steps" in batch:
             rows = list(batch["steps"])
         elif "prompts" in batch and "responses" in batch:
-            rows = _padded_rows(batch)
+            rows = padded_steps(batch)
         elif "subtree_end" in batch:
             raise ValueError("the tree format is not a verl batch: pull format='steps' or 'padded'")
         else:
@@ -174,37 +176,6 @@ def batch_rows(batch: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         if missing:
             raise ValueError(f"step {i} lacks {', '.join(missing)}")
     return rows, info
-
-
-def _padded_rows(b: Mapping[str, Any]) -> list[dict[str, Any]]:
-    prompts = np.asarray(b["prompts"])
-    responses = np.asarray(b["responses"])
-    attention = np.asarray(b["attention_mask"])
-    logprobs = np.asarray(b["rollout_logprobs"])
-    p = prompts.shape[1] if prompts.ndim == 2 else 0
-    rows = []
-    for i in range(len(b["uid"])):
-        lp = int(attention[i, :p].sum())
-        lr = int(attention[i, p:].sum())
-        rows.append(
-            {
-                "uid": b["uid"][i],
-                "trajectory_uid": b["trajectory_uid"][i],
-                "prompt_group_uid": b["prompt_group_uid"][i],
-                "step_index": b["step_index"][i],
-                "policy_version": b["policy_version"][i],
-                "staleness": b["staleness"][i],
-                "mask": b["mask"][i],
-                "reward": b["reward"][i],
-                "reward_scope": b["reward_scope"][i],
-                "reward_source": b["reward_source"][i],
-                "prompt_ids": prompts[i, p - lp :] if p else prompts[i, :0],
-                "response_ids": responses[i, :lr],
-                "rollout_logprobs": logprobs[i, :lr] if b["has_rollout_logprobs"][i] else None,
-                "images": b["images"][i] if "images" in b else [],
-            }
-        )
-    return rows
 
 
 def _multi_modal_data(rows: list[dict[str, Any]], media: Any) -> np.ndarray | None:

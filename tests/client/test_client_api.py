@@ -223,3 +223,90 @@ def test_a_trainer_that_crashes_mid_batch_gets_its_batch_redelivered(server):
         with pytest.raises(ClawError) as err:
             trainer.ack(lease_id)
         assert err.value.status == 409
+
+
+# --- every format through the client ------------------------------------------------------------
+# Posted once for the table below: a prompt group of two rollouts (a two-step one, and one
+# without logprobs whose prompt and response hold token id 0, the pad id) and a trajectory of
+# its own. Each step gets its own reward, so every format serves exactly what was posted.
+FORMAT_STEPS = [
+    {"trajectory_uid": "fmt-a", "step_index": 0, "prompt_ids": [1, 2, 3], "response_ids": [4, 5]},
+    {"trajectory_uid": "fmt-a", "step_index": 1, "prompt_ids": [1, 2, 3, 4, 5, 6], "response_ids": [7]},
+    {"trajectory_uid": "fmt-b", "step_index": 0, "prompt_ids": [1, 2, 0], "response_ids": [0, 9, 8]},
+    {"trajectory_uid": "fmt-c", "step_index": 0, "prompt_ids": [11], "response_ids": [12, 13]},
+]
+FORMAT_LOGPROBS = {"fmt-a:0": [-0.5, -0.25], "fmt-a:1": [-0.125], "fmt-b:0": None, "fmt-c:0": [-1.5, -2.0]}
+FORMAT_REWARDS = {"fmt-a:0": 0.25, "fmt-a:1": 1.0, "fmt-b:0": 0.0, "fmt-c:0": 0.75}
+FORMAT_GROUPS = {"fmt-a": "fmt-g", "fmt-b": "fmt-g", "fmt-c": None}
+
+
+@pytest.fixture(scope="module")
+def formats_dataset(server) -> str:
+    """A dataset that admits the steps above only (their channel, posted after now)."""
+    from datetime import UTC, datetime
+
+    srv, keys = server
+    since = datetime.now(UTC).isoformat()
+    with ClawClient(srv.url, keys["agent"]) as agent, ClawClient(srv.url, keys["admin"]) as admin:
+        agent.open_group("fmt-g", expected_rollouts=2)
+        for traj, group in FORMAT_GROUPS.items():
+            agent.open_trajectory(traj, prompt_group_uid=group, channel="val")
+        steps = []
+        for s in FORMAT_STEPS:
+            uid = f"{s['trajectory_uid']}:{s['step_index']}"
+            steps.append({**s, "uid": uid, "rollout_logprobs": FORMAT_LOGPROBS[uid]})
+        assert agent.submit_steps(steps)["created"] == len(steps)
+        assert (
+            agent.rewards([{"step_uid": u, "reward": r} for u, r in FORMAT_REWARDS.items()])["applied"] == 4
+        )
+        assert agent.complete_trajectories([{"uid": t} for t in FORMAT_GROUPS]) == 3
+        admin.create_dataset("fmt-all", filters={"channel": "val", "created_after": since})
+    return "fmt-all"
+
+
+@pytest.mark.parametrize("fmt", ["steps", "padded", "tree"])
+def test_every_format_pulls_under_a_lease_with_its_steps_len_and_repr(server, formats_dataset, fmt):
+    """README: "A Batch reads every format (batch.format): len(batch) is its number of steps
+    and its repr names the format; batch.steps, and iterating over the batch, give one dict
+    per step, in batch order, in every format (claw_client.formats): a padded row is cut back
+    to its real tokens by its attention_mask (never by the pad id, which a real token may
+    equal), and a tree step is read back from the packed layout (from its last_index along
+    parent to a root, split by prompt_lens; its logprobs are its response_offsets slice)."
+    README: "A padded or tree step has the fields of the per-row lists, with prompt_ids,
+    response_ids and rollout_logprobs (None for a step stored without); a step's other fields
+    (metadata, token_source, ...) come in the steps format only."
+
+    Each format inside `with claw.pull(...)`, whose block then acks the lease."""
+    srv, keys = server
+    consumer = f"fmt-{fmt}"
+    with ClawClient(srv.url, keys["trainer"]) as trainer:
+        # when a trainer pulls everything in fmt and reads it inside the with block
+        with trainer.pull(formats_dataset, consumer=consumer, format=fmt) as batch:
+            assert batch.format == fmt
+            assert len(batch) == len(FORMAT_STEPS) == len(batch.steps)
+            assert repr(batch) == f"Batch(lease_id={batch.lease_id!r}, format={fmt!r}, steps=4)"
+            steps = {s["uid"]: s for s in batch}
+        # then the block acked its lease: the consumer's one lease is acked
+        status = trainer.http.get(f"/consumers/{consumer}").json()
+        (entry,) = status["datasets"]
+        assert entry["leases"] == {"leased": 0, "acked": 1, "released": 0, "expired": 0}
+    # and every step is what was posted, field by field
+    assert [s["uid"] for s in batch.steps] == batch.manifest["step_uids"]
+    assert sorted(steps) == sorted(FORMAT_LOGPROBS)
+    for posted in FORMAT_STEPS:
+        uid = f"{posted['trajectory_uid']}:{posted['step_index']}"
+        got = steps[uid]
+        assert (got["trajectory_uid"], got["step_index"]) == (posted["trajectory_uid"], posted["step_index"])
+        assert got["prompt_group_uid"] == FORMAT_GROUPS[posted["trajectory_uid"]]
+        assert got["prompt_ids"].dtype == np.int32 and got["response_ids"].dtype == np.int32
+        assert got["prompt_ids"].tolist() == posted["prompt_ids"], (fmt, uid)
+        assert got["response_ids"].tolist() == posted["response_ids"], (fmt, uid)
+        if FORMAT_LOGPROBS[uid] is None:
+            assert got["rollout_logprobs"] is None, (fmt, uid)
+        else:
+            assert got["rollout_logprobs"].dtype == np.float64
+            assert got["rollout_logprobs"].tolist() == FORMAT_LOGPROBS[uid], (fmt, uid)
+        assert (got["reward"], got["reward_scope"]) == (FORMAT_REWARDS[uid], "step"), (fmt, uid)
+        assert got["mask"] is False
+        if fmt != "steps":
+            assert "metadata" not in got and "token_source" not in got
