@@ -892,6 +892,7 @@ def test_the_dataset_builder_has_the_serving_rules_and_the_reward_assignment(dja
     spec = Dataset.objects.get(name="fresh").current.spec
     assert spec["serving"] == {
         "stale_after": 2,
+        "stale_mode": "drop",  # the default: stale units are dropped
         "capacity": 500,
         # the serving order's defaults (specs.Serving), stored with every version
         "order": "oldest_ready",
