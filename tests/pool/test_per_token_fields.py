@@ -90,6 +90,12 @@ BAD = [
 @pytest.mark.parametrize("door", DOORS)
 @pytest.mark.parametrize(("extra", "field"), BAD)
 def test_a_bad_per_token_field_is_a_400_naming_it_and_nothing_is_written(agent, door, extra, field):
+    """README: "Token-level rewards and per-token policy versions: a white-box step may carry
+    token_rewards, one finite float per response token, and token_policy_versions, the policy
+    version of each response token run-length encoded as [[version, count], ...] with counts
+    summing to the response length (a partial rollout continued under a newer policy); a
+    length that does not match is a 400 naming the field (steps[0].token_rewards), and nothing
+    of the batch is written." """
     # given a batch whose second step has a bad per-token field
     resp = DOORS[door](agent, [good(trajectory_uid="ok"), good(**extra)])
     # then the answer names the field, and neither step (nor a trajectory) is stored
