@@ -330,3 +330,11 @@ def test_the_builder_sets_stale_mode():
     assert resp.status_code == 302, resp.content
     serving = Dataset.objects.get(name="weigh").current.spec["serving"]
     assert (serving["stale_after"], serving["stale_mode"]) == (2, "serve")
+    # and the rules in words say so
+    from curation.specs import serving_summary, spec_parse
+
+    lines = serving_summary(spec_parse({"serving": serving}).serving)
+    assert (
+        "Fresh: units more than 2 policy versions behind are served, marked with their versions behind"
+        in lines
+    )
