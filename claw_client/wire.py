@@ -45,7 +45,8 @@ def encode_step_batch(steps: Iterable[Mapping[str, Any]]) -> bytes:
         s = dict(step)
         for name in _TOKEN_FIELDS:
             s[name] = pack_ids(s[name])
-        if s.get("rollout_logprobs") is not None:
-            s["rollout_logprobs"] = pack_floats(s["rollout_logprobs"])
+        for name in ("rollout_logprobs", "token_rewards"):
+            if s.get(name) is not None:
+                s[name] = pack_floats(s[name])
         out.append(s)
     return msgspec.msgpack.encode({"steps": out})

@@ -14,7 +14,8 @@ dataset's ``grouping.reward_assignment``.
 * ``padded``: verl-style 2-D arrays, prompts LEFT-padded and responses RIGHT-padded with
   token id ``PAD_TOKEN_ID`` (0). A masked step (``mask`` true) keeps its tokens but its
   ``response_mask`` row is all 0. A null reward is written as 0.0 in ``token_level_rewards``
-  (``reward`` keeps the null).
+  (``reward`` keeps the null). A step's ``token_rewards`` are placed token by token, the
+  assigned reward added at its last response token.
 * ``tree``: the batch's full sequences (prompt + response) merged into the packed prefix-tree
   layout of ``claw_client.prefix_tree`` (one forward over the unique tokens), with each
   step's place in it.
@@ -32,6 +33,7 @@ from claw_client import build_prefix_tree
 PAD_TOKEN_ID = 0
 TOKEN_DTYPE = np.int32  # ids, masks, positions and packed indices
 FLOAT_DTYPE = np.float64  # logprobs and rewards: as stored, no rounding
+VERSION_DTYPE = np.int64  # versions behind, per token (policy versions are 64-bit)
 
 Row = dict[str, Any]
 # The per-row fields every non-``steps`` format carries as plain lists, in row order.
@@ -59,10 +61,14 @@ def padded(rows: Sequence[Row]) -> dict[str, Any]:
     (N, P + R) 1 on real tokens; ``response_mask`` (N, R) 1 on real response tokens of
     unmasked steps; ``position_ids`` (N, P + R) = cumsum(attention_mask) - 1 clipped at 0;
     ``rollout_logprobs`` (N, R) float64, 0.0 on padding and for steps without logprobs (see
-    ``has_rollout_logprobs``); ``token_level_rewards`` (N, R) float64, the step's reward at
-    its last response token (a null reward, or a step without response tokens, puts none).
+    ``has_rollout_logprobs``); ``token_level_rewards`` (N, R) float64: a step's
+    ``token_rewards`` token by token (0.0 where it has none), plus its reward added at its last
+    response token (a null reward, or a step without response tokens, adds none);
+    ``token_versions_behind`` (N, R) int64, how many policy versions behind the current one
+    each response token is (from ``token_policy_versions``, else the step's
+    ``versions_behind``), -1 on padding and where unknown.
     Per row lists: ``ROW_FIELDS``, ``reward`` (the effective reward, null kept),
-    ``reward_scope``, ``reward_source``, ``has_rollout_logprobs`` and ``images`` (each row's
+    ``reward_scope``, ``reward_source``, ``has_rollout_logprobs``, ``has_token_rewards`` and ``images`` (each row's
     ordered image references, ``{sha256, media_type, width, height, url, ...}``).
     """
     n = len(rows)
@@ -74,14 +80,15 @@ def padded(rows: Sequence[Row]) -> dict[str, Any]:
     responses = np.full((n, w), PAD_TOKEN_ID, dtype=TOKEN_DTYPE)
     logprobs = np.zeros((n, w), dtype=FLOAT_DTYPE)
     rewards = np.zeros((n, w), dtype=FLOAT_DTYPE)
+    behind = np.full((n, w), -1, dtype=VERSION_DTYPE)
     for i, r in enumerate(rows):
         lp, lr = int(plen[i]), int(rlen[i])
         prompts[i, p - lp :] = r["prompt_ids"]
         responses[i, :lr] = r["response_ids"]
         if r["rollout_logprobs"] is not None:
             logprobs[i, :lr] = r["rollout_logprobs"]
-        if lr and r["reward"] is not None:
-            rewards[i, lr - 1] = r["reward"]
+        rewards[i, :lr] = token_level_rewards(r)
+        behind[i, :lr] = token_versions_behind(r)
     cols_p, cols_r = np.arange(p), np.arange(w)
     prompt_mask = cols_p[None, :] >= (p - plen)[:, None]
     response_real = cols_r[None, :] < rlen[:, None]
@@ -98,8 +105,32 @@ def padded(rows: Sequence[Row]) -> dict[str, Any]:
         "responses": responses,
         "rollout_logprobs": logprobs,
         "token_level_rewards": rewards,
+        "token_versions_behind": behind,
         **_row_fields(rows),
     }
+
+
+def token_level_rewards(r: Row) -> np.ndarray:
+    """A step's reward per response token: its ``token_rewards`` (0.0 where it has none),
+    plus its reward (the effective reward, as assigned) added at its last response token."""
+    n = len(r["response_ids"])
+    given = r.get("token_rewards")
+    out = np.array(given, dtype=FLOAT_DTYPE) if given is not None else np.zeros(n, dtype=FLOAT_DTYPE)
+    if n and r["reward"] is not None:
+        out[n - 1] += r["reward"]
+    return out
+
+
+def token_versions_behind(r: Row) -> np.ndarray:
+    """Per response token, the policy versions behind the current one at pull time: the
+    step's ``token_versions_behind`` where it has token_policy_versions, else its
+    ``versions_behind`` on every token; -1 where unknown."""
+    n = len(r["response_ids"])
+    per_token = r.get("token_versions_behind")
+    if per_token is not None:
+        return np.asarray(per_token, dtype=VERSION_DTYPE)
+    v = r.get("versions_behind")
+    return np.full(n, -1 if v is None else v, dtype=VERSION_DTYPE)
 
 
 def tree(rows: Sequence[Row]) -> dict[str, Any]:
@@ -114,10 +145,12 @@ def tree(rows: Sequence[Row]) -> dict[str, Any]:
     gives the step's whole sequence, reversed. Response tokens, CSR in row order:
     ``response_offsets`` (N + 1,) and ``response_index`` (S,) give step i's response tokens'
     packed indices, ``response_index[response_offsets[i]:response_offsets[i + 1]]``, and
-    ``rollout_logprobs`` (S,) float64 is aligned with them (0.0 where a step has none).
+    ``rollout_logprobs`` (S,) float64, ``token_level_rewards`` (S,) float64 and
+    ``token_versions_behind`` (S,) int64 are aligned with them, as in ``padded`` (0.0 where a
+    step has no logprobs; token rewards plus the reward at the last token; -1 where unknown).
     ``stats``: n_sequences, total_tokens, unique_tokens, ratio and savings.
     Per row lists: ``ROW_FIELDS``, ``reward`` (the effective reward, null kept),
-    ``reward_scope``, ``reward_source`` and ``has_rollout_logprobs``.
+    ``reward_scope``, ``reward_source``, ``has_rollout_logprobs`` and ``has_token_rewards``.
     """
     n = len(rows)
     t = build_prefix_tree(
@@ -132,10 +165,16 @@ def tree(rows: Sequence[Row]) -> dict[str, Any]:
     for i in range(n):
         if t.lengths[i]:
             last_index[i] = t.sequence_indices(i)[-1]
-    logprobs = np.zeros(int(t.response_offsets[-1]), dtype=FLOAT_DTYPE)
+    total = int(t.response_offsets[-1])
+    logprobs = np.zeros(total, dtype=FLOAT_DTYPE)
+    rewards = np.zeros(total, dtype=FLOAT_DTYPE)
+    behind = np.full(total, -1, dtype=VERSION_DTYPE)
     for i, r in enumerate(rows):
+        at = slice(t.response_offsets[i], t.response_offsets[i + 1])
         if r["rollout_logprobs"] is not None:
-            logprobs[t.response_offsets[i] : t.response_offsets[i + 1]] = r["rollout_logprobs"]
+            logprobs[at] = r["rollout_logprobs"]
+        rewards[at] = token_level_rewards(r)
+        behind[at] = token_versions_behind(r)
     return {
         "input_ids": t.input_ids,
         "position_ids": t.position_ids,
@@ -148,6 +187,8 @@ def tree(rows: Sequence[Row]) -> dict[str, Any]:
         "response_offsets": t.response_offsets.astype(TOKEN_DTYPE),
         "response_index": t.response_index,
         "rollout_logprobs": logprobs,
+        "token_level_rewards": rewards,
+        "token_versions_behind": behind,
         "stats": t.stats.as_dict(),
         **_row_fields(rows),
     }
@@ -159,6 +200,9 @@ def _row_fields(rows: Sequence[Row]) -> dict[str, list[Any]]:
     out["reward_scope"] = [r["reward_scope"] for r in rows]
     out["reward_source"] = [r["reward_source"] for r in rows]
     out["has_rollout_logprobs"] = [r["rollout_logprobs"] is not None for r in rows]
+    out["has_token_rewards"] = [r.get("token_rewards") is not None for r in rows]
+    # Policy versions behind the current one at pull time (null: the step has none).
+    out["versions_behind"] = [r.get("versions_behind") for r in rows]
     # Each row's images in order (pool.selectors.steps.step_images): [{sha256, media_type,
     # width, height, url, ...}], [] for a row without; the bytes are GET <url>.
     out["images"] = [r.get("images") or [] for r in rows]

@@ -93,6 +93,7 @@ SPEC_FIELDS: dict[str, tuple[str, str]] = {
     "short_groups": ("grouping", "str"),
     "reward_assignment": ("grouping", "str"),
     "stale_after": ("serving", "int"),
+    "stale_mode": ("serving", "str"),
     "capacity": ("serving", "int"),
     # Serving order and reuse (specs.Serving): a section with a dot is a nested struct.
     "order": ("serving", "str"),
@@ -159,6 +160,13 @@ class DatasetForm(forms.Form):
         min_value=0,
         label="Drop units staler than",
         help_text="policy versions, when offered to a consumer (counted)",
+    )
+    stale_mode = forms.ChoiceField(
+        choices=[("drop", "drop them (counted)"), ("serve", "serve them with their versions behind")],
+        initial="drop",
+        required=False,
+        label="Stale units",
+        help_text="with a staleness bound: drop stale units, or serve them for the trainer to weigh",
     )
     capacity = forms.IntegerField(
         required=False,

@@ -102,6 +102,9 @@ class ManifestSerializer(serializers.Serializer):
     staleness = serializers.DictField(
         allow_null=True, help_text="{min, max}: current version minus the steps'"
     )
+    stale_steps = serializers.IntegerField(
+        help_text="steps served that serving.stale_after calls stale (stale_mode serve; 0 under drop)"
+    )
     content_hash = serializers.CharField(help_text="sha256 of the batch bytes")
     created_at = serializers.DateTimeField()
     expires_at = serializers.DateTimeField()
@@ -113,8 +116,9 @@ class PullResultSerializer(serializers.Serializer):
     batch = serializers.DictField(
         allow_null=True,
         help_text=(
-            '{"steps": [...]} (each step read, with mask and staleness), or the padded or tree '
-            "arrays with per-row uid, mask and staleness"
+            '{"steps": [...]} (each step read, with mask, staleness, versions_behind and '
+            "token_versions_behind), or the padded or tree arrays with per-row uid, mask, staleness "
+            "and versions_behind"
         ),
     )
 

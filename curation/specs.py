@@ -84,6 +84,10 @@ class Serving(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_def
     # versions behind the current one when it is offered is dropped ("stale"). Steps without
     # a policy version count as stale; with no current version nothing is.
     stale_after: int | None = None
+    # What stale_after does with a stale unit: "drop" it (counted), or "serve" it anyway
+    # with its versions_behind, never dropped, so slow hard rollouts reach the trainer,
+    # which weighs them (each manifest counts them: stale_steps).
+    stale_mode: Literal["drop", "serve"] = "drop"
     # Capacity (a bounded buffer): at most this many ready units wait for a consumer; when
     # more are ready, the oldest beyond it are dropped ("capacity"), so a slow trainer
     # keeps to recent data instead of an ever-growing backlog.
@@ -185,7 +189,12 @@ def serving_summary(serving: Serving) -> list[str]:
         lines.append(f"Reuse: up to {r.max_uses} uses of a unit per consumer, one at a time{fall}")
     else:
         lines.append("Reuse: none (each unit once per consumer)")
-    if serving.stale_after is not None:
+    if serving.stale_after is not None and serving.stale_mode == "serve":
+        lines.append(
+            f"Fresh: units more than {serving.stale_after} policy versions behind are served, "
+            "marked with their versions behind"
+        )
+    elif serving.stale_after is not None:
         lines.append(f"Fresh: units more than {serving.stale_after} policy versions behind are dropped")
     if serving.capacity is not None:
         lines.append(f"Capacity: at most {serving.capacity} units wait per consumer, older ones dropped")

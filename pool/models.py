@@ -256,6 +256,11 @@ class Step(models.Model):
     seq_depth = models.PositiveIntegerField(default=0)  # parent-chain length, bounded at ingest
     seq_hash = models.BinaryField(max_length=16)  # blake2b-128 of the full sequence bytes
     rollout_logprobs = models.BinaryField(null=True, blank=True)  # little-endian float64, one per response id
+    # Token-level rewards, as the logprobs: little-endian float64, one per response id.
+    token_rewards = models.BinaryField(null=True, blank=True)
+    # The policy version of each response id (a partial rollout spans versions), run-length
+    # encoded as little-endian int64 (version, count) pairs: a few pairs whatever the length.
+    token_versions = models.BinaryField(null=True, blank=True)
     content_hash = models.BinaryField(max_length=16)  # fingerprint of the submission, for idempotency
 
     # --- reward ---

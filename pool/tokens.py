@@ -32,6 +32,7 @@ from .models import Step
 
 TOKEN_DTYPE = np.dtype("<i4")
 LOGPROB_DTYPE = np.dtype("<f8")
+VERSION_DTYPE = np.dtype("<i8")  # Step.token_versions: (version, count) pairs
 TOKEN_BYTES = TOKEN_DTYPE.itemsize
 
 # Below this many shared tokens a parent link costs more (one more row on every read) than
@@ -52,6 +53,24 @@ def ids_to_bytes(ids: np.ndarray) -> bytes:
 
 def bytes_to_ids(raw: bytes | memoryview) -> np.ndarray:
     return np.frombuffer(raw, dtype=TOKEN_DTYPE)
+
+
+def runs_to_bytes(runs: list[tuple[int, int]]) -> bytes:
+    """token_policy_versions runs as stored (Step.token_versions)."""
+    return np.asarray(runs, dtype=VERSION_DTYPE).reshape(-1, 2).tobytes()
+
+
+def bytes_to_runs(raw: bytes | memoryview) -> list[list[int]]:
+    """The stored runs as the API writes them: [[version, count], ...]."""
+    return np.frombuffer(raw, dtype=VERSION_DTYPE).reshape(-1, 2).tolist()
+
+
+def runs_expand(runs: list[list[int]] | list[tuple[int, int]]) -> np.ndarray:
+    """One policy version per response id (int64) from its runs."""
+    if not runs:
+        return np.zeros(0, dtype=np.int64)
+    a = np.asarray(runs, dtype=np.int64).reshape(-1, 2)
+    return np.repeat(a[:, 0], a[:, 1])
 
 
 def seq_hash(full: bytes) -> bytes:

@@ -42,7 +42,9 @@ from .filters import FeedbackFilter, GroupReadyFilter, LabelFilter, QualityFilte
 # Longest tag (curation.services.labels.MAX_TAG_LEN; curation imports pool, not the reverse).
 MAX_TAG_LEN = 64
 # Never read by a page: token blobs and hashes (ids are rebuilt with pool.tokens).
-STEP_BLOBS = ("seq_delta", "rollout_logprobs", "seq_hash", "content_hash", "response_hash")
+STEP_BLOBS = (
+    "seq_delta", "rollout_logprobs", "token_rewards", "token_versions", "seq_hash", "content_hash", "response_hash",
+)  # fmt: skip
 # Not shown in the step list either: JSON and free text can each be megabytes.
 STEP_LIST_HEAVY = (*STEP_BLOBS, "messages", "response_text", "metadata", "note", "trajectory__metadata")
 # Ids shown at each end of a long sequence: a 100k-token step's page stays small and fast.

@@ -108,7 +108,15 @@ def trajectory_timeline(uid: str | None = None, *, trajectory_id: int | None = N
         return None
     steps = list(
         Step.objects.filter(trajectory=traj)
-        .defer("seq_delta", "rollout_logprobs", "seq_hash", "content_hash", "response_hash")
+        .defer(
+            "seq_delta",
+            "rollout_logprobs",
+            "token_rewards",
+            "token_versions",
+            "seq_hash",
+            "content_hash",
+            "response_hash",
+        )
         .order_by("step_index")
     )
     ids = [s.id for s in steps]

@@ -50,7 +50,7 @@ from django.utils import timezone
 
 from claw_kit.web import guard
 from claw_kit.web.renderers import dumps
-from pool import sql
+from pool import sql, tokens
 from pool.errors import Conflict, InvalidInput, NotFound
 from pool.ingest.effects import GroupsReady, emit
 from pool.models import AuditEvent, PolicyVersion, PromptGroup, Step, Trajectory
@@ -377,7 +377,7 @@ def _claim(c: Compiled, ds: Dataset, who: Consumer, lease: Lease, pull: PullIn) 
             rows = _ready_steps(c, ds, who, drops, want)
             if not rows:
                 break
-            stale = {i for i, v, _u in rows if drops.stale(v)}
+            stale = {i for i, v, _u in rows if drops.stale(v)} if not drops.serve else set()
             drops.add(Skip.Reason.STALE, [(Delivery.Kind.STEP, i, 1) for i in stale])
             fresh = [(Delivery.Kind.STEP, i, u) for i, _v, u in rows if i not in stale]
             won = _insert(who, ds, lease, fresh)
@@ -432,6 +432,8 @@ class _Drops:
         self.current = current
         # The oldest policy version still fresh; None: the rule is off (or no current version).
         self.oldest = current - after if after is not None and current is not None else None
+        # stale_mode "serve": stale units are served (their steps carry versions_behind).
+        self.serve = c.spec.serving.stale_mode == "serve"
         self.holds = skip_holds(current, max_staleness=c.spec.filters.max_staleness is not None)
 
     def stale(self, version: int | None) -> bool:
@@ -439,7 +441,7 @@ class _Drops:
 
     def stale_units(self, admitted: dict[int, dict[int, bool]]) -> set[int]:
         """The admitted units with a step staler than the serving rule allows."""
-        if self.oldest is None or not admitted:
+        if self.oldest is None or self.serve or not admitted:
             return set()
         unit_of = {sid: k for k, steps in admitted.items() for sid in steps}
         out: set[int] = set()
@@ -745,6 +747,8 @@ def _render(lease: Lease, ds: Dataset, who: Consumer, c: Compiled, taken: dict[i
             rows, mode=assignment, branch_ends=branch_ends({s.trajectory_id for s in steps})
         )
     versions: Counter[int | None] = Counter()
+    drops = _Drops(c, who, lease.dataset_version_id)
+    stale_steps = 0
     for s, row in zip(steps, rows, strict=True):
         row["mask"] = taken[s.id]
         row["staleness"] = (
@@ -752,7 +756,15 @@ def _render(lease: Lease, ds: Dataset, who: Consumer, c: Compiled, taken: dict[i
             if current is not None and s.policy_version_id is not None
             else None
         )
+        # The same, under the name the per-token field shares (token_versions_behind: per
+        # response token, from the step's token_policy_versions; None without them).
+        row["versions_behind"] = row["staleness"]
+        runs = row["token_policy_versions"]
+        row["token_versions_behind"] = (
+            current - tokens.runs_expand(runs) if current is not None and runs is not None else None
+        )
         versions[s.policy_version_id] += 1
+        stale_steps += drops.stale(s.policy_version_id)
     payload = dumps(RENDERERS[lease.format](rows))
     staleness = [r["staleness"] for r in rows if r["staleness"] is not None]
     manifest = {
@@ -774,6 +786,8 @@ def _render(lease: Lease, ds: Dataset, who: Consumer, c: Compiled, taken: dict[i
         "reward_assignment": assignment,
         "current_policy_version": current,
         "staleness": {"min": min(staleness), "max": max(staleness)} if staleness else None,
+        # Steps served that serving.stale_after calls stale (stale_mode "serve"; 0 under "drop").
+        "stale_steps": stale_steps,
         "content_hash": hashlib.sha256(payload).hexdigest(),
         "created_at": lease.created_at,
         "expires_at": lease.expires_at,

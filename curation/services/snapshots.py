@@ -67,6 +67,8 @@ COLUMNS = (
     "prompt_ids",
     "response_ids",
     "rollout_logprobs",
+    "token_rewards",
+    "token_versions",
     "reward",
     "reward_source",
     "reward_scope",
@@ -103,6 +105,11 @@ PARQUET_SCHEMA = pa.schema(
         ("prompt_ids", pa.list_(pa.int32())),
         ("response_ids", pa.list_(pa.int32())),
         ("rollout_logprobs", pa.list_(pa.float64())),
+        # Per response token, as sent: the step's token_rewards, and its policy versions
+        # (token_policy_versions' runs expanded, one version per response id); null for a
+        # step without them.
+        ("token_rewards", pa.list_(pa.float64())),
+        ("token_versions", pa.list_(pa.int64())),
         ("reward", pa.float64()),
         ("reward_source", pa.string()),
         ("reward_scope", pa.string()),
@@ -453,6 +460,8 @@ _STEP_FIELDS = (
     "step_index",
     "prompt_len",
     "rollout_logprobs",
+    "token_rewards",
+    "token_versions",
     "effective_reward",
     "effective_reward_source",
     "reward_scope",
@@ -477,7 +486,17 @@ class _Chunk:
     orjson writes exactly as the lists they hold) and the raw token bytes per row, from
     which the Parquet list columns are built in bulk."""
 
-    __slots__ = ("rows", "prompts", "responses", "logprobs", "ids", "branches", "media")
+    __slots__ = (
+        "rows",
+        "prompts",
+        "responses",
+        "logprobs",
+        "token_rewards",
+        "token_versions",
+        "ids",
+        "branches",
+        "media",
+    )
 
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
@@ -486,6 +505,8 @@ class _Chunk:
         self.prompts: list[bytes] = []
         self.responses: list[bytes] = []
         self.logprobs: list[bytes | None] = []
+        self.token_rewards: list[bytes | None] = []
+        self.token_versions: list[bytes | None] = []  # one little-endian int64 per response id
         # The stored bytes of each image the chunk's rows reference (sha256 -> bytes), read once.
         self.media: dict[str, bytes] = {}
 
@@ -538,6 +559,8 @@ def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: str) -
             step_index,
             prompt_len,
             lp,
+            token_rewards,
+            token_runs,
             reward,
             reward_source,
             reward_scope,
@@ -557,6 +580,16 @@ def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: str) -
             chunk.prompts.append(prompt)
             chunk.responses.append(response)
             chunk.logprobs.append(lp)
+            token_rewards = bytes(token_rewards) if token_rewards is not None else None
+            chunk.token_rewards.append(token_rewards)
+            versions = (
+                tokens.runs_expand(tokens.bytes_to_runs(bytes(token_runs)))
+                if token_runs is not None
+                else None
+            )
+            chunk.token_versions.append(
+                versions.astype(tokens.VERSION_DTYPE).tobytes() if versions is not None else None
+            )
             chunk.rows.append(
                 {
                     "uid": uid,
@@ -568,6 +601,12 @@ def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: str) -
                     "rollout_logprobs": (
                         np.frombuffer(lp, dtype=tokens.LOGPROB_DTYPE) if lp is not None else None
                     ),
+                    "token_rewards": (
+                        np.frombuffer(token_rewards, dtype=tokens.LOGPROB_DTYPE)
+                        if token_rewards is not None
+                        else None
+                    ),
+                    "token_versions": versions,
                     # The effective reward (pool/services/effective_reward.py).
                     "reward": reward,
                     "reward_source": reward_source,
@@ -617,6 +656,8 @@ def _table(chunk: _Chunk) -> pa.Table:
         "prompt_ids": _list_column(chunk.prompts, tokens.TOKEN_DTYPE, pa.int32()),
         "response_ids": _list_column(chunk.responses, tokens.TOKEN_DTYPE, pa.int32()),
         "rollout_logprobs": _list_column(chunk.logprobs, tokens.LOGPROB_DTYPE, pa.float64()),
+        "token_rewards": _list_column(chunk.token_rewards, tokens.LOGPROB_DTYPE, pa.float64()),
+        "token_versions": _list_column(chunk.token_versions, tokens.VERSION_DTYPE, pa.int64()),
     }
     arrays = []
     for field in PARQUET_SCHEMA:

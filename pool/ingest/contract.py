@@ -39,6 +39,9 @@ StepUid = Annotated[str, msgspec.Meta(min_length=1, max_length=rules.MAX_STEP_UI
 RewardSource = Literal["env", "rule", "model", "human"]
 PolicyVersion = Annotated[int, msgspec.Meta(ge=0, le=rules.INT64_MAX)]
 FinishReason = Annotated[str, msgspec.Meta(max_length=rules.MAX_FINISH_REASON_LEN)]
+# One run of token_policy_versions: [version, count] (the count's lower bound, 1, is checked
+# by step_from_wire: a list type has one bound for both).
+VersionRun = Annotated[list[PolicyVersion], msgspec.Meta(min_length=2, max_length=2)]
 
 
 def _doc(tp: Any, text: str) -> Any:
@@ -57,6 +60,22 @@ def _step_wire(name: str, token_ids: Any, logprobs: Any, doc: str) -> type[msgsp
             ("response_ids", _doc(token_ids, "Action: the exact token ids the model produced.")),
             ("uid", _doc(StepUid | None, "Idempotency key. Default: '<trajectory_uid>:<step_index>'."), None),
             ("rollout_logprobs", _doc(logprobs | None, "One logprob per response id, as sampled."), None),
+            (
+                "token_rewards",
+                _doc(
+                    logprobs | None, "Token-level rewards: one finite float per response id (dense shaping)."
+                ),
+                None,
+            ),
+            (
+                "token_policy_versions",
+                _doc(
+                    list[VersionRun] | None,
+                    "The policy version of each response id, run-length encoded: [[version, count], ...], "
+                    "counts summing to the length of response_ids (a partial rollout spans versions).",
+                ),
+                None,
+            ),
             ("reward", _doc(float | None, "A final reward, if known at submission."), None),
             ("reward_source", _doc(RewardSource | None, "Who gave the reward (default env)."), None),
             ("policy_version", _doc(PolicyVersion | None, "The policy version that generated it."), None),
@@ -139,9 +158,12 @@ READ_FIELDS: tuple[str, ...] = STEP_FIELDS + SERVER_FIELDS
 # logprobs last), plus where the ids came from. Images enter by their sha256 (or URL) and place,
 # after the logprobs, and only when a step has any (plan.content_hash), so the fingerprints of
 # steps without images are those of earlier releases.
+# token_rewards and token_policy_versions are hashed after the images, each only when a
+# step has it (plan.content_hash): the fingerprints of steps without them are unchanged.
 TOKEN_ARRAYS: tuple[str, ...] = ("prompt_ids", "response_ids")
+PER_TOKEN_FIELDS: tuple[str, ...] = ("token_rewards", "token_policy_versions")
 CONTENT_FIELDS: tuple[str, ...] = tuple(
-    f for f in STEP_FIELDS if f not in ("uid", "rollout_logprobs", "multi_modal_data")
+    f for f in STEP_FIELDS if f not in ("uid", "rollout_logprobs", "multi_modal_data", *PER_TOKEN_FIELDS)
 ) + ("token_source",)
 
 
@@ -161,6 +183,8 @@ class StepIn:
     uid: str = ""
     prompt_group_uid: str | None = None
     rollout_logprobs: np.ndarray | None = None
+    token_rewards: np.ndarray | None = None  # float64, one per response id
+    token_policy_versions: list | None = None  # [(version, count), ...], counts summing to len(response_ids)
     reward: float | None = None
     reward_source: str | None = None
     policy_version: int | None = None
@@ -216,7 +240,9 @@ def step_from_wire(w: Any, where: str) -> StepIn:
     prompt = _ids(w.prompt_ids, f"{where}.prompt_ids")
     response = _ids(w.response_ids, f"{where}.response_ids")
     rules.check_token_count(len(prompt), len(response), where)
-    logprobs = _logprobs(w.rollout_logprobs, len(response), f"{where}.rollout_logprobs")
+    logprobs = _floats(w.rollout_logprobs, len(response), f"{where}.rollout_logprobs")
+    token_rewards = _floats(w.token_rewards, len(response), f"{where}.token_rewards")
+    versions = _version_runs(w.token_policy_versions, len(response), f"{where}.token_policy_versions")
     rules.check_reward(w.reward, f"{where}.reward")
     for name in ("trajectory_uid", "uid", "prompt_group_uid", "finish_reason", "response_text"):
         rules.check_text(getattr(w, name), f"{where}.{name}")
@@ -234,6 +260,8 @@ def step_from_wire(w: Any, where: str) -> StepIn:
         prompt_ids=prompt,
         response_ids=response,
         rollout_logprobs=logprobs,
+        token_rewards=token_rewards,
+        token_policy_versions=versions,
         metadata=metadata,
         field_prefix=where,
     )
@@ -242,7 +270,16 @@ def step_from_wire(w: Any, where: str) -> StepIn:
 _PASSED_THROUGH = tuple(
     f
     for f in STEP_FIELDS
-    if f not in ("uid", "prompt_ids", "response_ids", "rollout_logprobs", "metadata", "multi_modal_data")
+    if f
+    not in (
+        "uid",
+        "prompt_ids",
+        "response_ids",
+        "rollout_logprobs",
+        "metadata",
+        "multi_modal_data",
+        *PER_TOKEN_FIELDS,
+    )
 )
 
 
@@ -259,20 +296,39 @@ def _ids(values: list[int] | bytes, where: str) -> np.ndarray:
     return np.frombuffer(array("I", values), dtype=np.int32) if values else tokens.EMPTY_IDS
 
 
-def _logprobs(values: list[float] | bytes | None, n_response: int, where: str) -> np.ndarray | None:
+def _floats(values: list[float] | bytes | None, n_response: int, where: str) -> np.ndarray | None:
+    """One finite float64 per response id (rollout_logprobs, token_rewards), or None."""
     if values is None:
         return None
+    name = where.rpartition(".")[2]
     if isinstance(values, bytes):
         if len(values) % 8:
-            raise InvalidInput("packed logprobs must be little-endian float64 (8 bytes each)", field=where)
+            raise InvalidInput(f"packed {name} must be little-endian float64 (8 bytes each)", field=where)
         arr = np.frombuffer(values, dtype=tokens.LOGPROB_DTYPE)
     else:
         arr = np.frombuffer(array("d", values), dtype=np.float64) if values else np.zeros(0)
     if len(arr) != n_response:
         raise InvalidInput(
-            f"rollout_logprobs has {len(arr)} values but response_ids has {n_response} tokens", field=where
+            f"{name} has {len(arr)} values but response_ids has {n_response} tokens", field=where
         )
     if len(arr) and not np.isfinite(arr).all():
         i = int(np.flatnonzero(~np.isfinite(arr))[0])
         raise InvalidInput("must be a finite number", field=f"{where}[{i}]")
     return arr
+
+
+def _version_runs(runs: list[list[int]] | None, n_response: int, where: str) -> list[tuple[int, int]] | None:
+    """token_policy_versions as (version, count) runs whose counts (each >= 1) sum to the
+    response length, or None. Ranges and shapes are checked by the decoder."""
+    if runs is None:
+        return None
+    for i, (_version, count) in enumerate(runs):
+        if count < 1:
+            raise InvalidInput("a run's count must be >= 1", field=f"{where}[{i}][1]")
+    total = sum(count for _version, count in runs)
+    if total != n_response:
+        raise InvalidInput(
+            f"token_policy_versions counts sum to {total} but response_ids has {n_response} tokens",
+            field=where,
+        )
+    return [(int(v), int(c)) for v, c in runs]

@@ -55,6 +55,13 @@ def content_hash(s: StepIn, seq_hash: bytes) -> bytes:
     if s.images:  # by content and place (pool/ingest/media.py); absent: the old fingerprint
         h.update(b"img")
         h.update(orjson.dumps([im.key() for im in s.images]))
+    # Per-token fields, each only when given (absent: the old fingerprint).
+    if s.token_rewards is not None:
+        h.update(b"tr")
+        h.update(np.ascontiguousarray(s.token_rewards, dtype=tokens.LOGPROB_DTYPE).tobytes())
+    if s.token_policy_versions is not None:
+        h.update(b"tv")
+        h.update(tokens.runs_to_bytes(s.token_policy_versions))
     return h.digest()
 
 
@@ -157,6 +164,14 @@ def step_row(
                 np.ascontiguousarray(s.rollout_logprobs, dtype=tokens.LOGPROB_DTYPE).tobytes()
                 if s.rollout_logprobs is not None
                 else None
+            ),
+            token_rewards=(
+                np.ascontiguousarray(s.token_rewards, dtype=tokens.LOGPROB_DTYPE).tobytes()
+                if s.token_rewards is not None
+                else None
+            ),
+            token_versions=(
+                tokens.runs_to_bytes(s.token_policy_versions) if s.token_policy_versions is not None else None
             ),
             content_hash=packed.content_hash,
             reward=s.reward,

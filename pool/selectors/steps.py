@@ -49,6 +49,14 @@ def steps_render(steps: Sequence[Step]) -> list[dict[str, Any]]:
                     if s.rollout_logprobs is not None
                     else None
                 ),
+                "token_rewards": (
+                    np.frombuffer(bytes(s.token_rewards), dtype=tokens.LOGPROB_DTYPE)
+                    if s.token_rewards is not None
+                    else None
+                ),
+                "token_policy_versions": (
+                    tokens.bytes_to_runs(bytes(s.token_versions)) if s.token_versions is not None else None
+                ),
                 # The effective reward (pool/services/effective_reward.py): its own, else
                 # its branch's, else its trajectory's; reward_scope says which.
                 "reward": s.effective_reward,

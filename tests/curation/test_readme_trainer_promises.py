@@ -317,14 +317,18 @@ def mixed(admin) -> list[str]:
 
 
 def test_the_steps_format_is_each_step_as_a_step_read_returns_it(trainer, reader, mixed):
-    """README: "steps gives each step as a step read returns it, with mask and staleness
-    added." """
+    """README: "steps gives each step as a step read returns it, with mask, staleness,
+    versions_behind and token_versions_behind added." """
     rows = pull(trainer, "mixed", "s").json()["batch"]["steps"]
     assert [r["uid"] for r in rows] == mixed
+    added = ("mask", "staleness", "versions_behind", "token_versions_behind")
     for row in rows:
         read = reader.get(f"/api/v1/steps/{row['uid']}").json()
-        assert {k: v for k, v in row.items() if k not in ("mask", "staleness")} == read
-        assert set(row) == set(read) | {"mask", "staleness"}
+        assert {k: v for k, v in row.items() if k not in added} == read
+        assert set(row) == set(read) | set(added)
+        # versions_behind is staleness under the per-token field's name; these steps have
+        # no token_policy_versions
+        assert row["versions_behind"] == row["staleness"] and row["token_versions_behind"] is None
     # mask: the rollout under reward_min is served masked; staleness: current 3 - version 1
     assert [(r["mask"], r["staleness"]) for r in rows] == [(True, 2)] * 2 + [(False, 2)] * 2 + [
         (False, None)
@@ -590,6 +594,8 @@ SNAPSHOT_COLUMNS = (
     "prompt_ids",
     "response_ids",
     "rollout_logprobs",
+    "token_rewards",
+    "token_versions",
     "reward",
     "reward_source",
     "reward_scope",
@@ -606,13 +612,13 @@ SNAPSHOT_COLUMNS = (
     "images",
 )
 # The columns that are a step read's fields of the same name.
-AS_READ = tuple(c for c in SNAPSHOT_COLUMNS if c not in ("tags", "feedback", "mask"))
+AS_READ = tuple(c for c in SNAPSHOT_COLUMNS if c not in ("tags", "feedback", "mask", "token_versions"))
 
 
 def test_both_snapshot_files_hold_one_step_per_row_with_the_readme_columns(trainer, reader, mixed):
     """README: "Both files hold one step per line or row, with the same columns: uid,
     trajectory_uid, prompt_group_uid, step_index, prompt_ids, response_ids, rollout_logprobs,
-    reward, reward_source, reward_scope, policy_version, token_source, drift, quality_flags,
+    token_rewards, token_versions, reward, reward_source, reward_scope, policy_version, token_source, drift, quality_flags,
     readiness, label, tags, feedback, mask and metadata (in Parquet the token columns are
     list<int32> and metadata is a JSON string)." """
     # given: labels, tags and feedback on a step, feedback on its trajectory
@@ -892,6 +898,7 @@ def test_the_dataset_builder_has_the_serving_rules_and_the_reward_assignment(dja
     spec = Dataset.objects.get(name="fresh").current.spec
     assert spec["serving"] == {
         "stale_after": 2,
+        "stale_mode": "drop",  # the default: stale units are dropped
         "capacity": 500,
         # the serving order's defaults (specs.Serving), stored with every version
         "order": "oldest_ready",

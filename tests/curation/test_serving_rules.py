@@ -133,6 +133,54 @@ def test_serving_rules_apply_to_step_units(trainer):
     assert status(trainer)["dropped_steps"]["stale"] == 4
 
 
+@pytest.mark.parametrize("unit", ["groups", "steps"])
+def test_stale_mode_serve_serves_stale_units_with_their_versions_behind(trainer, unit):
+    """README: "Staleness that weighs instead of starving ("serving": {"stale_after": 2,
+    "stale_mode": "serve"}, also a field of the dataset builder): stale_mode is drop by default
+    (above); with serve a stale unit is never dropped but served with its steps'
+    versions_behind, so slow, hard rollouts still reach the trainer, which weighs them (for
+    example by importance weights)."
+    README: "Every delivered step carries versions_behind, the current policy version minus
+    the step's at pull time (null for a step without a version), and each manifest counts the
+    steps served that stale_after calls stale (stale_steps; 0 under drop)." """
+    # given groups of policy versions 1 and 3 (and one without a version), 3 current, and a
+    # dataset that serves stale units rather than dropping them
+    grouping = {"keep_groups_whole": unit == "groups"}
+    dataset_create(
+        name="all", spec={"grouping": grouping, "serving": {"stale_after": 1, "stale_mode": "serve"}}
+    )
+    policy_version_set(version=1)
+    old = ready_group("v1", version=1)
+    policy_version_set(version=3)
+    fresh = ready_group("v3", version=3)
+    unversioned = ready_group("none")
+    # when the trainer pulls everything
+    body = pull(trainer, unit=unit, batch_size=100).json()
+    # then every unit is served, none dropped, each step with its versions behind
+    behind = {s["uid"]: s["versions_behind"] for s in body["batch"]["steps"]}
+    assert behind == {**dict.fromkeys(old, 2), **dict.fromkeys(fresh, 0), **dict.fromkeys(unversioned, None)}
+    assert all(s["staleness"] == s["versions_behind"] for s in body["batch"]["steps"])
+    m = body["manifest"]
+    assert m["dropped"] == {"filtered": 0, "stale": 0, "capacity": 0}
+    # and the manifest counts the stale steps served: v1's and the unversioned group's
+    assert m["stale_steps"] == len(old) + len(unversioned) == 8
+    assert status(trainer)["dropped"]["stale"] == 0
+
+
+def test_stale_mode_drop_is_the_default_and_still_drops(trainer):
+    dataset_create(name="all", spec={"serving": {"stale_after": 1, "stale_mode": "drop"}})
+    dataset_create(name="default", spec={"serving": {"stale_after": 1}})
+    policy_version_set(version=1)
+    ready_group("v1", version=1)
+    policy_version_set(version=3)
+    fresh = ready_group("v3", version=3)
+    for dataset in ("all", "default"):
+        body = pull(trainer, consumer=f"c-{dataset}", dataset=dataset, batch_size=100).json()
+        assert sorted(s["uid"] for s in body["batch"]["steps"]) == sorted(fresh)
+        assert [s["versions_behind"] for s in body["batch"]["steps"]] == [0] * len(fresh)
+        assert body["manifest"]["dropped"]["stale"] == 1 and body["manifest"]["stale_steps"] == 0
+
+
 def test_capacity_on_step_units(trainer):
     dataset_create(name="all", spec={"grouping": {"keep_groups_whole": False}, "serving": {"capacity": 3}})
     ready_group("g0")
@@ -165,6 +213,7 @@ def test_filtered_units_are_counted_too(trainer):
         ({"stale_after": -1}, "serving.stale_after"),
         ({"stale_after": "old"}, "serving.stale_after"),
         ({"keep": 3}, "serving.keep"),
+        ({"stale_after": 1, "stale_mode": "weigh"}, "serving.stale_mode"),
     ],
 )
 def test_bad_serving_rules_are_400s_naming_the_field(curator, serving, field):
@@ -268,3 +317,24 @@ def test_stale_drops_hold_while_the_version_moves_forward(trainer, curator):
     set_current(curator, 3)
     assert pull(trainer).json()["lease_id"] is None
     assert Skip.objects.get().policy_version == 2  # dropped once, under 2; never re-read
+
+
+def test_the_builder_sets_stale_mode():
+    from curation.models import Dataset
+    from tests.curation.test_pages import BUILDER, signed_in
+
+    client = signed_in("operator")
+    page = client.get("/curation/")
+    assert b'data-spec="serving.stale_mode"' in page.content
+    resp = client.post("/curation/", {**BUILDER, "name": "weigh", "stale_after": "2", "stale_mode": "serve"})
+    assert resp.status_code == 302, resp.content
+    serving = Dataset.objects.get(name="weigh").current.spec["serving"]
+    assert (serving["stale_after"], serving["stale_mode"]) == (2, "serve")
+    # and the rules in words say so
+    from curation.specs import serving_summary, spec_parse
+
+    lines = serving_summary(spec_parse({"serving": serving}).serving)
+    assert (
+        "Fresh: units more than 2 policy versions behind are served, marked with their versions behind"
+        in lines
+    )

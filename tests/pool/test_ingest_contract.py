@@ -56,7 +56,7 @@ def test_stepin_holds_every_wire_field_with_its_type():
     for name in STEP_FIELDS:
         wire_type, wire_optional = _base(wire[name])
         held_type, held_optional = _base(held[name])
-        if name in ("prompt_ids", "response_ids", "rollout_logprobs"):
+        if name in ("prompt_ids", "response_ids", "rollout_logprobs", "token_rewards"):
             assert held_type is np.ndarray, name
         elif name in ("uid", "metadata"):  # defaulted by the contract (uid from the index, {})
             assert held_type is _HELD_AS[wire_type], name
