@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from _pytest.nodeid import coerce_node_id
 from rest_framework.test import APIClient
 
 from pool.models import Scope
@@ -99,3 +100,15 @@ def live(tmp_path):
 
     with live_server(tmp_path) as server:
         yield server
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """Give each schemathesis operation its own node id. Under pytest 9's structured node ids
+    every item schemathesis 4 makes has the test function's id alone (its name carries the
+    operation, its id drops it), and pytest-xdist's file scheduling keys items by node id:
+    `make test` ran one operation of 43. The operation's label ("GET /api/v1/steps") makes the
+    id unique, and says which operation failed."""
+    for item in items:
+        label = getattr(item, "operation_label", None)
+        if label and not item.nodeid.endswith(f"[{label}]"):
+            item._id = coerce_node_id(f"{item.nodeid}[{label}]")
