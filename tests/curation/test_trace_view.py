@@ -233,6 +233,12 @@ EXPLAIN_ROWS = [
         ["reward 0.5 is not final", "final: true"],
     ),
     (
+        "process reward awaiting its branch's outcome",
+        _facts(readiness=NOT["REWARD_FINAL"], reward=0.5, awaits_outcome=True),
+        ["reward"],
+        ["process reward 0.5: waiting for its branch's outcome", "final step"],
+    ),
+    (
         "undeclared group",
         _facts(readiness=NOT["GROUP_COMPLETE"], group_uid="g", group_status="open"),
         ["group"],
