@@ -12,7 +12,8 @@ logprobs as float64 arrays (None for a step stored without them). numpy only.
 
 A ``padded`` or ``tree`` step has the fields those formats carry per row: ``uid``,
 ``trajectory_uid``, ``prompt_group_uid``, ``step_index``, ``policy_version``, ``staleness``,
-``mask``, ``reward``, ``reward_scope``, ``reward_source`` and ``images``, with ``prompt_ids``,
+``mask``, ``reward``, ``reward_scope``, ``reward_source``, ``outcome_reward``,
+``process_reward``, ``versions_behind`` and ``images``, with ``prompt_ids``,
 ``response_ids`` and ``rollout_logprobs``. The steps' other fields (``metadata``,
 ``token_source``, ...) are in the ``steps`` format only.
 """
@@ -41,6 +42,9 @@ ROW_FIELDS = (
     "reward_scope",
     "reward_source",
 )
+# Per-row lists a server of this version serves too (the two reward kinds apart, the versions
+# behind at pull time), carried where the batch has them.
+OPTIONAL_ROW_FIELDS = ("outcome_reward", "process_reward", "versions_behind")
 
 
 def batch_steps(batch: Mapping[str, Any], format: str | None = None) -> list[dict[str, Any]]:
@@ -130,7 +134,8 @@ def tree_steps(b: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def _row_fields(b: Mapping[str, Any], n: int) -> list[dict[str, Any]]:
     images = b.get("images") or [[] for _ in range(n)]
-    return [{**{f: b[f][i] for f in ROW_FIELDS}, "images": images[i]} for i in range(n)]
+    fields = ROW_FIELDS + tuple(f for f in OPTIONAL_ROW_FIELDS if f in b)
+    return [{**{f: b[f][i] for f in fields}, "images": images[i]} for i in range(n)]
 
 
 def _format_of(batch: Mapping[str, Any]) -> str:

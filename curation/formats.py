@@ -6,8 +6,9 @@ dict. Token and float arrays are numpy, which ``claw_kit.web.renderers.dumps`` (
 without a Python object per element. Per-row metadata lists are in row order in every format.
 
 Every format serves a step's *effective* reward (pool/services/effective_reward.py: its own,
-else its branch's, else its trajectory's) with ``reward_scope`` saying which, after the
-dataset's ``grouping.reward_assignment``.
+else its branch's outcome) with ``reward_scope`` saying which, after the dataset's
+``grouping.reward_assignment``, and beside it the two kinds apart: ``outcome_reward`` (its
+branch's outcome) and ``process_reward`` (its own reward when it does not end its branch).
 
 * ``steps``: the rows as read (``{"steps": rows}``), each with its ordered ``images``
   (``{sha256, media_type, width, height, url, ...}``; the bytes are ``GET <url>``).
@@ -68,7 +69,8 @@ def padded(rows: Sequence[Row]) -> dict[str, Any]:
     each response token is (from ``token_policy_versions``, else the step's
     ``versions_behind``), -1 on padding and where unknown.
     Per row lists: ``ROW_FIELDS``, ``reward`` (the effective reward, null kept),
-    ``reward_scope``, ``reward_source``, ``has_rollout_logprobs``, ``has_token_rewards`` and ``images`` (each row's
+    ``reward_scope``, ``reward_source``, ``outcome_reward``, ``process_reward``,
+    ``has_rollout_logprobs``, ``has_token_rewards`` and ``images`` (each row's
     ordered image references, ``{sha256, media_type, width, height, url, ...}``).
     """
     n = len(rows)
@@ -150,7 +152,8 @@ def tree(rows: Sequence[Row]) -> dict[str, Any]:
     step has no logprobs; token rewards plus the reward at the last token; -1 where unknown).
     ``stats``: n_sequences, total_tokens, unique_tokens, ratio and savings.
     Per row lists: ``ROW_FIELDS``, ``reward`` (the effective reward, null kept),
-    ``reward_scope``, ``reward_source``, ``has_rollout_logprobs`` and ``has_token_rewards``.
+    ``reward_scope``, ``reward_source``, ``outcome_reward``, ``process_reward``,
+    ``has_rollout_logprobs`` and ``has_token_rewards``.
     """
     n = len(rows)
     t = build_prefix_tree(
@@ -199,6 +202,9 @@ def _row_fields(rows: Sequence[Row]) -> dict[str, list[Any]]:
     out["reward"] = [r["reward"] for r in rows]
     out["reward_scope"] = [r["reward_scope"] for r in rows]
     out["reward_source"] = [r["reward_source"] for r in rows]
+    # The two kinds apart, whatever the assignment (pool/services/effective_reward.py).
+    out["outcome_reward"] = [r.get("outcome_reward") for r in rows]
+    out["process_reward"] = [r.get("process_reward") for r in rows]
     out["has_rollout_logprobs"] = [r["rollout_logprobs"] is not None for r in rows]
     out["has_token_rewards"] = [r.get("token_rewards") is not None for r in rows]
     # Policy versions behind the current one at pull time (null: the step has none).

@@ -92,6 +92,7 @@ SPEC_FIELDS: dict[str, tuple[str, str]] = {
     "min_rollouts": ("grouping", "int"),
     "short_groups": ("grouping", "str"),
     "reward_assignment": ("grouping", "str"),
+    "gamma": ("grouping", "float"),
     "stale_after": ("serving", "int"),
     "stale_mode": ("serving", "str"),
     "capacity": ("serving", "int"),
@@ -150,10 +151,18 @@ class DatasetForm(forms.Form):
         choices=[
             ("each_step", "every step carries the reward"),
             ("last_step", "only the last step (others 0)"),
+            ("discounted_return", "each step its discounted return"),
         ],
         initial="each_step",
         required=False,
         label="Outcome reward",
+    )
+    gamma = forms.FloatField(
+        required=False,
+        min_value=0,
+        max_value=1,
+        label="Discount (gamma)",
+        help_text="with discounted return: G = process reward + gamma x the next step's G (blank: 1)",
     )
     stale_after = forms.IntegerField(
         required=False,

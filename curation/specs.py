@@ -66,8 +66,13 @@ class Grouping(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_de
     # (pool/services/effective_reward.py): "each_step", every step carries its effective
     # reward (its own, else its branch's, else its trajectory's); "last_step", only the last
     # step of each branch does, the others their own reward if they have one, else 0.0 with
-    # reward_scope "none" (as Claw-R1's own pool serves them).
-    reward_assignment: Literal["each_step", "last_step"] = "each_step"
+    # reward_scope "none" (as Claw-R1's own pool serves them); "discounted_return", every
+    # step its return along its branch, G_t = r_t + gamma * G_{t+1} (r_t its process
+    # reward, the final step adding the branch's outcome), reward_scope "return".
+    reward_assignment: Literal["each_step", "last_step", "discounted_return"] = "each_step"
+    # The discount of "discounted_return", in [0, 1] (None: 1.0, the undiscounted return);
+    # refused with any other assignment.
+    gamma: float | None = None
 
 
 class Reuse(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=False):
@@ -153,6 +158,13 @@ def spec_parse(raw: Any, *, field: str = "") -> Spec:
             'serving.priority needs serving.order "priority"',
             field=_join(field, name),
         )
+    if g.gamma is not None and g.reward_assignment != "discounted_return":
+        raise InvalidInput(
+            'grouping.gamma needs grouping.reward_assignment "discounted_return"',
+            field=_join(field, "grouping.gamma"),
+        )
+    if g.gamma is not None and not 0.0 <= g.gamma <= 1.0:  # NaN fails both comparisons
+        raise InvalidInput("grouping.gamma must be within [0, 1]", field=_join(field, "grouping.gamma"))
     for name in ("created_after", "created_before"):
         # In UTC: PostgreSQL refuses offsets beyond +-15:59 that ISO 8601 parsers accept.
         value = getattr(f, name)

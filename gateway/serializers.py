@@ -99,6 +99,15 @@ class StepReadSerializer(StepWriteSerializer):  # type: ignore[valid-type,misc]
         allow_null=True,
         help_text="where the reward came from: the step's own, its branch's or its trajectory's",
     )
+    outcome_reward = serializers.FloatField(
+        allow_null=True,
+        help_text="its branch's outcome: the own final reward of the branch's final step, else the "
+        "trajectory's reward; null while there is none",
+    )
+    process_reward = serializers.FloatField(
+        allow_null=True,
+        help_text="its own reward when it is not its branch's final step (a reward of this step alone), else null",
+    )
     token_source = serializers.ChoiceField(choices=Step.TokenSource.choices)
     drift = serializers.BooleanField()
     drift_offset = serializers.IntegerField(allow_null=True)

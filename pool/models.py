@@ -228,10 +228,11 @@ class Step(models.Model):
 
     class RewardScope(models.TextChoices):
         STEP = "step", "step"  # the step's own reward
-        BRANCH = "branch", "branch"  # the last rewarded step of its branch
+        BRANCH = "branch", "branch"  # the outcome reward on its branch's final step
         TRAJECTORY = "trajectory", "trajectory"  # its trajectory's reward
         # (a dataset with reward_assignment "last_step" serves the other steps 0 with
-        # scope "none"; never stored)
+        # scope "none", one with "discounted_return" every step its return with scope
+        # "return"; neither is stored)
 
     class TokenSource(models.TextChoices):
         CLIENT = "client", "client"  # white-box agent submitted the ids
@@ -270,14 +271,22 @@ class Step(models.Model):
     reward_source = models.CharField(max_length=8, choices=RewardSource.choices, null=True, blank=True)  # noqa: DJ001
     # The effective reward: what every reader serves (datasets, formats, snapshots, the API,
     # pages), defined once in pool/services/effective_reward.py: the step's own reward, else
-    # its branch's (the own final reward of the branch's last rewarded step), else its
-    # trajectory's; NULL while there is none. Denormalised (kept by the write pipeline's
+    # its branch's outcome (the own final reward of the branch's final step, else its
+    # trajectory's reward); NULL while there is none. Denormalised (kept by the write pipeline's
     # effects, rewards and completions) so a filter or a batch reads one column, no join.
     effective_reward = models.FloatField(null=True, blank=True)
     reward_scope = models.CharField(max_length=10, choices=RewardScope.choices, null=True, blank=True)  # noqa: DJ001
     effective_reward_source = models.CharField(  # noqa: DJ001 - null = no effective reward
         max_length=8, choices=RewardSource.choices, null=True, blank=True
     )
+    # The two kinds of reward a step can be served (pool/services/effective_reward.py), kept
+    # with the effective reward by the same refresh: ``outcome_reward`` is its branch's
+    # outcome (the own final reward of the branch's final step, else the trajectory's
+    # reward; NULL while there is none), the same on every step of the branch;
+    # ``process_reward`` is the step's own reward when the step is not its branch's final
+    # one (a rule that checked one tool call), else NULL.
+    outcome_reward = models.FloatField(null=True, blank=True)
+    process_reward = models.FloatField(null=True, blank=True)
 
     policy_version = models.ForeignKey(
         PolicyVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False

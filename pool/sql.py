@@ -157,32 +157,6 @@ def trajectories_after_write(updates: Sequence[tuple[int, int, int, bool]]) -> N
 # Set-based statements (one per call, whatever the batch size): ``WITH v(...) AS (VALUES ...)
 # UPDATE ... FROM v`` runs on PostgreSQL and on SQLite >= 3.33. Rows whose value does not
 # change are not rewritten (a rewrite copies the whole row and its index entries).
-def steps_reward_set(rows: Sequence[tuple[int, float | None, str, str | None]]) -> None:
-    """(step id, reward, reward_status, reward_source) in one statement. The step's own
-    reward is its effective reward (pool/services/effective_reward.py); a final one also sets
-    its REWARD_FINAL readiness bit. The caller recomputes the effective rewards and readiness
-    of the trajectories (the other steps of a branch take a final reward too, and a reward
-    back to pending clears the bit)."""
-    if not rows:
-        return
-    table = connection.ops.quote_name(Step._meta.db_table)
-    cte, params = _rows(
-        ("id", "reward", "status", "source"), ("bigint", "double precision", "varchar", "varchar"), rows
-    )
-    sql = f"""
-        WITH {cte}
-        UPDATE {table} SET
-            reward = v.reward, reward_status = v.status, reward_source = v.source, updated_at = %s,
-            effective_reward = v.reward, effective_reward_source = v.source, reward_scope = 'step',
-            readiness = CASE WHEN v.status = 'final' THEN {table}.readiness | {int(Readiness.REWARD_FINAL)}
-                             ELSE {table}.readiness END
-        FROM v WHERE {table}.id = v.id
-    """
-    now = connection.ops.adapt_datetimefield_value(timezone.now())
-    with connection.cursor() as cur:
-        cur.execute(sql, [*params, now])
-
-
 def trajectories_end(rows: Sequence[tuple[int, str, bool, float | None, str | None]], now: Any) -> None:
     """(trajectory id, status, ends now, reward, reward source) in one statement;
     ``completed_at`` is ``now`` for those that end now."""
@@ -209,17 +183,17 @@ def trajectories_end(rows: Sequence[tuple[int, str, bool, float | None, str | No
 def steps_readiness_set(rows: Sequence[tuple[int, int]]) -> None:
     """(trajectory id, the bits the trajectory decides) in one statement: every step of
     those trajectories keeps its TOKENS_EXACT bit, takes the trajectory's bits, and
-    REWARD_FINAL when its reward is final: its own final reward, or no own reward and an
-    effective one (a branch's final reward or the trajectory's: effective_reward.py, which
-    the caller refreshed first). Steps whose readiness does not change are not written."""
+    REWARD_FINAL when its reward is final: its branch's outcome is known and its own reward,
+    if any, is final (effective_reward.py, which the caller refreshed first). Steps whose
+    readiness does not change are not written."""
     if not rows:
         return
     table = connection.ops.quote_name(Step._meta.db_table)
     cte, params = _rows(("tid", "bits"), ("bigint", "integer"), rows)
     new = (
         f"(({table}.readiness & {int(Readiness.TOKENS_EXACT)}) | v.bits"
-        f" | CASE WHEN {table}.reward_status = 'final'"
-        f" OR ({table}.reward IS NULL AND {table}.effective_reward IS NOT NULL)"
+        f" | CASE WHEN {table}.outcome_reward IS NOT NULL"
+        f" AND ({table}.reward IS NULL OR {table}.reward_status = 'final')"
         f" THEN {int(Readiness.REWARD_FINAL)} ELSE 0 END)"
     )
     sql = f"""
@@ -231,27 +205,59 @@ def steps_readiness_set(rows: Sequence[tuple[int, int]]) -> None:
         cur.execute(sql, params)
 
 
-def steps_effective_reward_set(rows: Sequence[tuple[int, float | None, str | None, str | None]]) -> None:
-    """(step id, effective reward, its source, its scope) of steps without an own reward,
-    in one statement (pool/services/effective_reward.py decides them), with their
-    REWARD_FINAL bit: set exactly when they have an effective reward."""
+def steps_rewards_set(rows: Sequence[tuple]) -> None:
+    """(step id, own reward, reward_status, reward_source, own reward changed, effective
+    reward, its source, its scope, outcome reward, process reward, reward-final) in one
+    statement (pool/services/effective_reward.py decides them; the own reward columns as
+    ``rewards_apply`` set them, else as stored), the last as the step's REWARD_FINAL bit.
+    ``updated_at`` moves for the steps whose own reward changed."""
     if not rows:
         return
     table = connection.ops.quote_name(Step._meta.db_table)
     cte, params = _rows(
-        ("id", "reward", "source", "scope"), ("bigint", "double precision", "varchar", "varchar"), rows
+        (
+            "id",
+            "own",
+            "status",
+            "own_source",
+            "changed",
+            "reward",
+            "source",
+            "scope",
+            "outcome",
+            "process",
+            "final",
+        ),
+        (
+            "bigint",
+            "double precision",
+            "varchar",
+            "varchar",
+            "boolean",
+            "double precision",
+            "varchar",
+            "varchar",
+            "double precision",
+            "double precision",
+            "boolean",
+        ),
+        rows,
     )
     rf = int(Readiness.REWARD_FINAL)
     sql = f"""
         WITH {cte}
         UPDATE {table} SET
+            reward = v.own, reward_status = v.status, reward_source = v.own_source,
+            updated_at = CASE WHEN v.changed THEN %s ELSE {table}.updated_at END,
             effective_reward = v.reward, effective_reward_source = v.source, reward_scope = v.scope,
-            readiness = CASE WHEN v.reward IS NOT NULL THEN {table}.readiness | {rf}
+            outcome_reward = v.outcome, process_reward = v.process,
+            readiness = CASE WHEN v.final THEN {table}.readiness | {rf}
                              ELSE {table}.readiness & {~rf & 0xFFFF} END
         FROM v WHERE {table}.id = v.id
     """
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
     with connection.cursor() as cur:
-        cur.execute(sql, params)
+        cur.execute(sql, [*params, now])
 
 
 def _rows(names: Sequence[str], types: Sequence[str], rows: Sequence[tuple]) -> tuple[str, list[Any]]:

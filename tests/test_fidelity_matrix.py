@@ -16,17 +16,18 @@ the last step (``POST /api/v1/rewards``); on the trajectory at completion; compu
 pool's gsm8k function (the group's dataset); by a human in a review queue that sets rewards
 (the review page); by Claw-R1's ``complete_trajectory``.
 
-Outputs, of two datasets with empty filters (reward_assignment ``each_step``, the default, and
-``last_step``): pulls in the ``steps``, ``padded`` and ``tree`` formats, the replay of each
+Outputs, of three datasets with empty filters (reward_assignment ``each_step``, the default,
+``last_step`` and ``discounted_return`` with gamma 0.5): pulls in the ``steps``, ``padded`` and ``tree`` formats, the replay of each
 lease, a snapshot as JSONL and as Parquet (pyarrow, and Hugging Face ``datasets``), and
 ``claw_client.collate_steps``.
 
 Each delivered step must carry what its source sent (white-box) or what the upstream
 produced (black-box: the upstream's request log, asked again directly for its ids and
 logprobs): token ids, rollout logprobs, group, policy version, trajectory uid, step index,
-and the effective reward with its scope and source (the step's own reward, else its branch's,
-else its trajectory's; under last_step only each branch's last step carries it, the others
-0.0 with scope "none").
+and the effective reward with its scope and source (the step's own reward, else its branch's
+outcome; under last_step only each branch's last step carries it, the others 0.0 with scope
+"none"; under discounted_return each step its return, by hand in tests/fidelity/outputs.py),
+with the two kinds apart: outcome_reward and process_reward.
 
 Everything is written once (module-scoped), then each scenario's test compares every output
 and fails with every wrong cell at once: door, reward path, outputs, row, field, expected and
@@ -65,6 +66,7 @@ from tests.fidelity.doors import (
     upstream_truth,
 )
 from tests.fidelity.outputs import (
+    GAMMA,
     Delivered,
     Key,
     compare,
@@ -112,7 +114,11 @@ SCENARIOS = [
 ACTIVE = [sc for sc in SCENARIOS if POSTGRES or (sc.door, sc.reward) in SQLITE_SLICE]
 ROLLOUTS = 2
 # The datasets every output is read from, by reward_assignment.
-ASSIGNMENTS = {"each_step": {}, "last_step": {"grouping": {"reward_assignment": "last_step"}}}
+ASSIGNMENTS = {
+    "each_step": {},
+    "last_step": {"grouping": {"reward_assignment": "last_step"}},
+    "discounted_return": {"grouping": {"reward_assignment": "discounted_return", "gamma": GAMMA}},
+}
 HUMAN_SOURCE = "fid-human"
 REVIEW_QUEUE = "fidelity"
 # Waiting for readiness (computed rewards, the worker): stop at the deadline, or once nothing

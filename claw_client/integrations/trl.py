@@ -37,12 +37,16 @@ def conversation(step: dict[str, Any]) -> list[Message]:
 
 def rollouts(batch: Any) -> list[dict[str, Any]]:
     """The batch's usable rollouts in batch order (of their final steps): each
-    ``{"group", "trajectory_uid", "branch", "reward", "messages"}``."""
+    ``{"group", "trajectory_uid", "branch", "reward", "outcome_reward", "process_rewards",
+    "messages"}``."""
     last: dict[tuple[str, int], dict[str, Any]] = {}
+    process: dict[tuple[str, int], dict[int, float]] = {}
     for s in _steps_of(batch):
         key = (s["trajectory_uid"], s.get("branch") or 0)
         if key not in last or s["step_index"] >= last[key]["step_index"]:
             last[key] = s
+        if s.get("process_reward") is not None:
+            process.setdefault(key, {})[s["step_index"]] = float(s["process_reward"])
     out = []
     for (traj, branch), s in last.items():
         if s.get("messages") is None or s.get("reward") is None or s.get("mask"):
@@ -53,19 +57,30 @@ def rollouts(batch: Any) -> list[dict[str, Any]]:
                 "trajectory_uid": traj,
                 "branch": branch,
                 "reward": float(s["reward"]),
+                # The two kinds apart: the branch's outcome, and the process rewards of
+                # its steps in the batch (step_index -> reward).
+                "outcome_reward": s.get("outcome_reward"),
+                "process_rewards": process.get((traj, branch), {}),
                 "messages": conversation(s),
             }
         )
     return out
 
 
-def to_sft_rows(batch: Any, *, min_reward: float | None = None) -> list[dict[str, Any]]:
+def to_sft_rows(
+    batch: Any, *, min_reward: float | None = None, rewards: bool = False
+) -> list[dict[str, Any]]:
     """TRL conversational SFT rows ``{"messages": [...]}``: the best rollout of each group
     (highest reward, the first in batch order on a tie), or, with ``min_reward``, every
-    rollout whose reward is at least ``min_reward``. Groups in order of first appearance."""
+    rollout whose reward is at least ``min_reward``. Groups in order of first appearance.
+    ``rewards``: each row also says why it was chosen, ``reward``, ``outcome_reward`` and
+    ``process_rewards`` (``rollouts``)."""
     if min_reward is not None:
-        return [{"messages": r["messages"]} for r in rollouts(batch) if r["reward"] >= min_reward]
-    return [{"messages": max(g, key=lambda r: r["reward"])["messages"]} for g in _groups(batch)]
+        chosen = [r for r in rollouts(batch) if r["reward"] >= min_reward]
+    else:
+        chosen = [max(g, key=lambda r: r["reward"]) for g in _groups(batch)]
+    keys = ("messages", "reward", "outcome_reward", "process_rewards") if rewards else ("messages",)
+    return [{k: r[k] for k in keys} for r in chosen]
 
 
 def to_dpo_pairs(batch: Any, *, margin: float = 0.0) -> list[dict[str, Any]]:

@@ -25,7 +25,9 @@ Non-tensor (numpy, one entry per row): ``uid``, the GRPO index: the prompt group
 trajectory without a group is its own group: its trajectory uid); ``prompt_uids`` (the group
 uid or None), ``trajectory_uids``, ``step_indices`` (int32; the names Claw-R1's trainer
 reads), ``step_uids``, ``policy_versions``, ``staleness``, ``reward`` (null kept),
-``reward_scope``, ``has_rollout_logprobs``. ``meta_info``: ``lease_id``,
+``reward_scope``, ``outcome_rewards`` (the branch's outcome reward, null while there is
+none), ``process_rewards`` (the step's own reward when it does not end its branch, else
+null), ``has_rollout_logprobs``. ``meta_info``: ``lease_id``,
 ``dataset_version``, ``policy_versions`` and ``staleness`` of the pull's manifest.
 
 Images (issue 24): when any row carries stored images, ``multi_modal_data`` holds each row's
@@ -124,6 +126,9 @@ def to_dataproto(
         "staleness": _objects(r.get("staleness") for r in rows),
         "reward": _objects(r.get("reward") for r in rows),
         "reward_scope": _objects(r.get("reward_scope") for r in rows),
+        # The two kinds apart: the branch's outcome and the step's own process reward.
+        "outcome_rewards": _objects(r.get("outcome_reward") for r in rows),
+        "process_rewards": _objects(r.get("process_reward") for r in rows),
         "has_rollout_logprobs": np.array(has_logprobs, dtype=bool),
     }
     images = _multi_modal_data(rows, media)

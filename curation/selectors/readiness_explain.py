@@ -25,6 +25,8 @@ class Facts:
     trajectory_status: str
     token_source: str
     reward: float | None  # the step's effective reward
+    # A final process reward waiting for its branch's outcome (pool/services/effective_reward.py).
+    awaits_outcome: bool = False
     group_uid: str | None = None
     group_status: str | None = None
     group_expected: int | None = None
@@ -63,7 +65,16 @@ def explain(f: Facts) -> list[Reason]:
                 )
             )
     if not bits & Readiness.REWARD_FINAL:
-        if f.reward is None:
+        if f.awaits_outcome:
+            out.append(
+                Reason(
+                    "reward",
+                    f"process reward {f.reward:g}: waiting for its branch's outcome",
+                    "a final reward on the branch's final step, or the trajectory's reward "
+                    "(POST /api/v1/rewards, or at completion)",
+                )
+            )
+        elif f.reward is None:
             out.append(
                 Reason(
                     "reward",
@@ -138,6 +149,9 @@ def facts_for(trajectory: Trajectory, steps: list[Step]) -> dict[int, Facts]:
             trajectory_status=trajectory.status,
             token_source=s.token_source,
             reward=s.effective_reward,
+            awaits_outcome=s.process_reward is not None
+            and s.reward_status == Step.RewardStatus.FINAL
+            and s.outcome_reward is None,
             group_uid=group.uid if group else None,
             group_status=group.status if group else None,
             group_expected=group.expected_rollouts if group else None,

@@ -54,7 +54,7 @@ from pool import sql, tokens
 from pool.errors import Conflict, InvalidInput, NotFound
 from pool.ingest.effects import GroupsReady, emit
 from pool.models import AuditEvent, PolicyVersion, PromptGroup, Step, Trajectory
-from pool.selectors.steps import branch_ends, steps_render
+from pool.selectors.steps import steps_render
 from pool.services import effective_reward
 from pool.services.audit import audit_record
 
@@ -742,10 +742,9 @@ def _render(lease: Lease, ds: Dataset, who: Consumer, c: Compiled, taken: dict[i
         current = PolicyVersion.objects.filter(is_current=True).values_list("version", flat=True).first()
     rows = steps_render(steps)
     assignment = c.spec.grouping.reward_assignment
-    if assignment != effective_reward.EACH_STEP:
-        effective_reward.assign(
-            rows, mode=assignment, branch_ends=branch_ends({s.trajectory_id for s in steps})
-        )
+    effective_reward.assign(
+        rows, mode=assignment, gamma=c.spec.grouping.gamma, trajectory_ids={s.trajectory_id for s in steps}
+    )
     versions: Counter[int | None] = Counter()
     drops = _Drops(c, who, lease.dataset_version_id)
     stale_steps = 0

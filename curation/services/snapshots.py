@@ -40,14 +40,14 @@ from pool import flags, tokens
 from pool.errors import InvalidInput, NotFound
 from pool.ingest.effects import emit
 from pool.models import Feedback, Media, Step
-from pool.selectors.steps import branch_ends, step_images
+from pool.selectors.steps import step_images
 from pool.services import effective_reward
 from pool.services.media import media_file
 
 from ..events import SnapshotChanged, SnapshotRequested
 from ..models import Dataset, Snapshot, StepTag
 from ..selectors.specs import dataset_admitted
-from ..specs import spec_parse
+from ..specs import Grouping, spec_parse
 
 FORMATS = ("jsonl", "parquet")
 # TRL exports a snapshot may also hold (``format`` at creation; claw_client.integrations.trl):
@@ -72,6 +72,8 @@ COLUMNS = (
     "reward",
     "reward_source",
     "reward_scope",
+    "outcome_reward",
+    "process_reward",
     "policy_version",
     "token_source",
     "drift",
@@ -113,6 +115,8 @@ PARQUET_SCHEMA = pa.schema(
         ("reward", pa.float64()),
         ("reward_source", pa.string()),
         ("reward_scope", pa.string()),
+        ("outcome_reward", pa.float64()),
+        ("process_reward", pa.float64()),
         ("policy_version", pa.int64()),
         ("token_source", pa.string()),
         ("drift", pa.bool_()),
@@ -465,6 +469,8 @@ _STEP_FIELDS = (
     "effective_reward",
     "effective_reward_source",
     "reward_scope",
+    "outcome_reward",
+    "process_reward",
     "branch",
     "policy_version_id",
     "token_source",
@@ -476,9 +482,9 @@ _STEP_FIELDS = (
 )
 
 
-def _assignment(snap: Snapshot) -> str:
-    """The snapshot's dataset version's ``grouping.reward_assignment``."""
-    return spec_parse(snap.dataset_version.spec).grouping.reward_assignment
+def _assignment(snap: Snapshot) -> Grouping:
+    """The snapshot's dataset version's grouping (its ``reward_assignment`` and ``gamma``)."""
+    return spec_parse(snap.dataset_version.spec).grouping
 
 
 class _Chunk:
@@ -511,7 +517,7 @@ class _Chunk:
         self.media: dict[str, bytes] = {}
 
 
-def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: str) -> Iterator[_Chunk]:
+def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: Grouping) -> Iterator[_Chunk]:
     """The frozen steps, rendered, ``size`` at a time in id order (keyset: id > the last).
 
     Each row holds exactly what pool.selectors.steps_render gives for the written fields
@@ -564,6 +570,8 @@ def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: str) -
             reward,
             reward_source,
             reward_scope,
+            outcome_reward,
+            process_reward,
             branch,
             policy_version,
             token_source,
@@ -611,6 +619,8 @@ def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: str) -
                     "reward": reward,
                     "reward_source": reward_source,
                     "reward_scope": reward_scope,
+                    "outcome_reward": outcome_reward,
+                    "process_reward": process_reward,
                     "policy_version": policy_version,
                     "token_source": token_source,
                     "drift": drift,
@@ -627,9 +637,13 @@ def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: str) -
             )
             branches.append(branch)
             chunk.ids.append(sid)
-        if assignment != effective_reward.EACH_STEP:
-            ends = branch_ends(trajs)
-            effective_reward.assign(chunk.rows, mode=assignment, branch_ends=ends, branches=branches)
+        effective_reward.assign(
+            chunk.rows,
+            mode=assignment.reward_assignment,
+            gamma=assignment.gamma,
+            trajectory_ids=trajs,
+            branches=branches,
+        )
         yield chunk
         last = ids[-1]
 

@@ -138,6 +138,10 @@ SERVER_FIELDS: tuple[str, ...] = (
     # where it came from:
     "reward_status",
     "reward_scope",
+    # the two kinds apart: the outcome of its branch (the own final reward of the branch's
+    # final step, else the trajectory's) and its own reward when it is not that step's
+    "outcome_reward",
+    "process_reward",
     "token_source",
     "drift",
     "drift_offset",

@@ -249,6 +249,7 @@ def _ingest(
         source_id=source_id,
         insert=sql.backend().insert_steps,
         readiness_of=_known_readiness(new_steps, trajs, groups),
+        outcome_of=_known_outcomes(new_steps, trajs),
     )
     media_link(new_steps, [r.id for r in rows], media)
     effects.apply(
@@ -275,6 +276,34 @@ def _known_readiness(
             group_done = t.group_id is None or t.group_id in complete_groups
             bits[uid] = Readiness.TRAJECTORY_COMPLETE | (Readiness.GROUP_COMPLETE if group_done else 0)
     return lambda s: bits.get(s.trajectory_uid, 0)
+
+
+def _known_outcomes(
+    steps: Sequence[StepIn], trajs: dict[str, TrajectoryRow]
+) -> Callable[[StepIn], tuple[bool, float | None] | None]:
+    """Which step ends each branch, and the branch's outcome (pool/services/effective_reward.py),
+    for the trajectories this batch creates and ends: it holds all their steps. The final
+    step is the branch's step marked is_last, else its highest; the outcome its own reward
+    (final, given with it), else none (a new trajectory has no reward of its own). So a
+    batch that writes whole rewarded trajectories (W-ingest) writes each row once."""
+    ending = {s.trajectory_uid for s in steps if s.is_last and trajs[s.trajectory_uid].created}
+    if not ending:
+        return lambda s: None
+    final: dict[tuple[str, int], StepIn] = {}
+    for s in steps:
+        if s.trajectory_uid in ending:
+            key = (s.trajectory_uid, s.branch)
+            f = final.get(key)
+            if f is None or (s.is_last, s.step_index) > (f.is_last, f.step_index):
+                final[key] = s
+
+    def of(s: StepIn) -> tuple[bool, float | None] | None:
+        if s.trajectory_uid not in ending:
+            return None
+        f = final[(s.trajectory_uid, s.branch)]
+        return f.step_index == s.step_index, f.reward
+
+    return of
 
 
 def _load_stored(ids: set[int], depth_of: dict[int, int]) -> dict[int, Stored]:

@@ -126,6 +126,10 @@ def waves(planned: Sequence[Planned]) -> list[list[int]]:
     return out
 
 
+# (the step ends its branch, the branch's outcome reward), where a write knows them.
+Outcome = tuple[bool, float | None] | None
+
+
 def step_row(
     p: Planned,
     *,
@@ -133,18 +137,25 @@ def step_row(
     parent: tuple[int, np.ndarray, int] | None,
     source_id: int | None,
     readiness: int = 0,
+    outcome: Outcome = None,
 ) -> Step:
     """The unsaved Step row of a planned step, its tokens encoded against ``parent`` (id,
     full ids, depth) when given. Every write path builds its rows here. ``readiness``: the
     bits its trajectory and group already decide (a batch that completes the trajectory),
-    so the row is written once with them rather than rewritten by the effects."""
+    so the row is written once with them rather than rewritten by the effects.
+    ``outcome``: (this step ends its branch, the branch's outcome) where the write knows
+    them (a batch that creates and ends the trajectory); otherwise an own reward is a
+    process reward until the effects learn more (pool/services/effective_reward.py)."""
     s, packed = p.step, p.packed
     enc = tokens.encode_against(packed.full, parent[1] if parent else None, parent[2] if parent else 0)
     response = packed.full[len(s.prompt_ids) :]
     # The readiness bits the step decides itself; its trajectory's and group's bits are set
     # by the effects (pool/services/readiness.py) once they hold.
+    ends_branch, outcome_reward = outcome if outcome is not None else (False, None)
+    # An own reward given with the step is final: the step is reward-final once its branch's
+    # outcome is known.
     readiness |= (Readiness.TOKENS_EXACT if s.token_source in EXACT_TOKEN_SOURCES else 0) | (
-        Readiness.REWARD_FINAL if s.reward is not None else 0
+        Readiness.REWARD_FINAL if s.reward is not None and outcome_reward is not None else 0
     )
     source = (s.reward_source or Step.RewardSource.ENV) if s.reward is not None else None
     return new_instance(  # type: ignore[return-value]
@@ -182,6 +193,8 @@ def step_row(
             effective_reward=s.reward,
             effective_reward_source=source,
             reward_scope=Step.RewardScope.STEP if s.reward is not None else None,
+            outcome_reward=outcome_reward if s.reward is not None else None,
+            process_reward=s.reward if not ends_branch else None,
             policy_version_id=s.policy_version,
             is_last=s.is_last,
             finish_reason=s.finish_reason,
@@ -213,9 +226,11 @@ def build_rows(
     source_id: int | None,
     insert: Callable[[list[Step]], None],
     readiness_of: Callable[[StepIn], int] = lambda s: 0,
+    outcome_of: Callable[[StepIn], Outcome] = lambda s: None,
 ) -> list[Step]:
     """Build and insert the rows wave by wave (a parent's id is known before its children's
-    rows are built); returns the rows in write order."""
+    rows are built); returns the rows in write order. ``readiness_of`` and ``outcome_of``:
+    what the write knows of each step (step_row)."""
     built: dict[int, Step] = {}
     for wave in waves(planned):
         rows = []
@@ -233,6 +248,7 @@ def build_rows(
                 parent=parent,
                 source_id=source_id,
                 readiness=readiness_of(p.step),
+                outcome=outcome_of(p.step),
             )
             rows.append(built[i])
         insert(rows)

@@ -1,5 +1,5 @@
 """Reads of steps: the API representation of steps (token ids rebuilt exactly), the last
-step of each branch, a door's remembered upstream texts, and the step a Responses call
+step of each branch and the discounted returns along it, a door's remembered upstream texts, and the step a Responses call
 answered with."""
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def steps_render(steps: Sequence[Step]) -> list[dict[str, Any]]:
                     tokens.bytes_to_runs(bytes(s.token_versions)) if s.token_versions is not None else None
                 ),
                 # The effective reward (pool/services/effective_reward.py): its own, else
-                # its branch's, else its trajectory's; reward_scope says which.
+                # its branch's outcome; reward_scope says which. The two kinds apart:
+                # outcome_reward and process_reward (after reward_scope).
                 "reward": s.effective_reward,
                 "reward_source": s.effective_reward_source,
                 "policy_version": s.policy_version_id,
@@ -70,6 +71,8 @@ def steps_render(steps: Sequence[Step]) -> list[dict[str, Any]]:
                 "multi_modal_data": {"images": images[s.id]} if s.id in images else None,
                 "reward_status": s.effective_reward_status,
                 "reward_scope": s.reward_scope,
+                "outcome_reward": s.outcome_reward,
+                "process_reward": s.process_reward,
                 "token_source": s.token_source,
                 "drift": s.drift,
                 "drift_offset": s.drift_offset,
@@ -145,6 +148,35 @@ def branch_ends(trajectory_ids: Iterable[int]) -> set[tuple[str, int, int]]:
         .annotate(last=Max("step_index"))
         .values_list("trajectory__uid", "branch", "last")
     }
+
+
+def branch_returns(trajectory_ids: Iterable[int], *, gamma: float) -> dict[tuple[str, int, int], float]:
+    """(trajectory uid, branch, step_index) -> the step's discounted return along its branch,
+    G_t = r_t + gamma * G_{t+1}: r_t its process reward (0 without one), and the branch's
+    final step (marked ``is_last``, else its highest step_index) also adds the branch's
+    outcome (0 while there is none). The ``discounted_return`` reward assignment
+    (pool/services/effective_reward.py ``assign``). One query of the narrow reward columns."""
+    ids = list(set(trajectory_ids))
+    out: dict[tuple[str, int, int], float] = {}
+    if not ids:
+        return out
+    steps: dict[tuple[str, int], list[tuple[int, bool, float | None, float | None]]] = {}
+    for uid, branch, index, is_last, process, outcome in (
+        Step.objects.filter(trajectory_id__in=ids)
+        .order_by("trajectory_id", "branch", "-step_index")
+        .values_list("trajectory__uid", "branch", "step_index", "is_last", "process_reward", "outcome_reward")
+    ):
+        steps.setdefault((uid, branch), []).append((index, is_last, process, outcome))
+    for (uid, branch), rows in steps.items():  # each branch's steps, last first
+        final = next((index for index, is_last, _p, _o in rows if is_last), rows[0][0])
+        g = 0.0
+        for index, _last, process, outcome in rows:
+            r = process or 0.0
+            if index == final:
+                r += outcome or 0.0
+            g = r + gamma * g
+            out[(uid, branch, index)] = g
+    return out
 
 
 def generation_texts(

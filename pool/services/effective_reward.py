@@ -1,130 +1,206 @@
-"""The effective reward of a step: the one definition every reader serves.
+"""The rewards of a step: the one definition every reader serves.
+
+Two kinds of reward reach a step, and they are kept apart:
+
+* the **outcome** of its branch: the own *final* reward of the branch's final step (the step
+  marked ``is_last``, else, once the trajectory has ended, its highest ``step_index``), else
+  its trajectory's reward; the same on every step of the branch (``Step.outcome_reward``);
+* a **process** reward: any other own reward, a reward of that step alone (a rule that
+  checked one tool call) (``Step.process_reward``). It never reaches another step.
 
 A step's effective reward is
 
 1. its own reward (``Step.reward``, final or provisional), scope ``step``; else
-2. its branch's: the own *final* reward of the last step (highest ``step_index``) of its
-   trajectory and branch that has one, scope ``branch`` (Claw-R1's shape: the outcome
-   reward on the last step reaches the earlier steps); else
-3. its trajectory's reward, scope ``trajectory``; else
-4. none (NULL, scope NULL): the step is not reward-final.
+2. its branch's outcome from the final step's own reward, scope ``branch``; else
+3. its branch's outcome from the trajectory's reward, scope ``trajectory``; else
+4. none (NULL, scope NULL).
 
-It is stored on the step (``effective_reward``, ``reward_scope``, ``effective_reward_source``)
-so that a dataset filter, a batch, a snapshot, the API, the admin and the pages read one
-column. Steps with an own reward get it when their reward is written (the row build,
-``sql.steps_reward_set``); the others are recomputed here, by ``steps_refresh``, which
-every change of a fact above calls inside the writer's transaction: readiness's
+A step is reward-final (the readiness bit REWARD_FINAL) once its branch's outcome is known
+and its own reward, if it has one, is final: a step with a process reward only waits for
+its branch's outcome like the others.
+
+All of it is stored on the step (``effective_reward``, ``reward_scope``,
+``effective_reward_source``, ``outcome_reward``, ``process_reward`` and the bit) so that a
+dataset filter, a batch, a snapshot, the API, the admin and the pages read columns. A row is
+built with what its write knows (plan.step_row: an own reward is a process reward until its
+step is known to end its branch); everything else is recomputed here, by ``steps_refresh``,
+which every change of a fact above calls inside the writer's transaction: readiness's
 ``trajectories_refresh`` (a trajectory ended, its reward set, a group completed), rewards on
-steps (``rewards_apply``) and a write holding a rewarded step (the ingest effects). The
-readiness bit REWARD_FINAL follows from it (``sql.steps_readiness_set``): a final own
-reward, or no own reward and an effective one.
+steps (``rewards_apply``, whose own rewards are written by the same statement) and a write
+holding a rewarded step (the ingest effects).
 
-How the outcome reaches the steps of a multi-step trajectory is the consumer's choice, per
-dataset (``grouping.reward_assignment``, applied at delivery by ``assign``):
+How rewards reach the steps at delivery is the consumer's choice, per dataset
+(``grouping.reward_assignment``, applied by ``assign``):
 
 * ``each_step`` (default): every step carries its effective reward;
 * ``last_step``: the last step of each branch carries its effective reward, the other
-  steps their own one if they have it, else 0.0 with scope ``none`` (Claw-R1's own pool).
+  steps their own one if they have it, else 0.0 with scope ``none`` (Claw-R1's own pool);
+* ``discounted_return`` (with ``grouping.gamma``): every step carries its return along its
+  branch, G_t = r_t + gamma * G_{t+1}, where r_t is its process reward (0 without one) and
+  the branch's final step also adds the outcome (0 while there is none); scope ``return``.
+
+Whatever the assignment, every row keeps ``outcome_reward`` and ``process_reward``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .. import sql
-from ..models import Step
+from ..flags import Readiness
+from ..models import Step, Trajectory
+from ..selectors.steps import branch_ends, branch_returns
 
 EACH_STEP = "each_step"
 LAST_STEP = "last_step"
-ASSIGNMENTS = (EACH_STEP, LAST_STEP)
+DISCOUNTED_RETURN = "discounted_return"
+ASSIGNMENTS = (EACH_STEP, LAST_STEP, DISCOUNTED_RETURN)
 SCOPE_NONE = "none"  # served by ``last_step`` only, never stored
+SCOPE_RETURN = "return"  # served by ``discounted_return`` only, never stored
 # Trajectories per statement (a chunk is one SELECT and at most one UPDATE).
 CHUNK = 1000
 
+_RF = int(Readiness.REWARD_FINAL)
+_FIELDS = (
+    "id",
+    "trajectory_id",
+    "branch",
+    "step_index",
+    "is_last",
+    "reward",
+    "reward_status",
+    "reward_source",
+    "effective_reward",
+    "effective_reward_source",
+    "reward_scope",
+    "outcome_reward",
+    "process_reward",
+    "readiness",
+    "trajectory__reward",
+    "trajectory__reward_source",
+    "trajectory__status",
+)
 
-def steps_refresh(*, trajectory_ids: Iterable[int]) -> None:
-    """Recompute the effective reward of every step without an own reward in these
-    trajectories (only rows whose value changes are written): one SELECT of the steps'
-    narrow reward columns, joined to their trajectory's reward, and at most one UPDATE per
-    chunk. Idempotent; call inside the writer's transaction, before readiness is
-    recomputed from it."""
+
+Own = Mapping[int, tuple[float | None, str, str | None]]
+
+
+def steps_refresh(*, trajectory_ids: Iterable[int], own: Own | None = None) -> None:
+    """Recompute the reward columns (effective reward, outcome, process reward and the
+    REWARD_FINAL bit) of every step of these trajectories (only rows whose values change
+    are written): one SELECT of the steps' narrow reward columns, joined to their
+    trajectory's reward and status, and at most one UPDATE per chunk. ``own``: step id ->
+    (reward, reward_status, reward_source) to store as those steps' own rewards (rewards_apply),
+    written by the same UPDATE. Idempotent; call inside the writer's transaction (which
+    holds the trajectories' row locks), before readiness is recomputed from it."""
     ids = sorted(set(trajectory_ids))
+    own = own or {}
     for chunk in _chunks(ids):
-        steps = list(
-            Step.objects.filter(trajectory_id__in=chunk)
-            .order_by("trajectory_id", "branch", "-step_index")
-            .values_list(
-                "id",
-                "trajectory_id",
-                "branch",
-                "reward",
-                "reward_status",
-                "reward_source",
-                "effective_reward",
-                "effective_reward_source",
-                "reward_scope",
-                "trajectory__reward",
-                "trajectory__reward_source",
-            )
-        )
-        # The branch's reward: its last step with a final own reward (rows come last first).
-        branch: dict[tuple[int, int], tuple[float, str | None]] = {}
-        for _id, tid, b, reward, status, source, *_rest in steps:
-            if status == Step.RewardStatus.FINAL:
-                branch.setdefault((tid, b), (reward, source))
-        rows = []
-        for (
-            sid,
-            tid,
-            b,
-            reward,
-            _status,
-            _source,
-            old_reward,
-            old_source,
-            old_scope,
-            t_reward,
-            t_source,
-        ) in steps:
-            if reward is not None:
-                continue  # its own: written with it
-            new = _effective(branch.get((tid, b)), (t_reward, t_source) if t_reward is not None else None)
-            if new != (old_reward, old_source, old_scope):
-                rows.append((sid, *new))
+        steps = [
+            (*row[:5], *own[row[0]], *row[8:]) if row[0] in own else row
+            for row in Step.objects.filter(trajectory_id__in=chunk).values_list(*_FIELDS)
+        ]
+        rows = [
+            (sid, *st[5:8], sid in own, *new)
+            for st, (sid, old, new) in zip(steps, decide(steps), strict=True)
+            if new != old or sid in own  # else the row as stored already says it
+        ]
         for start in range(0, len(rows), CHUNK):
-            sql.steps_effective_reward_set(rows[start : start + CHUNK])
+            sql.steps_rewards_set(rows[start : start + CHUNK])
 
 
-def _effective(
-    branch: tuple[float, str | None] | None, trajectory: tuple[float, str | None] | None
-) -> tuple[float | None, str | None, str | None]:
-    """(reward, source, scope) of a step without an own reward."""
-    if branch is not None:
-        return branch[0], branch[1] or Step.RewardSource.ENV, Step.RewardScope.BRANCH
-    if trajectory is not None:
-        return trajectory[0], trajectory[1] or Step.RewardSource.ENV, Step.RewardScope.TRAJECTORY
-    return None, None, None
+Columns = tuple[float | None, str | None, str | None, float | None, float | None, bool]
+
+
+def decide(steps: Sequence[tuple]) -> Iterator[tuple[int, Columns, Columns]]:
+    """(step id, stored columns, defined columns) of each step, from rows of ``_FIELDS``
+    holding every step of their trajectories. The columns: (effective reward, its source,
+    its scope, outcome reward, process reward, reward-final)."""
+    final: dict[tuple[int, int], int] = {}  # (trajectory, branch) -> step_index of its final step
+    marked: set[tuple[int, int]] = set()
+    for _sid, tid, b, index, is_last, *_rest, t_status in steps:
+        key = (tid, b)
+        if is_last:
+            if key not in marked or index > final[key]:
+                final[key] = index
+            marked.add(key)
+        elif key not in marked and t_status != Trajectory.Status.RUNNING:
+            final[key] = max(final.get(key, index), index)
+    outcome: dict[tuple[int, int], tuple[float, str, str]] = {}
+    for _sid, tid, b, index, _last, reward, status, source, *_rest in steps:
+        if final.get((tid, b)) == index and reward is not None and status == Step.RewardStatus.FINAL:
+            outcome[(tid, b)] = (reward, source or Step.RewardSource.ENV, Step.RewardScope.BRANCH)
+    for (
+        sid,
+        tid,
+        b,
+        index,
+        _last,
+        reward,
+        status,
+        source,
+        eff,
+        eff_source,
+        scope,
+        old_outcome,
+        old_process,
+        readiness,
+        t_reward,
+        t_source,
+        _t_status,
+    ) in steps:
+        out = outcome.get((tid, b))
+        if out is None and t_reward is not None:
+            out = (t_reward, t_source or Step.RewardSource.ENV, Step.RewardScope.TRAJECTORY)
+        outcome_value = out[0] if out is not None else None
+        if reward is not None:
+            process = None if final.get((tid, b)) == index else reward
+            new: Columns = (
+                reward,
+                source,
+                Step.RewardScope.STEP,
+                outcome_value,
+                process,
+                outcome_value is not None and status == Step.RewardStatus.FINAL,
+            )
+        elif out is not None:
+            new = (*out, outcome_value, None, True)
+        else:
+            new = (None, None, None, None, None, False)
+        yield sid, (eff, eff_source, scope, old_outcome, old_process, bool(readiness & _RF)), new
 
 
 def assign(
     rows: Sequence[dict[str, Any]],
     *,
     mode: str,
-    branch_ends: set[tuple[str, int, int]],
+    trajectory_ids: Iterable[int],
+    gamma: float | None = None,
     branches: Sequence[int] | None = None,
 ) -> None:
-    """Apply a dataset's ``reward_assignment`` to rendered rows (pool.selectors.steps_render
-    or a snapshot's), in place. ``branch_ends``: (trajectory uid, branch, step_index) of the
-    last step of each branch of the rows' trajectories (``pool.selectors.branch_ends``);
-    ``branches``: each row's branch, where the rows do not hold it."""
+    """Apply a dataset's ``reward_assignment`` (and ``gamma``) to rendered rows
+    (pool.selectors.steps_render or a snapshot's) of these trajectories, in place: one query
+    of their branches for ``last_step`` and ``discounted_return``, none for ``each_step``.
+    ``branches``: each row's branch, where the rows do not hold it. ``outcome_reward`` and
+    ``process_reward`` are left as they are."""
     if mode == EACH_STEP:
         return
+    if mode == DISCOUNTED_RETURN:
+        returns = branch_returns(trajectory_ids, gamma=1.0 if gamma is None else gamma)
+        for i, r in enumerate(rows):
+            branch = branches[i] if branches is not None else r["branch"]
+            r["reward"], r["reward_scope"] = (
+                returns[(r["trajectory_uid"], branch, r["step_index"])],
+                SCOPE_RETURN,
+            )
+        return
+    ends = branch_ends(trajectory_ids)
     for i, r in enumerate(rows):
         if r["reward_scope"] == Step.RewardScope.STEP:
             continue
         branch = branches[i] if branches is not None else r["branch"]
-        if (r["trajectory_uid"], branch, r["step_index"]) in branch_ends:
+        if (r["trajectory_uid"], branch, r["step_index"]) in ends:
             continue
         r["reward"], r["reward_scope"], r["reward_source"] = 0.0, SCOPE_NONE, None
 

@@ -2,9 +2,10 @@
 
 A step's ``readiness`` bits (pool/flags.py) come from four facts:
 
-* TOKENS_EXACT and the step's own final reward: set when the row is built (plan.step_row);
-* REWARD_FINAL by an effective reward (its branch's or its trajectory's:
-  pool/services/effective_reward.py, refreshed first), TRAJECTORY_COMPLETE and
+* TOKENS_EXACT: set when the row is built (plan.step_row), with REWARD_FINAL where the
+  write knows the branch's outcome;
+* REWARD_FINAL once its branch's outcome is known and its own reward, if any, is final
+  (pool/services/effective_reward.py, refreshed first), TRAJECTORY_COMPLETE and
   GROUP_COMPLETE: decided by its trajectory and group, written here by
   ``trajectories_refresh``.
 
@@ -74,10 +75,13 @@ def trajectories_settle(*, trajectory_ids: Iterable[int]) -> None:
     groups_settle(group_ids=groups)
 
 
-def trajectories_refresh(*, trajectory_ids: Iterable[int]) -> set[int]:
+def trajectories_refresh(
+    *, trajectory_ids: Iterable[int], own: effective_reward.Own | None = None
+) -> set[int]:
     """Rewrite the trajectory-decided readiness bits of every step of these trajectories
     from their current state (one statement per chunk; steps whose bits do not change are
-    not written). Returns the ids of their complete groups (to settle). Idempotent."""
+    not written). ``own``: new own rewards of their steps (effective_reward.steps_refresh).
+    Returns the ids of their complete groups (to settle). Idempotent."""
     ids = sorted(set(trajectory_ids))
     complete_groups: set[int] = set()
     for chunk in _chunks(ids):
@@ -93,7 +97,7 @@ def trajectories_refresh(*, trajectory_ids: Iterable[int]) -> set[int]:
             .order_by("id")
             .values_list("id", "status", "group_id", "group__status")
         )
-        effective_reward.steps_refresh(trajectory_ids=chunk)
+        effective_reward.steps_refresh(trajectory_ids=chunk, own=own)
         for tid, status, group_id, group_status in trajs:
             bits = 0
             if status == Trajectory.Status.COMPLETED:
@@ -107,17 +111,20 @@ def trajectories_refresh(*, trajectory_ids: Iterable[int]) -> set[int]:
     return complete_groups
 
 
-def rewards_settle(*, rewarded: Iterable[int], refresh: Iterable[int]) -> None:
+def rewards_settle(
+    *, rewarded: Iterable[int], refresh: Iterable[int], own: effective_reward.Own | None = None
+) -> None:
     """Readiness after rewards (rewards_apply). ``refresh``: trajectories whose reward
     changed, or with a step whose reward went back to pending, are recomputed whole.
-    ``rewarded``: in the others a step's final own reward set its own bit in the reward
-    statement, and only their steps without an own reward can change (they take it as
-    their branch's: effective_reward.steps_refresh, which writes their bit too). The
-    complete groups of all of them are settled."""
+    ``rewarded``: in the others only the reward columns of their steps can change (an
+    outcome or a process reward, the branch's other steps, the REWARD_FINAL bits:
+    effective_reward.steps_refresh). ``own``: the steps' new own rewards, written with
+    them (every one of their trajectories is in ``rewarded`` or ``refresh``). The complete
+    groups of all of them are settled."""
     refresh = set(refresh)
-    groups = trajectories_refresh(trajectory_ids=refresh)
+    groups = trajectories_refresh(trajectory_ids=refresh, own=own)
     rest = sorted(set(rewarded) - refresh)
-    effective_reward.steps_refresh(trajectory_ids=rest)
+    effective_reward.steps_refresh(trajectory_ids=rest, own=own)
     for chunk in _chunks(rest):
         groups.update(
             Trajectory.objects.filter(id__in=chunk, group__status=PromptGroup.Status.COMPLETE).values_list(
@@ -265,13 +272,16 @@ def _stale_trajectories() -> list[int]:
     trajectories' bits matter (no step of another is ready, whatever its bits say), so only
     they are checked, plus a completion bit on a trajectory that is not completed."""
     completed = Q(trajectory__status=Trajectory.Status.COMPLETED)
-    unrewarded = Q(reward__isnull=True)
+    # The bit follows the branch's outcome (effective_reward.py) and the own reward's status;
+    # a trajectory reward always supplies an outcome.
+    final = Q(outcome_reward__isnull=False) & (
+        Q(reward__isnull=True) | Q(reward_status=Step.RewardStatus.FINAL)
+    )
     wrong = (
         Q(complete_bit=0)
-        # no own reward: the bit must follow the effective reward, which a trajectory
-        # reward always supplies
-        | (unrewarded & Q(effective_reward__isnull=False) & Q(reward_bit=0))
-        | (unrewarded & Q(effective_reward__isnull=True) & Q(trajectory__reward__isnull=False))
+        | (final & Q(reward_bit=0))
+        | (~final & ~Q(reward_bit=0))
+        | (Q(outcome_reward__isnull=True) & Q(trajectory__reward__isnull=False))
         | (
             (Q(trajectory__group__isnull=True) | Q(trajectory__group__status=PromptGroup.Status.COMPLETE))
             & Q(group_bit=0)

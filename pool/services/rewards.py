@@ -95,23 +95,23 @@ def rewards_apply(
             events.append(RewardEvent(trajectory_id=traj.id, old_reward=traj.reward, **_audit(r, source_id)))
             traj.reward, traj.reward_source = r.reward, r.source
             changed_trajs[traj.id] = traj
-    # One statement per table (not per row), then the audit rows.
+    # One statement per table (not per row), then the audit rows; the steps' own rewards
+    # are written with their other reward columns, by the refresh below.
     now = timezone.now()
-    rows = [(st.id, st.reward, st.reward_status, st.reward_source) for st in changed_steps.values()]
-    for start in range(0, len(rows), 1000):  # 4 parameters a row on SQLite: within its limit
-        sql.steps_reward_set(rows[start : start + 1000])
     for traj in changed_trajs.values():
         traj.updated_at = now
     Trajectory.objects.bulk_update(
         changed_trajs.values(), ["reward", "reward_source", "updated_at"], batch_size=500
     )
     sql.rows_insert(events)
-    # Effective rewards and readiness follow (pool/services/effective_reward.py): a step
-    # reward reaches its branch's unrewarded steps, a trajectory reward every step without one.
+    # The steps' rewards and readiness follow (pool/services/effective_reward.py): an
+    # outcome reaches its branch's unrewarded steps, a trajectory reward every branch without
+    # an outcome of its own, a process reward no other step.
     rewards_settle(
         rewarded={st.trajectory_id for st in changed_steps.values()},
         refresh=set(changed_trajs)
         | {st.trajectory_id for st in changed_steps.values() if st.reward_status != Step.RewardStatus.FINAL},
+        own={st.id: (st.reward, st.reward_status, st.reward_source) for st in changed_steps.values()},
     )
     if events:
         touched = frozenset(changed_trajs) | {st.trajectory_id for st in changed_steps.values()}

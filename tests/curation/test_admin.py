@@ -117,7 +117,8 @@ NOT_READY = {"retok", "unrewarded", "running", "grouped"}
         ("?readiness=ready_any_tokens", ALL - NOT_READY | {"retok"}),
         ("?readiness=not_ready", NOT_READY),
         ("?readiness=missing_tokens_exact", {"retok"}),
-        ("?readiness=missing_reward_final", {"unrewarded"}),
+        # (issue 18) "running": its rewarded step is a process reward until its branch ends
+        ("?readiness=missing_reward_final", {"unrewarded", "running"}),
         ("?readiness=missing_trajectory_complete", {"running"}),
         # a running trajectory has neither of the bits its end decides
         ("?readiness=missing_group_complete", {"grouped", "running"}),

@@ -150,6 +150,15 @@ def per_row(batch: dict) -> list[tuple]:
     )
 
 
+def kinds(rows: list[dict]) -> list[tuple]:
+    """(uid, outcome_reward, process_reward) of each row."""
+    return [(r["uid"], r["outcome_reward"], r["process_reward"]) for r in rows]
+
+
+def kinds_per_row(batch: dict) -> list[tuple]:
+    return list(zip(batch["uid"], batch["outcome_reward"], batch["process_reward"], strict=True))
+
+
 # --- pulling --------------------------------------------------------------------------------------
 def test_a_trainer_pulls_with_a_consume_key_and_the_dataset_name_alone(trainer, admin, agent, reader):
     """README: "A trainer pulls what a dataset admits, under a lease, without knowing anything
@@ -346,6 +355,8 @@ ROW_LISTS = (
     "reward",
     "reward_scope",
     "reward_source",
+    "outcome_reward",
+    "process_reward",
 )
 
 
@@ -354,7 +365,7 @@ def test_padded_and_tree_carry_per_row_lists_in_row_order(trainer, mixed):
     order."
     README: "padded and tree carry per-row lists in row order: uid, trajectory_uid,
     prompt_group_uid, step_index, policy_version, staleness, mask, reward, reward_scope,
-    reward_source and has_rollout_logprobs."
+    reward_source, outcome_reward, process_reward and has_rollout_logprobs."
     README: "In padded and tree such a step's logprobs are 0.0 and its has_rollout_logprobs
     is false." """
     # given: the same units pulled in the three formats by three consumers
@@ -456,9 +467,25 @@ def test_a_manifest_names_what_the_batch_holds(trainer, admin, mixed):
 def test_every_reader_serves_the_effective_reward(trainer, admin, agent, reader):
     """README: "Every reader serves it: step reads (reward, reward_source, reward_scope,
     reward_status), the three formats and snapshots."
-    README: "A branch gets its own by a final reward on one of its steps (POST
-    /api/v1/rewards with step_uid), and its other steps without one are served the reward of
-    the last such step." """
+    README: "Beside it every reader serves the two kinds apart: outcome_reward (the branch's
+    outcome, null while there is none) and process_reward (the step's own reward when the step
+    is not its branch's final one, else null), in step reads, the three formats, snapshots
+    (JSONL and Parquet), the verl DataProto (outcome_rewards, process_rewards) and the TRL
+    rollouts." (verl: tests/integrations/test_verl_dataproto.py; TRL:
+    tests/curation/test_trl_exports.py)
+    README: "A step's effective reward is defined once (pool/services/effective_reward.py)
+    and stored on the step: its own reward, else its branch's outcome."
+    README: "Two kinds of reward are kept apart."
+    README: "A branch's outcome is the own final reward of its final step (its step marked
+    is_last, else, once the trajectory has ended, its highest step), else its trajectory's
+    reward."
+    README: "Any other own reward is a process reward of that step alone (a rule that checked
+    one tool call): it reaches no other step."
+    README: "A branch gets its outcome from a final reward on its final step (POST
+    /api/v1/rewards with step_uid; its final step is its step marked is_last, else, once the
+    trajectory has ended, its highest step), and its other steps without one are served it."
+    README: "A reward on any other step is a process reward of that step alone: it reaches no
+    other step." """
     # given: a trajectory of two branches, step 1 rewarded at submission, completed with a
     # trajectory reward, then step 2 rewarded late through the API; and an unrewarded one
     write("t", [(0, None), (0, 0.5), (0, None), (1, None)], end=False)
@@ -488,15 +515,39 @@ def test_every_reader_serves_the_effective_reward(trainer, admin, agent, reader)
         assert sorted(per_row(b)) == expected, fmt
     _, jsonl, parquet = snapshot(trainer, "every")
     assert served(jsonl) == served(parquet) and sorted(served(jsonl)) == expected
+    # and: every one of them serves the two kinds apart: branch 0's outcome is t:2's own
+    # reward (its final step once the trajectory ended), t:1's a process reward; branch 1's
+    # outcome the trajectory's
+    two_kinds = [
+        ("bare:0", None, None),
+        ("t:0", 1.0, None),
+        ("t:1", 1.0, 0.5),
+        ("t:2", 1.0, None),
+        ("t:3", -1.0, None),
+    ]
+    assert kinds(one) == two_kinds and sorted(kinds(listed)) == two_kinds and sorted(kinds(rows)) == two_kinds
+    for fmt in ("padded", "tree"):
+        b = pull(trainer, "every", f"k{fmt}", unit="steps", format=fmt).json()["batch"]
+        assert sorted(kinds_per_row(b)) == two_kinds, fmt
+    assert kinds(jsonl) == kinds(parquet) and sorted(kinds(jsonl)) == two_kinds
 
 
 def pull_all(trainer, name: str, consumer: str, **body) -> list[dict]:
     return pull(trainer, name, consumer, **body).json()["batch"]["steps"]
 
 
-def test_reward_assignment_each_step_and_last_step(trainer, admin):
-    """README: "A dataset chooses how an outcome reaches the steps of a multi-step trajectory
-    with grouping.reward_assignment, applied to its pulls and snapshots."
+def test_reward_assignment_each_step_last_step_and_discounted_return(trainer, admin):
+    """README: "A dataset chooses how rewards reach the steps of a multi-step trajectory with
+    grouping.reward_assignment, applied to its pulls and snapshots."
+    README: "With discounted_return (and grouping.gamma in [0, 1], 1 when left out) every step
+    carries its return along its branch, G_t = r_t + gamma x G_{t+1}, where r_t is its
+    process reward (0 without one) and the branch's final step also adds the outcome;
+    reward_scope is return."
+    README: "In every assignment outcome_reward and process_reward are served as stored."
+    README: "What each assignment serves as reward, by the kind of reward a step has (O the
+    branch's outcome, p the step's process reward, T the trajectory's reward, G_t as above):"
+    And the README's table, by hand: forked's branch 0 (a process reward 0.3 on step 1, its
+    outcome the trajectory's 1.0) and branch 1 (outcome 1.0).
     README: "With each_step (the default) every step carries its effective reward."
     README: "With last_step the last step of each branch carries it, and the other steps
     their own reward if they have one, else 0.0 with reward_scope none and reward_source null
@@ -515,13 +566,15 @@ def test_reward_assignment_each_step_and_last_step(trainer, admin):
     from pool.services import trajectory_complete
 
     trajectory_complete(uid="forked")
+    # (until issue 18, forked:1's process reward 0.3 was taken for branch 0's and served to
+    # forked:0 and forked:2, scope branch; branch 0's outcome is the trajectory's 1.0)
     each = [
         ("example:0", 1.0, "branch", "env"),
         ("example:1", 1.0, "branch", "env"),
         ("example:2", 1.0, "step", "env"),
-        ("forked:0", 0.3, "branch", "env"),
+        ("forked:0", 1.0, "trajectory", "env"),
         ("forked:1", 0.3, "step", "env"),
-        ("forked:2", 0.3, "branch", "env"),
+        ("forked:2", 1.0, "trajectory", "env"),
         ("forked:3", 1.0, "trajectory", "env"),
         ("forked:4", 1.0, "trajectory", "env"),
     ]
@@ -531,15 +584,40 @@ def test_reward_assignment_each_step_and_last_step(trainer, admin):
         ("example:2", 1.0, "step", "env"),
         ("forked:0", 0.0, "none", None),
         ("forked:1", 0.3, "step", "env"),  # its own
-        ("forked:2", 0.3, "branch", "env"),  # the last step of branch 0
+        ("forked:2", 1.0, "trajectory", "env"),  # the last step of branch 0
         ("forked:3", 0.0, "none", None),
         ("forked:4", 1.0, "trajectory", "env"),  # the last step of branch 1
     ]
-    for name, want in (("grpo-each", each), ("grpo-last", last)):
+    # by hand, gamma 0.5: example: G2 = 1.0, G1 = 0.5, G0 = 0.25; forked branch 0 (steps 0-2):
+    # G2 = 1.0 (the outcome), G1 = 0.3 + 0.5, G0 = 0.5 x 0.8; branch 1: G4 = 1.0, G3 = 0.5
+    ret = [
+        ("example:0", 0.25, "return", "env"),
+        ("example:1", 0.5, "return", "env"),
+        ("example:2", 1.0, "return", "env"),
+        ("forked:0", 0.4, "return", "env"),
+        ("forked:1", 0.8, "return", "env"),
+        ("forked:2", 1.0, "return", "env"),
+        ("forked:3", 0.5, "return", "env"),
+        ("forked:4", 1.0, "return", "env"),
+    ]
+    dataset(admin, "grpo-return", grouping={"reward_assignment": "discounted_return", "gamma": 0.5})
+    stored = [
+        ("example:0", 1.0, None),
+        ("example:1", 1.0, None),
+        ("example:2", 1.0, None),
+        ("forked:0", 1.0, None),
+        ("forked:1", 1.0, 0.3),
+        ("forked:2", 1.0, None),
+        ("forked:3", 1.0, None),
+        ("forked:4", 1.0, None),
+    ]
+    for name, want in (("grpo-each", each), ("grpo-last", last), ("grpo-return", ret)):
         # when: pulled in every format and snapshotted
         steps = pull(trainer, name, "steps")
-        assert steps.json()["manifest"]["reward_assignment"] == name.replace("grpo-", "") + "_step"
+        assignment = {"grpo-each": "each_step", "grpo-last": "last_step"}.get(name, "discounted_return")
+        assert steps.json()["manifest"]["reward_assignment"] == assignment
         assert served(steps.json()["batch"]["steps"]) == want, name
+        assert kinds(steps.json()["batch"]["steps"]) == stored, name
         padded = pull(trainer, name, "padded", format="padded").json()["batch"]
         tree = pull(trainer, name, "tree", format="tree").json()["batch"]
         assert per_row(padded) == per_row(tree) == want, name
@@ -547,13 +625,32 @@ def test_reward_assignment_each_step_and_last_step(trainer, admin):
         assert [row[-1] for row in padded["token_level_rewards"]] == [w[1] for w in want]
         _, jsonl, parquet = snapshot(trainer, name)
         assert served(jsonl) == served(parquet) == want, name
+        assert kinds(jsonl) == kinds(parquet) == kinds_per_row(padded) == kinds_per_row(tree) == stored, name
+
+
+def test_grouping_gamma_is_refused_out_of_range_or_without_discounted_return(admin):
+    """README: "A gamma out of range, or given with another assignment, is refused with a 400
+    naming grouping.gamma." """
+    for grouping in (
+        {"reward_assignment": "discounted_return", "gamma": 1.5},
+        {"reward_assignment": "discounted_return", "gamma": -0.1},
+        {"reward_assignment": "each_step", "gamma": 0.9},
+        {"gamma": 0.9},
+    ):
+        resp = admin.post("/api/v1/datasets", {"name": "bad", "grouping": grouping}, format="json")
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == "grouping.gamma", grouping
+    from curation.models import Dataset
+
+    assert not Dataset.objects.filter(name="bad").exists()
 
 
 def test_reward_filters_read_the_effective_reward_as_stored(trainer, admin):
     """README: "The filters reward_min/reward_max and reward_status read the effective reward
     as stored."
     README: "A provisional own reward is served as the step's reward, but the step is not
-    reward-final (reward_status pending) and the reward does not reach its branch." """
+    reward-final (reward_status pending) and the reward does not reach its branch."
+    README: "A step with a process reward only is reward-final once its branch's outcome
+    is." (every order of writes: tests/pool/test_reward_kinds.py)"""
     # given: the README's example trajectory and one whose last step has a provisional reward
     write("example", [(0, None), (0, None), (0, 1.0)])
     write("provisional", [(0, None), (0, None)], seed=1)
@@ -599,6 +696,8 @@ SNAPSHOT_COLUMNS = (
     "reward",
     "reward_source",
     "reward_scope",
+    "outcome_reward",
+    "process_reward",
     "policy_version",
     "token_source",
     "drift",
@@ -618,7 +717,8 @@ AS_READ = tuple(c for c in SNAPSHOT_COLUMNS if c not in ("tags", "feedback", "ma
 def test_both_snapshot_files_hold_one_step_per_row_with_the_readme_columns(trainer, reader, mixed):
     """README: "Both files hold one step per line or row, with the same columns: uid,
     trajectory_uid, prompt_group_uid, step_index, prompt_ids, response_ids, rollout_logprobs,
-    token_rewards, token_versions, reward, reward_source, reward_scope, policy_version, token_source, drift, quality_flags,
+    token_rewards, token_versions, reward, reward_source, reward_scope, outcome_reward,
+    process_reward, policy_version, token_source, drift, quality_flags,
     readiness, label, tags, feedback, mask and metadata (in Parquet the token columns are
     list<int32> and metadata is a JSON string)." """
     # given: labels, tags and feedback on a step, feedback on its trajectory
@@ -818,8 +918,10 @@ FILTER_CASES = [
     ({"created_after": "MID"}, {"late"}),
     ({"created_before": "MID"}, READY - {"late"}),
     ({"reward_status": "final"}, READY),
-    ({"readiness": "any", "reward_status": "final"}, EVERY - {"pending"}),
-    ({"readiness": "any", "reward_status": "pending"}, {"pending"}),
+    # (issue 18) "running": its rewarded step is a process reward while the trajectory runs,
+    # so it is not reward-final before its branch's outcome is known
+    ({"readiness": "any", "reward_status": "final"}, EVERY - {"pending", "running"}),
+    ({"readiness": "any", "reward_status": "pending"}, {"pending", "running"}),
     ({"reward_min": 0.5}, READY - {"low", "by-trajectory"}),
     ({"reward_max": 0.5}, {"low", "by-trajectory"}),
     ({"reward_min": 0.2, "reward_max": 0.3}, {"by-trajectory"}),

@@ -120,10 +120,16 @@ def test_trace_view_shows_turns_tool_calls_rewards_and_metadata(tool_calls_in):
     for i, turn in ((0, t0), (1, t1)):
         badge = re.search(r'data-reward="([^"]*)" data-scope="([^"]*)"', turn)
         assert (float(badge.group(1)), badge.group(2)) == (served[i]["reward"], served[i]["reward_scope"])
-    assert [served[0]["reward_scope"], served[1]["reward_scope"]] == [
-        "step",
-        "branch",
-    ]  # step 1 takes its branch's last reward
+    # step 0's own reward is a process reward; step 1 takes its branch's outcome, the
+    # trajectory's reward (until issue 18 it took step 0's 0.25, scope branch)
+    assert [served[0]["reward_scope"], served[1]["reward_scope"]] == ["step", "trajectory"]
+    # and the two kinds apart, as the API serves them
+    assert [(served[i]["outcome_reward"], served[i]["process_reward"]) for i in (0, 1)] == [
+        (1.0, 0.25),
+        (1.0, None),
+    ]
+    assert 'data-fact="process-reward"' in t0 and "process 0.25" in t0 and "outcome 1.0" in t0
+    assert 'data-fact="process-reward"' not in t1 and "outcome 1.0" in t1
     # and model and token counts per turn
     assert 'data-fact="model">toy-agent-1<' in t0
     assert f"{len(sent[1]['prompt_ids'])} → {len(sent[1]['response_ids'])} tokens" in t1
@@ -225,6 +231,12 @@ EXPLAIN_ROWS = [
         _facts(readiness=NOT["REWARD_FINAL"], reward=0.5),
         ["reward"],
         ["reward 0.5 is not final", "final: true"],
+    ),
+    (
+        "process reward awaiting its branch's outcome",
+        _facts(readiness=NOT["REWARD_FINAL"], reward=0.5, awaits_outcome=True),
+        ["reward"],
+        ["process reward 0.5: waiting for its branch's outcome", "final step"],
     ),
     (
         "undeclared group",

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from claw_client import Batch
-from claw_client.integrations.trl import to_dpo_pairs, to_sft_rows
+from claw_client.integrations.trl import rollouts, to_dpo_pairs, to_sft_rows
 from curation.models import Snapshot
 from curation.services import dataset_create
 from curation.services.snapshots import snapshot_build
@@ -259,3 +259,25 @@ def test_the_rollouts_that_count(rows, sft, pairs):
     assert to_dpo_pairs(rows) == [
         {"prompt": [QUESTION_ROW], "chosen": reply(c)[1:], "rejected": reply(r)[1:]} for c, r in pairs
     ]
+
+
+def test_the_rollouts_carry_the_two_kinds_of_reward():
+    """The TRL rollouts (claw_client.integrations.trl.rollouts) and, asked for, the SFT rows
+    carry the outcome of each rollout's branch and the process rewards of its steps beside
+    the reward they were chosen by (docs/trainers.md: "the TRL rollouts")."""
+    # given: a rollout of two steps, a process reward 0.3 on step 0 and the outcome 1.0 on its
+    # final step; another whose outcome came from its trajectory
+    rows = [
+        served("a", 0.3, text="a0", outcome_reward=1.0, process_reward=0.3),
+        served("a", 1.0, index=1, outcome_reward=1.0, process_reward=None),
+        served("b", 0.5, outcome_reward=0.5, process_reward=None),
+    ]
+    # when: read as rollouts and SFT rows with their rewards
+    got = [
+        (r["trajectory_uid"], r["reward"], r["outcome_reward"], r["process_rewards"]) for r in rollouts(rows)
+    ]
+    sft = to_sft_rows(rows, rewards=True)
+    # then: each rollout's outcome and its steps' process rewards, by step index
+    assert got == [("a", 1.0, 1.0, {0: 0.3}), ("b", 0.5, 0.5, {})]
+    assert [(r["reward"], r["outcome_reward"], r["process_rewards"]) for r in sft] == [(1.0, 1.0, {0: 0.3})]
+    assert set(sft[0]) == {"messages", "reward", "outcome_reward", "process_rewards"}

@@ -46,3 +46,27 @@ def test_the_step_page_shows_the_effective_reward_and_its_scope(own, completion,
     # then: the reward and its scope are the served ones
     assert _fact(html, "reward") == reward
     assert _fact(html, "reward-scope") == status_line
+
+
+@pytest.mark.parametrize(
+    ("index", "kinds"),
+    [
+        # step 0's own 0.5 is a process reward; the outcome is the trajectory's 1.0
+        (0, "outcome 1.0 · process 0.5"),
+        (1, "outcome 1.0 · process –"),
+    ],
+)
+def test_the_step_page_shows_the_outcome_and_process_rewards_apart(index, kinds):
+    # given: a two-step trajectory, a process reward on step 0, completed with the outcome 1.0
+    steps_ingest(
+        steps=[
+            step_in("tk", 0, prompt=[1, 2, 3], response=[4, 5], reward=0.5),
+            step_in("tk", 1, prompt=[1, 2, 3, 4, 5, 6], response=[7]),
+        ]
+    )
+    trajectories_complete(completions=[CompletionIn(uid="tk", reward=1.0)])
+    step = Step.objects.get(uid=f"tk:{index}")
+    # when: a reviewer opens the step's page
+    html = signed_in("reviewer").get(f"/steps/{step.id}/").content.decode()
+    # then: both kinds, as stored
+    assert _fact(html, "reward-kinds") == kinds

@@ -36,7 +36,12 @@ Key = tuple[str, int]
 IDENTITY = ("trajectory_uid", "step_index", "prompt_group_uid", "policy_version")
 TOKENS = ("prompt_ids", "response_ids", "rollout_logprobs")
 REWARD = ("reward", "reward_scope", "reward_source")
-ALL_FIELDS = (*IDENTITY, *TOKENS, *REWARD)
+# The two kinds apart (pool/services/effective_reward.py), served as stored whatever the
+# assignment.
+KINDS = ("outcome_reward", "process_reward")
+ALL_FIELDS = (*IDENTITY, *TOKENS, *REWARD, *KINDS)
+# The discount of the discounted_return dataset (tests/test_fidelity_matrix.py ASSIGNMENTS).
+GAMMA = 0.5
 
 
 @dataclass
@@ -58,6 +63,9 @@ def expected_rows(sc: Scenario, rollouts: list[Rollout], assignment: str) -> dic
             reward, scope, source = effective_reward(sc, ro.r, s.step_index, last)
             if assignment == "last_step" and not last and scope != "step":
                 reward, scope, source = 0.0, "none", UNSPECIFIED
+            outcome, process = reward_kinds(sc, ro.r, s.step_index, n)
+            if assignment == "discounted_return":
+                reward, scope = discounted_return(sc, ro.r, s.step_index, n), "return"
             out[(s.trajectory_uid, s.step_index)] = {
                 "trajectory_uid": s.trajectory_uid,
                 "step_index": s.step_index,
@@ -69,6 +77,8 @@ def expected_rows(sc: Scenario, rollouts: list[Rollout], assignment: str) -> dic
                 "reward": reward,
                 "reward_scope": scope,
                 "reward_source": source,
+                "outcome_reward": outcome,
+                "process_reward": process,
                 # padded: the reward on the last response token (0.0 for a null reward)
                 "token_level_reward": 0.0 if reward is None else reward,
                 "branch": 0,  # every agent here continues its own conversation
@@ -87,6 +97,28 @@ def effective_reward(sc: Scenario, r: int, i: int, last: bool) -> tuple[float, s
         own = sc.reward not in ("trajectory", "human")  # those give the trajectory a reward only
         return sc.reward_of(r), "step" if own else "trajectory", source
     return sc.reward_of(r), OTHERS_SCOPE[sc.reward], source
+
+
+def reward_kinds(sc: Scenario, r: int, i: int, n: int) -> tuple[float, float | None]:
+    """(outcome_reward, process_reward) of step ``i`` of rollout ``r`` (of ``n`` steps, one
+    branch): the outcome is the last step's own reward (step_each: its own; the other paths
+    that reward the last step: the rollout's reward), else the trajectory's (the rollout's
+    reward); only step_each gives the other steps a reward of their own, a process reward."""
+    if sc.reward == "step_each":
+        return sc.own_reward(r, n - 1), (sc.own_reward(r, i) if i < n - 1 else None)
+    return sc.reward_of(r), None
+
+
+def discounted_return(sc: Scenario, r: int, i: int, n: int) -> float:
+    """By hand, with GAMMA = 0.5 and one branch of n = 3 steps: step_each, G2 = own(2),
+    G1 = own(1) + 0.5 x G2, G0 = own(0) + 0.5 x G1; every other path has no process reward,
+    so G_i = 0.5 ** (2 - i) x the rollout's reward."""
+    if sc.reward == "step_each":
+        g = 0.0
+        for k in range(n - 1, i - 1, -1):
+            g = sc.own_reward(r, k) + GAMMA * g
+        return g
+    return GAMMA ** (n - 1 - i) * sc.reward_of(r)
 
 
 # --- reading the outputs ------------------------------------------------------------------------
@@ -116,7 +148,9 @@ def read_rows(rows: list[dict[str, Any]]) -> Delivered:
 def read_padded(batch: dict[str, Any] | None) -> Delivered:
     """The ``padded`` format: rows rebuilt from the 2-D arrays through attention_mask; the
     reward read from token_level_rewards must sit on the last response token only."""
-    out = Delivered(fields=(*IDENTITY, *TOKENS, "reward", "reward_scope", "token_level_reward", "layout"))
+    out = Delivered(
+        fields=(*IDENTITY, *TOKENS, "reward", "reward_scope", *KINDS, "token_level_reward", "layout")
+    )
     if batch is None:
         out.problems.append("the pull answered no batch")
         return out
@@ -159,6 +193,7 @@ def read_padded(batch: dict[str, Any] | None) -> Delivered:
             "rollout_logprobs": logprobs[i, :rlen].tolist() if batch["has_rollout_logprobs"][i] else None,
             "reward": batch["reward"][i],
             "reward_scope": scopes[i] if scopes is not None else MISSING,
+            **{k: batch[k][i] if k in batch else MISSING for k in KINDS},
             "token_level_reward": token_reward,
             "layout": "; ".join(layout) or OK,
         }
@@ -168,7 +203,7 @@ def read_padded(batch: dict[str, Any] | None) -> Delivered:
 def read_tree(batch: dict[str, Any] | None) -> Delivered:
     """The ``tree`` format: each step's sequence followed from last_index up the parents, its
     response tokens and logprobs through response_offsets / response_index."""
-    out = Delivered(fields=(*IDENTITY, *TOKENS, "reward", "reward_scope", "layout"))
+    out = Delivered(fields=(*IDENTITY, *TOKENS, "reward", "reward_scope", *KINDS, "layout"))
     if batch is None:
         out.problems.append("the pull answered no batch")
         return out
@@ -203,6 +238,7 @@ def read_tree(batch: dict[str, Any] | None) -> Delivered:
             "rollout_logprobs": logprobs[a:b].tolist() if batch["has_rollout_logprobs"][i] else None,
             "reward": batch["reward"][i],
             "reward_scope": scopes[i] if scopes is not None else MISSING,
+            **{k: batch[k][i] if k in batch else MISSING for k in KINDS},
             "layout": "; ".join(layout) or OK,
         }
     return out

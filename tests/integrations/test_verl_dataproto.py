@@ -130,7 +130,7 @@ def test_a_pulled_batch_is_verls_dataproto_and_trains_a_grpo_step(server):
     token and 0.0 elsewhere." "Non-tensor columns: uid is the prompt group uid (verl's GRPO
     index; a trajectory without a group is its own group), with prompt_uids,
     trajectory_uids, step_indices, step_uids, policy_versions, staleness, reward,
-    reward_scope and has_rollout_logprobs." "meta_info holds the lease id, dataset version,
+    reward_scope, outcome_rewards, process_rewards and has_rollout_logprobs." "meta_info holds the lease id, dataset version,
     policy versions and staleness of the manifest." "verl's GRPO normalises per row, so give
     it single-turn rollouts or a last_step dataset; Claw-R1's trainer sums a trajectory's
     steps first (next section)." (The groupless-trajectory and logprob-presence rules:
@@ -186,6 +186,8 @@ def test_a_pulled_batch_is_verls_dataproto_and_trains_a_grpo_step(server):
         assert nt["step_indices"][i] == 0 and nt["step_uids"][i] == f"{traj}:0"
         assert nt["policy_versions"][i] == 3 and nt["staleness"][i] == 0
         assert nt["reward"][i] == s["reward"] and nt["reward_scope"][i] == "step"
+        # one step, the final one of its branch: its reward is the outcome, no process reward
+        assert nt["outcome_rewards"][i] == s["reward"] and nt["process_rewards"][i] is None
         assert nt["has_rollout_logprobs"][i]
     assert data.meta_info == {
         "lease_id": lease_id,

@@ -30,7 +30,9 @@ def test_each_condition_sets_its_own_bit():
     steps_ingest(steps=[step_in("a", 0, prompt=[1, 2], response=[3], group="g")])
     assert bits("a:0") == Readiness.TOKENS_EXACT
     rewards_apply(rewards=[RewardIn(step_uid="a:0", reward=1.0)])
-    assert bits("a:0") == Readiness.TOKENS_EXACT | Readiness.REWARD_FINAL
+    # (issue 18) while the trajectory runs, its step's reward is a process reward: the step is
+    # reward-final once its branch's outcome is, when the completion makes it the final step
+    assert bits("a:0") == Readiness.TOKENS_EXACT
     trajectories_complete(completions=[CompletionIn(uid="a")])
     assert bits("a:0") == Readiness.TOKENS_EXACT | Readiness.REWARD_FINAL | Readiness.TRAJECTORY_COMPLETE
     steps_ingest(steps=[step_in("b", 0, prompt=[1, 2], response=[4], group="g", reward=0.0, is_last=True)])
@@ -137,11 +139,19 @@ def test_group_flags_follow_the_rewards():
 def test_a_batch_that_ends_an_older_trajectory_refreshes_its_earlier_steps():
     # given a trajectory whose first step came in an earlier batch
     steps_ingest(steps=[step_in("two", 0, prompt=[1], response=[2], reward=1.0)])
-    assert bits("two:0") == Readiness.TOKENS_EXACT | Readiness.REWARD_FINAL
+    # (issue 18) a running trajectory's step reward is a process reward: not reward-final
+    # before its branch's outcome is known
+    assert bits("two:0") == Readiness.TOKENS_EXACT
+    assert Step.objects.values_list("outcome_reward", "process_reward").get(uid="two:0") == (None, 1.0)
     # when a later batch ends it
     steps_ingest(steps=[step_in("two", 1, prompt=[1, 2, 3], response=[4], reward=1.0, is_last=True)])
     # then both steps are ready: the new one as written, the old one refreshed
     assert bits("two:0") == bits("two:1") == READY
+    # and step 1's is the outcome, step 0's a process reward
+    assert list(Step.objects.order_by("step_index").values_list("outcome_reward", "process_reward")) == [
+        (1.0, 1.0),
+        (1.0, None),
+    ]
 
 
 def test_a_reward_on_the_last_step_only_is_the_trajectorys_and_makes_every_step_ready():

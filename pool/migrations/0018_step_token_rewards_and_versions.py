@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('pool', '0016_tasks'),
+        ('pool', '0017_step_outcome_process_rewards'),
     ]
 
     operations = [
