@@ -19,7 +19,8 @@ from examples.learning.policy import new_model  # noqa: E402
 from examples.learning.policy_server import PolicyServer  # noqa: E402
 from tests.live import LiveServer, live_server  # noqa: E402
 
-STEPS = 150
+STEPS = 200
+WINDOW = 10  # steps averaged at each end of the curve
 KEYS = """
 from pool.services import api_key_create
 for name, scopes in (("agent-loop", ["ingest"]), ("trainer", ["consume", "policy"]), ("admin", ["admin"])):
@@ -28,27 +29,27 @@ for name, scopes in (("agent-loop", ["ingest"]), ("trainer", ["consume", "policy
 
 
 def learning_margins(seed: int) -> tuple[float, float, float, float]:
-    """(first 5, last 5) mean rewards of the run, then of the permuted control."""
+    """(first WINDOW, last WINDOW steps) mean rewards of the run, then of the permuted
+    control: 120 rollouts over 20 tasks each, so a policy stuck on one digit scores near 1/6."""
     run = local_run(cfg=Config(steps=STEPS, seed=seed))
     control = local_run(cfg=Config(steps=STEPS, seed=seed, permute=True))
     return (
-        run.mean_reward(first=5),
-        run.mean_reward(last=5),
-        control.mean_reward(first=5),
-        control.mean_reward(last=5),
+        run.mean_reward(first=WINDOW),
+        run.mean_reward(last=WINDOW),
+        control.mean_reward(first=WINDOW),
+        control.mean_reward(last=WINDOW),
     )
 
 
 def test_grpo_learns_the_task_and_the_permuted_control_does_not():
-    # given the untrained policy; when it trains 150 steps on the verifier's rewards, and again on them permuted
+    # given the untrained policy; when it trains 200 steps on the verifier's rewards, and again on them permuted
     run_first, run_last, control_first, control_last = learning_margins(seed=0)
     # then the run learns by a wide margin, from chance (1/6)
     assert run_first <= 0.3
     assert run_last - run_first >= 0.4
-    assert run_last >= 0.8
     # and the control, whose rewards say nothing about its answers, does not
-    assert control_last <= 0.4
-    assert control_last - control_first < 0.4
+    assert control_last <= 0.45
+    assert control_last - control_first < 0.25
 
 
 @pytest.fixture(scope="module")
