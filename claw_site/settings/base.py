@@ -397,6 +397,7 @@ CLAW_REWARD_FUNCTIONS = {
     "math": "pool.rewards.builtin.math_boxed",
     "lighteval/MATH": "pool.rewards.builtin.math_boxed",
     "judge": "pool.rewards.judge.ruler",
+    "exact": "pool.rewards.builtin.exact_match",
 }
 CLAW_REWARD_FUNCTIONS.update(json.loads(os.environ.get("CLAW_REWARD_FUNCTIONS") or "{}"))
 # The LLM judge (pool/rewards/judge.py): the model it names upstream ("" = none) and its budget.

@@ -108,3 +108,14 @@ def normalise_latex(text: str) -> str:
     s = _LATEX_DROP.sub("", s)
     s = "".join(s.split())
     return s.rstrip(".")
+
+
+@rule
+def exact_match(sample: RewardSample) -> RewardResult:
+    """The response's text, stripped, equals the ground truth's text (``"4"`` == ``4``): the
+    verifier of answers that repeat a value (a tool's result, a word of the prompt)."""
+    if sample.ground_truth is None:
+        raise RewardError("exact_match needs a ground truth (reward_model.ground_truth)")
+    truth = str(sample.ground_truth).strip()
+    answer = sample.response_text.strip()
+    return RewardResult(1.0 if answer == truth else 0.0, {"extracted": answer, "ground_truth": truth})

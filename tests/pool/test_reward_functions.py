@@ -52,6 +52,21 @@ def test_gsm8k_compares_the_number_after_the_last_hashes(text, truth, score):
     assert builtin.gsm8k(sample(text, truth)).score == score
 
 
+@pytest.mark.parametrize(
+    ("text", "truth", "score"),
+    [("4", "4", 1.0), (" 4\n", 4, 1.0), ("4", "5", 0.0), ("The answer is 4", "4", 0.0), ("", "4", 0.0)],
+)
+def test_exact_match_compares_the_stripped_text(text, truth, score):
+    result = builtin.exact_match(sample(text, truth, source="exact"))
+    assert (result.score, result.info["extracted"], result.info["ground_truth"]) == (
+        score,
+        text.strip(),
+        str(truth),
+    )
+    with pytest.raises(RewardError, match="ground truth"):
+        builtin.exact_match(sample(text, None, source="exact"))
+
+
 def test_gsm8k_without_a_usable_ground_truth_is_an_error():
     with pytest.raises(RewardError, match="ground truth"):
         builtin.gsm8k(sample("#### 1", None))
