@@ -24,7 +24,8 @@ a smaller shape and reports what each gave):
 
 * blocks: SDPA once per query chunk (``--chunk`` tokens, cut at every branch point) over
   only the keys that chunk can see (its ancestors and itself, from ``subtree_end``), with a
-  chunk x keys boolean mask. Work is about the tree's real (query, key) pairs.
+  chunk x keys mask. Work is about the tree's real (query, key) pairs; an autograd Function
+  keeps the backward's key gradients in one buffer (see ``_tree_attention_function``).
 * dense:  SDPA with the dense U x U tree mask (``claw_client.tree_attention_mask``): U^2
   work and memory, skipped when the mask would pass ``DENSE_MAX_TOKENS``.
 * flex:   ``flex_attention`` with ``claw_client.tree_block_mask``; torch refuses its
@@ -323,15 +324,16 @@ def packed_step(model, work: Sequence[Group], *, chunk: int, attention: str = "b
 # --- tree attention by query chunks ---------------------------------------------------------------
 @dataclass(frozen=True)
 class TreePlan:
-    """Per query chunk ``[a, b)``: the packed indices of the keys it can see, and the
-    (b - a) x keys boolean mask (None where the chunk sees every one of them)."""
+    """Per query chunk ``[a, b)``: the keys it can see (a ``(start, stop)`` range or a tensor
+    of packed indices), and the (b - a) x keys additive mask, 0 where the query attends the
+    key and -inf elsewhere (None where the chunk's queries see all of them)."""
 
     chunks: list[tuple[int, int, Any, Any]]
 
 
 def tree_sdpa_plan(tree, *, chunk: int = 256) -> TreePlan:
     """The chunked tree-attention plan of a packed layout: O(U^2 / chunk) integer work and
-    one boolean per (query, visible key) pair of each chunk."""
+    one float per (query, visible key) pair of each chunk."""
     import torch
 
     se = tree.subtree_end.astype(np.int64)
@@ -341,7 +343,10 @@ def tree_sdpa_plan(tree, *, chunk: int = 256) -> TreePlan:
         mask = (keys[None, :] <= q[:, None]) & (q[:, None] <= se[keys][None, :])
         contiguous = keys[-1] - keys[0] + 1 == len(keys)
         key_index: Any = (int(keys[0]), int(keys[-1]) + 1) if contiguous else torch.from_numpy(keys)
-        out.append((a, b, key_index, None if mask.all() else torch.from_numpy(mask)))
+        additive = None
+        if not mask.all():  # SDPA's flash kernel takes an additive float mask
+            additive = torch.zeros(mask.shape).masked_fill_(torch.from_numpy(~mask), float("-inf"))
+        out.append((a, b, key_index, additive))
     return TreePlan(out)
 
 
@@ -363,24 +368,85 @@ def tree_sdpa_attention(
     """A Hugging Face attention function (registered as ``claw_tree_blocks``): the tree
     attention of ``tree_plan`` (a :class:`TreePlan`, passed as a model kwarg), as one SDPA
     call per query chunk. Returns (batch, tokens, heads, dim) as the interface expects."""
-    import torch
-    import torch.nn.functional as F
-
     if tree_plan is None:
         raise ValueError(f"{ATTENTION_NAME} needs the model called with tree_plan=TreePlan")
-    gqa = query.shape[1] != key.shape[1]
-    outs = []
-    for a, b, keys, mask in tree_plan.chunks:
-        if isinstance(keys, tuple):
-            k, v = key[:, :, keys[0] : keys[1]], value[:, :, keys[0] : keys[1]]
-        else:
-            k, v = key.index_select(2, keys), value.index_select(2, keys)
-        outs.append(
-            F.scaled_dot_product_attention(
-                query[:, :, a:b], k, v, attn_mask=mask, scale=scaling, enable_gqa=gqa
-            )
-        )
-    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+    if query.shape[1] != key.shape[1]:  # grouped-query attention: one kv head per group
+        groups = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    out = _TreeAttention.apply(query, key, value, tree_plan, scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _tree_attention_function():
+    """The autograd Function, built on first use (torch is imported lazily).
+
+    Plain autograd over per-chunk slices and gathers would give every chunk a full-size
+    zero gradient of K and V (O(U^2 / chunk) memory traffic); this backward writes each
+    chunk's key gradients into one buffer instead. Forward and backward call SDPA's CPU
+    flash kernels directly (the public SDPA calls the same ones), keeping each chunk's
+    log-sum-exp for the backward, so nothing is recomputed.
+    """
+    import torch
+
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    flash_bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+    def kv(t, keys):
+        return t[:, :, keys[0] : keys[1]] if isinstance(keys, tuple) else t.index_select(2, keys)
+
+    class TreeAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, query, key, value, plan, scale):
+            out = torch.empty_like(query)
+            lses = []
+            for a, b, keys, mask in plan.chunks:
+                o, lse = flash(query[:, :, a:b], kv(key, keys), kv(value, keys), attn_mask=mask, scale=scale)
+                out[:, :, a:b] = o
+                lses.append(lse)
+            ctx.save_for_backward(query, key, value, out)
+            ctx.plan, ctx.scale, ctx.lses = plan, scale, lses
+            return out
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            query, key, value, out = ctx.saved_tensors
+            dq, dk, dv = torch.zeros_like(query), torch.zeros_like(key), torch.zeros_like(value)
+            grad_out = grad_out.contiguous()
+            for (a, b, keys, mask), lse in zip(ctx.plan.chunks, ctx.lses, strict=True):
+                gq, gk, gv = flash_bwd(
+                    grad_out[:, :, a:b],
+                    query[:, :, a:b],
+                    kv(key, keys),
+                    kv(value, keys),
+                    out[:, :, a:b],
+                    lse,
+                    0.0,
+                    False,
+                    attn_mask=mask,
+                    scale=ctx.scale,
+                )
+                dq[:, :, a:b] = gq
+                if isinstance(keys, tuple):
+                    dk[:, :, keys[0] : keys[1]] += gk
+                    dv[:, :, keys[0] : keys[1]] += gv
+                else:
+                    dk.index_add_(2, keys, gk)
+                    dv.index_add_(2, keys, gv)
+            return dq, dk, dv, None, None
+
+    return TreeAttention
+
+
+class _LazyFunction:
+    fn: Any = None
+
+    def apply(self, *args):
+        if self.fn is None:
+            self.fn = _tree_attention_function()
+        return self.fn.apply(*args)
+
+
+_TreeAttention = _LazyFunction()
 
 
 # --- the other tree attentions, on a smaller shape ----------------------------------------------

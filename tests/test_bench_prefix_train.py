@@ -56,7 +56,8 @@ def test_packed_gradients_equal_per_step_and_padded():
     tree = build_prefix_tree(work[0].seqs, work[0].plens)
     u = len(tree.input_ids)
     model.zero_grad(set_to_none=True)
-    causal = prefix_train.TreePlan([(0, u, (0, u), torch.ones(u, u, dtype=torch.bool).tril())])
+    causal_mask = torch.full((u, u), float("-inf")).triu(1)
+    causal = prefix_train.TreePlan([(0, u, (0, u), causal_mask)])
     model.set_attn_implementation(prefix_train.ATTENTION_NAME)
     try:
         logits = model(
@@ -83,7 +84,7 @@ def test_plan_keys_are_what_each_chunk_attends():
     assert all(x[1] == y[0] for x, y in zip(plan.chunks[:-1], plan.chunks[1:], strict=True))
     for a, b, keys, mask in plan.chunks:
         key_list = list(range(*keys)) if isinstance(keys, tuple) else keys.tolist()
-        dense = np.ones((b - a, len(key_list)), dtype=bool) if mask is None else mask.numpy()
+        dense = np.ones((b - a, len(key_list)), dtype=bool) if mask is None else mask.numpy() == 0
         for row, q in enumerate(range(a, b)):
             seen, k = set(), q
             while k >= 0:
