@@ -218,7 +218,7 @@ def workload(groups: int, scale: float) -> list[Group]:
     return out
 
 
-def make_model(*, hidden: int, layers: int, heads: int, max_len: int):
+def make_model(*, hidden: int, layers: int, heads: int, max_len: int, kv_heads: int | None = None):
     import torch
     import transformers
 
@@ -230,7 +230,7 @@ def make_model(*, hidden: int, layers: int, heads: int, max_len: int):
         intermediate_size=2 * hidden,
         num_hidden_layers=layers,
         num_attention_heads=heads,
-        num_key_value_heads=heads,
+        num_key_value_heads=kv_heads or heads,
         max_position_embeddings=max(2048, max_len),
         attn_implementation="sdpa",
     )

@@ -36,7 +36,8 @@ def test_packed_gradients_equal_per_step_and_padded():
     # given a tiny Llama and one tiny W-agentic group
     work = prefix_train.workload(1, SCALE)
     longest = max(map(len, work[0].seqs))
-    model = prefix_train.make_model(hidden=32, layers=2, heads=4, max_len=longest)
+    # (grouped-query attention, 2 kv heads for 4 query heads, as real models use)
+    model = prefix_train.make_model(hidden=32, layers=2, heads=4, kv_heads=2, max_len=longest)
     # when each variant runs forward + backward (chunks of 8 tokens, so the plan has many)
     runs = {}
     for name, fn in (
