@@ -97,10 +97,15 @@ def test_agent_writes_and_trainer_pulls_acks_nacks_and_replays(server):
             assert step["prompt_ids"].dtype == np.int32 and step["response_ids"].tolist() == [10, 11]
             assert step["rollout_logprobs"].tolist() == [-0.5, -0.25]
             assert step["rollout_logprobs"].dtype == np.float64
-            # c-t0: step 0's own late reward, which its branch's step 1 is served too
-            assert [(s["uid"], s["reward"], s["reward_scope"]) for s in batch.steps] == [
-                ("c-t0:0", 0.5, "step"),
-                ("c-t0:1", 0.5, "branch"),
+            # c-t0: step 0 keeps its own late reward, a process reward of that step alone;
+            # step 1, its branch's final step, is served the outcome: the trajectory's 1.0
+            # (issue 18: a process reward no longer overrides the outcome for other steps)
+            assert [
+                (s["uid"], s["reward"], s["reward_scope"], s["outcome_reward"], s["process_reward"])
+                for s in batch.steps
+            ] == [
+                ("c-t0:0", 0.5, "step", 1.0, 0.5),
+                ("c-t0:1", 1.0, "trajectory", 1.0, None),
             ]
             assert isinstance(batch.batch["steps"][0]["prompt_ids"], list)  # the JSON as served
         # then it was acked: the next pull gets another trajectory

@@ -115,7 +115,7 @@ ROWS = [
 def _stored(w: World) -> list[dict]:
     r = httpx.get(
         f"{w.server.url}/api/v1/steps",
-        params={"trajectory_uid": T, "limit": 500},
+        params={"trajectory_uid": T, "page_size": 500},
         headers=auth(w.reader),
         timeout=30,
     )

@@ -20,7 +20,7 @@ CACHE_S = 1.0  # the default (claw_site/settings/base.py)
 def _status(server: LiveServer, key: str) -> int:
     return httpx.get(
         f"{server.url}/api/v1/steps",
-        params={"limit": 1},
+        params={"page_size": 1},
         headers={"Authorization": f"Bearer {key}"},
         timeout=30,
     ).status_code
