@@ -80,11 +80,7 @@ def middleware_run(
     """``cfg.steps`` steps of the loop through the middleware, served by ``policy`` (the
     gateway's upstream; it is loaded with this run's fresh model first); tasks, the dataset (its agent
     key's source, ``agent_source``, only, ``max_staleness`` 0) and the consumer are named after ``name``."""
-    model = new_model(cfg.seed)
-    torch.set_num_threads(1)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    rng = np.random.default_rng(cfg.seed)
-    control = np.random.default_rng(cfg.seed + 1) if cfg.permute else None
+    model, opt, rng, control = _trainer(cfg)
     res, timings = Result(), Timings()
     with (
         ClawClient(site, agent_key) as agent,
@@ -141,11 +137,7 @@ def middleware_run(
 def direct_run(*, cfg: Config) -> Result:
     """The baseline: the same loop, the agents straight at the policy server, the rows handed
     to the trainer in-process (no gateway, no pool), tasks sampled uniformly here."""
-    model = new_model(cfg.seed)
-    torch.set_num_threads(1)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    rng = np.random.default_rng(cfg.seed)
-    control = np.random.default_rng(cfg.seed + 1) if cfg.permute else None
+    model, opt, rng, control = _trainer(cfg)
     tasks = tasks_of("direct")
     res, timings = Result(), Timings()
     with httpx.Client(timeout=60) as http, PolicyServer(model, seed=cfg.seed) as policy:
@@ -173,11 +165,7 @@ def direct_run(*, cfg: Config) -> Result:
 def local_run(*, cfg: Config) -> Result:
     """The loop with the policy server's ``complete`` called in-process (no HTTP, no
     middleware): the same policy, rollouts, verifier and trainer, in milliseconds a step."""
-    model = new_model(cfg.seed)
-    torch.set_num_threads(1)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    rng = np.random.default_rng(cfg.seed)
-    control = np.random.default_rng(cfg.seed + 1) if cfg.permute else None
+    model, opt, rng, control = _trainer(cfg)
     tasks = tasks_of("local")
     policy = PolicyServer(model, seed=cfg.seed)  # never started: complete() only
     res = Result()
@@ -225,3 +213,17 @@ def _pull_groups(
         rows += got
     timings.add_api("pull", time.perf_counter() - t0)
     return rows, leases
+
+
+def _trainer(
+    cfg: Config,
+) -> tuple[Any, torch.optim.Optimizer, np.random.Generator, np.random.Generator | None]:
+    """What every loop starts from, the same for the run, the control and the baselines: the
+    seeded model on one torch thread, its Adam, the rollouts' rng, and the control's rng that
+    permutes the verifier's rewards (None outside the control)."""
+    model = new_model(cfg.seed)
+    torch.set_num_threads(1)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    rng = np.random.default_rng(cfg.seed)
+    control = np.random.default_rng(cfg.seed + 1) if cfg.permute else None
+    return model, opt, rng, control
