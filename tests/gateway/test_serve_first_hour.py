@@ -83,7 +83,7 @@ class FirstStart:
     server: LiveServer
     migrate_out: str
     bootstrap_out: str
-    blocker: socket.socket | None  # the socket listening on PORT+1, when this test holds it
+    blocker: socket.socket  # this test's socket listening on PORT+1
 
     @property
     def upstream(self) -> tuple[str, int]:
@@ -93,8 +93,10 @@ class FirstStart:
 
 
 def hold_port(port: int) -> socket.socket | None:
-    """A socket listening on ``port`` of 127.0.0.1, or None when another process already
-    listens there (it is taken either way)."""
+    """A socket of this test listening on ``port`` of 127.0.0.1, or None when the port cannot
+    be bound. A failed bind does not mean another process listens there: an outgoing
+    connection's local port, or one in TIME_WAIT, fails a plain bind too, yet serve's
+    SO_REUSEADDR bind takes it. So the fixture only trusts a port it holds itself."""
     sock = socket.socket()
     try:
         sock.bind(("127.0.0.1", port))
@@ -105,10 +107,21 @@ def hold_port(port: int) -> socket.socket | None:
     return sock
 
 
+def demo_serve_with_next_port_held(var_dir: Path, tries: int = 20) -> tuple[LiveServer, socket.socket]:
+    """A demo LiveServer whose PORT+1 this test holds listening: the kernel picks PORT, so
+    PORT+1 may be in use by a connection; another pick is asked for until one is free."""
+    for _ in range(tries):
+        server = demo_serve(var_dir)
+        blocker = hold_port(server.port + 1)
+        if blocker is not None:
+            return server, blocker
+        server.close()
+    raise AssertionError(f"no port of {tries} picked by the kernel had its next port free")
+
+
 @pytest.fixture(scope="module")
 def first_start(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FirstStart]:
-    server = demo_serve(tmp_path_factory.mktemp("first-start"))
-    blocker = hold_port(server.port + 1)
+    server, blocker = demo_serve_with_next_port_held(tmp_path_factory.mktemp("first-start"))
     try:
         migrate_out = manage(server, "migrate", "--noinput")
         bootstrap_out = manage(server, "bootstrap")
@@ -116,8 +129,7 @@ def first_start(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FirstStart
         yield FirstStart(server, migrate_out, bootstrap_out, blocker)
     finally:
         server.close()
-        if blocker is not None:
-            blocker.close()
+        blocker.close()
 
 
 def test_the_demo_upstream_takes_another_port_when_port_plus_one_is_taken(first_start: FirstStart):
