@@ -399,7 +399,6 @@ def main(argv: list[str] | None = None) -> None:
     tmp = tempfile.TemporaryDirectory()
     common = {"CLAW_UPSTREAM_URL": f"{upstream_url}/v1", "CLAW_API_KEY_CACHE_SECONDS": "60"}
     server = LiveServer(Path(tmp.name), {**common, "CLAW_UPSTREAM_LOGPROBS": "1"}, app=args.app)
-    (Path(tmp.name) / "logprobs-off").mkdir()
     off_server = LiveServer(
         Path(tmp.name) / "logprobs-off", {**common, "CLAW_UPSTREAM_LOGPROBS": "0"}, app=args.app
     )
@@ -476,7 +475,6 @@ def _workers_scaling(args: argparse.Namespace, upstream_url: str, bodies: list[b
                 },
                 serve=True,
             )
-            srv.var_dir.mkdir(parents=True)
             servers.append(srv)
             srv.start()
             key = srv.make_key("ingest", "read", name=f"bench-proxy-w{n}")
