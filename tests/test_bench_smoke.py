@@ -1,0 +1,61 @@
+"""Every bench without a test of its own, run as documented at tiny sizes (one row each):
+a bench that breaks fails the suite instead of its next user. The figures are not judged
+here (they are measured on a quiet machine, bench/README); the run must end with its JSON
+line holding the keys the issues and docs quote. bench.proxy, curation, curriculum, load,
+media, prefix_train and learning have their own tests (tests/test_bench_*.py,
+tests/examples/test_learning.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.live import ROOT
+
+PG = bool(os.environ.get("DATABASE_URL"))
+
+# (bench module, its arguments, needs PostgreSQL, keys its result line must hold as numbers)
+BENCHES = [
+    ("ingest", ["--steps", "200", "--rounds", "1", "--clients", "2"], False, ["ratio", "ratio_msgpack"]),
+    ("key_cache", ["--lookups", "2000"], False, ["ratio_ttlcache_over_dict"]),
+    ("prefix", ["--repeat", "1"], False, ["speedup", "savings"]),
+    ("storage", [], False, ["ratio_to_unique", "ratio_to_naive"]),
+    (
+        "prefix_forward",
+        ["--repeat", "1", "--hidden", "32", "--layers", "1", "--threads", "1"],
+        False,
+        ["time_ratio", "max_logprob_diff"],
+    ),
+    (
+        "transport",
+        ["--c1-requests", "3", "--c32-seconds", "0.5", "--concurrency", "4", "--prompt-chars", "200"],
+        False,
+        ["cpu_ratio_fast_over_httpx", "c1_p50_ms_fast"],
+    ),
+    ("pull", ["--steps", "500", "--pulls", "3"], True, ["p50_ms_500", "ratio"]),
+    ("serving", ["--steps", "500", "--pulls", "3"], True, ["pull_oldest_p50_ms", "priority_ratio"]),
+    ("live", ["--seconds", "1", "--hello-steps", "5"], True, ["hello_p50_ms_0k"]),
+]
+
+
+@pytest.mark.parametrize(("bench", "args", "needs_pg", "keys"), BENCHES, ids=[b[0] for b in BENCHES])
+def test_the_bench_runs_as_documented_and_prints_its_figures(bench, args, needs_pg, keys):
+    if needs_pg and not PG:
+        pytest.skip(f"bench.{bench} measures PostgreSQL: it runs in CI's PostgreSQL pass")
+    # when the bench runs as `python -m bench.NAME`, at tiny sizes
+    out = subprocess.run(
+        [sys.executable, "-m", f"bench.{bench}", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    # then its last line is one JSON object holding its figures
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    for key in keys:
+        assert isinstance(result[key], (int, float)) and not isinstance(result[key], bool), (key, result)
