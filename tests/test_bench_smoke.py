@@ -1,6 +1,6 @@
 """Every bench without a test of its own, run as documented at tiny sizes (one row each):
 a bench that breaks fails the suite instead of its next user. The figures are not judged
-here (they are measured on a quiet machine, bench/README); the run must end with its JSON
+here (they are measured on a quiet machine, docs/benchmarks.md); the run must end with its JSON
 line holding the keys the issues and docs quote. bench.proxy, curation, curriculum, load,
 media, prefix_train and learning have their own tests (tests/test_bench_*.py,
 tests/examples/test_learning.py)."""
