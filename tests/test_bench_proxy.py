@@ -4,26 +4,15 @@ them on a quiet machine); only that the run ends with its JSON line, every gatew
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
-from tests.live import ROOT
+from tests.test_bench_smoke import run_bench
 
 
 def test_bench_proxy_runs_every_phase_and_stores_every_call():
     # when bench.proxy runs with its default phases, tiny sizes
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.proxy", "--c1-requests", "3", "--c32-seconds", "0.5"]
-        + ["--rounds", "1", "--concurrency", "4", "--prompt-chars", "200"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result = run_bench(
+        "proxy", "--c1-requests 3 --c32-seconds 0.5 --rounds 1 --concurrency 4 --prompt-chars 200".split()
     )
-    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     # then its last line is the result, with the figures the issues quote
-    result = json.loads(out.stdout.strip().splitlines()[-1])
     for key in ("c32_gateway_cpu_ms_per_call", "gateway_over_relay_cpu", "c1_added_p50_ms"):
         assert result[key] > 0, result
     assert result["c32_gateway_rps_workers_1"] > 0 and result["c32_gateway_rps_workers_2"] > 0, result

@@ -42,20 +42,22 @@ BENCHES = [
 ]
 
 
+def run_bench(bench: str, args: list[str]) -> dict:
+    """`python -m bench.NAME ARGS` from the project root: it must exit 0, and its last line is
+    the result."""
+    out = subprocess.run(
+        [sys.executable, "-m", f"bench.{bench}", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.parametrize(("bench", "args", "needs_pg", "keys"), BENCHES, ids=[b[0] for b in BENCHES])
 def test_the_bench_runs_as_documented_and_prints_its_figures(bench, args, needs_pg, keys):
     if needs_pg and not PG:
         pytest.skip(f"bench.{bench} measures PostgreSQL: it runs in CI's PostgreSQL pass")
     # when the bench runs as `python -m bench.NAME`, at tiny sizes
-    out = subprocess.run(
-        [sys.executable, "-m", f"bench.{bench}", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    result = run_bench(bench, args)
     # then its last line is one JSON object holding its figures
-    result = json.loads(out.stdout.strip().splitlines()[-1])
     for key in keys:
         assert isinstance(result[key], (int, float)) and not isinstance(result[key], bool), (key, result)
