@@ -1,9 +1,9 @@
-"""Every bench without a test of its own, run as documented at tiny sizes (one row each):
-a bench that breaks fails the suite instead of its next user. The figures are not judged
-here (they are measured on a quiet machine, docs/benchmarks.md); the run must end with its JSON
-line holding the keys the issues and docs quote. bench.proxy, curation, curriculum, load,
-media, prefix_train and learning have their own tests (tests/test_bench_*.py,
-tests/examples/test_learning.py)."""
+"""Benches run as documented (`python -m bench.NAME`) at tiny sizes, one row each: a bench
+that breaks fails the suite instead of its next user. The figures are not judged here (they
+are measured on a quiet machine, docs/benchmarks.md); the run must end with its JSON line
+holding the keys the issues and docs quote. bench.proxy, bench.load and bench.prefix_train run
+their own main in tests of their own. Not yet run as documented anywhere: bench.curation,
+curriculum, media, learning, sse and env_helpers (their tests call the modules' functions)."""
 
 from __future__ import annotations
 
