@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import openai
@@ -91,7 +92,9 @@ def test_trace_view_at_1440(tmp_path, browser_page, slow_upstream):  # noqa: F81
         # and each call's latency as the door measured it (the upstream takes 300 ms)
         for loc, s in ((step0, s0), (step1, s1)):
             assert s["metadata"]["latency_ms"] >= 300
-            expect(loc.locator('[data-fact="latency"]')).to_have_text(f"{s['metadata']['latency_ms']:.0f} ms")
+            # whole milliseconds, halves rounded up as the page's floatformat does (not Python's half-to-even)
+            shown = Decimal(repr(s["metadata"]["latency_ms"])).quantize(Decimal(1), rounding=ROUND_HALF_UP)
+            expect(loc.locator('[data-fact="latency"]')).to_have_text(f"{shown} ms")
 
         # when: step 0's metadata tree is expanded
         step0.locator("details.metadata > summary").click()
