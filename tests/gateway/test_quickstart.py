@@ -56,6 +56,10 @@ def test_the_quickstart_snippets_parse():
     agent = python[0]
     assert agent.index('"/groups"') < agent.index("chat.completions.create")
     assert "expected_rollouts" in agent
+    # and the agent's key is an ingest key alone: it reads back its own source's rows only
+    # (pool/tenancy.py); "read" would read every source's
+    (key_line,) = [line for code in sh for line in code.splitlines() if line.startswith("export AGENT_KEY=")]
+    assert re.findall(r"--scope ([a-z]+)", key_line) == ["ingest"], key_line
     # and every sh block is valid bash
     for code in sh:
         run(["bash", "-n", "-c", code], {})

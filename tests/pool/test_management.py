@@ -123,6 +123,8 @@ def test_bootstrap_creates_operator_and_keys_once(settings, tmp_path, monkeypatc
         assert path.read_text().strip() == clear and stat.S_IMODE(path.stat().st_mode) == 0o600
     assert set(ApiKey.objects.get(name="default-trainer").scopes) == {"consume", "policy", "read"}
     assert ApiKey.objects.get(name="default-admin").scopes == ["admin"]
+    # the ingest key is an agent's: ingest alone, reading its own source only (pool/tenancy.py)
+    assert ApiKey.objects.get(name="default-ingest").scopes == ["ingest"]
     # and the printed keys work: the ingest key writes, the trainer key reads, the admin key
     # reads the stats
     assert client_for(admin).get("/api/v1/stats").status_code == 200

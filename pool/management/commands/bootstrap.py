@@ -75,9 +75,11 @@ class Command(BaseCommand):
                 User.objects.create_superuser("operator", "operator@localhost", password)
                 lines.append(f"operator login:  operator / {password}")
             if not ApiKey.objects.filter(name="default-ingest").exists():
+                # ingest alone: an agent reads back its own source's rows (pool/tenancy.py);
+                # ``read`` would read every source's.
                 _, key = api_key_create(
                     name="default-ingest",
-                    scopes=[Scope.INGEST, Scope.READ],
+                    scopes=[Scope.INGEST],
                     source_name="default",
                     source_kind=Source.Kind.AGENT,
                 )
