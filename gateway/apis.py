@@ -449,9 +449,13 @@ class PolicyVersionApi(KnownQueryParams, generics.GenericAPIView):
 class StatsApi(KnownQueryParams, APIView):
     permission_classes = [ReadScope]
 
-    @extend_schema(responses=OpenApiResponse(description="Pool counts and token economics"))
+    @extend_schema(
+        responses=OpenApiResponse(
+            description="Pool counts and token economics (a restricted key's: its sources' rows only)"
+        )
+    )
     def get(self, request):
-        return Response(pool_stats())
+        return Response(pool_stats(read_sources_of(request)))
 
 
 def healthz(request):

@@ -1,4 +1,5 @@
-"""Reads of the whole pool's counts and token economics (``GET /api/v1/stats``)."""
+"""Reads of the pool's counts and token economics (``GET /api/v1/stats``): the whole pool's,
+or a restricted reader's sources' (pool/tenancy.py)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,25 @@ from django.db.models.functions import Length
 
 from .. import tokens
 from ..flags import READY, Readiness
-from ..models import Event, Feedback, MergeResult, PolicyVersion, PromptGroup, Step, Trajectory
+from ..models import MergeResult, PolicyVersion, Step
+from ..tenancy import Sources
+from ..tenancy import q as of_sources
+from .events import events_listed, feedback_listed
+from .trajectories import groups_listed, trajectories_listed
 
 # Readiness values without a final effective reward.
 AWAITING_REWARD_VALUES = [v for v in range(READY + 1) if not v & int(Readiness.REWARD_FINAL)]
 
 
-def pool_stats() -> dict[str, Any]:
-    """Counts and token economics of the whole pool (a handful of aggregate queries)."""
-    steps = Step.objects.aggregate(
+def pool_stats(sources: Sources = None) -> dict[str, Any]:
+    """Counts and token economics of the whole pool (``sources`` None), or of what a reader
+    restricted to ``sources`` may list: the rows ``GET /steps``, ``/trajectories``,
+    ``/groups``, ``/events`` and ``/feedback`` give it (groups: its sources' and the shared
+    ones), and the merges of its sources' groups (a shared group's prefix tree is shown to
+    unrestricted readers only). The current policy version is the pool's. A handful of
+    aggregate queries."""
+    own_steps = Step.objects.filter(of_sources("trajectory__source_id", sources))
+    steps = own_steps.aggregate(
         steps=Count("id"),
         # Steps without a final effective reward (the REWARD_FINAL bit: its own, its
         # branch's or its trajectory's), the dashboard's "awaiting reward": never a ready step.
@@ -25,15 +36,21 @@ def pool_stats() -> dict[str, Any]:
         drift=Count("id", filter=Q(drift=True)),
         tokens=Sum("seq_len"),
     )
-    traj = dict(Trajectory.objects.values_list("status").annotate(n=Count("id")).values_list("status", "n"))
+    traj = dict(
+        trajectories_listed(sources)
+        .select_related(None)
+        .values_list("status")
+        .annotate(n=Count("id"))
+        .values_list("status", "n")
+    )
     groups = dict(
-        PromptGroup.objects.values_list("status").annotate(n=Count("id")).values_list("status", "n")
+        groups_listed(sources).values_list("status").annotate(n=Count("id")).values_list("status", "n")
     )
-    stored = _stored_token_bytes()
+    stored = own_steps.aggregate(n=Sum(Length("seq_delta")))["n"] or 0
     current = PolicyVersion.objects.filter(is_current=True).values_list("version", flat=True).first()
-    merges = MergeResult.objects.filter(status=MergeResult.Status.DONE).aggregate(
-        total=Sum("total_tokens"), unique=Sum("unique_tokens")
-    )
+    merges = MergeResult.objects.filter(
+        of_sources("group__source_id", sources), status=MergeResult.Status.DONE
+    ).aggregate(total=Sum("total_tokens"), unique=Sum("unique_tokens"))
     naive = (steps["tokens"] or 0) * tokens.TOKEN_BYTES
     return {
         "steps": steps["steps"],
@@ -43,8 +60,8 @@ def pool_stats() -> dict[str, Any]:
         "trajectories_by_status": traj,
         "groups": sum(groups.values()),
         "groups_by_status": groups,
-        "events": Event.objects.count(),
-        "feedback": Feedback.objects.count(),
+        "events": events_listed(sources).select_related(None).count(),
+        "feedback": feedback_listed(sources).select_related(None).count(),
         "current_policy_version": current,
         "tokens": {
             "step_tokens": steps["tokens"] or 0,
@@ -57,8 +74,3 @@ def pool_stats() -> dict[str, Any]:
             "unique_tokens": merges["unique"] or 0,
         },
     }
-
-
-def _stored_token_bytes() -> int:
-    # LENGTH() of a blob/bytea is its size in bytes on both SQLite and PostgreSQL.
-    return Step.objects.aggregate(n=Sum(Length("seq_delta")))["n"] or 0
