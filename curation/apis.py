@@ -23,6 +23,7 @@ from pool.access.auth import (
     ScopePermission,
     key_id_of,
     principal_has_scope,
+    served_sources_of,
     source_id_of,
     user_id_of,
 )
@@ -104,6 +105,15 @@ def dataset_render(ds: Dataset, *, versions: bool = False) -> dict[str, Any]:
     return out
 
 
+def _dataset(request, name: str) -> Dataset:
+    """The dataset ``name`` if the request may see it (curation/selectors/specs.py), else the
+    404 of an unknown name."""
+    ds = dataset_get(name, sources=served_sources_of(request))
+    if ds is None:
+        raise NotFound(f"dataset {name!r} does not exist", field="name")
+    return ds
+
+
 class DatasetListCreateApi(KnownQueryParams, APIView):
     def get_permissions(self):
         return [CurateScope()] if self.request.method == "POST" else [ReadScope()]
@@ -114,7 +124,8 @@ class DatasetListCreateApi(KnownQueryParams, APIView):
         operation_id="datasets_list",
     )
     def get(self, request):
-        return Response([dataset_render(d) for d in datasets_list(limit=1000)])
+        datasets = datasets_list(limit=1000, sources=served_sources_of(request))
+        return Response([dataset_render(d) for d in datasets])
 
     @extend_schema(
         summary='Create a dataset: {"name", "description", "filters": {...}, "grouping": {...}}',
@@ -136,15 +147,9 @@ class DatasetDetailApi(KnownQueryParams, APIView):
     def get_permissions(self):
         return [CurateScope()] if self.request.method in ("PUT", "PATCH") else [ReadScope()]
 
-    def _get(self, name: str) -> Dataset:
-        ds = dataset_get(name)
-        if ds is None:
-            raise NotFound(f"dataset {name!r} does not exist", field="name")
-        return ds
-
     @extend_schema(summary="A dataset with every version", responses=cs.DatasetSerializer)
     def get(self, request, name: str):
-        return Response(dataset_render(self._get(name), versions=True))
+        return Response(dataset_render(_dataset(request, name), versions=True))
 
     @extend_schema(
         summary="Edit a dataset: a changed spec adds a version (older ones stay as they were)",
@@ -155,7 +160,7 @@ class DatasetDetailApi(KnownQueryParams, APIView):
         data = _body(request, DATASET_FIELDS - {"name"})
         spec = None
         if "filters" in data or "grouping" in data or "serving" in data:
-            current = self._get(name).current
+            current = _dataset(request, name).current
             base = current.spec if current else {}
             # PATCH: a part not given keeps the current version's (the serving rules too: a
             # filter edit used to reset a trainer's stale_after and capacity).
@@ -189,10 +194,10 @@ class DatasetPreviewApi(KnownQueryParams, APIView):
         summary="What a saved dataset admits now: counts and token statistics", responses=cs.PreviewSerializer
     )
     def get(self, request, name: str):
-        ds = dataset_get(name)
-        if ds is None or ds.current is None:
+        ds = _dataset(request, name)
+        if ds.current is None:
             raise NotFound(f"dataset {name!r} does not exist", field="name")
-        preview = dataset_preview(spec_parse(ds.current.spec))
+        preview = dataset_preview(spec_parse(ds.current.spec), served_sources_of(request))
         return Response({"dataset": ds.name, "version": ds.current.version, **preview})
 
 
@@ -206,7 +211,7 @@ class SpecPreviewApi(APIView):
     )
     def post(self, request):
         data = _body(request, {"filters", "grouping"})
-        return Response(dataset_preview(spec_parse(_spec_of(data))))
+        return Response(dataset_preview(spec_parse(_spec_of(data)), served_sources_of(request)))
 
 
 class LabelApi(APIView):
@@ -377,8 +382,9 @@ def lease_render(lease: Lease) -> dict[str, Any]:
 
 # --- snapshots --------------------------------------------------------------------------------
 # Creating a snapshot starts a build (work and storage): trainers (consume keys), admin keys
-# and operators. Its status and files are reads of data any key may already read step by
-# step: read, ingest and consume keys, admin keys and operators.
+# and operators. Its status and files are reads: consume keys (a snapshot is what their pulls
+# would serve, every source's), read and admin keys and operators read every snapshot; an
+# ingest key only a done one holding its sources' rows alone, else the 404 of an unknown id.
 
 
 class SnapshotCreateApi(APIView):
@@ -401,7 +407,7 @@ class SnapshotCreateApi(APIView):
             min_reward=data.get("min_reward"),
             margin=data.get("margin"),
         )
-        snap = _snapshot(snap.id)
+        snap = _snapshot(request, snap.id)
         return Response(snapshot_render(snap), status=status.HTTP_202_ACCEPTED)
 
 
@@ -412,7 +418,7 @@ class SnapshotDetailApi(KnownQueryParams, APIView):
         summary="A snapshot: status, progress and (once done) its manifest", responses=cs.SnapshotSerializer
     )
     def get(self, request, snapshot_id):
-        return Response(snapshot_render(_snapshot(snapshot_id)))
+        return Response(snapshot_render(_snapshot(request, snapshot_id)))
 
 
 class _FileNegotiation(BaseContentNegotiation):
@@ -450,7 +456,7 @@ class SnapshotDownloadApi(KnownQueryParams, APIView):
         known = [*snapshots.FORMATS, *snapshots.EXPORTS, *snapshots.ARCHIVES]
         if fmt not in known:
             raise InvalidInput(f"format must be one of {known}", field="format")
-        snap = _snapshot(snapshot_id)
+        snap = _snapshot(request, snapshot_id)
         if snap.status != Snapshot.Status.DONE:
             raise Conflict(f"snapshot {snap.id} is {snap.status}: download it once done", field="snapshot")
         if fmt not in snap.files:
@@ -469,8 +475,10 @@ class SnapshotDownloadApi(KnownQueryParams, APIView):
         )
 
 
-def _snapshot(snapshot_id) -> Snapshot:
-    snap = snapshot_get(snapshot_id)
+def _snapshot(request, snapshot_id) -> Snapshot:
+    """The snapshot if the request may read it (selectors.consumption.snapshot_get), else
+    the 404 of an unknown id."""
+    snap = snapshot_get(snapshot_id, sources=served_sources_of(request))
     if snap is None:
         raise NotFound(f"snapshot {snapshot_id} does not exist", field="snapshot")
     return snap

@@ -384,6 +384,11 @@ class Snapshot(models.Model):
     # The admitted step ids, ascending, and those served masked; null until the first attempt.
     step_ids = models.JSONField(null=True, blank=True)
     masked_ids = models.JSONField(null=True, blank=True)
+    # Whose rows it holds (pool/tenancy.py): the source ids of its steps' trajectories,
+    # ascending (null for a trajectory without a source), recorded with the files when done;
+    # null until then. A reader restricted to some sources reads it only when this names
+    # them alone (curation/selectors/consumption.py, snapshot_get).
+    source_ids = models.JSONField(null=True, blank=True)
     # The attempt that may record the result: a stale worker's final UPDATE matches nothing.
     attempt = models.CharField(max_length=32, blank=True, default="")
     manifest = models.JSONField(default=dict, blank=True)

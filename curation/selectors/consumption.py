@@ -11,6 +11,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from pool.models import PolicyVersion, PromptGroup, Trajectory
+from pool.tenancy import Sources
 
 from ..models import Consumer, Dataset, Delivery, Lease, Skip, Snapshot
 from ..specs import spec_parse
@@ -205,11 +206,19 @@ def lease_body(lease_id: uuid.UUID, *, owner: int | None = None) -> bytes | None
     return bytes(body) if body is not None else None
 
 
-def snapshot_get(snapshot_id: uuid.UUID | str) -> Snapshot | None:
-    """A snapshot with its dataset version and dataset, without its step id lists, or None."""
-    return (
+def snapshot_get(snapshot_id: uuid.UUID | str, *, sources: Sources = None) -> Snapshot | None:
+    """A snapshot with its dataset version and dataset, without its step id lists, or None;
+    also None for a reader restricted to ``sources`` (pool/tenancy.py) unless the snapshot
+    is done and holds rows of those sources only (Snapshot.source_ids: a row without a
+    source is nobody's, so only an unrestricted reader reads a snapshot holding one). A
+    snapshot holding no row at all is nobody's data: any reader reads it. One query; the
+    ids are compared here because "a JSON list within a set" has no portable lookup."""
+    snap = (
         Snapshot.objects.select_related("dataset_version__dataset")
         .defer("step_ids", "masked_ids")
         .filter(id=snapshot_id)
         .first()
     )
+    if snap is None or sources is None:
+        return snap
+    return snap if snap.source_ids is not None and set(snap.source_ids) <= sources else None

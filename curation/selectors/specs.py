@@ -20,6 +20,12 @@ Everything is evaluated in the database, in one statement per question: the prev
 200k steps is one aggregate over the step table (bench/curation.py measures it).
 
 The dataset catalogue (datasets and their versions) is read here too.
+
+Tenancy (pool/tenancy.py): a preview takes the reader's ``sources`` and counts only the
+steps of its sources' trajectories, whatever the spec's ``sources`` filter names (None:
+every source's). A reader restricted to some sources sees the datasets whose every version
+names only its sources in ``filters.sources`` (a dataset without that filter names none):
+the catalogue does not tell another source's name, nor its numbers.
 """
 
 from __future__ import annotations
@@ -48,7 +54,9 @@ from django.db.models import (
 from django.db.models.functions import Coalesce
 
 from pool.flags import QUALITY_NAMES, READY, Readiness
-from pool.models import Feedback, PolicyVersion, PromptGroup, Step, Trajectory
+from pool.models import Feedback, PolicyVersion, PromptGroup, Source, Step, Trajectory
+from pool.tenancy import Sources
+from pool.tenancy import q as of_sources
 
 from ..models import Dataset, DatasetVersion, StepTag
 from ..specs import Filters, Spec
@@ -70,10 +78,12 @@ class Compiled:
     needs_alias: bool  # passes refers to the aliases set by ``_aliased``
 
 
-def spec_compile(spec: Spec) -> Compiled:
+def spec_compile(spec: Spec, sources: Sources = None) -> Compiled:
+    """``spec`` compiled; ``sources``: only the steps of those sources' trajectories (a
+    restricted reader's preview; None: every source's)."""
     f = spec.filters
     current = PolicyVersion.objects.filter(is_current=True).values_list("version", flat=True).first()
-    step_scope = Q()
+    step_scope = of_sources("trajectory__source_id", sources)
     if f.sources is not None:
         step_scope &= Q(source__name__in=f.sources)
     if f.created_after is not None:
@@ -258,9 +268,11 @@ def _units_sql(c: Compiled, restrict: Q | None = None) -> tuple[str, list[Any]]:
     return sql, params
 
 
-def dataset_preview(spec: Spec) -> dict[str, Any]:
-    """Counts and token statistics of what ``spec`` admits now (one statement)."""
-    c = spec_compile(spec)
+def dataset_preview(spec: Spec, sources: Sources = None) -> dict[str, Any]:
+    """Counts and token statistics of what ``spec`` admits now (one statement), of the steps
+    of ``sources``' trajectories only (a restricted reader's; None: every source's). The
+    restriction is part of the scope, so a group counts its reader's rollouts only."""
+    c = spec_compile(spec, sources)
     if not spec.grouping.keep_groups_whole:
         agg = dataset_steps(c).aggregate(
             steps=Count("id"),
@@ -356,14 +368,33 @@ def units_admitted(c: Compiled, restrict: Q | None = None) -> dict[int, dict[int
     return out
 
 
-def datasets_list(limit: int | None = None) -> list[Dataset]:
-    """Every dataset (the first ``limit`` by name) with its current version (one query)."""
-    return list(Dataset.objects.select_related("current").order_by("name")[:limit])
+def datasets_list(limit: int | None = None, *, sources: Sources = None) -> list[Dataset]:
+    """Every dataset (the first ``limit`` by name) with its current version (one query), or
+    (``sources``) those a reader restricted to them may see (module docstring; two more)."""
+    qs = Dataset.objects.select_related("current").order_by("name")
+    if sources is not None:
+        qs = qs.exclude(id__in=_datasets_naming_others(sources))
+    return list(qs[:limit])
 
 
-def dataset_get(name: str) -> Dataset | None:
-    """The dataset ``name`` with its current version, or None."""
-    return Dataset.objects.select_related("current").filter(name=name).first()
+def dataset_get(name: str, *, sources: Sources = None) -> Dataset | None:
+    """The dataset ``name`` with its current version, or None (also when a reader restricted
+    to ``sources`` may not see it: module docstring)."""
+    qs = Dataset.objects.select_related("current").filter(name=name)
+    if sources is not None:
+        qs = qs.exclude(id__in=_datasets_naming_others(sources))
+    return qs.first()
+
+
+def _datasets_naming_others(sources: frozenset[int]) -> list[int]:
+    """The datasets with a version whose ``filters.sources`` names a source outside
+    ``sources``. The names are checked here, not in SQL: "a JSON list within a set" has no
+    portable lookup (``contained_by`` is PostgreSQL's), and datasets are few (a trainer's
+    catalogue: tens of versions), each version's list read once."""
+    names = set(Source.objects.filter(id__in=sorted(sources)).values_list("name", flat=True))
+    named = DatasetVersion.objects.values_list("dataset_id", "spec__filters__sources")
+    # A stored spec is normalised (curation/specs.py): its sources are a list of names or null.
+    return sorted({ds for ds, listed in named if listed is not None and not set(listed) <= names})
 
 
 def dataset_versions(name: str) -> tuple[Dataset, list[DatasetVersion]] | None:

@@ -39,7 +39,7 @@ from claw_client.integrations import trl
 from pool import flags, tokens
 from pool.errors import InvalidInput, NotFound
 from pool.ingest.effects import emit
-from pool.models import Feedback, Media, Step
+from pool.models import Feedback, Media, Step, Trajectory
 from pool.selectors.steps import step_images
 from pool.services import effective_reward
 from pool.services.media import media_file
@@ -198,7 +198,7 @@ def snapshot_build(
     stored: list[str] = []
     try:
         size = chunk_size or settings.CLAW_SNAPSHOT_CHUNK_STEPS
-        files, manifest = _write(snap, folder, stored, size, on_chunk)
+        files, manifest, source_ids = _write(snap, folder, stored, size, on_chunk)
     except BaseException as exc:
         _attempt_fail(snap, stored, exc)
         raise
@@ -210,6 +210,7 @@ def snapshot_build(
                 status=Snapshot.Status.DONE,
                 files=files,
                 manifest=manifest,
+                source_ids=source_ids,
                 content_hash=manifest["content_hash"],
                 steps_done=manifest["steps"],
                 error="",
@@ -315,8 +316,9 @@ def _remove(names: list[str]) -> None:
 
 def _write(
     snap: Snapshot, folder: str, stored: list[str], chunk_size: int, on_chunk: Callable[[int], None] | None
-) -> tuple[dict[str, str], dict[str, Any]]:
-    """Write both files chunk by chunk to local temporary files, then store them.
+) -> tuple[dict[str, str], dict[str, Any], list[int | None]]:
+    """Write both files chunk by chunk to local temporary files, then store them. Returns
+    the files, the manifest and the source ids of the steps' trajectories (Snapshot.source_ids).
 
     The temporary files have no name (tempfile.TemporaryFile: unlinked at creation on
     POSIX), so a build killed mid-way leaves nothing on the worker's disk: the kernel frees
@@ -326,6 +328,7 @@ def _write(
     stats = _Stats()
     export = (snap.manifest or {}).get("export")
     finals = _Finals() if export else None
+    sources: set[int | None] = set()
     with (
         tempfile.TemporaryFile() as jsonl,
         tempfile.TemporaryFile() as parquet,
@@ -342,6 +345,7 @@ def _write(
                     jsonl.write(line)
                     digest.update(line)
                     stats.add(row)
+                sources |= chunk.source_ids
                 writer.write_table(_table(chunk))
                 archive.add_media(chunk)
                 if finals is not None:
@@ -380,7 +384,7 @@ def _write(
         "created_at": snap.created_at.isoformat(),
         "built_at": timezone.now().isoformat(),
     }
-    return files, manifest
+    return files, manifest, sorted(sources, key=lambda i: (i is None, i or 0))
 
 
 def _write_export(
@@ -502,6 +506,7 @@ class _Chunk:
         "ids",
         "branches",
         "media",
+        "source_ids",
     )
 
     def __init__(self) -> None:
@@ -513,6 +518,7 @@ class _Chunk:
         self.logprobs: list[bytes | None] = []
         self.token_rewards: list[bytes | None] = []
         self.token_versions: list[bytes | None] = []  # one little-endian int64 per response id
+        self.source_ids: set[int | None] = set()  # of the chunk's trajectories (Snapshot.source_ids)
         # The stored bytes of each image the chunk's rows reference (sha256 -> bytes), read once.
         self.media: dict[str, bytes] = {}
 
@@ -543,6 +549,9 @@ def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: Groupi
         ):
             tags.setdefault(sid, []).append(tag)
         trajs = {s[2] for s in steps}
+        chunk_sources = set(
+            Trajectory.objects.filter(id__in=sorted(trajs)).values_list("source_id", flat=True).distinct()
+        )
         feedback: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for f in (
             Feedback.objects.filter(Q(step_id__in=ids) | Q(trajectory_id__in=trajs, step__isnull=True))
@@ -553,6 +562,7 @@ def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: Groupi
             feedback.setdefault(("s", sid) if sid is not None else ("t", tid), []).append(f)
         full = tokens.load_sequences(ids)
         chunk = _Chunk()
+        chunk.source_ids = chunk_sources
         images = step_images(ids)
         chunk.media = _media_bytes(images)
         branches = chunk.branches

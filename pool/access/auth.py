@@ -114,6 +114,17 @@ def read_sources_of(request) -> frozenset[int] | None:
     return user.key.read_sources if isinstance(user, KeyPrincipal) else None
 
 
+def served_sources_of(request) -> frozenset[int] | None:
+    """The sources whose rows the request may read as datasets serve them (a dataset's
+    preview, the dataset catalogue, snapshots): None (any) for a consume key, as its pulls
+    are (consumption is not filtered by source: a trainer is served every source's units a
+    dataset admits), else ``read_sources_of``."""
+    user = getattr(request, "user", None)
+    if isinstance(user, KeyPrincipal) and user.key.has_scope(Scope.CONSUME):
+        return None
+    return read_sources_of(request)
+
+
 class ScopePermission(permissions.BasePermission):
     """Grants a request whose key holds any of ``scopes`` (admin keys and staff sessions hold
     them all); anonymous requests are 401, others 403."""
