@@ -6,15 +6,27 @@ feedback and an event. Another source's ingest key ("other") may neither write n
 any of it: reads answer 404 as for an unknown uid, writes naming A's uids answer 409
 ``uid_taken`` (creating) or 404 (targeting), and A's rows stay exactly as they were. A read
 key reads everything and writes nothing (403); an admin key does both.
+
+The matrix is checked against the URL conf: every named pattern under /api/v1/ must be
+requested by a row here (resolved from the row's path) or carry a reasoned exemption
+(test_every_api_endpoint_has_a_row_in_the_matrix), so a new endpoint without a row fails.
 """
 
 from __future__ import annotations
 
+import orjson
 import pytest
+from django.db.models import Q, Sum
+from django.urls import URLResolver, get_resolver, resolve
 
-from pool.models import Event, Feedback, PromptGroup, RewardEvent, Scope, Step, Trajectory
-from pool.services import api_key_create
+from curation.services import dataset_create
+from curation.services.consume import Actor, PullIn, consumer_pull
+from curation.services.snapshots import snapshot_build, snapshot_create
+from pool.models import Event, Feedback, Media, PromptGroup, RewardEvent, Scope, Source, Step, Trajectory
+from pool.services import api_key_create, steps_ingest
 from tests.conftest import client_for, make_step, post_steps
+from tests.media_support import attach, png
+from tests.pool.factories import step_in
 
 pytestmark = pytest.mark.django_db
 
@@ -187,3 +199,356 @@ def test_a_shared_group_takes_every_sources_trajectories(world):
         r = world[actor].post("/api/v1/groups", {"uid": "shared-g", "expected_rollouts": 1}, format="json")
         assert (r.status_code, r.json()["error"]["code"]) == (409, "uid_taken")
     assert PromptGroup.objects.get(uid="shared-g").expected_rollouts is None
+
+
+# --- every /api/v1 endpoint, from the URL conf ---------------------------------------------------
+# The rows below cover the endpoints the tables above do not: snapshots, datasets and their
+# previews, stats, consumers and leases, tasks and the sampler, media, policy versions, labels.
+# Their world (``pool``) is A's data above plus B's own rows, an image on A's step, a dataset
+# naming A alone ("a-only") and one naming no source ("everyone"), a snapshot of each, a
+# consumer of A's source with a lease, and a task and a sampler record per source. Two more
+# actors: a trainer (consume key) of each source.
+#
+# Expectations, per actor: SEES (200), HIDDEN (404 with exactly the body of an unknown id), a
+# status (403: the scope is missing), or the numbers a count answers (computed from the
+# database for the sources the actor may read, compared field by field).
+SEES, HIDDEN = "sees", "hidden"
+A_NAME, B_NAME = "tenant-own", "tenant-other"
+POOL_ACTORS = ("own", "other", "read", "admin", "own-trainer", "other-trainer")
+UNKNOWN_UUID = "00000000-0000-0000-0000-000000000000"
+# Actor -> the sources whose rows it reads (None: every source's): its read sources
+# (pool/tenancy.py), and, for what datasets serve (previews, the catalogue, snapshots),
+# every source's for a consume key: consumption is not filtered by source.
+READS_OF = {
+    "own": {A_NAME},
+    "other": {B_NAME},
+    "read": None,
+    "admin": None,
+    "own-trainer": {A_NAME},
+    "other-trainer": {B_NAME},
+}
+SERVED_OF = {**READS_OF, "own-trainer": None, "other-trainer": None}
+
+
+def everyone(value, **but):
+    return {actor: but.get(actor.replace("-", "_"), value) for actor in POOL_ACTORS}
+
+
+# Consumption: consume keys and admins; another source's consumer or lease is unknown.
+CONSUMING = everyone(403, admin=SEES, own_trainer=SEES, other_trainer=HIDDEN)
+# (case, method, path, body, {actor: expectation}, unknown path for HIDDEN or a counter)
+DETAILS = [
+    ("snapshot of A's rows", "get", "snapshots/{sa}", None, everyone(SEES, other=HIDDEN)),
+    ("its download", "get", "snapshots/{sa}/download", None, everyone(SEES, other=HIDDEN)),
+    (
+        "snapshot of A's and B's rows",
+        "get",
+        "snapshots/{sab}",
+        None,
+        everyone(SEES, own=HIDDEN, other=HIDDEN),
+    ),
+    ("its download too", "get", "snapshots/{sab}/download", None, everyone(SEES, own=HIDDEN, other=HIDDEN)),
+    (
+        "snapshot create",
+        "post",
+        "snapshots",
+        {"dataset": "a-only"},
+        everyone(403, admin=202, own_trainer=202, other_trainer=202),
+    ),
+    ("dataset naming A", "get", "datasets/a-only", None, everyone(SEES, other=HIDDEN)),
+    ("its preview", "get", "datasets/a-only/preview", None, everyone(SEES, other=HIDDEN)),
+    ("dataset naming no source", "get", "datasets/everyone", None, everyone(SEES)),
+    ("dataset create", "post", "datasets", {"name": "new-ds"}, everyone(403, admin=201)),
+    ("A's image", "get", "media/{sha}", None, everyone(SEES, other=HIDDEN)),
+    ("A's consumer", "get", "consumers/a-cons", None, CONSUMING),
+    ("A's lease batch", "get", "leases/{lease}/batch", None, CONSUMING),
+    ("A's lease ack", "post", "leases/{lease}/ack", None, CONSUMING),
+    ("A's lease nack", "post", "leases/{lease}/nack", None, CONSUMING),
+    ("lease release", "post", "leases/{lease}/release", None, everyone(403, admin=SEES)),
+    (
+        "pull as A's consumer",
+        "post",
+        "consumers/a-cons/pull",
+        {"dataset": "everyone"},
+        {**CONSUMING, "other-trainer": (404, "not_found")},
+    ),
+    ("labels", "post", "labels", {"step_uids": [S0], "label": "accepted"}, everyone(403, admin=SEES)),
+    ("policy version set", "post", "policy-versions", {"version": 3}, everyone(403, admin=SEES)),
+]
+
+
+def stats_expected(sources):
+    """GET /stats's counts for a reader of ``sources`` (names; None: all), from the rows."""
+    ids = (
+        None if sources is None else set(Source.objects.filter(name__in=sources).values_list("id", flat=True))
+    )
+
+    def mine(qs, *fields):
+        if ids is None:
+            return qs
+        cond = Q()
+        for f in fields:
+            cond |= Q(**{f"{f}__in": ids})
+        return qs.filter(cond)
+
+    steps = mine(Step.objects.all(), "trajectory__source_id")
+    return {
+        "steps": steps.count(),
+        "trajectories": mine(Trajectory.objects.all(), "source_id").count(),
+        # groups: its sources' and the shared ones (no source), as GET /groups lists them
+        "groups": mine(PromptGroup.objects.all(), "source_id").count()
+        + (PromptGroup.objects.filter(source__isnull=True).count() if ids is not None else 0),
+        "events": mine(Event.objects.all(), "source_id", "trajectory__source_id").count(),
+        "feedback": mine(
+            Feedback.objects.all(), "source_id", "trajectory__source_id", "step__trajectory__source_id"
+        ).count(),
+        "step_tokens": steps.aggregate(n=Sum("seq_len"))["n"] or 0,
+    }
+
+
+def preview_expected(sources):
+    """POST /datasets/preview {sources: [A], readiness: any}: every step of A's the reader may read."""
+    if sources is not None and A_NAME not in sources:
+        return {"steps": 0, "trajectories": 0, "prompt_tokens": 0, "response_tokens": 0}
+    steps = Step.objects.filter(trajectory__source__name=A_NAME)
+    agg = steps.aggregate(pt=Sum("prompt_len"), st=Sum("seq_len"))
+    return {
+        "steps": steps.count(),
+        "trajectories": steps.values("trajectory_id").distinct().count(),
+        "prompt_tokens": agg["pt"],
+        "response_tokens": agg["st"] - agg["pt"],
+    }
+
+
+def of_sources(names, sources):
+    """The names (tasks' uids or sources) among ``names`` (name -> source) a reader of ``sources`` sees."""
+    return sorted(n for n, src in names.items() if sources is None or src in sources)
+
+
+TASKS = {"a-task": A_NAME, "b-task": B_NAME}
+# (case, method, path, body, what the answer's numbers are, what they must be for a reader)
+COUNTS = [
+    (
+        "stats",
+        "get",
+        "stats",
+        None,
+        lambda r: {
+            **{k: r[k] for k in ("steps", "trajectories", "groups", "events", "feedback")},
+            "step_tokens": r["tokens"]["step_tokens"],
+        },
+        lambda actor: stats_expected(READS_OF[actor]),
+    ),
+    (
+        "preview naming A",
+        "post",
+        "datasets/preview",
+        {"filters": {"sources": [A_NAME], "readiness": "any"}},
+        lambda r: {k: r[k] for k in ("steps", "trajectories", "prompt_tokens", "response_tokens")},
+        lambda actor: preview_expected(SERVED_OF[actor]),
+    ),
+    (
+        "dataset catalogue",
+        "get",
+        "datasets",
+        None,
+        lambda r: sorted(d["name"] for d in r),
+        lambda actor: ["everyone"] if actor == "other" else ["a-only", "everyone"],
+    ),
+    (
+        "tasks",
+        "get",
+        "tasks",
+        None,
+        lambda r: sorted(t["uid"] for t in r["results"]),
+        lambda actor: of_sources(TASKS, READS_OF[actor]),
+    ),
+    (
+        "task sampler",
+        "post",
+        "task-sampler",
+        {"n": 10, "strategy": "uniform"},
+        lambda r: sorted(t["uid"] for t in r["tasks"]),
+        lambda actor: of_sources(TASKS, READS_OF[actor]),
+    ),
+    (
+        "sampler records",
+        "get",
+        "task-sampler/records",
+        None,
+        lambda r: sorted(rec["source"] for rec in r["results"]),
+        lambda actor: sorted(
+            Source.objects.filter(
+                name__in=of_sources({A_NAME: A_NAME, B_NAME: B_NAME}, READS_OF[actor])
+            ).values_list("id", flat=True)
+        ),
+    ),
+    (
+        "policy versions: the pool's, not a source's",
+        "get",
+        "policy-versions",
+        None,
+        lambda r: [(p["version"], p["is_current"]) for p in r],
+        lambda actor: [(2, True), (1, False)],
+    ),
+]
+# Endpoints without a row here, and why: none holds a source's rows.
+EXEMPT = {
+    "api:schema": "the OpenAPI schema: describes the endpoints, holds no data",
+    "api:docs": "Swagger UI over the schema",
+    "api:media": "an upload stores bytes by content and answers their sha256; who may read an "
+    "image is media-detail's row",
+}
+
+
+@pytest.fixture
+def pool(world, settings, tmp_path):
+    """A's data (``world``) and everything the rows above read; returns (clients, ids)."""
+    settings.MEDIA_ROOT = tmp_path / "media"
+    clients = dict(world)
+    for actor, source in (("own-trainer", A_NAME), ("other-trainer", B_NAME)):
+        clients[actor] = client_for(api_key_create(name=actor, source_name=source, scopes=[Scope.CONSUME])[1])
+    a, b = (Source.objects.get(name=n).id for n in (A_NAME, B_NAME))
+    assert (
+        post_steps(
+            world["other"], [make_step("b-t", 0, group="b-g", prompt=[7, 8], response=[9])]
+        ).status_code
+        == 201
+    )
+    attach(S0, [png(1)])
+    # a ready rollout of A's (the consumer's lease serves it)
+    steps_ingest(
+        steps=[step_in("a-ready", 0, prompt=[1], response=[2], reward=1.0, is_last=True)], source_id=a
+    )
+    dataset_create(name="a-only", spec={"filters": {"sources": [A_NAME], "readiness": "any"}})
+    dataset_create(name="everyone", spec={"filters": {"readiness": "any"}})
+    snaps = {}
+    for key, name in (("sa", "a-only"), ("sab", "everyone")):
+        snaps[key] = str(snapshot_create(dataset=name).id)
+        snapshot_build(snapshot_id=snaps[key])
+    lease = consumer_pull(consumer="a-cons", pull=PullIn(dataset="everyone"), actor=Actor(source_id=a))
+    assert lease is not None
+    for actor, uid in (("own", "a-task"), ("other", "b-task")):
+        assert (
+            world[actor]
+            .post("/api/v1/tasks", {"tasks": [{"uid": uid, "set": "s"}]}, format="json")
+            .status_code
+            == 201
+        )
+        assert (
+            world[actor]
+            .post("/api/v1/task-sampler", {"n": 1, "strategy": "uniform"}, format="json")
+            .status_code
+            == 200
+        )
+    for version in (1, 2):
+        assert (
+            world["admin"].post("/api/v1/policy-versions", {"version": version}, format="json").status_code
+            == 200
+        )
+    ids = {**snaps, "sha": Media.objects.get().sha256, "lease": str(lease.id), "a": a, "b": b}
+    return clients, ids
+
+
+def unknown_of(path: str, ids: dict) -> tuple[str, str, str]:
+    """``path`` with its id swapped for one that does not exist: (path, real id, unknown id)."""
+    for key in ("sa", "sab", "lease"):
+        if "{" + key + "}" in path:
+            return path.replace("{" + key + "}", UNKNOWN_UUID), ids[key], UNKNOWN_UUID
+    if "{sha}" in path:
+        return path.replace("{sha}", "0" * 64), ids["sha"], "0" * 64
+    for name in ("a-only", "a-cons"):
+        if name in path:
+            return path.replace(name, "no-such"), name, "no-such"
+    raise AssertionError(f"no id to swap in {path}")
+
+
+def call(client, method: str, path: str, body):
+    return (
+        getattr(client, method)(f"/api/v1/{path}", body, format="json")
+        if body is not None or method == "post"
+        else client.get(f"/api/v1/{path}")
+    )
+
+
+@pytest.mark.parametrize("actor", POOL_ACTORS)
+@pytest.mark.parametrize(("name", "method", "path", "body", "expect"), DETAILS, ids=[d[0] for d in DETAILS])
+def test_detail_matrix(pool, actor, name, method, path, body, expect):
+    clients, ids = pool
+    real = path.format(**ids)
+    # when an actor asks for it
+    resp = call(clients[actor], method, real, body)
+    # then it sees it, or it is unknown to it exactly as an id that does not exist, or 403
+    want = expect[actor]
+    if want == SEES:
+        assert resp.status_code == 200, resp.content
+    elif want == HIDDEN:
+        unknown, real_id, unknown_id = unknown_of(path, ids)
+        none = call(clients[actor], method, unknown.format(**ids), body)
+        assert resp.status_code == none.status_code == 404, (resp.content, none.content)
+        assert resp.json() == orjson.loads(none.content.decode().replace(unknown_id, real_id))
+    elif isinstance(want, tuple):
+        assert (resp.status_code, resp.json()["error"]["code"]) == want, resp.content
+    else:
+        assert resp.status_code == want, resp.content
+
+
+@pytest.mark.parametrize("actor", POOL_ACTORS)
+@pytest.mark.parametrize(
+    ("name", "method", "path", "body", "pick", "expected"), COUNTS, ids=[c[0] for c in COUNTS]
+)
+def test_count_matrix(pool, actor, name, method, path, body, pick, expected):
+    clients, _ = pool
+    # when an actor asks for a count
+    resp = call(clients[actor], method, path, body)
+    # then its numbers cover the rows it may read, field by field
+    assert resp.status_code == 200, resp.content
+    assert pick(resp.json()) == expected(actor)
+
+
+def test_the_counts_differ_by_reader(pool):
+    # given the pool: A's and B's rows
+    # then the expectations above are not all equal (a count that ignored the reader would fail)
+    assert stats_expected(READS_OF["own"]) != stats_expected(READS_OF["other"]) != stats_expected(None)
+    assert preview_expected(READS_OF["own"])["steps"] > 0 == preview_expected(READS_OF["other"])["steps"]
+
+
+def api_url_names() -> set[str]:
+    """Every named URL pattern under /api/v1/, walked from the root URL conf."""
+    names: set[str] = set()
+
+    def walk(patterns, prefix: str, namespace: str) -> None:
+        for p in patterns:
+            route = prefix + str(p.pattern)
+            if isinstance(p, URLResolver):
+                walk(p.url_patterns, route, f"{namespace}{p.namespace}:" if p.namespace else namespace)
+            elif route.lstrip("^").startswith("api/v1/"):
+                assert p.name, f"an unnamed /api/v1 pattern: {route}"
+                names.add(namespace + p.name)
+
+    walk(get_resolver().url_patterns, "", "")
+    return names
+
+
+def matrix_rows() -> dict[str, list[str]]:
+    """url name -> the cases of this module that request it (resolved from their paths)."""
+    rows: dict[str, list[str]] = {}
+    paths = [(w[0], w[1]) for w in WRITES] + [(r[0], r[0]) for r in READS]
+    paths += [(d[0], d[2]) for d in DETAILS] + [(c[0], c[2]) for c in COUNTS]
+    fake = {"sa": UNKNOWN_UUID, "sab": UNKNOWN_UUID, "lease": UNKNOWN_UUID, "sha": "0" * 64}
+    for case, path in paths:
+        name = resolve("/api/v1/" + path.format(**fake).split("?")[0]).view_name
+        rows.setdefault(name, []).append(case)
+    return rows
+
+
+def test_every_api_endpoint_has_a_row_in_the_matrix():
+    # given every named pattern under /api/v1/ in the URL conf
+    names = api_url_names()
+    rows = matrix_rows()
+    # then each one has a row (a case that requests it) or a reasoned exemption, never both;
+    # a new endpoint without one fails here
+    assert names - set(rows) - set(EXEMPT) == set(), "endpoints without a row in the tenancy matrix"
+    assert set(rows) & set(EXEMPT) == set()
+    assert set(EXEMPT) <= names and set(rows) <= names
+    assert len(names) >= 35
