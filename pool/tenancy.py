@@ -14,6 +14,22 @@ the ``sources`` the services and selectors take:
 
 Reading another source's row answers 404 like an unknown uid; writing a uid another source
 holds answers 409 ``uid_taken`` (pool.errors.UidTaken) and changes nothing.
+
+One access rule for every read, applied in the query (each selector takes ``sources``): a
+key or user reads its own sources' rows unless it holds a scope documented to read across
+them. Those scopes:
+
+* ``read`` and ``admin`` (and staff sessions): every source's rows, on every read path;
+* ``consume``, for what datasets serve only (``pool.access.auth.served_sources_of``): a
+  trainer is served every source's units a dataset admits (consumption is not filtered by
+  source), so a dataset's preview, the dataset catalogue, snapshots, a consumer's progress
+  and the images of its batches are every source's to it. Its other reads are its own
+  sources'.
+
+Counts follow the rows: ``GET /stats``, a preview, the task list count only what the reader
+may read. The statistics of a *shared* task (no source) are the pool's: every source's
+rollouts count in them, which is what sharing a task is for. tests/test_tenancy_matrix.py
+holds a row for every /api/v1/ endpoint, checked against the URL conf.
 """
 
 from __future__ import annotations
