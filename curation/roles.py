@@ -3,6 +3,10 @@
 * reviewer: view the pool and give feedback;
 * operator: a reviewer who also curates (changes steps, trajectories, groups, feedback);
 * admin: everything (a superuser).
+
+Roles are pool-wide: an account belongs to no source (pool/tenancy.py is for API keys), so
+every role's pages show every source's rows (the consumption page, datasets and snapshots
+included). The REST API answers a signed-in account with staff access only.
 """
 
 from __future__ import annotations
