@@ -14,11 +14,15 @@ requested by a row here (resolved from the row's path) or carry a reasoned exemp
 
 from __future__ import annotations
 
+from importlib import import_module
+
 import orjson
 import pytest
+from django.apps import apps as django_apps
 from django.db.models import Q, Sum
 from django.urls import URLResolver, get_resolver, resolve
 
+from curation.models import Snapshot
 from curation.services import dataset_create
 from curation.services.consume import Actor, PullIn, consumer_pull
 from curation.services.snapshots import snapshot_build, snapshot_create
@@ -552,3 +556,16 @@ def test_every_api_endpoint_has_a_row_in_the_matrix():
     assert set(rows) & set(EXEMPT) == set()
     assert set(EXEMPT) <= names and set(rows) <= names
     assert len(names) >= 35
+
+
+def test_a_snapshot_records_its_rows_sources_and_the_migration_backfills_them(pool):
+    # given the snapshots of A's rows and of A's and B's
+    _, ids = pool
+    recorded = {key: Snapshot.objects.get(id=ids[key]).source_ids for key in ("sa", "sab")}
+    # then each names the sources of its rows, ascending
+    assert recorded == {"sa": [ids["a"]], "sab": [ids["a"], ids["b"]]}
+    # when they are forgotten, as before curation migration 0008, and it runs
+    Snapshot.objects.update(source_ids=None)
+    import_module("curation.migrations.0008_snapshot_sources").backfill(django_apps, None)
+    # then it records the same
+    assert {key: Snapshot.objects.get(id=ids[key]).source_ids for key in ("sa", "sab")} == recorded
