@@ -18,17 +18,21 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 
 from claw_kit.web.body_limit import BodyLimitMiddleware  # noqa: E402
 from claw_site.requestlog import RequestLogMiddleware  # noqa: E402
+from claw_site.url_guard import UrlGuardMiddleware  # noqa: E402
 from curation.routing import websocket_urlpatterns  # noqa: E402
 from gateway.proxy.asgi import with_gateway  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         # The OpenAI-compatible gateway paths (/v1/, /t/, /compat/claw-r1/) skip Django's
-        # middleware chain (see gateway/proxy/asgi.py); everything else is plain Django.
+        # middleware chain (see gateway/proxy/asgi.py); everything else is plain Django. Every
+        # URL passes the identifier rule first (claw_site/url_guard.py).
         "http": RequestLogMiddleware(
-            BodyLimitMiddleware(with_gateway(ASGIStaticFilesHandler(django_asgi_app)))
+            UrlGuardMiddleware(BodyLimitMiddleware(with_gateway(ASGIStaticFilesHandler(django_asgi_app))))
         ),
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": UrlGuardMiddleware(
+            AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))
+        ),
     }
 )
 

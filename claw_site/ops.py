@@ -94,6 +94,22 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpR
     return defaults.page_not_found(request, exception)
 
 
+def server_error(request: HttpRequest) -> HttpResponse:
+    """settings handler500 (claw_site/urls.py, gateway/proxy/routes.py): an unhandled error is
+    a JSON 500 in the door's shape for API and gateway paths, the site's own page
+    (templates/500.html) elsewhere; neither says more than that it happened (no settings, no
+    routes, no traceback: those go to the log)."""
+    if request.path.startswith(JSON_PREFIXES):
+        message = "internal error; the server logged it"
+        if request.path.endswith(("/v1/messages", "/v1/messages/count_tokens")):
+            from gateway.proxy.doors.anthropic import error_body as anthropic_error_body
+
+            return JsonResponse(anthropic_error_body(500, message), status=500)
+        body = error_body(500, message, code="internal_error")
+        return JsonResponse(body, status=500)
+    return defaults.server_error(request)
+
+
 def _method_not_allowed(request: HttpRequest) -> JsonResponse:
     resp = JsonResponse(
         error_body(405, f'method "{request.method}" not allowed', code="method_not_allowed"), status=405

@@ -9,6 +9,8 @@ from .ops import metrics_view, readyz
 
 # JSON for API and gateway paths, Django's page elsewhere.
 handler404 = "claw_site.ops.not_found"
+# JSON for API and gateway paths, templates/500.html elsewhere: never Django's debug page.
+handler500 = "claw_site.ops.server_error"
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),

@@ -28,6 +28,7 @@ from pool.access.auth import (
     user_id_of,
 )
 from pool.errors import Conflict, InvalidInput, NotFound
+from pool.ingest.rules import check_json
 from pool.models import Scope
 from pool.selectors.steps import step_ids_by_uid
 from pool.selectors.trajectories import trajectory_ids_by_uid
@@ -78,6 +79,7 @@ def _body(request, allowed: set[str]) -> dict[str, Any]:
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise InvalidInput(f"unknown field {unknown[0]!r}", field=unknown[0])
+    check_json(data, "")  # no NUL in a description, a note or a tag, before anything is written
     return data
 
 

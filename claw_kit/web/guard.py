@@ -12,13 +12,21 @@ What may be *stored* (NUL, NaN, 64-bit integers) is pool/ingest/rules.py's ``jso
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.conf import settings
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
-# C0 controls and DEL: never in an identifier (a uid, a path segment, a header value).
-_CONTROLS = frozenset(chr(c) for c in (*range(0x20), 0x7F))
+# Never in an identifier (a uid, a name, a path segment, a query value, a header value): C0
+# controls, DEL and C1 controls; U+2028/U+2029 (line and paragraph separators: no HTTP header
+# can carry them, and JavaScript reads them as line ends); bidi controls (U+061C, U+200E/F,
+# U+202A-202E, U+2066-2069), which make a uid read differently from what it is; zero-width
+# characters (U+200B-200D, U+2060, U+FEFF), which make two uids look the same.
+_NOT_IN_IDENT = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060\u2066-\u2069\ufeff]")
+# Never in any text: NUL (PostgreSQL's text and jsonb refuse it) and lone surrogates (no UTF-8
+# can encode them).
+_NOT_IN_TEXT = re.compile("[\x00\ud800-\udfff]")
 
 
 def limits() -> tuple[int, int, int]:
@@ -54,9 +62,32 @@ def shape_problem(value: Any, path: str = "", *, depth: int = 1) -> tuple[str, s
 
 
 def ident_problem(value: str) -> str | None:
-    """Why ``value`` is no identifier (blank, or holding a control character), else None."""
+    """Why ``value`` is no identifier (blank, or holding a character of ``_NOT_IN_IDENT``),
+    else None."""
     if not value.strip():
         return "must not be blank"
-    if not _CONTROLS.isdisjoint(value):
-        return "must not contain control characters"
-    return None
+    return chars_problem(value)
+
+
+def chars_problem(value: str) -> str | None:
+    """``ident_problem`` without the blank rule (a query value may be empty): why ``value``
+    holds a character no identifier may hold, naming it, else None."""
+    if value.isascii() and value.isprintable():  # the common case, in C
+        return None
+    found = _NOT_IN_IDENT.search(value)
+    if found is None:
+        return None
+    return (
+        f"must not contain control, line-separator, bidi or zero-width characters "
+        f"(U+{ord(found.group()):04X} at {found.start()})"
+    )
+
+
+def text_problem(value: str) -> str | None:
+    """Why ``value`` cannot be stored as free text (a description, a note), else None."""
+    found = _NOT_IN_TEXT.search(value)
+    if found is None:
+        return None
+    if found.group() == "\x00":
+        return "must not contain NUL characters"
+    return f"must not contain lone surrogates (U+{ord(found.group()):04X} at {found.start()})"

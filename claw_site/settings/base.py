@@ -428,7 +428,12 @@ LOGGING = {
         "require_debug_false": {"()": "django.utils.log.RequireDebugFalse"},
     },
     "formatters": {
-        "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        # Client input in a message (a path, a uid) is escaped: a CR/LF in a URL cannot forge
+        # a line (claw_kit/textlog.py).
+        "text": {
+            "()": "claw_kit.textlog.EscapingFormatter",
+            "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
+        },
         # One JSON object per line (claw_kit/jsonlog.py): time, level, logger, message, and for
         # requests request_id, method, path, status, duration_ms.
         "json": {"()": "claw_kit.jsonlog.JsonFormatter"},

@@ -4,6 +4,9 @@ walk the whole site's patterns first."""
 
 from django.urls import include, path
 
+# An unhandled error on a gateway path: a JSON 500 in the door's shape (claw_site/ops.py).
+handler500 = "claw_site.ops.server_error"
+
 urlpatterns = [
     path("", include("gateway.proxy.urls")),
     path("compat/claw-r1/", include("gateway.compat.urls")),
