@@ -237,6 +237,17 @@ CLAW_SERVE_WORKERS = env_int("CLAW_WORKERS", 1)
 CLAW_DEMO_UPSTREAM_PORT = env_int("CLAW_DEMO_UPSTREAM_PORT", 0)
 CLAW_DEMO_PACE_S = env_float("CLAW_DEMO_PACE_S", 1.0)
 CLAW_UVICORN_LOG_LEVEL = os.environ.get("CLAW_UVICORN_LOG_LEVEL", "").strip() or "warning"
+# Slow and greedy clients (claw_kit/web/slow_clients.py, the protocol serve runs uvicorn with):
+# a request's headers must be complete within CLAW_HEADER_TIMEOUT_S; its body within
+# CLAW_BODY_TIMEOUT_S of them, or past that keep arriving at a mean of at least
+# CLAW_BODY_MIN_BYTES_PER_S (a 256 MB upload at 1 MB/s goes on; a trickle is cut); a client
+# address may hold CLAW_MAX_CONNECTIONS_PER_IP connections at once per process (0: no bound;
+# behind a reverse proxy every client is the proxy's address, so keep it above its pool).
+# 0 turns a timeout off.
+CLAW_HEADER_TIMEOUT_S = env_float("CLAW_HEADER_TIMEOUT_S", 10.0)
+CLAW_BODY_TIMEOUT_S = env_float("CLAW_BODY_TIMEOUT_S", 30.0)
+CLAW_BODY_MIN_BYTES_PER_S = env_float("CLAW_BODY_MIN_BYTES_PER_S", 1_000_000.0)
+CLAW_MAX_CONNECTIONS_PER_IP = env_int("CLAW_MAX_CONNECTIONS_PER_IP", 1024)
 
 # --- Security headers -----------------------------------------------------------------------
 # SecurityMiddleware: nosniff and the referrer policy; XFrameOptionsMiddleware: DENY;

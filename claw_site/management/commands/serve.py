@@ -25,8 +25,10 @@ REDIS_URL set, run ``celery -A claw_site beat`` next to the workers; serve then 
 it, so two schedulers never race.
 
 Its environment (HOST, PORT, CLAW_WORKERS, CLAW_DEMO_UPSTREAM_PORT, CLAW_DEMO_PACE_S,
-CLAW_UVICORN_LOG_LEVEL) is read by the settings, through their strict env helpers
-(claw_site/settings/base.py, section "serve").
+CLAW_UVICORN_LOG_LEVEL, and the slow-client guards CLAW_HEADER_TIMEOUT_S, CLAW_BODY_TIMEOUT_S,
+CLAW_BODY_MIN_BYTES_PER_S and CLAW_MAX_CONNECTIONS_PER_IP of claw_kit/web/slow_clients.py) is
+read by the settings, through their strict env helpers (claw_site/settings/base.py, section
+"serve").
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ STARTUP_TIMEOUT_S = 60.0
 STARTUP_FAILURE = 3  # uvicorn's exit status when it cannot serve (uvicorn.main.STARTUP_FAILURE)
 # How long exit waits for a sweep in progress (each one is bounded, pool/services/readiness.py).
 SWEEP_JOIN_TIMEOUT_S = 10.0
+# uvicorn's httptools protocol with the slow-client guards (an import string: workers import it).
+GUARDED_HTTP = "claw_kit.web.slow_clients:GuardedHttpProtocol"
 
 
 class Command(BaseCommand):
@@ -148,6 +152,9 @@ class Command(BaseCommand):
                 # dictConfig consumes parts of the dict it is given.
                 log_config=copy.deepcopy(settings.LOGGING),
                 lifespan="off",
+                # Header and body deadlines and a per-address connection bound, which
+                # uvicorn lacks (settings "serve": CLAW_HEADER_TIMEOUT_S and the rest).
+                http=GUARDED_HTTP,
             )
             if not run_uvicorn("claw_site.asgi:application", options, workers=workers, on_exit=stop.set):
                 sys.exit(STARTUP_FAILURE)  # uvicorn logged why (the port is taken, ...)
