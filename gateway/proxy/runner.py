@@ -2,8 +2,9 @@
 here (gateway/proxy/doors/ translate before and after).
 
 :func:`serve` answers one call through a door: the envelope (envelope.py), the door's
-translation of the body (``door.prepare``: chat completions' is the identity), then
-:func:`run`: the call is sent by its sending strategy (a :class:`Sender`: the upstream's
+translation of the body (``door.prepare``: chat completions' is the identity), the refusal
+of a call naming another source's trajectory or group (owners.py: before any byte goes
+upstream, streamed or not), then :func:`run`: the call is sent by its sending strategy (a :class:`Sender`: the upstream's
 chat/completions or completions with the field rules of fields.py, whose refused
 ``return_token_ids`` / ``logprobs`` are retried without once; or the Messages passthrough,
 doors/passthrough.py), relayed whole or streamed event by event, recorded as steps
@@ -34,7 +35,7 @@ from claw_kit.web.errors import HttpError
 from pool.errors import PoolError
 from pool.services.api_keys import VerifiedKey
 
-from . import fields, idempotency, images
+from . import fields, idempotency, images, owners
 from .envelope import Call, ErrorShape, receive
 from .faults import fault_event, invalid_answer, record, upstream_fault
 from .recording import CHAT, COMPLETIONS, Identity
@@ -199,6 +200,8 @@ async def serve(
     async def handle(call: Call) -> HttpResponseBase:
         assert call.ident is not None
         prepared, call.ident = await door.prepare(call.body(), call.ident, call.key, scoped=call.scoped)
+        # Another source's trajectory or group: refused before anything goes upstream (owners.py).
+        await owners.refuse_foreign(call.ident, call.key)
         if images.has_images(prepared.chat):  # a bad image: refused before anything goes upstream
             await asyncio.to_thread(images.check_chat_images, prepared.chat)
         key = idempotency.key_of(call.request)

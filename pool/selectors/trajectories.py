@@ -81,3 +81,18 @@ def group_get(*, uid: str, sources: Sources = None, shared: bool = True) -> Prom
 def trajectory_ids_by_uid(uids: Iterable[str]) -> dict[str, int]:
     """The ids of the trajectories among these uids (one query); an unknown uid is absent."""
     return dict(Trajectory.objects.filter(uid__in=set(uids)).values_list("uid", "id"))
+
+
+def write_target_owners(*, trajectory_uid: str | None, prompt_group_uid: str | None) -> dict[str, int | None]:
+    """The owning source ids (None: no source, shared) of the named trajectory and prompt
+    group that exist, as ``{"trajectory": id, "prompt group": id}`` (an unknown uid is
+    absent). The proxied doors read it before anything goes upstream (gateway/proxy/owners.py);
+    served by the unique indexes on ``uid``."""
+    out: dict[str, int | None] = {}
+    if trajectory_uid is not None:
+        for source_id in Trajectory.objects.filter(uid=trajectory_uid).values_list("source_id", flat=True):
+            out["trajectory"] = source_id
+    if prompt_group_uid is not None:
+        for source_id in PromptGroup.objects.filter(uid=prompt_group_uid).values_list("source_id", flat=True):
+            out["prompt group"] = source_id
+    return out
