@@ -191,6 +191,11 @@ class Trajectory(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     completed_at = models.DateTimeField(null=True, blank=True)
+    # When some of its steps were first handed out: leased to a consumer (even if the lease
+    # was later nacked or expired: the trainer saw them) or frozen into a snapshot. From then
+    # on its rewards, and its steps', are frozen (pool.errors.RewardDelivered; set by
+    # pool/services/delivery.py, under the row lock every reward writer takes).
+    delivered_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         verbose_name_plural = "trajectories"
