@@ -490,15 +490,15 @@ class MediaUploadApi(APIView):
 
     @extend_schema(
         request={"image/*": {"type": "string", "format": "binary"}, "multipart/form-data": None},
-        responses={201: s.MediaSerializer, 200: s.MediaSerializer},
+        responses={201: s.MediaSerializer},
         summary="Upload an image (raw body with its image/* type, or multipart field 'file')",
     )
     def post(self, request):
         data, declared, field = _upload_of(request)
-        media, created = media_upload(data=data, declared_type=declared, field=field)
-        return Response(
-            media_render(media), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
-        )
+        # 201 whether or not the bytes were stored already (by this source or another): the
+        # answer must not tell what other sources hold (pool.services.media.media_upload).
+        media = media_upload(data=data, declared_type=declared, source_id=source_id_of(request), field=field)
+        return Response(media_render(media), status=status.HTTP_201_CREATED)
 
 
 def _upload_of(request) -> tuple[bytes, str | None, str]:

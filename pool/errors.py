@@ -25,6 +25,14 @@ class Conflict(PoolError):
     code = "conflict"
 
 
+class RewardDelivered(Conflict):
+    """A reward change for a trajectory whose steps were already delivered (leased or in a
+    snapshot: Trajectory.delivered_at): answered 409 and nothing changes. What a trainer got
+    is what the pool keeps; a corrected score belongs on a new rollout."""
+
+    code = "reward_delivered"
+
+
 class NotFound(PoolError):
     status_code = 404
     code = "not_found"

@@ -191,6 +191,11 @@ class Trajectory(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     completed_at = models.DateTimeField(null=True, blank=True)
+    # When some of its steps were first handed out: leased to a consumer (even if the lease
+    # was later nacked or expired: the trainer saw them) or frozen into a snapshot. From then
+    # on its rewards, and its steps', are frozen (pool.errors.RewardDelivered; set by
+    # pool/services/delivery.py, under the row lock every reward writer takes).
+    delivered_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         verbose_name_plural = "trajectories"
@@ -816,6 +821,28 @@ class StepMedia(models.Model):
 
     def __str__(self) -> str:
         return f"step {self.step_id} image {self.position}"
+
+
+class MediaSource(models.Model):
+    """A source that holds image ``media``: it uploaded the bytes (POST /api/v1/media) or a
+    step of it carried them (inline, or by a sha256 it could already see). Possession, not the
+    hash, is what lets a source reference an image by sha256 and read it back
+    (pool.selectors.media): knowing a hash proves nothing. The bytes stay stored once; each
+    source that sent them gets its row."""
+
+    media = models.ForeignKey(Media, on_delete=models.CASCADE, related_name="+", db_index=False)
+    source = models.ForeignKey(Source, on_delete=models.CASCADE, related_name="+", db_index=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            # Each source holds an image once; also serves "may these sources see this image"
+            # (media_visible, media_resolve: media first, then the caller's sources).
+            models.UniqueConstraint(fields=["media", "source"], name="mediasource_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"image {self.media_id} held by source {self.source_id}"
 
 
 # --- tasks: what prompt groups sample, their statistics, and the sampler's audit -------------------

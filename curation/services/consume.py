@@ -57,6 +57,7 @@ from pool.models import AuditEvent, PolicyVersion, PromptGroup, Step, Trajectory
 from pool.selectors.steps import steps_render
 from pool.services import effective_reward
 from pool.services.audit import audit_record
+from pool.services.delivery import trajectories_delivered_mark
 
 from ..events import LeaseChanged
 from ..formats import RENDERERS
@@ -157,6 +158,9 @@ def consumer_pull(*, consumer: str, pull: PullIn, actor: Actor | None = None) ->
         if not steps:
             lease.delete()  # nothing leased; the units it skipped stay skipped
             return None
+        # Before the batch is read: from here on these trajectories' rewards are frozen, and a
+        # reward that committed first is in the batch (pool/services/delivery.py).
+        trajectories_delivered_mark(step_ids=steps)
         _render(lease, ds, who, c, steps)
         lease.save(update_fields=["n_units", "n_steps", "content_hash", "body"])
         lease_changed(lease, consumer=who.name, dataset=ds.name, taken=1)

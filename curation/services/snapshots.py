@@ -42,6 +42,7 @@ from pool.ingest.effects import emit
 from pool.models import Feedback, Media, Step, Trajectory
 from pool.selectors.steps import step_images
 from pool.services import effective_reward
+from pool.services.delivery import trajectories_delivered_mark
 from pool.services.media import media_file
 
 from ..events import SnapshotChanged, SnapshotRequested
@@ -274,6 +275,8 @@ def _attempt_start(snapshot_id) -> Snapshot | None:
             snap.step_ids = sorted(admitted)
             snap.masked_ids = [i for i in snap.step_ids if admitted[i]]
             snap.steps_total = len(snap.step_ids)
+            # Frozen into a snapshot: their trajectories' rewards are frozen too.
+            trajectories_delivered_mark(step_ids=snap.step_ids)
         snap.attempt = uuid.uuid4().hex
         snap.status, snap.steps_done, snap.error = Snapshot.Status.BUILDING, 0, ""
         snap.save()

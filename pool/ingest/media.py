@@ -27,7 +27,14 @@ from django.conf import settings
 from .. import sql
 from ..errors import InvalidInput
 from ..models import Media, StepMedia
-from ..services.media import media_data_url_parts, media_decode_base64, media_resolve, media_store_many
+from ..services.media import (
+    media_data_url_parts,
+    media_decode_base64,
+    media_hold,
+    media_resolve,
+    media_store_many,
+)
+from ..tenancy import Sources
 
 # The functions below take contract.StepIns (typed Any here: contract.py imports this module).
 StepIn = Any
@@ -138,11 +145,13 @@ def check_count(n: int, where: str) -> None:
         raise InvalidInput(f"{n} images in one step; at most {limit} (CLAW_MEDIA_MAX_PER_STEP)", field=where)
 
 
-def media_prepare(steps: Sequence[StepIn]) -> dict[str, Media]:
+def media_prepare(steps: Sequence[StepIn], *, sources: Sources = None) -> dict[str, Media]:
     """Check and store the images of ``steps`` (inside the write's transaction): the Media of
     each sha256 they name. Bytes seen twice in the write are checked and stored once, those
     stored already are found in one query (pool.services.media.media_store_many); sha256
-    references are resolved in one query. Raises InvalidInput naming the image's field."""
+    references are resolved in one query, among the images the writer's ``sources`` may see
+    (an image only another source holds answers as an unknown hash: its bytes must be sent).
+    Raises InvalidInput naming the image's field."""
     inline: dict[str, tuple[Callable[[], bytes], str | None, str]] = {}
     refs: dict[str, str] = {}
     for s in steps:
@@ -162,14 +171,17 @@ def media_prepare(steps: Sequence[StepIn]) -> dict[str, Media]:
     found = media_store_many(inline)
     missing = {sha: f for sha, f in refs.items() if sha not in found}
     if missing:
-        found.update(media_resolve(missing))
+        found.update(media_resolve(missing, sources=sources))
     return found
 
 
-def media_link(steps: Sequence[StepIn], row_ids: Sequence[int], media: dict[str, Media]) -> None:
+def media_link(
+    steps: Sequence[StepIn], row_ids: Sequence[int], media: dict[str, Media], *, source_id: int | None
+) -> None:
     """The StepMedia rows of the written steps (``row_ids`` in the order of ``steps``), one
     bulk_create; each image's placeholder span from its step's prompt ids when they show one
-    run of placeholder ids per image (CLAW_MEDIA_PLACEHOLDER_TOKEN_IDS)."""
+    run of placeholder ids per image (CLAW_MEDIA_PLACEHOLDER_TOKEN_IDS). Then the steps'
+    source holds their stored images (pool.services.media.media_hold: one more statement)."""
     rows = []
     for s, step_id in zip(steps, row_ids, strict=True):
         if not s.images:
@@ -193,6 +205,7 @@ def media_link(steps: Sequence[StepIn], row_ids: Sequence[int], media: dict[str,
             )
     # The pool's bulk insert (pool/sql.py): bulk_create, binary COPY on PostgreSQL.
     sql.rows_insert(rows)
+    media_hold(media_ids=[r.media_id for r in rows if r.media_id is not None], source_id=source_id)
 
 
 def placeholder_spans(prompt_ids: np.ndarray, n_images: int) -> list[tuple[int, int]] | None:

@@ -219,29 +219,29 @@ def _ingest(
     depth_of: dict[int, int] = {}
     for i, s in enumerate(new_steps):
         t = trajs[s.trajectory_uid]
-        mine: list[int | tuple[str, int]] = []
+        parents: list[int | tuple[str, int]] = []
         if s.step_index > 0:
             j = position.get((s.trajectory_uid, s.step_index - 1))
             if j is not None:
-                mine.append(j)
+                parents.append(j)
             elif (prev := neighbours.get((t.id, s.step_index - 1))) is not None:
-                mine.append(("db", prev[0]))
+                parents.append(("db", prev[0]))
                 depth_of[prev[0]] = prev[2]
         elif t.group_id is not None:
             if t.group_id in anchor_of:
-                mine.append(("db", anchor_of[t.group_id]))
+                parents.append(("db", anchor_of[t.group_id]))
             elif batch_anchor.get(t.group_id, i) != i:
-                mine.append(batch_anchor[t.group_id])
-        refs.append(mine)
-    loaded = _load_stored({r[1] for mine in refs for r in mine if isinstance(r, tuple)}, depth_of)
+                parents.append(batch_anchor[t.group_id])
+        refs.append(parents)
+    loaded = _load_stored({r[1] for parents in refs for r in parents if isinstance(r, tuple)}, depth_of)
     candidates: list[list[Candidate]] = [
-        [r if isinstance(r, int) else loaded[r[1]] for r in mine if isinstance(r, int) or r[1] in loaded]
-        for mine in refs
+        [r if isinstance(r, int) else loaded[r[1]] for r in parents if isinstance(r, int) or r[1] in loaded]
+        for parents in refs
     ]
 
     # 5. Images checked and stored (a bad one refuses the write: nothing of it stays); the
     # steps written, parents before children, with their images' rows; then the effects.
-    media = media_prepare(new_steps)
+    media = media_prepare(new_steps, sources=mine)
     planned = choose_parents(new_steps, [h for _, h in new], candidates)
     rows = build_rows(
         planned,
@@ -251,7 +251,7 @@ def _ingest(
         readiness_of=_known_readiness(new_steps, trajs, groups),
         outcome_of=_known_outcomes(new_steps, trajs),
     )
-    media_link(new_steps, [r.id for r in rows], media)
+    media_link(new_steps, [r.id for r in rows], media, source_id=source_id)
     effects.apply(
         _written(rows, [_trajectory_written(t) for t in trajs.values()], source_id=source_id, channel=channel)
     )
@@ -408,7 +408,12 @@ def _append_fused(
         if got is None:
             return None
         if has_media:  # after the claim: a missed claim stores nothing; a bad image rolls it back
-            media_link(steps, [got.ids[r.step_index] for r in rows], media_prepare(steps))
+            media_link(
+                steps,
+                [got.ids[r.step_index] for r in rows],
+                media_prepare(steps, sources=mine),
+                source_id=source_id,
+            )
         traj_id, group_id = got.trajectory_id, got.group_id
         for row, s in zip(rows, steps, strict=True):
             row.id, row.trajectory_id = got.ids[row.step_index], traj_id
@@ -495,7 +500,7 @@ def _append_general(
                 f"trajectory {target.trajectory_uid!r}: step uids {steps[0].uid!r}.. are taken by other steps",
                 field="trajectory_uid",
             ) from None
-        media_link(steps, [r.id for r in rows], media_prepare(steps))
+        media_link(steps, [r.id for r in rows], media_prepare(steps, sources=mine), source_id=source_id)
         effects.apply(
             _written(
                 rows,

@@ -4,7 +4,8 @@
 (``media_store_many``: a whole write's images, in a constant number of queries; what the step
 pipeline calls, pool/ingest/media.py); ``media_check`` runs the same checks without storing (a
 proxied door, before its call goes upstream); ``media_resolve`` finds images already stored by
-their sha256 (a white-box step's ``{"sha256": ...}`` reference, after ``POST /api/v1/media``);
+their sha256 among those the caller's sources hold (a white-box step's ``{"sha256": ...}``
+reference, after ``POST /api/v1/media``); ``media_hold`` records which sources hold an image;
 ``media_decode_data_url`` and ``media_decode_base64`` turn what the doors carry into bytes.
 Pillow's ``verify`` checks the file's structure and checksums without decoding its pixels.
 
@@ -28,7 +29,7 @@ import hashlib
 import io
 import re
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from django.conf import settings
 from django.core.files.base import ContentFile
@@ -37,7 +38,9 @@ from django.db import transaction
 from PIL import Image, UnidentifiedImageError
 
 from ..errors import InvalidInput, PoolError
-from ..models import Media
+from ..models import Media, MediaSource
+from ..selectors.media import media_by_sha
+from ..tenancy import Sources
 
 # Pillow's format name -> the media type we store and serve.
 MEDIA_TYPES = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif"}
@@ -136,20 +139,34 @@ def media_check(*, data: bytes, declared_type: str | None, field: str = "image")
     return _check_image(data, normalize_media_type(declared_type, field=field), field=field)
 
 
-def media_resolve(refs: Mapping[str, str]) -> dict[str, Media]:
-    """The stored Media of each sha256 in ``refs`` (sha256 -> the field that named it), in one
-    query. Raises InvalidInput naming the field of a malformed or unknown sha256. Any key may
-    reference any stored image by its hash: knowing the sha256 of bytes stands for having them."""
+def media_resolve(refs: Mapping[str, str], *, sources: Sources = None) -> dict[str, Media]:
+    """The stored Media of each sha256 in ``refs`` (sha256 -> the field that named it) that
+    ``sources`` may see (pool.selectors.media; None: any), in one query. Raises InvalidInput
+    naming the field of a malformed sha256, or of one that is unknown OR held only by other
+    sources, with the same message for both: a step references by hash only an image its
+    sources already hold; other bytes must be sent (knowing a hash is not having the image)."""
     for sha, field in refs.items():
         if not isinstance(sha, str) or not _SHA256.match(sha):
             raise InvalidInput("sha256 must be 64 lowercase hex digits", field=field)
-    found = {m.sha256: m for m in Media.objects.filter(sha256__in=list(refs))}
+    found = media_by_sha(refs, sources=sources)
     for sha, field in refs.items():
         if sha not in found:
             raise InvalidInput(
                 f"no stored image has sha256 {sha}; upload it first (POST /api/v1/media)", field=field
             )
     return found
+
+
+def media_hold(*, media_ids: Iterable[int], source_id: int | None) -> None:
+    """Record that ``source_id`` holds these images (pool.models.MediaSource), in one
+    statement; nothing for an unrestricted writer without a source. Idempotent (a row held
+    already, or inserted by a concurrent writer, is kept). Call inside the write's transaction."""
+    ids = sorted(set(media_ids))
+    if source_id is None or not ids:
+        return
+    MediaSource.objects.bulk_create(
+        [MediaSource(media_id=i, source_id=source_id) for i in ids], ignore_conflicts=True
+    )
 
 
 def media_decode_data_url(url: str, *, field: str) -> tuple[bytes, str | None]:
@@ -238,13 +255,17 @@ def _storage_name(sha: str) -> str:
     return f"media/{sha[:2]}/{sha}"
 
 
-def media_upload(*, data: bytes, declared_type: str | None, field: str = "body") -> tuple[Media, bool]:
-    """POST /api/v1/media: ``media_store`` in its own transaction; (the Media, created?).
-    Idempotent: the same bytes again answer the same image, created False."""
+def media_upload(
+    *, data: bytes, declared_type: str | None, source_id: int | None, field: str = "body"
+) -> Media:
+    """POST /api/v1/media: ``media_store`` and ``media_hold`` for the uploader's source, in one
+    transaction. Idempotent: the same bytes again answer the same image. The answer does not
+    say whether the bytes were stored already (by this source or another): the door answers
+    201 either way, so an upload is no oracle for what other sources hold."""
     with transaction.atomic():
-        existed = Media.objects.filter(sha256=hashlib.sha256(data).hexdigest()).exists()
         media = media_store(data=data, declared_type=declared_type, field=field)
-    return media, not existed
+        media_hold(media_ids=[media.id], source_id=source_id)
+    return media
 
 
 def media_render(media: Media) -> dict:

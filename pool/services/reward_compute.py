@@ -35,7 +35,7 @@ from typing import Any
 
 import orjson
 from django.db import IntegrityError, transaction
-from django.db.models import F, OuterRef, Subquery
+from django.db.models import F, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from claw_kit.llm.tokenizer import get_tokenizer
@@ -344,7 +344,13 @@ def _record(out: _Outcome) -> None:
     got a reward meanwhile (the client's, a concurrent run's) keeps it."""
     if out.rewarded:
         ids = [r.trajectory_id for r in out.rewarded]
-        taken = set(Trajectory.objects.filter(id__in=ids, reward__isnull=False).values_list("id", flat=True))
+        # Delivered ones too (leased or in a snapshot): their rewards are frozen
+        # (pool/services/delivery.py), so a late score is dropped, not an error of the task.
+        taken = set(
+            Trajectory.objects.filter(id__in=ids)
+            .filter(Q(reward__isnull=False) | Q(delivered_at__isnull=False))
+            .values_list("id", flat=True)
+        )
         taken.update(
             Step.objects.filter(
                 id__in=[r.step.id for r in out.rewarded], reward_status=Step.RewardStatus.FINAL

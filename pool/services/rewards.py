@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from .. import sql
 from ..deadlocks import retry_on_deadlock
-from ..errors import InvalidInput, NotFound
+from ..errors import InvalidInput, NotFound, RewardDelivered
 from ..ingest import rules
 from ..ingest.effects import RewardsSet, StepsWritten, emit
 from ..models import RewardEvent, Step, Trajectory
@@ -38,7 +38,10 @@ def rewards_apply(
 ) -> list[RewardEvent]:
     """Apply rewards atomically (all or none). Each change is recorded as a RewardEvent.
     Re-applying the same reward with the same status writes nothing (idempotent). A step or
-    trajectory outside ``sources`` (pool/tenancy.py) is NotFound, like an unknown one."""
+    trajectory outside ``sources`` (pool/tenancy.py) is NotFound, like an unknown one. A
+    change to a trajectory (or a step of one) whose steps were already delivered (leased or
+    in a snapshot: pool/services/delivery.py) raises RewardDelivered (409) naming the item,
+    and nothing of the call is written."""
     mine = allowed(source_id, sources)
     for r in rewards:
         p = r.field_prefix
@@ -61,7 +64,7 @@ def rewards_apply(
             Q(uid__in=traj_uids) | Q(id__in=Step.objects.filter(uid__in=step_uids).values("trajectory_id"))
         )
         .filter(of_sources("source_id", mine))
-        .only("id", "uid", "reward", "reward_source")
+        .only("id", "uid", "reward", "reward_source", "delivered_at")
         .order_by("id")
     }
     steps = {
@@ -71,6 +74,7 @@ def rewards_apply(
         .order_by("id")
         .values_list("id", "uid", "trajectory_id", "reward", "reward_status", "reward_source")
     }
+    delivered = {t.id: t.delivered_at for t in trajs.values()}
     events: list[RewardEvent] = []
     changed_steps: dict[int, _StepReward] = {}
     changed_trajs: dict[int, Trajectory] = {}
@@ -83,6 +87,9 @@ def rewards_apply(
                 raise NotFound(f"step {r.step_uid!r} does not exist", field=f"{p}step_uid")
             if step.reward == r.reward and step.reward_status == status and step.reward_source == r.source:
                 continue
+            reward_check_undelivered(
+                delivered.get(step.trajectory_id), f"step {r.step_uid!r}", f"{p}step_uid"
+            )
             events.append(RewardEvent(step_id=step.id, old_reward=step.reward, **_audit(r, source_id)))
             step.reward, step.reward_status, step.reward_source = r.reward, status, r.source
             changed_steps[step.id] = step
@@ -92,6 +99,7 @@ def rewards_apply(
                 raise NotFound(f"trajectory {r.trajectory_uid!r} does not exist", field=f"{p}trajectory_uid")
             if traj.reward == r.reward:
                 continue
+            reward_check_undelivered(traj.delivered_at, f"trajectory {traj.uid!r}", f"{p}trajectory_uid")
             events.append(RewardEvent(trajectory_id=traj.id, old_reward=traj.reward, **_audit(r, source_id)))
             traj.reward, traj.reward_source = r.reward, r.source
             changed_trajs[traj.id] = traj
@@ -119,6 +127,17 @@ def rewards_apply(
     return events
 
 
+def reward_check_undelivered(delivered_at, what: str, field: str) -> None:
+    """RewardDelivered when ``delivered_at`` is set: the change would rewrite what a consumer
+    or a snapshot already holds."""
+    if delivered_at is not None:
+        raise RewardDelivered(
+            f"{what} was already delivered (leased or in a snapshot) at {delivered_at.isoformat()}; "
+            "its rewards can no longer change",
+            field=field,
+        )
+
+
 def steps_written_rewards(written: StepsWritten) -> None:
     """The effect of stored steps on rewards (registered in pool/apps.py): outcome rewards,
     then the effective rewards of the branches a final reward reaches. No query for a write
@@ -142,7 +161,13 @@ def _outcome_rewards(written: StepsWritten) -> set[int]:
         reward_status=Step.RewardStatus.FINAL
     )
     rows = list(
-        Step.objects.filter(id__in=last, trajectory__reward__isnull=True, reward__isnull=False)
+        # Not for a delivered trajectory: its rewards are frozen (pool/services/delivery.py).
+        Step.objects.filter(
+            id__in=last,
+            trajectory__reward__isnull=True,
+            trajectory__delivered_at__isnull=True,
+            reward__isnull=False,
+        )
         .filter(Exists(unrewarded))
         .order_by("trajectory_id")
         .values_list("trajectory__uid", "reward", "reward_source", "uid", "trajectory_id")

@@ -19,7 +19,7 @@ from ..tenancy import OWN, allowed
 from ..tenancy import q as of_sources
 from .groups import groups_check_complete
 from .readiness import trajectories_settle
-from .rewards import RewardIn, rewards_apply
+from .rewards import RewardIn, reward_check_undelivered, rewards_apply
 
 
 @transaction.atomic
@@ -115,7 +115,8 @@ def trajectories_complete(
     its reward (audited as a RewardEvent), then settle readiness and group completion once
     for all. A constant number of statements for any batch size. Idempotent for the same
     status and reward; ending an ended trajectory with another status raises Conflict, an
-    unknown one (or one outside ``sources``: pool/tenancy.py) NotFound, both naming the item."""
+    unknown one (or one outside ``sources``: pool/tenancy.py) NotFound, another reward for one
+    already delivered (leased or in a snapshot) RewardDelivered (409), each naming the item."""
     mine = allowed(source_id, sources)
     for c in completions:
         rules.check_reward(c.reward, f"{c.field_prefix}reward")
@@ -154,6 +155,7 @@ def trajectories_complete(
             ending.append(traj.id)
             changed[traj.id] = traj
         if c.reward is not None and c.reward != traj.reward:
+            reward_check_undelivered(traj.delivered_at, f"trajectory {c.uid!r}", f"{c.field_prefix}reward")
             events.append(
                 RewardEvent(
                     trajectory=traj,

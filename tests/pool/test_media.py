@@ -167,7 +167,8 @@ def test_white_box_images_are_stored_once_with_spans_and_read_back_in_order(agen
         "sha256": hashlib.sha256(up).hexdigest(), "media_type": "image/png", "width": 32, "height": 20,
         "byte_size": len(up), "url": f"/api/v1/media/{hashlib.sha256(up).hexdigest()}",
     }  # fmt: skip
-    assert agent.post("/api/v1/media", data=up, content_type="image/png").status_code == 200  # idempotent
+    again = agent.post("/api/v1/media", data=up, content_type="image/png")  # idempotent: same answer
+    assert (again.status_code, again.json()) == (201, resp.json())
     s0 = image_step("w", 0, [{"sha256": hashlib.sha256(up).hexdigest()}, b64(shared)], n_pad=4)
     s1 = image_step("w", 1, [data_url(shared), data_url(inline)], n_pad=3)
     packed = msgspec.msgpack.encode({"steps": [image_step("w", 2, [shared, inline])]})
@@ -216,16 +217,20 @@ def test_uploads_refuse_what_steps_refuse_and_downloads_need_a_key_that_may_see_
     assert multipart.status_code == 201, multipart.content
     assert Media.objects.count() == 1
     url = multipart.json()["url"]
-    # then: a consume key reads it; no key is 401; an ingest key of another source, whose steps
-    # never referenced it, gets 404; once a step of its own source references it, 200
+    # then: a consume key reads it; no key is 401; the uploader's source reads it; an ingest
+    # key of another source gets 404, and may not reference it by hash (400, as for an unknown
+    # hash: tests/pool/test_media_possession.py); once it sends the bytes in a step, 200
     assert client(make_key(Scope.CONSUME, name="t")).get(url).status_code == 200
     assert APIClient().get(url).status_code == 401
+    assert client(agent_key_of(agent)).get(url).status_code == 200  # the uploader holds it
     other = make_key(Scope.INGEST, name="other-agent")
     assert client(other).get(url).status_code == 404
     step = image_step("o", 0, [{"sha256": multipart.json()["sha256"]}])
+    assert client(other).post("/api/v1/steps", {"steps": [step]}, format="json").status_code == 400
+    assert client(other).get(url).status_code == 404
+    step = image_step("o", 0, [b64(png(20))])
     assert client(other).post("/api/v1/steps", {"steps": [step]}, format="json").status_code == 201
     assert client(other).get(url).status_code == 200
-    assert client(agent_key_of(agent)).get(url).status_code == 404  # agent's source never referenced it
 
 
 def agent_key_of(c: APIClient) -> str:
