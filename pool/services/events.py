@@ -9,6 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from ..errors import InvalidInput, NotFound
+from ..ingest import rules
 from ..ingest.effects import FeedbackRecorded, emit
 from ..models import Event, Feedback, Step, Trajectory
 from ..tenancy import OWN, allowed
@@ -81,6 +82,7 @@ def feedback_create(
     A step or trajectory outside ``sources`` (pool/tenancy.py) is NotFound."""
     if (step_uid is None) == (trajectory_uid is None):
         raise InvalidInput("give exactly one of step_uid or trajectory_uid", field="step_uid")
+    rules.check_rating(rating)
     mine = allowed(source_id, sources)
     step = traj = None
     if step_uid is not None:
