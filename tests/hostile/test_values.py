@@ -217,3 +217,31 @@ def test_the_reserved_dataset_names_are_the_datasets_apis_literal_routes():
 
     walk(get_resolver().url_patterns, "")
     assert literal == set(RESERVED_NAMES)
+
+
+# A trajectory uid holding U+2028 (or a C1 control) in the header that names it: refused before
+# anything is stored or sent upstream (the uid is echoed in the answer's header, which could not
+# carry it: the client saw a dropped connection, and each retry stored another step).
+HEADER_UIDS = [
+    ("U+2028 as UTF-8", "a\u2028b".encode().decode("latin-1")),
+    ("U+202E as UTF-8", "a\u202eb".encode().decode("latin-1")),
+    ("a C1 control", "a\x85b"),
+]
+
+
+@pytest.mark.parametrize(("case", "uid"), HEADER_UIDS, ids=[c for c, _ in HEADER_UIDS])
+def test_a_trajectory_header_with_a_separator_is_refused_before_anything_is_stored(caller, case, uid):
+    client, _ = caller
+    before = every_count()
+    body = {"model": "claw-demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    for _attempt in range(2):  # a retry stores nothing either
+        resp = client.post(
+            "/v1/chat/completions",
+            data=json.dumps(body),
+            content_type="application/json",
+            HTTP_X_CLAW_TRAJECTORY=uid,
+        )
+        assert resp.status_code == 400, resp.content[:300]
+        assert resp.json()["error"]["code"] == "invalid_uid"
+        assert "x-claw-trajectory" not in {k.lower() for k in resp.headers}
+    assert every_count() == before
