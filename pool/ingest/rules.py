@@ -122,6 +122,15 @@ def check_uid(value: Any, field: str, *, max_len: int = MAX_UID_LEN) -> str:
     return value
 
 
+def check_name(value: str | None, field: str) -> None:
+    """A name that is no uid but identifies (an event type, a label, a tag, a group's dataset):
+    when given, the identifier rule's characters (claw_kit/web/guard.py) are refused in it."""
+    if value:
+        problem = guard.chars_problem(value)
+        if problem:
+            raise InvalidInput(f"{field} {problem}", field=field)
+
+
 def check_channel(value: Any, field: str = "channel") -> str:
     if value not in CHANNELS:
         raise InvalidInput(f"channel must be one of {list(CHANNELS)}; got {value!r}", field=field)
