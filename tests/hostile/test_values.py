@@ -245,3 +245,19 @@ def test_a_trajectory_header_with_a_separator_is_refused_before_anything_is_stor
         assert resp.json()["error"]["code"] == "invalid_uid"
         assert "x-claw-trajectory" not in {k.lower() for k in resp.headers}
     assert every_count() == before
+
+
+# A reward function's score (compute_reward, the reward tasks): within CLAW_REWARD_ABS_MAX too.
+SCORES = [(1e308, False), (-2e6, False), (1e6, True), (-0.5, True)]
+
+
+@pytest.mark.parametrize(("score", "taken"), SCORES, ids=[f"{s:g}" for s, _ in SCORES])
+def test_a_reward_functions_score_is_within_the_bound(score, taken, settings):
+    from pool.rewards.base import RewardError, as_result
+
+    settings.CLAW_REWARD_ABS_MAX = 1e6
+    if taken:
+        assert as_result(score).score == score
+    else:
+        with pytest.raises(RewardError, match="CLAW_REWARD_ABS_MAX"):
+            as_result(score)
