@@ -263,6 +263,16 @@ def test_a_path_argument_is_named_by_its_routes_name():
         status, _, body = asyncio.run(asgi_request("get", path, b"", key))
         assert status == 400, (path, body)
         assert orjson.loads(body)["error"]["param"] == param, (path, body)
+    # and a query value, percent-escaped or raw (a raw control byte skips no check), by its name
+    for query, param in [
+        (b"trajectory_uid=a%00b", "trajectory_uid"),
+        (b"cursor=x&trajectory_uid=a\tb", "trajectory_uid"),
+        (b"trajectory_uid=a%E2%80%AEb", "trajectory_uid"),
+        (b"a%0Db=1", "query"),
+    ]:
+        status, _, body = asyncio.run(asgi_request("get", "/api/v1/steps", query, key))
+        assert status == 400, (query, body)
+        assert orjson.loads(body)["error"]["param"] == param, (query, body)
 
 
 @pytest.mark.django_db(transaction=True)
