@@ -83,6 +83,8 @@ MIDDLEWARE = [
     "claw_site.security.ContentSecurityPolicyMiddleware",
     # A database outage is a 503 with Retry-After (claw_site/middleware.py).
     "claw_site.middleware.DatabaseUnavailableMiddleware",
+    # An unmatched API path is a JSON 404, never the DEBUG page listing the routes.
+    "claw_site.middleware.JsonNotFoundMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
