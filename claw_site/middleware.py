@@ -1,5 +1,8 @@
 """Project-wide middleware.
 
+``JsonNotFoundMiddleware``: an unmatched API path is the JSON 404 of claw_site/ops.py
+(handler404) with DEBUG on too, where Django would answer its debug page listing every route.
+
 ``DatabaseUnavailableMiddleware``: when the database is down or restarting, a request that
 needed it is answered ``503`` with ``Retry-After`` in the API's error shape, not a 500 page.
 Django hands a broken connection back (it is closed at the end of the request, and the
@@ -30,4 +33,15 @@ class DatabaseUnavailableMiddleware(MiddlewareMixin):
             status=503,
         )
         response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+        return response
+
+
+class JsonNotFoundMiddleware(MiddlewareMixin):
+    def process_response(self, request, response):
+        if response.status_code != 404 or response.get("Content-Type", "").startswith("application/json"):
+            return response
+        from .ops import JSON_PREFIXES, not_found
+
+        if request.path.startswith(JSON_PREFIXES):
+            return not_found(request)
         return response

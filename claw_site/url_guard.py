@@ -69,7 +69,7 @@ def url_problem(path: str, query_string: bytes) -> tuple[str, str] | None:
     problem = guard.chars_problem(path)
     if problem:
         return _path_param(path), f"the URL path {problem}"
-    if query_string:
+    if query_string and not _plain(query_string):
         query = query_string.decode("utf-8", errors="replace")
         pairs = parse_qsl(query, keep_blank_values=True, encoding="utf-8", errors="replace")
         for name, value in pairs:
@@ -80,6 +80,12 @@ def url_problem(path: str, query_string: bytes) -> tuple[str, str] | None:
             if problem:
                 return name, f"query parameter {name!r} {problem}"
     return None
+
+
+def _plain(query_string: bytes) -> bool:
+    """Printable ASCII without a percent escape: nothing in it can decode to a refused
+    character (the common query string, checked without parsing it)."""
+    return b"%" not in query_string and query_string.isascii() and query_string.decode("ascii").isprintable()
 
 
 def _path_param(path: str) -> str:

@@ -133,6 +133,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     sent: dict[str, Any]
     moved: asyncio.Event
     refresher: asyncio.Task | None = None
+    # The groups this socket joined: the only ones it leaves at close (a refused topic, 5,000
+    # characters long, is no group name the layer takes).
+    joined: tuple[str, ...] = ()
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -152,6 +155,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         live.attach_loop(asyncio.get_running_loop())
         for topic in self.topics:
             await self.channel_layer.group_add(live.GROUP_PREFIX + topic, self.channel_name)
+            self.joined = (*self.joined, topic)
         self.sent = await database_sync_to_async(read_state)(self.topics)
         await self.send_json({"type": "hello", "state": self.sent})
         self.moved = asyncio.Event()
@@ -160,7 +164,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self.refresher is not None:
             self.refresher.cancel()
-        for topic in getattr(self, "topics", []):
+        for topic in self.joined:
             try:
                 await self.channel_layer.group_discard(live.GROUP_PREFIX + topic, self.channel_name)
             except Exception:  # noqa: BLE001 - the layer away (Redis timeout) at close: the

@@ -83,6 +83,8 @@ MIDDLEWARE = [
     "claw_site.security.ContentSecurityPolicyMiddleware",
     # A database outage is a 503 with Retry-After (claw_site/middleware.py).
     "claw_site.middleware.DatabaseUnavailableMiddleware",
+    # An unmatched API path is a JSON 404, never the DEBUG page listing the routes.
+    "claw_site.middleware.JsonNotFoundMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -333,6 +335,9 @@ SPECTACULAR_SETTINGS = {
 CLAW_MAX_TOKENS_PER_STEP = env_int("CLAW_MAX_TOKENS_PER_STEP", 262_144)
 CLAW_MAX_STEPS_PER_BATCH = env_int("CLAW_MAX_STEPS_PER_BATCH", 1_000)
 CLAW_MAX_BODY_BYTES = env_int("CLAW_MAX_BODY_BYTES", 256 * 1024 * 1024)
+# The largest reward magnitude any door takes (steps, rewards, completions, token rewards,
+# reward functions' scores): pool/ingest/rules.py check_reward.
+CLAW_REWARD_ABS_MAX = env_float("CLAW_REWARD_ABS_MAX", 1e6)
 # The shape of every JSON / MessagePack body and field (claw_kit/web/guard.py): nesting depth,
 # keys per object, items per array (above CLAW_MAX_TOKENS_PER_STEP, so token arrays fit).
 CLAW_MAX_JSON_DEPTH = env_int("CLAW_MAX_JSON_DEPTH", 64)

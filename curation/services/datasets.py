@@ -16,6 +16,10 @@ from ..models import Dataset, DatasetVersion
 from ..specs import spec_dump, spec_parse
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# Names a dataset cannot take: the literal routes beside /api/v1/datasets/<name>
+# (curation/api_urls.py: "datasets/preview" previews an unsaved spec), which a dataset of that
+# name could never be reached past. tests/curation/test_datasets.py checks the URL conf.
+RESERVED_NAMES = frozenset({"preview"})
 
 
 @transaction.atomic
@@ -26,6 +30,10 @@ def dataset_create(*, name: str, spec: Any = None, description: str = "", actor:
         raise InvalidInput(
             "name must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit",
             field="name",
+        )
+    if name in RESERVED_NAMES:
+        raise InvalidInput(
+            f"{name!r} is a reserved word (a route of the datasets API): pick another name", field="name"
         )
     parsed = spec_dump(spec_parse(spec))
     try:

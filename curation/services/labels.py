@@ -8,6 +8,7 @@ from django.db import transaction
 
 from pool import sql
 from pool.errors import InvalidInput
+from pool.ingest import rules
 from pool.models import Step
 from pool.services.labels import steps_label_set, steps_note_set
 
@@ -42,6 +43,7 @@ def steps_label(
                 raise InvalidInput(
                     f"a tag is a non-empty string of at most {MAX_TAG_LEN} characters", field=f"{name}[{i}]"
                 )
+            rules.check_name(tag, f"{name}[{i}]")
     add, remove = set(tags_add), set(tags_remove) - set(tags_add)
     ids = sorted(set(step_ids))
     changed = 0

@@ -264,7 +264,7 @@ def review_check(queue: ReviewQueue, *, rating: float | None, labels: list[str])
     """The rating and the stored label (labels joined by commas) a submission gives, checked
     against the queue's score schema; InvalidInput naming the field otherwise."""
     if rating is not None:
-        rules.check_reward(rating, "rating")
+        rules.check_rating(rating, "rating")
         if not queue.rating_min <= rating <= queue.rating_max:
             raise InvalidInput(
                 f"rating must be between {queue.rating_min:g} and {queue.rating_max:g}", field="rating"

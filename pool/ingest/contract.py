@@ -246,6 +246,8 @@ def step_from_wire(w: Any, where: str) -> StepIn:
     rules.check_token_count(len(prompt), len(response), where)
     logprobs = _floats(w.rollout_logprobs, len(response), f"{where}.rollout_logprobs")
     token_rewards = _floats(w.token_rewards, len(response), f"{where}.token_rewards")
+    rules.check_logprobs(logprobs, f"{where}.rollout_logprobs")
+    rules.check_token_rewards(token_rewards, f"{where}.token_rewards")
     versions = _version_runs(w.token_policy_versions, len(response), f"{where}.token_policy_versions")
     rules.check_reward(w.reward, f"{where}.reward")
     for name in ("trajectory_uid", "uid", "prompt_group_uid", "finish_reason", "response_text"):

@@ -116,6 +116,10 @@ def _check_batch(steps: Sequence[StepIn]) -> None:
         seen_pos.add(pos)
         # The wire contract checked the length for decoded steps; StepIns built in Python
         # too; control characters are refused here for both.
+        # The trajectory's and group's uids first: the default step uid is made of the first.
+        rules.check_uid(s.trajectory_uid, s.at("trajectory_uid"))
+        if s.prompt_group_uid is not None:
+            rules.check_uid(s.prompt_group_uid, s.at("prompt_group_uid"))
         rules.check_uid(s.uid, s.at("uid"), max_len=rules.MAX_STEP_UID_LEN)
         if s.reward is not None:
             rules.check_reward(s.reward, s.at("reward"))

@@ -58,10 +58,54 @@ def check_batch_size(n: int, field: str = "steps") -> None:
         raise InvalidInput(f"a batch holds at most {limit} steps; got {n}", field=field)
 
 
+def reward_abs_max() -> float:
+    """The largest reward magnitude taken (CLAW_REWARD_ABS_MAX): a reward of 1e308 is finite,
+    and would swamp every mean and advantage computed over it."""
+    return settings.CLAW_REWARD_ABS_MAX
+
+
+# A rating is an opinion on a scale (a review queue's, or the client's own): within this
+# bound, which no sane scale leaves.
+RATING_ABS_MAX = 1e6
+
+
 def check_reward(value: float | None, field: str) -> None:
-    """A reward is a finite number (or absent)."""
-    if value is not None and (isinstance(value, bool) or not math.isfinite(value)):
+    """A reward is a finite number within +-CLAW_REWARD_ABS_MAX (or absent)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not math.isfinite(value):
         raise InvalidInput("reward must be a finite number", field=field)
+    limit = reward_abs_max()
+    if abs(value) > limit:
+        raise InvalidInput(f"reward must lie within [-{limit:g}, {limit:g}]; got {value:g}", field=field)
+
+
+def check_rating(value: float | None, field: str = "rating") -> None:
+    """A rating is a finite number within +-RATING_ABS_MAX (or absent)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not math.isfinite(value):
+        raise InvalidInput("rating must be a finite number", field=field)
+    if abs(value) > RATING_ABS_MAX:
+        raise InvalidInput(
+            f"rating must lie within [-{RATING_ABS_MAX:g}, {RATING_ABS_MAX:g}]; got {value:g}", field=field
+        )
+
+
+def check_logprobs(values: Any, field: str) -> None:
+    """Log-probabilities (a float64 array, finite already) are at most 0: the log of a
+    probability. Names the first that is not."""
+    if values is not None and len(values) and float(values.max()) > 0.0:
+        i = int((values > 0.0).argmax())
+        raise InvalidInput(f"a logprob is at most 0; got {float(values[i]):g}", field=f"{field}[{i}]")
+
+
+def check_token_rewards(values: Any, field: str) -> None:
+    """Token-level rewards (a float64 array, finite already) within +-CLAW_REWARD_ABS_MAX."""
+    limit = reward_abs_max()
+    if values is not None and len(values) and float(abs(values).max()) > limit:
+        i = int((abs(values) > limit).argmax())
+        raise InvalidInput(f"a token reward must lie within [-{limit:g}, {limit:g}]", field=f"{field}[{i}]")
 
 
 def check_uid(value: Any, field: str, *, max_len: int = MAX_UID_LEN) -> str:
@@ -76,6 +120,15 @@ def check_uid(value: Any, field: str, *, max_len: int = MAX_UID_LEN) -> str:
     if problem:
         raise InvalidInput(f"{field} {problem}", field=field)
     return value
+
+
+def check_name(value: str | None, field: str) -> None:
+    """A name that is no uid but identifies (an event type, a label, a tag, a group's dataset):
+    when given, the identifier rule's characters (claw_kit/web/guard.py) are refused in it."""
+    if value:
+        problem = guard.chars_problem(value)
+        if problem:
+            raise InvalidInput(f"{field} {problem}", field=field)
 
 
 def check_channel(value: Any, field: str = "channel") -> str:

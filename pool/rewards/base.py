@@ -79,5 +79,12 @@ def as_result(value: Any) -> RewardResult:
         result = RewardResult(float(value))
     if result.score != result.score or result.score in (float("inf"), float("-inf")):
         raise RewardError("the reward function returned a non-finite score")
+    from django.conf import settings  # the reward bound every door applies (rules.check_reward)
+
+    limit = settings.CLAW_REWARD_ABS_MAX
+    if abs(result.score) > limit:
+        raise RewardError(
+            f"the reward function returned {result.score:g}, beyond +-{limit:g} (CLAW_REWARD_ABS_MAX)"
+        )
     result.score = float(result.score)
     return result

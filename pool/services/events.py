@@ -9,6 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from ..errors import InvalidInput, NotFound
+from ..ingest import rules
 from ..ingest.effects import FeedbackRecorded, emit
 from ..models import Event, Feedback, Step, Trajectory
 from ..tenancy import OWN, allowed
@@ -31,6 +32,8 @@ def event_record(
 ) -> list[Event]:
     """Store raw events atomically. Not idempotent (events have no client key); referenced
     trajectories and steps must exist within ``sources`` (pool/tenancy.py), else NotFound."""
+    for e in events:
+        rules.check_name(e.type, f"{e.field_prefix}type")
     mine = allowed(source_id, sources)
     traj_ids = dict(
         Trajectory.objects.filter(uid__in={e.trajectory_uid for e in events if e.trajectory_uid})
@@ -81,6 +84,8 @@ def feedback_create(
     A step or trajectory outside ``sources`` (pool/tenancy.py) is NotFound."""
     if (step_uid is None) == (trajectory_uid is None):
         raise InvalidInput("give exactly one of step_uid or trajectory_uid", field="step_uid")
+    rules.check_rating(rating)
+    rules.check_name(label, "label")
     mine = allowed(source_id, sources)
     step = traj = None
     if step_uid is not None:

@@ -35,6 +35,7 @@ def group_upsert(
     (``sources``: pool/tenancy.py) creates its source's group and changes only its own
     groups: a shared group or another source's raises UidTaken, and nothing changes."""
     rules.check_uid(uid, "uid")
+    rules.check_name(dataset, "dataset")
     mine = allowed(source_id, sources)
     owner = source_id if mine is not None else None
     group, _ = PromptGroup.objects.select_for_update().get_or_create(uid=uid, defaults={"source_id": owner})

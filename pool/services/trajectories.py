@@ -36,6 +36,9 @@ def trajectory_create(
     """Create a trajectory (through the pipeline's trajectory_ensure). Idempotent: an
     existing uid is returned with created=False (a trajectory without a group adopts the
     given one); a different group raises Conflict, another source's uid UidTaken."""
+    rules.check_uid(uid, "uid")
+    if prompt_group_uid is not None:
+        rules.check_uid(prompt_group_uid, "prompt_group_uid")
     rules.check_channel(channel)
     if policy_version is not None:
         policy_versions_ensure({policy_version})

@@ -97,3 +97,21 @@ def test_make_runs_defaults_serve_with_debug_off_and_static_files(tmp_path):
                 resp.headers["content-type"],
             )
             assert len(resp.content) > 100
+
+
+@pytest.mark.django_db
+def test_an_unmatched_api_path_lists_no_routes_with_debug_on_too(settings):
+    # given DEBUG on (DJANGO_DEBUG=1: Django's 404 page would list every route)
+    settings.DEBUG = True
+    for path in ("/api/v1/no-such-route", "/api/v2/steps", "/metrics/x"):
+        # when no route matches, then the JSON 404, naming only the path
+        resp = Client().get(path)
+        assert resp.status_code == 404, path
+        assert resp.json() == {
+            "error": {
+                "type": "not_found_error",
+                "code": "not_found",
+                "message": f"no such endpoint: {path}",
+                "param": None,
+            }
+        }

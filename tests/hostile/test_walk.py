@@ -263,6 +263,16 @@ def test_a_path_argument_is_named_by_its_routes_name():
         status, _, body = asyncio.run(asgi_request("get", path, b"", key))
         assert status == 400, (path, body)
         assert orjson.loads(body)["error"]["param"] == param, (path, body)
+    # and a query value, percent-escaped or raw (a raw control byte skips no check), by its name
+    for query, param in [
+        (b"trajectory_uid=a%00b", "trajectory_uid"),
+        (b"cursor=x&trajectory_uid=a\tb", "trajectory_uid"),
+        (b"trajectory_uid=a%E2%80%AEb", "trajectory_uid"),
+        (b"a%0Db=1", "query"),
+    ]:
+        status, _, body = asyncio.run(asgi_request("get", "/api/v1/steps", query, key))
+        assert status == 400, (query, body)
+        assert orjson.loads(body)["error"]["param"] == param, (query, body)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -380,6 +390,41 @@ def test_a_nul_in_any_body_field_is_a_4xx_naming_it(seeded_body, case, endpoint,
     assert 400 <= resp.status_code < 500, (resp.status_code, resp.content[:300])
     error = resp.json()["error"]
     assert error["message"]
+    leaf = [p for p in at if not isinstance(p, int)]
+    assert error["param"] is not None and str(leaf[-1]) in error["param"], (error, at)
+    assert every_count() == before
+
+
+# The identifier fields of those bodies (uids, names, types, labels, tags): a bidi control in
+# each is a 4xx naming it too (the free-text fields, descriptions, notes and comments, may hold one).
+IDENT_LEAVES = {
+    "uid",
+    "trajectory_uid",
+    "prompt_group_uid",
+    "step_uid",
+    "name",
+    "dataset",
+    "type",
+    "task",
+    "label",
+}
+IDENT_CASES = [
+    (case, endpoint, body, at)
+    for case, endpoint, body, at in BODY_CASES
+    if [p for p in at if not isinstance(p, int)][-1] in IDENT_LEAVES or at[0] in ("step_uids", "tags_add")
+]
+
+
+@pytest.mark.parametrize(("case", "endpoint", "body", "at"), IDENT_CASES, ids=[c[0] for c in IDENT_CASES])
+def test_a_bidi_control_in_an_identifier_field_is_a_4xx_naming_it(seeded_body, case, endpoint, body, at):
+    # given the valid body with one identifier holding U+202E
+    before = every_count()
+    hostile = replaced(body, at, "a\u202eb")
+    # when it is posted
+    resp = seeded_body.post(endpoint, data=json.dumps(hostile), content_type="application/json")
+    # then a 4xx JSON error naming the field, and nothing written
+    assert 400 <= resp.status_code < 500, (resp.status_code, resp.content[:300])
+    error = resp.json()["error"]
     leaf = [p for p in at if not isinstance(p, int)]
     assert error["param"] is not None and str(leaf[-1]) in error["param"], (error, at)
     assert every_count() == before

@@ -5,6 +5,7 @@ Redis with REDIS_URL) and the publisher's flusher thread. Committed transactions
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -277,3 +278,42 @@ async def test_a_close_while_the_channel_layer_is_away_ends_cleanly(viewer, monk
     # then: the close ended without an exception in the application, and the failed leave is
     # logged as a warning naming the topic
     assert any("leaving overview at close failed" in r.getMessage() for r in caplog.records)
+
+
+class _Errors(logging.Handler):
+    """Records at WARNING and above, on the root logger (caplog's handler does not survive the
+    ASGI app's import, which configures logging anew)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+# (case, topics as the query string sends them)
+BAD_TOPICS = [
+    ("a 5,000-character topic", "x" * 5000),
+    ("a known topic and a 5,000-character one", "overview," + "y" * 5000),
+    ("a 200-character topic", "z" * 200),
+    ("a NUL in the topic", "over%00view"),
+    ("U+2028 in the topic", "overview%E2%80%A8"),
+]
+
+
+@pytest.mark.parametrize(("case", "topics"), BAD_TOPICS, ids=[c for c, _ in BAD_TOPICS])
+async def test_a_bad_topic_closes_4400_and_logs_no_error(viewer, case, topics):
+    import claw_site.asgi  # noqa: F401 - loaded before the handler is attached
+
+    errors = _Errors()
+    logging.getLogger().addHandler(errors)
+    try:
+        # when a socket asks for the topic
+        async with socket(viewer, topics=topics) as comm:
+            # then it is closed with 4400 ...
+            assert await closed_with(comm) == 4400
+        # ... and nothing was logged at WARNING or above (no traceback, no "Exception in ASGI")
+        assert [r.getMessage() for r in errors.records] == []
+    finally:
+        logging.getLogger().removeHandler(errors)
