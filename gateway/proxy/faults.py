@@ -1,9 +1,16 @@
 """A proxied call's failures, stored as Events and raised as ProxyErrors, and the recording
-of its answer (whose failures are faults too). Shared by the runner and compat's /generate."""
+of its answer (whose failures are faults too). Shared by the runner and compat's /generate.
+
+:func:`crash_point` is a fault injection hook for the tests of a process that dies at an
+exact point of a call (tests/gateway/test_idempotency.py): with the environment
+variable ``CLAW_TEST_CRASH_AT`` naming that point, the process SIGKILLs itself there. Unset
+(always, outside those tests) it costs one comparison."""
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 from typing import Any
 
 from django.db import DatabaseError
@@ -18,6 +25,17 @@ from .db import run_db
 from .recording import Identity, Outcome, record_answer
 
 log = logging.getLogger(__name__)
+
+# The named points (see crash_point's callers).
+KEPT = "idempotency.kept"  # the steps are committed, the Idempotency-Key's answer not yet kept
+_CRASH_AT = os.environ.get("CLAW_TEST_CRASH_AT") or None
+
+
+def crash_point(name: str) -> None:
+    """SIGKILL this process when CLAW_TEST_CRASH_AT names ``name`` (module docstring)."""
+    if _CRASH_AT is not None and _CRASH_AT == name:
+        log.warning("CLAW_TEST_CRASH_AT=%s: killing the process", name)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 async def record(

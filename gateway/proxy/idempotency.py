@@ -7,6 +7,21 @@ first still runs gets 409 ``idempotency_in_progress`` with Retry-After; the same
 another request (path or body) 422 ``idempotency_mismatch``; a key whose call died without
 an outcome 409 ``idempotency_unknown`` (send a new key). A call that ends without a commit
 (an upstream fault, a refused record, a broken stream) gives the key back.
+
+The crash window: the answer is kept (``Kept.complete``) in its own transaction after the
+call's steps are committed (runner.serve; streamed: runner._relayed, before the closing
+events). A process killed between the two leaves the key claimed with no answer, and the
+outcome of a retry with the same key is, by design:
+
+* within CLAW_IDEMPOTENCY_RUNNING_SECONDS of the first call: 409 ``idempotency_in_progress``
+  (Retry-After), as if it still ran;
+* after that: 409 ``idempotency_unknown``, for as long as the key is kept
+  (CLAW_IDEMPOTENCY_TTL_SECONDS).
+
+Never is the call run again under that key, so its step is never stored twice; the agent
+(which got no answer, or a stream cut before its end) looks its trajectory up or sends the
+call again with a new key. tests/gateway/test_idempotency.py kills a server at that exact
+point (faults.crash_point) and retries.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from pool.services.api_keys import VerifiedKey
 
 from . import fields, idempotency, images, owners
 from .envelope import Call, ErrorShape, receive
-from .faults import fault_event, invalid_answer, record, upstream_fault
+from .faults import KEPT, crash_point, fault_event, invalid_answer, record, upstream_fault
 from .recording import CHAT, COMPLETIONS, Identity
 
 PATHS = {CHAT: "/v1/chat/completions", COMPLETIONS: "/v1/completions"}
@@ -220,6 +220,7 @@ async def serve(
         if isinstance(response, StreamingHttpResponse):
             return response  # _relay keeps or releases at the stream's end
         if 200 <= response.status_code < 300:
+            crash_point(KEPT)  # the crash window: committed, not yet kept (idempotency.py)
             headers = idempotency.kept_headers(response, call.ident.trajectory_uid if call.ident else None)
             await claimed.complete(response.status_code, response["Content-Type"], headers, response.content)
         else:
@@ -375,6 +376,7 @@ async def _relayed(
         return
     tail = writer.finish(answer)
     if kept is not None:
+        crash_point(KEPT)  # the crash window: committed, not yet kept (idempotency.py)
         headers = idempotency.kept_headers(None, ident.trajectory_uid)
         await kept.complete(200, SSE_TYPE, headers, b"".join(kept.chunks) + tail)
     yield tail

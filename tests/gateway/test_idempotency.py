@@ -182,3 +182,77 @@ def test_a_malformed_key_is_a_400_naming_the_header(gw, bad):
     )
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == "Idempotency-Key"
+
+
+# --- the crash window: killed between the steps' commit and the keeping of the answer -------------
+@pytest.fixture(scope="module")
+def crashing(tmp_path_factory, demo_upstream) -> Iterator[Gateway]:
+    """A live server of its own: each test restarts it with CLAW_TEST_CRASH_AT set."""
+    env = {"CLAW_UPSTREAM_URL": demo_upstream, "CLAW_IDEMPOTENCY_RUNNING_SECONDS": "3600"}
+    with live_server(tmp_path_factory.mktemp("idem-crash"), env) as server:
+        yield Gateway(
+            server,
+            server.make_key("ingest", name="crash-a"),
+            "",
+            server.make_key("read", name="crash-reader"),
+            demo_upstream,
+        )
+
+
+def _restart(gw: Gateway, **env: str | None) -> None:
+    for name, value in env.items():
+        if value is None:
+            gw.server.env.pop(name, None)
+        else:
+            gw.server.env[name] = value
+    gw.server.restart(kill=True)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_process_killed_before_keeping_the_answer_never_stores_the_step_twice(crashing, stream):
+    gw = crashing
+    idem, name = uuid.uuid4().hex, f"crash-{uuid.uuid4().hex[:8]}"
+    traj = f"idem-crash-{uuid.uuid4().hex[:8]}"
+    headers = {"X-Claw-Trajectory": traj, "x-test-record": name}
+    _restart(gw, CLAW_TEST_CRASH_AT="idempotency.kept", CLAW_IDEMPOTENCY_RUNNING_SECONDS="3600")
+    proc = gw.server.proc
+    assert proc is not None
+
+    # when: a call with an Idempotency-Key dies at the exact point its steps are committed and
+    # its answer is not yet kept (gateway/proxy/faults.py crash_point)
+    with pytest.raises(httpx.TransportError):
+        _chat(gw, key=gw.key, idem=idem, stream=stream, text="crash", headers=headers).raise_for_status()
+    deadline = time.monotonic() + DEADLINE
+    while proc.poll() is None:
+        assert time.monotonic() < deadline, "the server was not killed at the crash point"
+        time.sleep(0.05)
+    assert proc.returncode == -9  # SIGKILL, not an exit
+
+    # then: its step was committed, once
+    _restart(gw, CLAW_TEST_CRASH_AT=None)
+    stored = _steps(gw, traj)
+    assert [s["step_index"] for s in stored] == [0]
+    assert len(upstream_received(gw.upstream, name)) == 1
+
+    # and: a retry with the same key within CLAW_IDEMPOTENCY_RUNNING_SECONDS is told to wait,
+    # and past it that the outcome is unknown (idempotency.py); neither runs the call again
+    outcomes = []
+    for running_seconds in ("3600", "0"):
+        if running_seconds != "3600":
+            _restart(gw, CLAW_IDEMPOTENCY_RUNNING_SECONDS=running_seconds)
+        retry = _chat(gw, key=gw.key, idem=idem, stream=stream, text="crash", headers=headers)
+        assert retry.headers["content-type"].startswith("application/json"), retry.text
+        error = retry.json()["error"]
+        outcomes.append((retry.status_code, error["code"], error["param"]))
+        assert "X-Claw-Trajectory" not in retry.headers
+        assert _steps(gw, traj) == stored
+        assert len(upstream_received(gw.upstream, name)) == 1
+    assert outcomes == [
+        (409, "idempotency_in_progress", "Idempotency-Key"),
+        (409, "idempotency_unknown", "Idempotency-Key"),
+    ]
+
+    # and: the same call with a new key runs, as the documented remedy
+    again = _chat(gw, key=gw.key, idem=uuid.uuid4().hex, stream=stream, text="crash", headers=headers)
+    assert again.status_code == 200, again.text
+    assert [s["step_index"] for s in _steps(gw, traj)] == [0, 1]
