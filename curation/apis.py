@@ -34,7 +34,7 @@ from pool.selectors.trajectories import trajectory_ids_by_uid
 from . import serializers as cs
 from . import services
 from .models import Dataset, Lease, Snapshot
-from .selectors.consumption import consumer_status, lease_body, snapshot_get
+from .selectors.consumption import consumer_status, lease_body, snapshot_get, source_id_named
 from .selectors.specs import dataset_get, dataset_preview, datasets_list
 from .services import consume, snapshots
 from .specs import spec_parse
@@ -353,13 +353,37 @@ class ConsumerDetailApi(KnownQueryParams, APIView):
     @extend_schema(
         summary="A consumer's progress per dataset: leases, delivered and pending units, and "
         "the units dropped for it, by reason (filtered, stale, capacity)",
+        description="Consumer names are per source: ``name`` is the caller's source's consumer. "
+        "An admin key or operator may name another source's with ``source`` (its name).",
+        parameters=[
+            OpenApiParameter(
+                "source", str, description="admins only: the source whose consumer to read (its name)"
+            )
+        ],
         responses=OpenApiTypes.OBJECT,
     )
     def get(self, request, name: str):
-        found = consumer_status(name, owner=_owner(request))
+        found = consumer_status(name, source_id=_consumer_source(request))
         if found is None:
             raise NotFound(f"consumer {name!r} has never pulled", field="name")
         return Response(found)
+
+
+def _consumer_source(request) -> int | None:
+    """Whose consumer a name means (names are per source): the key's source; for an admin
+    key or operator the ``source`` query parameter's (a source name) when given, else its
+    own (an operator session's: the unowned consumers). Another source named by a non-admin
+    is a 400 naming ``source``; an unknown source a 404, as an unknown consumer."""
+    actor = _consumer_actor(request)
+    named = request.query_params.get("source")
+    if named is None:
+        return actor.source_id
+    if not actor.admin:
+        raise InvalidInput("only an admin key or operator may name another source", field="source")
+    source_id = source_id_named(named)
+    if source_id is None:
+        raise NotFound(f"source {named!r} does not exist", field="source")
+    return source_id
 
 
 def lease_render(lease: Lease) -> dict[str, Any]:
