@@ -32,6 +32,12 @@ def consumer_of(name: str, *, source_id: int | None) -> Consumer | None:
     return q.first()
 
 
+def consumer_owners(name: str) -> list[int | None]:
+    """The sources (None: unowned) that have a consumer called ``name`` (an admin's read by
+    name alone). One query."""
+    return list(Consumer.objects.filter(name=name).order_by("id").values_list("source_id", flat=True))
+
+
 def source_id_named(name: str) -> int | None:
     """The id of the source called ``name`` (an admin's ``?source=``), or None."""
     return Source.objects.filter(name=name).values_list("id", flat=True).first()

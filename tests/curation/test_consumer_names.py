@@ -32,7 +32,9 @@ def test_two_sources_trainers_are_two_consumers(django_user_model):
     replay and release any lease by id, and only they may release one (POST
     /api/v1/leases/{id}/release, audited)." (the matrix of tests/curation/test_ownership.py)
     "Only they may read another source's consumer, with GET
-    /api/v1/consumers/{name}?source=<source name>; for anyone else source is a 400." "An
+    /api/v1/consumers/{name}?source=<source name>; for anyone else source is a 400."
+    "Without source, they read their own source's, else the only consumer of that name, and
+    a 400 naming source when several sources have one." "An
     operator session's consumers, and those from before owners existed (Consumer.source
     empty), are unowned and are theirs alone." (tests/curation/test_ownership.py
     test_consumers_without_an_owner_are_the_operators)"""
@@ -70,8 +72,9 @@ def test_two_sources_trainers_are_two_consumers(django_user_model):
         (admin, "get", "/api/v1/consumers/trainer?source=team-a", 200, None),
         (staff, "get", "/api/v1/consumers/trainer?source=team-b", 200, None),
         (admin, "get", "/api/v1/consumers/trainer?source=nope", 404, "source"),
-        (admin, "get", "/api/v1/consumers/trainer", 404, "name"),  # the admin's own never pulled
-        (staff, "get", "/api/v1/consumers/trainer", 404, "name"),  # nor an unowned one
+        # an admin's own never pulled, and two sources have one: it must name which
+        (admin, "get", "/api/v1/consumers/trainer", 400, "source"),
+        (staff, "get", "/api/v1/consumers/trainer", 400, "source"),
     ]
     got = {}
     for who, method, path, status, param in table:
