@@ -48,7 +48,8 @@ from django.db.models import (
 from django.db.models.functions import Coalesce
 
 from pool.flags import QUALITY_NAMES, READY, Readiness
-from pool.models import Feedback, PolicyVersion, PromptGroup, Step, Trajectory
+from pool.models import Feedback, PromptGroup, Step, Trajectory
+from pool.selectors.events import policy_current_version
 
 from ..models import Dataset, DatasetVersion, StepTag
 from ..specs import Filters, Spec
@@ -58,7 +59,7 @@ _LABEL_VALUE = {"none": "", "accepted": "accepted", "rejected": "rejected", "qua
 
 @dataclass(frozen=True, slots=True)
 class Compiled:
-    """A spec compiled against the pool's current policy version."""
+    """A spec compiled against the current version of its policy (filters.policy)."""
 
     spec: Spec
     scope: Q  # every scope condition, as step lookups
@@ -72,7 +73,7 @@ class Compiled:
 
 def spec_compile(spec: Spec) -> Compiled:
     f = spec.filters
-    current = PolicyVersion.objects.filter(is_current=True).values_list("version", flat=True).first()
+    current = policy_current_version(f.policy)  # the freshness of the dataset's policy
     step_scope = Q()
     if f.sources is not None:
         step_scope &= Q(source__name__in=f.sources)

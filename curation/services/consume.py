@@ -55,7 +55,8 @@ from claw_kit.web.renderers import dumps
 from pool import sql, tokens
 from pool.errors import Conflict, InvalidInput, NotFound
 from pool.ingest.effects import GroupsReady, emit
-from pool.models import AuditEvent, PolicyVersion, PromptGroup, Step, Trajectory
+from pool.models import AuditEvent, PromptGroup, Step, Trajectory
+from pool.selectors.events import policy_current_version
 from pool.selectors.steps import steps_render
 from pool.services import effective_reward
 from pool.services.audit import audit_record
@@ -743,7 +744,7 @@ def _render(lease: Lease, ds: Dataset, who: Consumer, c: Compiled, taken: dict[i
     )
     current = c.current_version
     if current is None:
-        current = PolicyVersion.objects.filter(is_current=True).values_list("version", flat=True).first()
+        current = policy_current_version(c.spec.filters.policy)  # moved since the compile
     rows = steps_render(steps)
     assignment = c.spec.grouping.reward_assignment
     effective_reward.assign(
