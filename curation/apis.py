@@ -36,7 +36,14 @@ from pool.selectors.trajectories import trajectory_ids_by_uid
 from . import serializers as cs
 from . import services
 from .models import Dataset, Lease, Snapshot
-from .selectors.consumption import consumer_status, lease_body, snapshot_get
+from .selectors.consumption import (
+    consumer_of,
+    consumer_owners,
+    consumer_status,
+    lease_body,
+    snapshot_get,
+    source_id_named,
+)
 from .selectors.specs import dataset_get, dataset_preview, datasets_list
 from .services import consume, snapshots
 from .specs import spec_parse
@@ -360,13 +367,47 @@ class ConsumerDetailApi(KnownQueryParams, APIView):
     @extend_schema(
         summary="A consumer's progress per dataset: leases, delivered and pending units, and "
         "the units dropped for it, by reason (filtered, stale, capacity)",
+        description="Consumer names are per source: ``name`` is the caller's source's consumer. "
+        "An admin key or operator may name another source's with ``source`` (its name); "
+        "without it, its own, else the only consumer of that name (400 when several).",
+        parameters=[
+            OpenApiParameter(
+                "source", str, description="admins only: the source whose consumer to read (its name)"
+            )
+        ],
         responses=OpenApiTypes.OBJECT,
     )
     def get(self, request, name: str):
-        found = consumer_status(name, owner=_owner(request))
+        found = consumer_status(name, source_id=_consumer_source(request, name))
         if found is None:
             raise NotFound(f"consumer {name!r} has never pulled", field="name")
         return Response(found)
+
+
+def _consumer_source(request, name: str) -> int | None:
+    """Whose consumer ``name`` means (names are per source): the key's source. An admin key
+    or operator names one with the ``source`` query parameter (a source name); without it,
+    its own source's (an operator session's: the unowned one) when that exists, else the
+    only consumer of that name, and when several sources have one, a 400 naming ``source``.
+    A non-admin naming a source is a 400 naming ``source``; an unknown source a 404."""
+    actor = _consumer_actor(request)
+    named = request.query_params.get("source")
+    if named is None:
+        if not actor.admin or consumer_of(name, source_id=actor.source_id) is not None:
+            return actor.source_id
+        owners = consumer_owners(name)
+        if len(owners) > 1:
+            raise InvalidInput(
+                f"{len(owners)} sources have a consumer named {name!r}: name one with ?source=",
+                field="source",
+            )
+        return owners[0] if owners else actor.source_id
+    if not actor.admin:
+        raise InvalidInput("only an admin key or operator may name another source", field="source")
+    source_id = source_id_named(named)
+    if source_id is None:
+        raise NotFound(f"source {named!r} does not exist", field="source")
+    return source_id
 
 
 def lease_render(lease: Lease) -> dict[str, Any]:

@@ -205,16 +205,27 @@ class ReviewClaim(models.Model):
 class Consumer(models.Model):
     """A trainer (or any reader) that pulls batches; it gets each unit of a dataset once.
 
-    It belongs to the source of the key that first pulled as it (so every key of that
-    source, a rotated one too, may use it); the keys of other sources get 404 for it and its
-    leases. Null: created by an operator session (or before owners existed): admin keys and
-    operators only."""
+    Names are per source: the consumer "trainer" of a key is its source's "trainer",
+    created on the source's first pull (so every key of that source, a rotated one too, uses
+    it), and another source's "trainer" is another consumer, which the first neither
+    collides with nor can see (services.consume.consumer_of). Null source: the consumers of
+    operator sessions and internal callers (and of before owners existed), one per name."""
 
-    name = models.CharField(max_length=64, unique=True)
+    name = models.CharField(max_length=64)
     source = models.ForeignKey(
         "pool.Source", null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False
     )
     created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            # One consumer per (source, name); serves every lookup by name (source first).
+            models.UniqueConstraint(fields=["source", "name"], name="consumer_source_name_uniq"),
+            # NULLs are distinct in a unique index: one unowned consumer per name, apart.
+            models.UniqueConstraint(
+                fields=["name"], condition=Q(source__isnull=True), name="consumer_unowned_name_uniq"
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name

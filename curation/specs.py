@@ -20,6 +20,7 @@ import msgspec
 from pool.errors import InvalidInput
 from pool.flags import QUALITY_NAMES
 from pool.models import Step
+from pool.services.policy import policy_check_name
 
 QualityName = Literal[tuple(QUALITY_NAMES)]  # type: ignore[valid-type]
 LabelName = Literal["none", "accepted", "rejected", "quarantined"]
@@ -34,6 +35,9 @@ class Filters(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_def
     # Policy freshness, at query time: current version - step's version <= max_staleness.
     # Steps without a policy version fail it; with no current version it admits all.
     max_staleness: int | None = None
+    # The policy whose current version freshness follows (pool.models.Policy): max_staleness
+    # here, serving.stale_after and the batches' staleness. "default": the one of before.
+    policy: str = "default"
     sources: list[str] | None = None  # source names
     channel: Literal["train", "val"] | None = None
     created_after: datetime | None = None
@@ -135,6 +139,7 @@ def spec_parse(raw: Any, *, field: str = "") -> Spec:
     except msgspec.ValidationError as exc:
         raise InvalidInput(str(exc), field=_field_of(str(exc), field)) from None
     f, g, s = spec.filters, spec.grouping, spec.serving
+    policy_check_name(f.policy, field=_join(field, "filters.policy"))
     for name, value, least in (
         ("filters.max_staleness", f.max_staleness, 0),
         ("grouping.min_rollouts", g.min_rollouts, 1),

@@ -413,7 +413,11 @@ class PolicyVersionApi(KnownQueryParams, generics.GenericAPIView):
         request=s.PolicyVersionSerializer,
         responses=inline_serializer(
             "PolicyVersionOut",
-            {"version": serializers.IntegerField(), "is_current": serializers.BooleanField()},
+            {
+                "version": serializers.IntegerField(),
+                "is_current": serializers.BooleanField(),
+                "policy": serializers.CharField(),
+            },
         ),
     )
     def post(self, request):
@@ -436,8 +440,14 @@ class PolicyVersionApi(KnownQueryParams, generics.GenericAPIView):
             force=d["force"],
             actor=actor,
             details=details,
+            policy=d["policy"],
+            source_id=source_id_of(request),
+            sources=write_sources_of(request),
         )
-        return Response(policy_version_render(pv))
+        # is_current: whether it is now the named policy's current version; ``policy`` is
+        # answered for a named one only (the default's answer is as it always was).
+        named = {} if pv.policy == "default" else {"policy": pv.policy, "is_current": pv.policy_current}
+        return Response({**policy_version_render(pv), **named})
 
     @extend_schema(
         responses=s.PolicyVersionReadSerializer(many=True), summary="Policy versions, newest first"

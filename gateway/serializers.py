@@ -293,15 +293,6 @@ class PolicyVersionReadSerializer(serializers.Serializer):
     metadata = serializers.DictField()
 
 
-class PolicyVersionSerializer(StrictSerializer):
-    version = StrictIntegerField(min_value=0, max_value=INT64_MAX)
-    current = StrictBooleanField(default=True)
-    # Past the bound (CLAW_POLICY_MAX_STEP) or backwards: admins only.
-    force = StrictBooleanField(default=False)
-    metadata = SafeDictField(required=False)
-
-
-# --- tasks and the task sampler (pool/services/task_catalog.py) ------------------------------
 class TextField(serializers.CharField):
     """A JSON string only (DRF's CharField turns 7 into "7")."""
 
@@ -311,6 +302,17 @@ class TextField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+class PolicyVersionSerializer(StrictSerializer):
+    version = StrictIntegerField(min_value=0, max_value=INT64_MAX)
+    current = StrictBooleanField(default=True)
+    # Past the bounds (CLAW_POLICY_MAX_STEP, CLAW_POLICY_MAX_ADVANCE_PER_MINUTE) or backwards: admins only.
+    force = StrictBooleanField(default=False)
+    metadata = SafeDictField(required=False)
+    # The policy whose current version moves (pool.models.Policy); none: "default".
+    policy = TextField(required=False, default="default", max_length=64)
+
+
+# --- tasks and the task sampler (pool/services/task_catalog.py) ------------------------------
 class TaskInSerializer(StrictSerializer):
     uid = TextField(max_length=rules.MAX_UID_LEN)
     set = TextField(max_length=128, required=False, allow_blank=True, default="")

@@ -100,6 +100,49 @@ class PolicyVersion(models.Model):
         return f"v{self.version}{' (current)' if self.is_current else ''}"
 
 
+class Policy(models.Model):
+    """A named policy being trained, with its own current version (pool/services/policy.py).
+
+    ``default`` is the one policy of before named policies: its current version is also
+    marked on PolicyVersion.is_current, which the pool's overview, stats and defaults read.
+    Version numbers are one space (PolicyVersion, the number a step carries); each policy
+    has its current one here, and a dataset follows one policy's freshness
+    (curation.specs.Filters.policy). Owned by sources (PolicyOwner): a policy key moves only
+    the policies of its sources; the first one to move an unowned policy owns it."""
+
+    name = models.CharField(max_length=64, unique=True)
+    current_version = models.PositiveBigIntegerField(null=True, blank=True)
+    # The window that bounds how far the current version moves per minute
+    # (CLAW_POLICY_MAX_ADVANCE_PER_MINUTE): its start and the versions advanced in it.
+    window_started_at = models.DateTimeField(null=True, blank=True)
+    window_advance = models.PositiveBigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    DEFAULT = "default"
+
+    class Meta:
+        verbose_name_plural = "policies"
+
+    def __str__(self) -> str:
+        return f"{self.name} (v{self.current_version})"
+
+
+class PolicyOwner(models.Model):
+    """A source that owns a policy: its policy keys move that policy's versions."""
+
+    policy = models.ForeignKey(Policy, on_delete=models.CASCADE, related_name="owners", db_index=False)
+    source = models.ForeignKey(Source, on_delete=models.CASCADE, related_name="+", db_index=False)
+
+    class Meta:
+        constraints = [
+            # One row per (policy, source); serves "may these sources move this policy".
+            models.UniqueConstraint(fields=["policy", "source"], name="policyowner_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.policy_id} owned by source {self.source_id}"
+
+
 class PromptGroup(models.Model):
     """The rollouts of one prompt (a GRPO group), with the dataset fields of that prompt."""
 

@@ -353,6 +353,10 @@ CLAW_API_KEY_CACHE_SECONDS = env_float("CLAW_API_KEY_CACHE_SECONDS", 1.0)
 # POST /api/v1/policy-versions: a new current version may be at most this far above the
 # current one (above 0 when there is none); further, or backwards, needs an admin's "force".
 CLAW_POLICY_MAX_STEP = env_int("CLAW_POLICY_MAX_STEP", 1000)
+# ... and a policy's current version may move at most this far within a minute, all calls
+# together (429 policy_rate_limited past it; admins' "force" skips it): by default the same
+# bound, so calling often does not get around the per-call one.
+CLAW_POLICY_MAX_ADVANCE_PER_MINUTE = env_int("CLAW_POLICY_MAX_ADVANCE_PER_MINUTE", CLAW_POLICY_MAX_STEP)
 # Lifetime of a trajectory capability URL's token (init_trajectory, POST /api/v1/trajectories);
 # it also stops working as soon as its trajectory completes or is abandoned.
 CLAW_TRAJECTORY_TOKEN_LIFETIME_SECONDS = env_int("CLAW_TRAJECTORY_TOKEN_LIFETIME_SECONDS", 24 * 3600)

@@ -10,7 +10,7 @@ from django.db.models import Count, Exists, Max, OuterRef, Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from pool.models import PolicyVersion, PromptGroup, Trajectory
+from pool.models import PolicyVersion, PromptGroup, Source, Trajectory
 from pool.tenancy import Sources
 
 from ..models import Consumer, Dataset, Delivery, Lease, Skip, Snapshot
@@ -21,18 +21,38 @@ SNAPSHOTS_SHOWN = 20
 LEASES_SHOWN = 30
 
 
-def consumer_status(name: str, *, owner: int | None = None) -> dict[str, Any] | None:
+def consumer_of(name: str, *, source_id: int | None) -> Consumer | None:
+    """The consumer ``name`` of source ``source_id``: names are per source, so another
+    source's consumer of the same name is never found, used nor revealed. ``source_id``
+    None: the unowned consumer of that name (operator sessions, internal callers). An admin
+    key pulls as its own source too; it reads and releases any consumer's leases by id,
+    and reads another source's consumer with ``?source=`` (curation/apis.py). One query
+    (consumer_source_name_uniq, consumer_unowned_name_uniq)."""
+    q = Consumer.objects.filter(name=name)
+    q = q.filter(source__isnull=True) if source_id is None else q.filter(source_id=source_id)
+    return q.first()
+
+
+def consumer_owners(name: str) -> list[int | None]:
+    """The sources (None: unowned) that have a consumer called ``name`` (an admin's read by
+    name alone). One query."""
+    return list(Consumer.objects.filter(name=name).order_by("id").values_list("source_id", flat=True))
+
+
+def source_id_named(name: str) -> int | None:
+    """The id of the source called ``name`` (an admin's ``?source=``), or None."""
+    return Source.objects.filter(name=name).values_list("id", flat=True).first()
+
+
+def consumer_status(name: str, *, source_id: int | None) -> dict[str, Any] | None:
     """A consumer's progress per dataset it pulled from: its leases by status, the units
     delivered to it (and ``deliveries``: their uses, under a reuse budget), the ready units still waiting for it (under the dataset's current
     version), and the units dropped for it, by reason (Skip rows; specs.Serving), with the
     stale drops by the current policy version they were made under (``stale_drops``: how
     many still hold, are deliverable again since the version moved back, or were served
-    since). None if it never pulled, or (``owner``: a source id) is not that source's. A few
-    grouped counts on indexed columns."""
-    found = Consumer.objects.filter(name=name)
-    if owner is not None:
-        found = found.filter(source_id=owner)
-    consumer = found.first()
+    since). None if source ``source_id``'s consumer ``name`` (names are per source; None:
+    the unowned one) never pulled. A few grouped counts on indexed columns."""
+    consumer = consumer_of(name, source_id=source_id)
     if consumer is None:
         return None
     datasets: dict[int, dict[str, Any]] = {}
@@ -166,16 +186,24 @@ def consumers_health() -> list[dict[str, Any]]:
     """Every consumer with its leases by status, the steps it acked and its lag (time since
     its last pull). Consumers are few (one per trainer); one query."""
     now = timezone.now()
-    rows = Consumer.objects.annotate(
-        n_open=Count("leases", filter=Q(leases__status=Lease.Status.LEASED)),
-        n_acked=Count("leases", filter=Q(leases__status=Lease.Status.ACKED)),
-        n_lost=Count("leases", filter=Q(leases__status__in=[Lease.Status.EXPIRED, Lease.Status.RELEASED])),
-        steps_acked=Sum("leases__n_steps", filter=Q(leases__status=Lease.Status.ACKED)),
-        last_pull=Max("leases__created_at"),
-    ).order_by("name")
+    rows = (
+        Consumer.objects.annotate(
+            n_open=Count("leases", filter=Q(leases__status=Lease.Status.LEASED)),
+            n_acked=Count("leases", filter=Q(leases__status=Lease.Status.ACKED)),
+            n_lost=Count(
+                "leases", filter=Q(leases__status__in=[Lease.Status.EXPIRED, Lease.Status.RELEASED])
+            ),
+            steps_acked=Sum("leases__n_steps", filter=Q(leases__status=Lease.Status.ACKED)),
+            last_pull=Max("leases__created_at"),
+        )
+        .order_by("name", "source__name")
+        .select_related("source")
+    )
     return [
         {
             "name": c.name,
+            # Names are per source: two sources' "trainer" are two rows, told apart by this.
+            "source": c.source.name if c.source is not None else None,
             "open": c.n_open,
             "acked": c.n_acked,
             "lost": c.n_lost,

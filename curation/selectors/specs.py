@@ -54,7 +54,8 @@ from django.db.models import (
 from django.db.models.functions import Coalesce
 
 from pool.flags import QUALITY_NAMES, READY, Readiness
-from pool.models import Feedback, PolicyVersion, PromptGroup, Source, Step, Trajectory
+from pool.models import Feedback, PromptGroup, Source, Step, Trajectory
+from pool.selectors.events import policy_current_version
 from pool.tenancy import Sources
 from pool.tenancy import q as of_sources
 
@@ -66,7 +67,7 @@ _LABEL_VALUE = {"none": "", "accepted": "accepted", "rejected": "rejected", "qua
 
 @dataclass(frozen=True, slots=True)
 class Compiled:
-    """A spec compiled against the pool's current policy version."""
+    """A spec compiled against the current version of its policy (filters.policy)."""
 
     spec: Spec
     scope: Q  # every scope condition, as step lookups
@@ -82,7 +83,7 @@ def spec_compile(spec: Spec, sources: Sources = None) -> Compiled:
     """``spec`` compiled; ``sources``: only the steps of those sources' trajectories (a
     restricted reader's preview; None: every source's)."""
     f = spec.filters
-    current = PolicyVersion.objects.filter(is_current=True).values_list("version", flat=True).first()
+    current = policy_current_version(f.policy)  # the freshness of the dataset's policy
     step_scope = of_sources("trajectory__source_id", sources)
     if f.sources is not None:
         step_scope &= Q(source__name__in=f.sources)

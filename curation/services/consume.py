@@ -19,8 +19,10 @@ A lease ends by ack (its units are consumed by that consumer for good), nack or 
 Delivery rows go, the units are candidates again). The batch is stored byte for byte with
 its manifest, so ``GET /api/v1/leases/{id}/batch`` replays exactly what was trained on.
 
-A consumer belongs to the source of the key that created it (``Actor``): another source's
-keys get NotFound for it and for its leases; admins (admin keys, operators) act on all.
+Consumer names are per source (``consumer_of``): a key's "trainer" is its source's, and
+another source's "trainer" is another consumer it never collides with nor sees. Leases are
+their consumer's source's: another source's keys get NotFound for them; admins (admin keys,
+operators) ack, nack, replay and release any lease by id.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ from claw_kit.web.renderers import dumps
 from pool import sql, tokens
 from pool.errors import Conflict, InvalidInput, NotFound
 from pool.ingest.effects import GroupsReady, emit
-from pool.models import AuditEvent, PolicyVersion, PromptGroup, Step, Trajectory
+from pool.models import AuditEvent, PromptGroup, Step, Trajectory
+from pool.selectors.events import policy_current_version
 from pool.selectors.steps import steps_render
 from pool.services import effective_reward
 from pool.services.audit import audit_record
@@ -62,6 +65,7 @@ from pool.services.delivery import trajectories_delivered_mark
 from ..events import LeaseChanged
 from ..formats import RENDERERS
 from ..models import Consumer, Dataset, Delivery, GroupScore, Lease, Skip
+from ..selectors.consumption import consumer_of
 from ..selectors.specs import Compiled, dataset_steps, spec_compile, units_admitted
 from ..specs import spec_parse
 
@@ -125,8 +129,8 @@ def pull_validate(p: PullIn) -> None:
 def consumer_pull(*, consumer: str, pull: PullIn, actor: Actor | None = None) -> Lease | None:
     """Lease the next batch of ``pull.dataset`` to ``consumer``, or None when nothing is
     ready for it. Not idempotent: each call leases new units. Raises InvalidInput or
-    NotFound naming the field (``name`` for a consumer ``actor`` may not use; a consumer
-    seen for the first time becomes ``actor``'s source's)."""
+    NotFound naming the field. ``consumer`` names ``actor``'s source's consumer (names are
+    per source: consumer_of), created on its first pull."""
     _check_name(consumer)
     pull_validate(pull)
     ds = Dataset.objects.select_related("current").filter(name=pull.dataset).first()
@@ -331,18 +335,15 @@ def _check_name(name: str) -> None:
 
 
 def _consumer(name: str, actor: Actor | None) -> Consumer:
-    """The consumer ``name``, created for ``actor``'s source on first sight; NotFound
-    (``name``) when it is another source's."""
+    """The consumer ``name`` of ``actor``'s source (consumer_of), created on first sight
+    (race-safe: a concurrent first pull's row is kept)."""
     _check_name(name)
-    found = Consumer.objects.filter(name=name).first()
+    owner = actor.source_id if actor is not None else None
+    found = consumer_of(name, source_id=owner)
     if found is None:
-        owner = actor.source_id if actor is not None else None
-        Consumer.objects.bulk_create(
-            [Consumer(name=name, source_id=owner)], ignore_conflicts=True
-        )  # race-safe
-        found = Consumer.objects.get(name=name)
-    if actor is not None and not actor.owns(found.source_id):
-        raise NotFound(f"consumer {name!r} does not exist for this API key's source", field="name")
+        Consumer.objects.bulk_create([Consumer(name=name, source_id=owner)], ignore_conflicts=True)
+        found = consumer_of(name, source_id=owner)
+        assert found is not None
     return found
 
 
@@ -743,7 +744,7 @@ def _render(lease: Lease, ds: Dataset, who: Consumer, c: Compiled, taken: dict[i
     )
     current = c.current_version
     if current is None:
-        current = PolicyVersion.objects.filter(is_current=True).values_list("version", flat=True).first()
+        current = policy_current_version(c.spec.filters.policy)  # moved since the compile
     rows = steps_render(steps)
     assignment = c.spec.grouping.reward_assignment
     effective_reward.assign(

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from ..models import Event, Feedback, PolicyVersion
+from ..models import Event, Feedback, Policy, PolicyVersion
 from ..tenancy import Sources
 from ..tenancy import q as of_sources
 
@@ -77,3 +77,11 @@ def policy_versions_list(limit: int = POLICY_VERSIONS_SHOWN) -> list[PolicyVersi
 
 def policy_version_render(p: PolicyVersion) -> dict[str, Any]:
     return {"version": p.version, "is_current": p.is_current, "metadata": p.metadata}
+
+
+def policy_current_version(name: str) -> int | None:
+    """The current version of policy ``name`` (pool.models.Policy), None when it has none
+    or does not exist. ``default``'s is PolicyVersion.is_current's. One query."""
+    if name == Policy.DEFAULT:
+        return PolicyVersion.objects.filter(is_current=True).values_list("version", flat=True).first()
+    return Policy.objects.filter(name=name).values_list("current_version", flat=True).first()

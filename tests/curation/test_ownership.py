@@ -1,10 +1,10 @@
 """Consumers and their leases belong to a source (curation/services/consume.py Actor).
 
-README: "Owned consumers: a consumer belongs to the source of the key that first pulled as
-it: every key of that source (a rotated one too) may pull, ack, nack, replay and read its
-status; a key of another source gets 404 for the consumer and its leases, as if they did not
-exist. Admin keys and operators act on every consumer and lease, and only they may release
-any lease (POST /api/v1/leases/{id}/release, audited)." """
+docs/trainers.md: "Consumers are per source": a name is the caller's source's consumer
+(another source's same name is another consumer: a pull as it is that source's own, and its
+status 404 until it pulled); a key of another source gets 404 for the leases; admin keys and
+operators act on every lease, read another source's consumer with ``?source=``, and only
+they may release any lease (POST /api/v1/leases/{id}/release, audited)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,8 @@ OPS = {
 OWNER = {"pull": 200, "ack": 200, "nack": 200, "replay": 200, "status": 200, "release": 403}
 ADMIN = dict.fromkeys(OPS, 200)
 # op -> (status, error param) for a key of another source: 404 like a lease that does not exist
-FOREIGN = {op: (404, {"pull": "name", "status": "name"}.get(op, "lease")) for op in OPS}
+FOREIGN = {op: (404, {"status": "name"}.get(op, "lease")) for op in OPS}
+FOREIGN["pull"] = (200, None)  # names are per source: its own c-a, a consumer apart
 FOREIGN["release"] = (403, None)  # no admin scope: refused before any lookup
 # the seeded lease's status after each allowed op (None: unchanged, still leased)
 LEASE_AFTER = {"ack": "acked", "nack": "released", "release": "released"}
@@ -76,6 +77,8 @@ def test_ownership_matrix(world, actor, op):
     # given team-a's consumer with an open lease, and a caller of this kind
     clients, lease_id, served = world
     method, path, body = OPS[op]
+    if op == "status" and actor in ("admin key", "staff"):
+        path += "?source=team-a"  # names are per source: an admin names whose consumer it reads
     leases_before = Lease.objects.count()
     status, param = expected(actor, op)
     # when it acts on that consumer or lease
@@ -91,9 +94,16 @@ def test_ownership_matrix(world, actor, op):
         assert not AuditEvent.objects.filter(action=AuditEvent.Action.LEASE_RELEASE).exists()
         return
     assert lease.status == LEASE_AFTER.get(op, Lease.Status.LEASED)
-    if op == "pull":  # the next group, to the same consumer (team-a's)
+    if op == "pull":  # the next group, to the caller's source's c-a (team-a's for its keys)
         assert Lease.objects.count() == leases_before + 1
         assert resp.json()["manifest"]["consumer"] == "c-a"
+        pulled_by = Lease.objects.get(id=resp.json()["lease_id"]).consumer
+        owner = {"same key": "team-a", "same source": "team-a", "other source": "team-b"}.get(actor)
+        assert (pulled_by.name, pulled_by.source.name if pulled_by.source else None) == (
+            "c-a",
+            owner or (None if actor == "staff" else pulled_by.source.name),
+        )
+        assert (pulled_by.source_id == lease.consumer.source_id) == (owner == "team-a")
     if op == "replay":
         assert resp.content == served
     if op == "status":
@@ -101,7 +111,7 @@ def test_ownership_matrix(world, actor, op):
     if op == "release":
         [audit] = AuditEvent.objects.filter(action=AuditEvent.Action.LEASE_RELEASE)
         assert audit.target == lease_id and audit.details["consumer"] == "c-a"
-    assert Consumer.objects.get(name="c-a").source == Source.objects.get(name="team-a")
+    assert Consumer.objects.get(name="c-a", source__name="team-a").source == Source.objects.get(name="team-a")
 
 
 def test_a_foreign_nack_leaves_the_owners_ack_working(world):

@@ -194,7 +194,11 @@ def test_a_pull_that_loses_a_unit_to_a_concurrent_pull_takes_the_next_candidate(
     def insert(who, ds, lease, units):
         if not raced:  # the other puller wins the race for this pull's first candidate
             raced.append([])
-            other = consume.consumer_pull(consumer=who.name, pull=consume.PullIn(dataset="all", batch_size=1))
+            other = consume.consumer_pull(  # the same consumer: names are per source
+                consumer=who.name,
+                pull=consume.PullIn(dataset="all", batch_size=1),
+                actor=consume.Actor(source_id=who.source_id),
+            )
             raced[0] = orjson.loads(bytes(other.body))["manifest"]["step_uids"]
         return real_insert(who, ds, lease, units)
 

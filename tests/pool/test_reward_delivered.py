@@ -9,11 +9,13 @@ import pytest
 
 from curation.services import dataset_create
 from curation.services.snapshots import snapshot_build, snapshot_create
+from pool import tasks
 from pool.models import ApiKey, RewardEvent, Scope, Step, Trajectory
 from pool.services import steps_ingest
 from pool.services.groups import group_upsert
 from tests.conftest import client_for
 from tests.pool.factories import step_in
+from tests.pool.test_reward_functions import GSM8K, enqueued, rollout, run  # noqa: F401 (a fixture)
 
 # transaction=True: the Claw-R1 door runs its database work on threads of its own.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -120,3 +122,31 @@ def test_a_reward_change_applies_before_delivery_and_is_refused_after(make_key):
         # and: the same reward again is no change, so it still answers as before
         assert call(agent, t, 0.75).status_code == 200, (door, how)
         assert stored(t) == got
+
+
+def test_a_reward_functions_late_score_for_a_delivered_trajectory_is_dropped(
+    enqueued,  # noqa: F811 (the fixture imported above)
+    django_capture_on_commit_callbacks,
+):
+    """docs/api.md: a reward function's late score for a delivered trajectory is dropped (the
+    task ends quietly; the rollout keeps what was delivered)."""
+    # given: a completed gsm8k rollout without a reward, frozen into a snapshot of a dataset
+    # that admits unrewarded steps
+    with django_capture_on_commit_callbacks(execute=True):
+        rollout("late", "6 * 7 = 42\n#### 42", meta=GSM8K)
+    dataset_create(
+        name="any", spec={"filters": {"readiness": "any"}, "grouping": {"keep_groups_whole": False}}
+    )
+    assert snapshot_build(snapshot_id=snapshot_create(dataset="any").id).status == "done"
+    assert Trajectory.objects.get(uid="late").delivered_at is not None
+    before = [stored_row(s) for s in Step.objects.filter(trajectory__uid="late").order_by("step_index")]
+    # when: the reward task runs
+    run(tasks.trajectory_rewards_compute, enqueued["trajectory"].calls)
+    # then: nothing changed, nothing was audited
+    assert Trajectory.objects.get(uid="late").reward is None
+    after = [stored_row(s) for s in Step.objects.filter(trajectory__uid="late").order_by("step_index")]
+    assert after == before and not RewardEvent.objects.exists()
+
+
+def stored_row(s: Step) -> tuple:
+    return (s.uid, s.reward, s.reward_status, s.reward_source, s.effective_reward)
