@@ -11,11 +11,11 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import httpx
 import pytest
 
+from bench.slow_clients import Attack, p99s
 from tests.live import LiveServer, live_server
 
 HEADER_TIMEOUT_S = 2.0
@@ -38,94 +38,6 @@ def server(tmp_path_factory) -> Iterator[LiveServer]:
         yield s
 
 
-@dataclass
-class Slow:
-    """One slow connection: what it sends before trickling, and what came back."""
-
-    head: bytes
-    sock: socket.socket
-    opened: float
-    closed: float | None = None
-    answer: bytes = b""
-    sent: int = 0
-
-
-@dataclass
-class Attack:
-    """SLOWLORIS connections that send one header byte a second each, plus one request that
-    announces a 200 MB body and sends one byte of it a second. A connection the server closes
-    is recorded and replaced (as an attacker would), so the attack lasts until stopped."""
-
-    port: int
-    done: list[Slow] = field(default_factory=list)
-    live: list[Slow] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def open(self, kind: str) -> Slow:
-        sock = socket.create_connection(("127.0.0.1", self.port))
-        if kind == "body":
-            head = b"POST /api/v1/steps HTTP/1.1\r\nHost: x\r\nContent-Length: 200000000\r\n\r\n"
-            sock.sendall(head)
-        else:
-            head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Padding: "
-            sock.sendall(head[:1])
-        return Slow(head=head if kind == "body" else head[1:], sock=sock, opened=time.monotonic())
-
-    def run(self) -> None:
-        kinds = ["header"] * SLOWLORIS + ["body"]
-        self.live = [self.open(k) for k in kinds]
-        next_tick = time.monotonic() + 1.0
-        while not self.stop.is_set():
-            socks = {s.sock: (i, s) for i, s in enumerate(self.live)}
-            ready, _, _ = select.select(list(socks), [], [], max(0.0, min(next_tick - time.monotonic(), 0.1)))
-            for sock in ready:
-                i, slow = socks[sock]
-                try:
-                    chunk = sock.recv(65536)
-                except ConnectionResetError:  # our next byte crossed the server's close
-                    chunk = b""
-                slow.answer += chunk
-                if not chunk:
-                    slow.closed = time.monotonic()
-                    sock.close()
-                    with self.lock:
-                        self.done.append(slow)
-                    self.live[i] = self.open(kinds[i])
-            if time.monotonic() >= next_tick:
-                next_tick += 1.0
-                for slow in self.live:
-                    try:
-                        slow.sock.send(slow.head[slow.sent : slow.sent + 1] or b"a")
-                        slow.sent += 1
-                    except OSError:
-                        pass  # closed by the server: the read above records it
-        for slow in self.live:
-            slow.sock.close()
-
-    def closed(self) -> list[Slow]:
-        with self.lock:
-            return list(self.done)
-
-
-def _p99s(
-    client: httpx.Client, targets: list[tuple[str, str, dict[str, str]]], *, until=None, timeout: float = 30
-) -> dict[str, float]:
-    """p99 latency of each target, its requests taken in turn: SAMPLES each, and on until
-    ``until()`` holds (within ``timeout``), so the figures cover everything the attack does
-    meanwhile."""
-    times: dict[str, list[float]] = {name: [] for name, _, _ in targets}
-    deadline = time.monotonic() + timeout
-    while len(times[targets[0][0]]) < SAMPLES or (until is not None and not until()):
-        assert time.monotonic() < deadline, "timed out measuring"
-        for name, url, headers in targets:
-            t0 = time.perf_counter()
-            r = client.get(url, headers=headers)
-            times[name].append(time.perf_counter() - t0)
-            assert r.status_code == 200, r.text
-    return {name: sorted(t)[int(len(t) * 0.99) - 1] for name, t in times.items()}
-
-
 def _wait(cond, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -146,21 +58,18 @@ def test_slowloris_and_a_slow_200mb_body_are_cut_by_their_deadlines_and_do_not_s
         ("api read", f"{server.url}/api/v1/trajectories?page_size=1", {"Authorization": f"Bearer {key}"}),
     ]
     with httpx.Client(timeout=10) as client:
-        baseline = _p99s(client, targets)
+        baseline = p99s(client, targets, SAMPLES)
 
         # when: 50 slowloris connections and one slow 200 MB body hold the server meanwhile,
         # measured until the server has closed the first round of them
-        attack = Attack(server.port)
+        attack = Attack(server.port, SLOWLORIS)
         thread = threading.Thread(target=attack.run, daemon=True)
         thread.start()
         try:
-            _wait(lambda: len(attack.live) == SLOWLORIS + 1, 10, "the slow connections to open")
-
-            def first_round_closed() -> bool:
-                closed = attack.closed()
-                return len(closed) > SLOWLORIS and any(s.head.startswith(b"POST") for s in closed)
-
-            attacked = _p99s(client, targets, until=first_round_closed, timeout=BODY_TIMEOUT_S + 15)
+            attack.wait_open(10)
+            attacked = p99s(
+                client, targets, SAMPLES, until=attack.first_round_closed, timeout=BODY_TIMEOUT_S + 15
+            )
         finally:
             attack.stop.set()
             thread.join(timeout=10)
@@ -175,7 +84,6 @@ def test_slowloris_and_a_slow_200mb_body_are_cut_by_their_deadlines_and_do_not_s
         assert attacked[name] <= bound, (name, baseline[name], attacked[name])
 
     # then: every slow connection was closed by its deadline, answered 408 naming it
-
     closed = attack.closed()
     kinds = {
         "header": [s for s in closed if not s.head.startswith(b"POST")],
