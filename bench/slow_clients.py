@@ -109,7 +109,8 @@ def p99s(
 class Slow:
     """One slow connection: what it sends before trickling, and what came back."""
 
-    head: bytes
+    head: bytes  # the request's start
+    trickle: bytes  # what it then sends a byte a second (then "a" on and on)
     sock: socket.socket
     opened: float
     closed: float | None = None
@@ -132,13 +133,15 @@ class Attack:
 
     def open(self, kind: str) -> Slow:
         sock = socket.create_connection(("127.0.0.1", self.port))
-        if kind == "body":
-            head = b"POST /api/v1/steps HTTP/1.1\r\nHost: x\r\nContent-Length: 200000000\r\n\r\n"
-            sock.sendall(head)
-        else:
-            head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Padding: "
-            sock.sendall(head[:1])
-        return Slow(head=head if kind == "body" else head[1:], sock=sock, opened=time.monotonic())
+        if kind == "body":  # whole headers, then the body a byte a second
+            head, trickle = (
+                b"POST /api/v1/steps HTTP/1.1\r\nHost: x\r\nContent-Length: 200000000\r\n\r\n",
+                b"",
+            )
+        else:  # the headers themselves a byte a second, never ending
+            head, trickle = b"G", b"ET /healthz HTTP/1.1\r\nHost: x\r\nX-Padding: "
+        sock.sendall(head)
+        return Slow(head=head, trickle=trickle, sock=sock, opened=time.monotonic())
 
     def run(self) -> None:
         kinds = ["header"] * self.slowloris + ["body"]
@@ -164,7 +167,7 @@ class Attack:
                 next_tick += 1.0
                 for slow in self.live:
                     try:
-                        slow.sock.send(slow.head[slow.sent : slow.sent + 1] or b"a")
+                        slow.sock.send(slow.trickle[slow.sent : slow.sent + 1] or b"a")
                         slow.sent += 1
                     except OSError:
                         pass  # closed by the server: the read above records it
