@@ -106,6 +106,50 @@ def test_slowloris_and_a_slow_200mb_body_are_cut_by_their_deadlines_and_do_not_s
             assert error["param"] is None
 
 
+def test_a_body_past_its_deadline_that_keeps_the_minimum_rate_is_read_whole(server):
+    # given: a 1.2 MB body sent at ~300 kB/s, three times the server's minimum mean rate
+    # (100 kB/s), so it is still arriving when its 3 s deadline comes
+    size, piece, every_s = 1_200_000, 30_000, 0.1
+    head = b"POST /api/v1/steps HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    pace = threading.Event()  # never set: its wait() paces the sender
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        # when: it is sent at that pace
+        start = time.monotonic()
+        sock.sendall(head + b"Content-Length: %d\r\n\r\n" % size)
+        for i in range(size // piece):
+            pace.wait(max(0.0, start + i * every_s - time.monotonic()))
+            sock.sendall(b"x" * piece)
+        sent_s = time.monotonic() - start
+        answer = _read_answer(sock)
+    # then: read whole past the deadline and answered by the app (401: no key), not 408
+    assert sent_s > BODY_TIMEOUT_S
+    status, error = _error(answer)
+    assert status == "HTTP/1.1 401 Unauthorized"
+    assert error["type"] == "authentication_error"
+
+
+def _read_answer(sock: socket.socket, timeout: float = 10) -> bytes:
+    """One HTTP answer with a Content-Length (the connection may stay open)."""
+    out = b""
+    deadline = time.monotonic() + timeout
+    while b"\r\n\r\n" not in out or len(out.partition(b"\r\n\r\n")[2]) < _length(out):
+        left = deadline - time.monotonic()
+        assert left > 0, f"no whole answer; got {out[:300]!r}"
+        if select.select([sock], [], [], left)[0]:
+            chunk = sock.recv(65536)
+            assert chunk, f"closed before a whole answer; got {out[:300]!r}"
+            out += chunk
+    return out
+
+
+def _length(answer: bytes) -> int:
+    for line in answer.partition(b"\r\n\r\n")[0].split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return 0
+
+
 LIMIT = 1_000_000  # CLAW_MAX_BODY_BYTES of the next server
 PER_ADDRESS = 4  # CLAW_MAX_CONNECTIONS_PER_IP of the next server
 
