@@ -36,6 +36,18 @@ BENCHES = [
         False,
         ["cpu_ratio_fast_over_httpx", "c1_p50_ms_fast"],
     ),
+    (
+        "slow_clients",
+        ["--slowloris", "3", "--samples", "10", "--header-timeout", "1", "--body-timeout", "1"],
+        False,
+        [
+            "healthz_p99_ms",
+            "healthz_p99_ms_slowloris",
+            "api_p99_ms",
+            "api_p99_ms_slowloris",
+            "closed_by_deadline",
+        ],
+    ),
     ("pull", ["--steps", "500", "--pulls", "3"], True, ["p50_ms_500", "ratio"]),
     ("serving", ["--steps", "500", "--pulls", "3"], True, ["pull_oldest_p50_ms", "priority_ratio"]),
     ("live", ["--seconds", "1", "--hello-steps", "5"], True, ["hello_p50_ms_0k"]),

@@ -206,6 +206,7 @@ def test_the_documented_limits_are_the_settings(settings):
         "CLAW_MAX_JSON_ITEMS",
         "CLAW_MAX_STEPS_PER_BATCH",
         "CLAW_MAX_TOKENS_PER_STEP",
+        "CLAW_MAX_PROMPT_CHARS",
     ):
         stated = re.search(rf"`{name}`\s*=\s*([\d,]+)", limits)
         assert stated is not None, name

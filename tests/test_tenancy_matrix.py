@@ -274,7 +274,9 @@ DETAILS = [
         "post",
         "consumers/a-cons/pull",
         {"dataset": "everyone"},
-        {**CONSUMING, "other-trainer": (404, "not_found")},
+        # consumer names are per source: B's trainer pulls as its own "a-cons", a consumer of
+        # B's source (tests/curation/test_consumer_names.py: A's stays as it was)
+        {**CONSUMING, "other-trainer": SEES},
     ),
     ("labels", "post", "labels", {"step_uids": [S0], "label": "accepted"}, everyone(403, admin=SEES)),
     ("policy version set", "post", "policy-versions", {"version": 3}, everyone(403, admin=SEES)),

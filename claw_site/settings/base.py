@@ -338,6 +338,10 @@ CLAW_MAX_BODY_BYTES = env_int("CLAW_MAX_BODY_BYTES", 256 * 1024 * 1024)
 # The largest reward magnitude any door takes (steps, rewards, completions, token rewards,
 # reward functions' scores): pool/ingest/rules.py check_reward.
 CLAW_REWARD_ABS_MAX = env_float("CLAW_REWARD_ABS_MAX", 1e6)
+# A proxied call's text (all its strings but images' data and URLs) is refused past this many
+# characters before it goes upstream (gateway/proxy/limits.py): 16 per token of the step
+# limit, far more than any tokenizer's average, so only a prompt no step could hold is cut.
+CLAW_MAX_PROMPT_CHARS = env_int("CLAW_MAX_PROMPT_CHARS", 16 * CLAW_MAX_TOKENS_PER_STEP)
 # The shape of every JSON / MessagePack body and field (claw_kit/web/guard.py): nesting depth,
 # keys per object, items per array (above CLAW_MAX_TOKENS_PER_STEP, so token arrays fit).
 CLAW_MAX_JSON_DEPTH = env_int("CLAW_MAX_JSON_DEPTH", 64)

@@ -69,10 +69,10 @@ from pool.services.reward_compute import (
     sample_score,
 )
 
-from ..proxy import runner
+from ..proxy import limits, runner
 from ..proxy.db import run_db
 from ..proxy.envelope import Call, receive
-from ..proxy.faults import fault_event, upstream_fault
+from ..proxy.faults import fault_event, too_large_answer, upstream_fault
 from ..proxy.recording import COMPLETIONS
 from ..validation import parse_step_batch
 
@@ -246,6 +246,9 @@ async def generate(request: HttpRequest, key: VerifiedKey) -> HttpResponse:
         await fault_event(resp.status_code, "http_error", detail, "generate", None, key)
         status = resp.status_code if resp.status_code < 500 else 502
         raise HttpError(status, f"the upstream answered {resp.status_code}: {detail}", code="upstream_error")
+    too_large = limits.answer_problem(resp.content)  # before parsing: it could be millions of ids
+    if too_large is not None:
+        raise await too_large_answer(*too_large, "generate", None, key)
     token_ids, log_probs, stop_reason, text = _generated(resp.content)
     if text is not None:
         try:

@@ -21,6 +21,7 @@ from pool.errors import PoolError
 from pool.ingest import rules
 from pool.services.api_keys import VerifiedKey
 
+from . import limits
 from .access import authorise
 from .errors import DoorInputError
 from .recording import Identity
@@ -44,7 +45,9 @@ class Call:
     def body(self) -> dict[str, Any]:
         """The request's JSON object (400 for anything else, 413 past the body limit), within
         the guard's shape limits and storable as it is (rules.json_problem: no NUL, no
-        integer beyond 64 bits), so nothing the upstream is sent fails to record later."""
+        integer beyond 64 bits), so nothing the upstream is sent fails to record later, and
+        within the call's size limits (limits.py: token ids, characters of text), so nothing
+        goes upstream that could never be a step."""
         length = self.request.META.get("CONTENT_LENGTH")
         check_length(int(length) if length and length.isdigit() else None)
         body = json_object(self.request.body)
@@ -52,6 +55,7 @@ class Call:
         if found:
             at, reason = found
             raise HttpError(400, f"{at}: {reason}", code="invalid_request", param=at)
+        limits.check_call(body)
         return body
 
 

@@ -90,6 +90,16 @@ async def invalid_answer(message: str, endpoint: str, ident: Identity | None, ke
     return HttpError(502, message, code="invalid_answer")
 
 
+async def too_large_answer(
+    message: str, field: str, endpoint: str, ident: Identity | None, key: VerifiedKey
+) -> HttpError:
+    """An upstream answer with more ids than a step holds (limits.answer_problem), refused
+    before it is parsed: a 400 ``too_large`` naming the answer's field, stored as an Event
+    (no step)."""
+    await fault_event(400, "too_large", message, endpoint, ident, key, event_type="record_failed")
+    return HttpError(400, message, code="too_large", param=field)
+
+
 async def fault_event(
     status: int,
     kind: str,

@@ -35,9 +35,9 @@ from claw_kit.web.errors import HttpError
 from pool.errors import PoolError
 from pool.services.api_keys import VerifiedKey
 
-from . import fields, idempotency, images, owners
+from . import fields, idempotency, images, limits, owners
 from .envelope import Call, ErrorShape, receive
-from .faults import KEPT, crash_point, fault_event, invalid_answer, record, upstream_fault
+from .faults import KEPT, crash_point, fault_event, invalid_answer, record, too_large_answer, upstream_fault
 from .recording import CHAT, COMPLETIONS, Identity
 
 PATHS = {CHAT: "/v1/chat/completions", COMPLETIONS: "/v1/completions"}
@@ -254,6 +254,9 @@ async def run(door: Door, call: Call, prepared: Prepared) -> HttpResponseBase:
         raise await upstream_fault(f, door.protocol, ident, key) from None
     if resp.status_code >= 400:
         return await door.upstream_error(resp.status_code, resp.content, ident, key)
+    too_large = limits.answer_problem(resp.content)  # before parsing: it could be millions of ids
+    if too_large is not None:
+        raise await too_large_answer(*too_large, door.protocol, ident, key)
     try:
         answer = orjson.loads(resp.content)
     except orjson.JSONDecodeError:
@@ -334,6 +337,11 @@ async def _relayed(
             if sender.end(data):
                 done = True
                 break
+            too_large = limits.answer_problem(data)  # before parsing (the first chunk's prompt ids)
+            if too_large is not None:
+                error = await too_large_answer(*too_large, door.protocol, ident, key)
+                yield writer.fail(error.status, error.message, error.code or "too_large")
+                return
             try:
                 event = orjson.loads(data)
             except orjson.JSONDecodeError:

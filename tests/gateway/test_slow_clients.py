@@ -11,11 +11,11 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import httpx
 import pytest
 
+from bench.slow_clients import Attack, p99s
 from tests.live import LiveServer, live_server
 
 HEADER_TIMEOUT_S = 2.0
@@ -38,94 +38,6 @@ def server(tmp_path_factory) -> Iterator[LiveServer]:
         yield s
 
 
-@dataclass
-class Slow:
-    """One slow connection: what it sends before trickling, and what came back."""
-
-    head: bytes
-    sock: socket.socket
-    opened: float
-    closed: float | None = None
-    answer: bytes = b""
-    sent: int = 0
-
-
-@dataclass
-class Attack:
-    """SLOWLORIS connections that send one header byte a second each, plus one request that
-    announces a 200 MB body and sends one byte of it a second. A connection the server closes
-    is recorded and replaced (as an attacker would), so the attack lasts until stopped."""
-
-    port: int
-    done: list[Slow] = field(default_factory=list)
-    live: list[Slow] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def open(self, kind: str) -> Slow:
-        sock = socket.create_connection(("127.0.0.1", self.port))
-        if kind == "body":
-            head = b"POST /api/v1/steps HTTP/1.1\r\nHost: x\r\nContent-Length: 200000000\r\n\r\n"
-            sock.sendall(head)
-        else:
-            head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Padding: "
-            sock.sendall(head[:1])
-        return Slow(head=head if kind == "body" else head[1:], sock=sock, opened=time.monotonic())
-
-    def run(self) -> None:
-        kinds = ["header"] * SLOWLORIS + ["body"]
-        self.live = [self.open(k) for k in kinds]
-        next_tick = time.monotonic() + 1.0
-        while not self.stop.is_set():
-            socks = {s.sock: (i, s) for i, s in enumerate(self.live)}
-            ready, _, _ = select.select(list(socks), [], [], max(0.0, min(next_tick - time.monotonic(), 0.1)))
-            for sock in ready:
-                i, slow = socks[sock]
-                try:
-                    chunk = sock.recv(65536)
-                except ConnectionResetError:  # our next byte crossed the server's close
-                    chunk = b""
-                slow.answer += chunk
-                if not chunk:
-                    slow.closed = time.monotonic()
-                    sock.close()
-                    with self.lock:
-                        self.done.append(slow)
-                    self.live[i] = self.open(kinds[i])
-            if time.monotonic() >= next_tick:
-                next_tick += 1.0
-                for slow in self.live:
-                    try:
-                        slow.sock.send(slow.head[slow.sent : slow.sent + 1] or b"a")
-                        slow.sent += 1
-                    except OSError:
-                        pass  # closed by the server: the read above records it
-        for slow in self.live:
-            slow.sock.close()
-
-    def closed(self) -> list[Slow]:
-        with self.lock:
-            return list(self.done)
-
-
-def _p99s(
-    client: httpx.Client, targets: list[tuple[str, str, dict[str, str]]], *, until=None, timeout: float = 30
-) -> dict[str, float]:
-    """p99 latency of each target, its requests taken in turn: SAMPLES each, and on until
-    ``until()`` holds (within ``timeout``), so the figures cover everything the attack does
-    meanwhile."""
-    times: dict[str, list[float]] = {name: [] for name, _, _ in targets}
-    deadline = time.monotonic() + timeout
-    while len(times[targets[0][0]]) < SAMPLES or (until is not None and not until()):
-        assert time.monotonic() < deadline, "timed out measuring"
-        for name, url, headers in targets:
-            t0 = time.perf_counter()
-            r = client.get(url, headers=headers)
-            times[name].append(time.perf_counter() - t0)
-            assert r.status_code == 200, r.text
-    return {name: sorted(t)[int(len(t) * 0.99) - 1] for name, t in times.items()}
-
-
 def _wait(cond, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -146,21 +58,18 @@ def test_slowloris_and_a_slow_200mb_body_are_cut_by_their_deadlines_and_do_not_s
         ("api read", f"{server.url}/api/v1/trajectories?page_size=1", {"Authorization": f"Bearer {key}"}),
     ]
     with httpx.Client(timeout=10) as client:
-        baseline = _p99s(client, targets)
+        baseline = p99s(client, targets, SAMPLES)
 
         # when: 50 slowloris connections and one slow 200 MB body hold the server meanwhile,
         # measured until the server has closed the first round of them
-        attack = Attack(server.port)
+        attack = Attack(server.port, SLOWLORIS)
         thread = threading.Thread(target=attack.run, daemon=True)
         thread.start()
         try:
-            _wait(lambda: len(attack.live) == SLOWLORIS + 1, 10, "the slow connections to open")
-
-            def first_round_closed() -> bool:
-                closed = attack.closed()
-                return len(closed) > SLOWLORIS and any(s.head.startswith(b"POST") for s in closed)
-
-            attacked = _p99s(client, targets, until=first_round_closed, timeout=BODY_TIMEOUT_S + 15)
+            attack.wait_open(10)
+            attacked = p99s(
+                client, targets, SAMPLES, until=attack.first_round_closed, timeout=BODY_TIMEOUT_S + 15
+            )
         finally:
             attack.stop.set()
             thread.join(timeout=10)
@@ -175,7 +84,6 @@ def test_slowloris_and_a_slow_200mb_body_are_cut_by_their_deadlines_and_do_not_s
         assert attacked[name] <= bound, (name, baseline[name], attacked[name])
 
     # then: every slow connection was closed by its deadline, answered 408 naming it
-
     closed = attack.closed()
     kinds = {
         "header": [s for s in closed if not s.head.startswith(b"POST")],
@@ -196,6 +104,50 @@ def test_slowloris_and_a_slow_200mb_body_are_cut_by_their_deadlines_and_do_not_s
             assert error["code"] == code
             assert setting in error["message"]
             assert error["param"] is None
+
+
+def test_a_body_past_its_deadline_that_keeps_the_minimum_rate_is_read_whole(server):
+    # given: a 1.2 MB body sent at ~300 kB/s, three times the server's minimum mean rate
+    # (100 kB/s), so it is still arriving when its 3 s deadline comes
+    size, piece, every_s = 1_200_000, 30_000, 0.1
+    head = b"POST /api/v1/steps HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    pace = threading.Event()  # never set: its wait() paces the sender
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        # when: it is sent at that pace
+        start = time.monotonic()
+        sock.sendall(head + b"Content-Length: %d\r\n\r\n" % size)
+        for i in range(size // piece):
+            pace.wait(max(0.0, start + i * every_s - time.monotonic()))
+            sock.sendall(b"x" * piece)
+        sent_s = time.monotonic() - start
+        answer = _read_answer(sock)
+    # then: read whole past the deadline and answered by the app (401: no key), not 408
+    assert sent_s > BODY_TIMEOUT_S
+    status, error = _error(answer)
+    assert status == "HTTP/1.1 401 Unauthorized"
+    assert error["type"] == "authentication_error"
+
+
+def _read_answer(sock: socket.socket, timeout: float = 10) -> bytes:
+    """One HTTP answer with a Content-Length (the connection may stay open)."""
+    out = b""
+    deadline = time.monotonic() + timeout
+    while b"\r\n\r\n" not in out or len(out.partition(b"\r\n\r\n")[2]) < _length(out):
+        left = deadline - time.monotonic()
+        assert left > 0, f"no whole answer; got {out[:300]!r}"
+        if select.select([sock], [], [], left)[0]:
+            chunk = sock.recv(65536)
+            assert chunk, f"closed before a whole answer; got {out[:300]!r}"
+            out += chunk
+    return out
+
+
+def _length(answer: bytes) -> int:
+    for line in answer.partition(b"\r\n\r\n")[0].split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return 0
 
 
 LIMIT = 1_000_000  # CLAW_MAX_BODY_BYTES of the next server
