@@ -2,13 +2,14 @@
 that breaks fails the suite instead of its next user. The figures are not judged here (they
 are measured on a quiet machine, docs/benchmarks.md); the run must end with its JSON line
 holding the keys the issues and docs quote. bench.proxy, bench.load and bench.prefix_train run
-their own main in tests of their own. Not yet run as documented anywhere: bench.curation,
-curriculum, media, learning, sse and env_helpers (their tests call the modules' functions)."""
+their own main in tests of their own (OWN_TESTS); every other bench module with a main has a
+row in BENCHES, and a new one without either fails the suite."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -48,7 +49,28 @@ BENCHES = [
             "closed_by_deadline",
         ],
     ),
+    (
+        "sse",
+        ["--streams", "30"],
+        False,
+        ["cpu_ratio_httpx_sse_over_hand_written", "spec_passed_hand_written"],
+    ),
+    ("env_helpers", ["--starts", "2"], False, ["probes_right_hand_written", "import_ms_environs"]),
+    ("media", ["--rounds", "1", "--pulls", "2"], False, ["stored_over_unique", "ingest_ratio"]),
+    ("learning", ["--steps", "2"], False, ["final_reward", "control_final_reward", "middleware_ms_per_call"]),
     ("pull", ["--steps", "500", "--pulls", "3"], True, ["p50_ms_500", "ratio"]),
+    (
+        "curation",
+        ["--steps", "640", "--runs", "2", "--readiness-steps", "2000"],
+        True,
+        ["preview_p50_ms_640", "readiness_steps_per_s"],
+    ),
+    (
+        "curriculum",
+        ["--groups", "100", "--calls", "3", "--skip-latency"],
+        True,
+        ["informative_over_uniform", "pull_oldest_p50_ms"],
+    ),
     ("serving", ["--steps", "500", "--pulls", "3"], True, ["pull_oldest_p50_ms", "priority_ratio"]),
     ("live", ["--seconds", "1", "--hello-steps", "5"], True, ["hello_p50_ms_0k"]),
 ]
@@ -73,3 +95,27 @@ def test_the_bench_runs_as_documented_and_prints_its_figures(bench, args, needs_
     # then its last line is one JSON object holding its figures
     for key in keys:
         assert isinstance(result[key], (int, float)) and not isinstance(result[key], bool), (key, result)
+
+
+# Benches whose main runs in a test of its own (every phase, with its own checks): the test,
+# and how it calls the bench.
+OWN_TESTS = {
+    "proxy": ("tests/test_bench_proxy.py", 'run_bench(\n        "proxy"'),
+    "load": ("tests/test_bench_load.py", '"-m",\n            "bench.load"'),
+    "prefix_train": ("tests/test_bench_prefix_train.py", "prefix_train.main("),
+}
+
+
+def test_every_bench_with_a_main_runs_in_the_suite():
+    # given every module of bench/ that can be run (`python -m bench.NAME`: it defines main)
+    runnable = {
+        path.stem
+        for path in (ROOT / "bench").glob("*.py")
+        if re.search(r"^def main\(", path.read_text(), re.M) and path.stem != "__init__"
+    }
+    # then each has a row above or a test of its own that runs it as documented
+    rows = {row[0] for row in BENCHES}
+    assert runnable - rows - set(OWN_TESTS) == set(), "a bench without a smoke row: add one to BENCHES"
+    assert rows | set(OWN_TESTS) <= runnable, "a row names a bench that is gone"
+    for bench, (test, call) in OWN_TESTS.items():
+        assert call in (ROOT / test).read_text(), f"{test} no longer runs bench.{bench}'s main"
