@@ -138,6 +138,9 @@ class GroupsReady:
     their ``ready_at`` is written (so those without one become ready now)."""
 
     group_ids: frozenset[int]
+    # Those of them that name a task whose statistics have not counted them yet (read with
+    # the groups by whoever emits): the task statistics effect has nothing to do without one.
+    uncounted: frozenset[int] = frozenset()
 
 
 @dataclass(slots=True, frozen=True)

@@ -140,11 +140,14 @@ def groups_settle(*, group_ids: Iterable[int]) -> None:
     ids = list(set(group_ids))
     now = timezone.now()
     for chunk in _chunks(ids):
-        complete = set(
-            PromptGroup.objects.filter(id__in=chunk, status=PromptGroup.Status.COMPLETE).values_list(
-                "id", flat=True
-            )
+        rows = PromptGroup.objects.filter(id__in=chunk, status=PromptGroup.Status.COMPLETE).values_list(
+            "id", "task_id", "task_counted_at"
         )
+        complete, uncounted = set(), set()
+        for gid, task_id, counted_at in rows:
+            complete.add(gid)
+            if task_id is not None and counted_at is None:
+                uncounted.add(gid)
         waiting = set(
             Step.objects.filter(
                 trajectory__group_id__in=complete, trajectory__status=Trajectory.Status.COMPLETED
@@ -156,7 +159,8 @@ def groups_settle(*, group_ids: Iterable[int]) -> None:
         )
         ready = complete - waiting
         if ready:
-            emit(GroupsReady(group_ids=frozenset(ready)))  # before ready_at: who is new is told by it
+            # before ready_at: who is new is told by it
+            emit(GroupsReady(group_ids=frozenset(ready), uncounted=frozenset(uncounted & ready)))
         PromptGroup.objects.filter(id__in=ready, ready_at__isnull=True).update(ready_at=now)
         PromptGroup.objects.filter(id__in=set(chunk) - ready, ready_at__isnull=False).update(ready_at=None)
         _group_quality(ready)

@@ -154,7 +154,7 @@ def group_task_set(
             raise Conflict(f"prompt group {group.uid!r} names another task", field=field)
     group.task_id = task.id
     if group.ready_at is not None:  # ready before it named its task: counted now, once
-        emit(GroupsReady(group_ids=frozenset((group.id,))))
+        emit(GroupsReady(group_ids=frozenset((group.id,)), uncounted=frozenset((group.id,))))
 
 
 def groups_tasks_set(*, bindings: dict[str, str], groups: dict[str, PromptGroup], **access: Any) -> None:

@@ -5,10 +5,12 @@ every step of its completed rollouts has a final reward). Every reward path ends
 reward on the steps at submission, a trajectory reward through ``/rewards``, the outcome
 reward of a last step (pool/services/rewards.py) and computed rewards (the reward task) all
 go through ``rewards_apply`` or the readiness settle, which emit ``GroupsReady`` for the
-groups they make ready. ``GroupsReady`` can repeat for a group (each settle of a ready
-group), so the effect first *claims* each group with one conditional UPDATE
-(``task_counted_at`` from NULL): a group is counted exactly once, by whichever transaction
-claims it, and the claim commits or rolls back with the counts. A reward changed after the
+groups they make ready, and which of them name a task not counted yet (``uncounted``, read
+with the groups): without one the effect runs no statement. ``GroupsReady`` can repeat for
+a group (each settle of a ready group), so the effect first *claims* its groups with one
+conditional UPDATE ... RETURNING (``task_counted_at`` from NULL): a group is counted exactly
+once, by whichever transaction claims it (a concurrent claim waits on the row and then finds
+it counted), and the claim commits or rolls back with the counts. A reward changed after the
 group was counted does not recount it.
 
 A rollout's reward is its trajectory's reward, else its last step's (as the group quality
@@ -33,6 +35,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from django.db import connection
 from django.db.models import F, FloatField, Value
 from django.db.models.functions import Coalesce, Greatest, NullIf, Power
 from django.utils import timezone
@@ -60,25 +63,38 @@ class TaskDelta:
 
 def groups_ready_task_stats(event: GroupsReady) -> None:
     """The effect of ready groups on their tasks' statistics (module docstring). Idempotent:
-    a group already counted is skipped. No query but one for groups without a task."""
-    candidates = sorted(
-        PromptGroup.objects.filter(
-            id__in=sorted(event.group_ids), task__isnull=False, task_counted_at__isnull=True
-        ).values_list("id", "task_id")
-    )
-    if not candidates:
+    a group already counted is skipped. No statement when none of them is uncounted."""
+    if not event.uncounted:
         return
     now = timezone.now()
-    # The claim: a concurrent settle of the same group waits on its row and then finds it counted.
-    claimed = {
-        gid: tid
-        for gid, tid in candidates
-        if PromptGroup.objects.filter(id=gid, task_counted_at__isnull=True).update(task_counted_at=now)
-    }
+    claimed = _claim(sorted(event.uncounted), now)
     if not claimed:
         return
     deltas = _deltas(claimed)
     _apply(deltas, now)
+
+
+def _claim(group_ids: list[int], now) -> dict[int, int]:
+    """Claim the groups not counted yet, in one statement: {group id: task id} of those this
+    transaction marked counted. On PostgreSQL the rows are locked in primary-key order (as
+    every writer locks), and a concurrent claim of the same group waits on its row and then,
+    re-checking the row, finds it counted; SQLite serialises writers."""
+    table = connection.ops.quote_name(PromptGroup._meta.db_table)
+    marks = ", ".join(["%s"] * len(group_ids))
+    uncounted = f"id IN ({marks}) AND task_id IS NOT NULL AND task_counted_at IS NULL"
+    if connection.vendor == "postgresql":
+        sql = (
+            f"WITH c AS (SELECT id FROM {table} WHERE {uncounted} ORDER BY id FOR UPDATE)"
+            f" UPDATE {table} AS g SET task_counted_at = %s FROM c WHERE g.id = c.id"
+            " RETURNING g.id, g.task_id"
+        )
+        params = [*group_ids, now]
+    else:
+        sql = f"UPDATE {table} SET task_counted_at = %s WHERE {uncounted} RETURNING id, task_id"
+        params = [connection.ops.adapt_datetimefield_value(now), *group_ids]
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return dict(cur.fetchall())
 
 
 def group_rewards(group_ids) -> dict[int, list[tuple[str, float | None, int | None]]]:

@@ -4,6 +4,7 @@ statistics exactly once per rollout, through the one registered effect of ready 
 from __future__ import annotations
 
 import io
+import re
 import threading
 
 import pytest
@@ -357,3 +358,59 @@ def test_a_group_that_names_its_task_after_it_is_ready_is_counted_once(agent_key
     # then the task counts the group once
     t = Task.objects.get(uid="tl")
     assert (t.seen, t.rewarded, t.passes, t.informative_groups) == (1, 2, 1, 1)
+
+
+@pytest.mark.django_db
+def test_ready_groups_cost_one_claim_and_groups_without_an_uncounted_task_cost_nothing():
+    """The effect's statements: one claim for every ready group naming a task, one UPDATE
+    per task, and none at all for ready groups of no task or counted already."""
+    from django.test.utils import CaptureQueriesContext
+
+    def task_statements(ctx) -> list[str]:
+        """The statements on tasks, and those reading or claiming uncounted groups (the
+        readiness read only lists task_counted_at among its columns)."""
+        return [
+            q["sql"]
+            for q in ctx.captured_queries
+            if '"pool_task"' in q["sql"] or re.search(r'task_counted_at"? IS NULL', q["sql"])
+        ]
+
+    # given one task, three groups of two rollouts naming it and two groups naming none
+    tasks_register(tasks=[TaskIn(uid="one-claim", set_name="oc")])
+    tasked, plain = [f"tg{g}" for g in range(3)], [f"pg{g}" for g in range(2)]
+    for uid in tasked:
+        group_upsert(uid=uid, expected_rollouts=2, task="one-claim")
+    for uid in plain:
+        group_upsert(uid=uid, expected_rollouts=2)
+
+    def rollouts(groups, reward):
+        return [
+            step_in(f"{g}-{i}", 0, prompt=PROMPT, response=[i], group=g, is_last=True, reward=reward)
+            for g in groups
+            for i in range(2)
+        ]
+
+    # when the plain groups' rollouts make them ready
+    with CaptureQueriesContext(connection) as ctx:
+        steps_ingest(steps=rollouts(plain, 1.0))
+    # then the task statistics ran no statement
+    assert PromptGroup.objects.filter(uid__in=plain, ready_at__isnull=False).count() == 2
+    assert task_statements(ctx) == []
+    # when the three tasked groups become ready in one write
+    with CaptureQueriesContext(connection) as ctx:
+        steps_ingest(steps=rollouts(tasked, 1.0))
+    # then one claim took all three and one UPDATE counted them into the task
+    claims = [s for s in task_statements(ctx) if "task_counted_at" in s]
+    assert len(claims) == 1, claims
+    updates = [s for s in task_statements(ctx) if s.lstrip().upper().startswith('UPDATE "POOL_TASK"')]
+    assert len(updates) == 1, updates
+    t = Task.objects.get(uid="one-claim")
+    assert (t.seen, t.attempted, t.rewarded, t.passes) == (3, 6, 6, 6)
+    # when every group is settled again (GroupsReady repeats for ready groups)
+    ids = list(PromptGroup.objects.filter(uid__in=tasked + plain).values_list("id", flat=True))
+    with CaptureQueriesContext(connection) as ctx:
+        groups_settle(group_ids=ids)
+    # then nothing is counted twice, and the effect ran no statement
+    assert task_statements(ctx) == []
+    t.refresh_from_db()
+    assert (t.seen, t.attempted, t.rewarded, t.passes) == (3, 6, 6, 6)
