@@ -1,8 +1,9 @@
 """The pool's SQL toolkit: every INSERT, COPY and UPDATE of the house built as a string.
 
 At the bottom of the pool (it imports only the models and flags): the step pipeline
-(pool/ingest/), the reward, trajectory, readiness and effective-reward services and
-curation's labels and consumption write through it; nothing else builds SQL by hand.
+(pool/ingest/), the reward, trajectory, readiness, effective-reward and task-statistics
+services and curation's labels and consumption write through it; nothing else builds SQL by
+hand.
 
 Two backends, one interface (``Backend``), chosen by the database vendor:
 
@@ -203,6 +204,30 @@ def steps_readiness_set(rows: Sequence[tuple[int, int]]) -> None:
     """
     with connection.cursor() as cur:
         cur.execute(sql, params)
+
+
+def groups_task_claim(group_ids: Sequence[int], now: Any) -> dict[int, int]:
+    """Task statistics' claim (services/task_stats.py) of the groups not counted yet, in one
+    statement: {group id: task id} of those this transaction marked counted. On PostgreSQL
+    the rows are locked in primary-key order (as every writer locks), and a concurrent claim
+    of the same group waits on its row and then, re-checking the row, finds it counted;
+    SQLite serialises writers."""
+    table = connection.ops.quote_name(PromptGroup._meta.db_table)
+    marks = ", ".join(["%s"] * len(group_ids))
+    uncounted = f"id IN ({marks}) AND task_id IS NOT NULL AND task_counted_at IS NULL"
+    if connection.vendor == "postgresql":
+        sql = (
+            f"WITH c AS (SELECT id FROM {table} WHERE {uncounted} ORDER BY id FOR UPDATE)"
+            f" UPDATE {table} AS g SET task_counted_at = %s FROM c WHERE g.id = c.id"
+            " RETURNING g.id, g.task_id"
+        )
+        params = [*group_ids, now]
+    else:
+        sql = f"UPDATE {table} SET task_counted_at = %s WHERE {uncounted} RETURNING id, task_id"
+        params = [connection.ops.adapt_datetimefield_value(now), *group_ids]
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return dict(cur.fetchall())
 
 
 def steps_rewards_set(rows: Sequence[tuple]) -> None:

@@ -35,13 +35,13 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from django.db import connection
 from django.db.models import F, FloatField, Value
 from django.db.models.functions import Coalesce, Greatest, NullIf, Power
 from django.utils import timezone
 
 from ..ingest.effects import GroupsReady
-from ..models import PromptGroup, Step, Task, TaskSet, Trajectory
+from ..models import Step, Task, TaskSet, Trajectory
+from ..sql import groups_task_claim
 
 FAILED = (Trajectory.Status.FAILED, Trajectory.Status.ABANDONED)
 FLAT = 1e-12  # rewards within this of each other are "all equal" (as ZERO_VARIANCE reads them)
@@ -67,34 +67,11 @@ def groups_ready_task_stats(event: GroupsReady) -> None:
     if not event.uncounted:
         return
     now = timezone.now()
-    claimed = _claim(sorted(event.uncounted), now)
+    claimed = groups_task_claim(sorted(event.uncounted), now)
     if not claimed:
         return
     deltas = _deltas(claimed)
     _apply(deltas, now)
-
-
-def _claim(group_ids: list[int], now) -> dict[int, int]:
-    """Claim the groups not counted yet, in one statement: {group id: task id} of those this
-    transaction marked counted. On PostgreSQL the rows are locked in primary-key order (as
-    every writer locks), and a concurrent claim of the same group waits on its row and then,
-    re-checking the row, finds it counted; SQLite serialises writers."""
-    table = connection.ops.quote_name(PromptGroup._meta.db_table)
-    marks = ", ".join(["%s"] * len(group_ids))
-    uncounted = f"id IN ({marks}) AND task_id IS NOT NULL AND task_counted_at IS NULL"
-    if connection.vendor == "postgresql":
-        sql = (
-            f"WITH c AS (SELECT id FROM {table} WHERE {uncounted} ORDER BY id FOR UPDATE)"
-            f" UPDATE {table} AS g SET task_counted_at = %s FROM c WHERE g.id = c.id"
-            " RETURNING g.id, g.task_id"
-        )
-        params = [*group_ids, now]
-    else:
-        sql = f"UPDATE {table} SET task_counted_at = %s WHERE {uncounted} RETURNING id, task_id"
-        params = [connection.ops.adapt_datetimefield_value(now), *group_ids]
-    with connection.cursor() as cur:
-        cur.execute(sql, params)
-        return dict(cur.fetchall())
 
 
 def group_rewards(group_ids) -> dict[int, list[tuple[str, float | None, int | None]]]:
