@@ -1,6 +1,6 @@
 """bench.live: the live dashboard's latency (submission to websocket event) and its CPU cost.
 
-    python -m bench.live [--seconds 10]
+    python -m bench.live [--seconds 10] [--latency-only]
 
 A real server process (uvicorn, tests/live.py; SQLite, or a fresh PostgreSQL database when
 DATABASE_URL is set, and the Redis channel layer when REDIS_URL is set), a logged-in
@@ -12,6 +12,11 @@ with 0), in two paces instead of W-ingest's batches of 100:
 
 * 50 steps/s: one step per request, 50 requests/s;
 * 1,000 steps/s: 16 steps (two whole trajectories) per request, 62.5 requests/s.
+
+Each phase starts a fresh trajectory (the warm-up's 50 single steps end mid-trajectory): a
+trajectory split between two concurrent requests makes the second wait for the first's
+commit, and a chain of them runs the requests one at a time (tests/test_bench_live.py).
+``--latency-only`` skips the CPU phases.
 
 Latency: coalescing caps the lists of an event (``recent``, ``trajectories``), but its
 per-source counts are exact, so requests are matched by count: they are sent round robin by
@@ -62,6 +67,9 @@ def main(argv: list[str] | None = None) -> None:
         default=0,
         help="instead: time the hello state (live_state) on a W-pool of 20k and this many steps (PostgreSQL)",
     )
+    p.add_argument(
+        "--latency-only", action="store_true", help="skip the CPU phases (latency at both paces only)"
+    )
     args = p.parse_args(argv)
     if args.hello_steps:
         print(json.dumps(hello_state(args.hello_steps)), flush=True)
@@ -70,13 +78,13 @@ def main(argv: list[str] | None = None) -> None:
         server = LiveServer(Path(tmp), {"CLAW_API_KEY_CACHE_SECONDS": "10"})
         server.start()
         try:
-            out = asyncio.run(_run(server, args.seconds))
+            out = asyncio.run(_run(server, args.seconds, cpu_phases=not args.latency_only))
         finally:
             server.close()
     print(json.dumps(out), flush=True)
 
 
-async def _run(server: LiveServer, seconds: float) -> dict:
+async def _run(server: LiveServer, seconds: float, *, cpu_phases: bool = True) -> dict:
     cookie, keys = _session(server)
     gen = _Steps()
     headers = {"Content-Type": "application/json"}
@@ -106,6 +114,8 @@ async def _run(server: LiveServer, seconds: float) -> dict:
             out[f"after_response_p99_ms{suffix}"] = round(_pct(after, 99), 1)
             out[f"matched{suffix}"] = round(matched, 3)
             print(f"rate {rate}/s: p50 {out[f'p50_ms{suffix}']} ms, p99 {out[f'p99_ms{suffix}']}", flush=True)
+        if not cpu_phases:
+            return out
         # CPU per step at 1,000 steps/s: connected, nobody connected, and live events off
         # (CLAW_LIVE=0, a restart), in a balanced order.
         cpu: dict[str, list[float]] = {"none": [], "connected": [], "off": []}
@@ -274,6 +284,12 @@ class _Steps:
         self.n = 0
 
     def bodies(self, n_steps: int, per_request: int) -> list[bytes]:
+        # Each call starts a fresh trajectory, so that 16 steps per request are two whole
+        # trajectories, as the module docstring says: a trajectory split between two
+        # concurrent requests (of two sources) makes the second wait for the first's
+        # transaction (its uncommitted trajectory row), and when every request shares one
+        # with the next, the requests of a phase run one at a time.
+        self.n = -(-self.n // PER_TRAJ) * PER_TRAJ
         return [
             orjson.dumps({"steps": [self._step() for _ in range(per_request)]})
             for _ in range(0, n_steps, per_request)
