@@ -19,8 +19,10 @@ if _WORKER:
     _n = int(_WORKER.removeprefix("gw"))
     os.environ["CLAW_VAR_DIR"] = str(Path(__file__).resolve().parents[2] / "var" / f"test-{_WORKER}")
     if os.environ.get("REDIS_URL"):
+        # Database base+1+N: two suites on one Redis (REDIS_URL .../0 and .../8) stay apart.
         _redis = urlparse(os.environ["REDIS_URL"])
-        os.environ["REDIS_URL"] = urlunparse(_redis._replace(path=f"/{1 + _n % 15}"))
+        _base = int(_redis.path.strip("/") or 0)
+        os.environ["REDIS_URL"] = urlunparse(_redis._replace(path=f"/{(_base + 1 + _n) % 16}"))
 
 from .base import *  # noqa: E402, F403
 from .base import REDIS_URL, env_float  # noqa: E402
