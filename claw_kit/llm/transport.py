@@ -75,6 +75,36 @@ class FastTransport(httpx.AsyncBaseTransport):
             )
         raise AssertionError("unreachable")  # pragma: no cover
 
+    async def fetch(self, method: str, url: httpx.URL, headers: dict[str, str], body: bytes) -> Whole:
+        """Send a request and read its whole answer: what ``handle_async_request`` + ``aread``
+        do, without httpx's Request and Response objects and its async byte streams (~80 us
+        of a proxied call's ~1 ms of CPU). The same head bytes, retry of a stale keep-alive
+        connection and exceptions; no per-read timeout (the caller bounds the whole call)."""
+        key = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
+        head = _head(method, url, headers, len(body))
+        for attempt in (0, 1):
+            conn, reused = await self._acquire(key, None, None, fresh=attempt == 1)
+            conn.begin(head_only=method == "HEAD")
+            conn.transport.write(head + body if len(body) < 65536 else head)
+            if len(body) >= 65536:
+                conn.transport.write(body)
+            try:
+                await conn.read_head(None, None)
+                parts = []
+                while (chunk := await conn.read_chunk(None, None)) is not None:
+                    parts.append(chunk)
+            except httpx.RemoteProtocolError:
+                conn.close()
+                if reused and attempt == 0 and conn.received == 0:
+                    continue  # a stale keep-alive connection: the server never saw the request
+                raise
+            except BaseException:
+                conn.close()
+                raise
+            self._release(key, conn)
+            return Whole(conn.status or 0, conn.headers, parts[0] if len(parts) == 1 else b"".join(parts))
+        raise AssertionError("unreachable")  # pragma: no cover
+
     async def aclose(self) -> None:
         self._closed = True
         for idle in self._idle.values():
@@ -83,7 +113,7 @@ class FastTransport(httpx.AsyncBaseTransport):
 
     # --- pool ---------------------------------------------------------------------------------------
     async def _acquire(
-        self, key: tuple[str, str, int], timeout: float | None, request: httpx.Request, *, fresh: bool
+        self, key: tuple[str, str, int], timeout: float | None, request: httpx.Request | None, *, fresh: bool
     ) -> tuple[_Conn, bool]:
         idle = None if fresh else self._idle.get(key)
         while idle:
@@ -270,9 +300,12 @@ class _Conn(asyncio.Protocol):
         if w is not None and not w.done():
             w.set_result(None)
 
-    async def _wait(self, timeout: float | None, request: httpx.Request) -> None:
+    async def _wait(self, timeout: float | None, request: httpx.Request | None) -> None:
         self._waiter = asyncio.get_running_loop().create_future()
         try:
+            if timeout is None:
+                await self._waiter
+                return
             async with asyncio.timeout(timeout):
                 await self._waiter
         except TimeoutError:
@@ -281,12 +314,12 @@ class _Conn(asyncio.Protocol):
         finally:
             self._waiter = None
 
-    async def read_head(self, timeout: float | None, request: httpx.Request) -> None:
+    async def read_head(self, timeout: float | None, request: httpx.Request | None) -> None:
         while not self.head_done:
             self._raise_if_broken()
             await self._wait(timeout, request)
 
-    async def read_chunk(self, timeout: float | None, request: httpx.Request) -> bytes | None:
+    async def read_chunk(self, timeout: float | None, request: httpx.Request | None) -> bytes | None:
         """The next body chunk, or None at the end of the response."""
         while True:
             if self.chunks:
@@ -308,6 +341,52 @@ class _Conn(asyncio.Protocol):
             raise httpx.RemoteProtocolError(
                 "the upstream closed the connection before the response completed"
             )
+
+
+class Whole:
+    """A whole answer read by ``FastTransport.fetch``: the part of an httpx.Response its
+    callers read (status, headers, body), without the stream machinery."""
+
+    __slots__ = ("_headers", "_raw_headers", "content", "status_code")
+
+    def __init__(self, status_code: int, raw_headers: list[tuple[bytes, bytes]], content: bytes):
+        self.status_code = status_code
+        self.content = content
+        self._raw_headers = raw_headers
+        self._headers: httpx.Headers | None = None
+
+    @property
+    def headers(self) -> httpx.Headers:
+        if self._headers is None:
+            self._headers = httpx.Headers(self._raw_headers)
+        return self._headers
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        return httpx.Response(self.status_code, content=self.content).json()
+
+    async def aread(self) -> bytes:
+        return self.content
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _head(method: str, url: httpx.URL, headers: dict[str, str], length: int) -> bytes:
+    """The request head ``_request_head`` writes for an httpx.Request of these headers and a
+    body of ``length`` bytes (Host first, Content-Length last), built as one string."""
+    lines = [f"{method} {url.raw_path.decode('ascii')} HTTP/1.1", f"Host: {url.netloc.decode('ascii')}"]
+    lines.extend(f"{k}: {v}" for k, v in headers.items())
+    if method not in ("GET", "HEAD") or length:
+        lines.append(f"Content-Length: {length}")
+    text = "\r\n".join(lines) + "\r\n\r\n"
+    if not text.isascii() or any(c in v for v in headers.values() for c in "\r\n\0"):
+        # What httpx does with such values (its encoding rules and errors) is the rule.
+        return _request_head(httpx.Request(method, url, headers=headers, content=b"x" * length))
+    return text.encode("ascii")
 
 
 def _request_head(request: httpx.Request) -> bytes:

@@ -407,6 +407,9 @@ CLAW_PROXY_DB_THREADS = env_int("CLAW_PROXY_DB_THREADS", 0)
 # The proxy's one-statement write is prepared per connection; turn off behind a
 # transaction-mode pooler that cannot keep prepared statements (pgbouncer < 1.21).
 CLAW_PROXY_PREPARED_STATEMENTS = env_bool("CLAW_PROXY_PREPARED_STATEMENTS", True)
+# Proxied calls' steps committed together by one writer thread per process (a group commit);
+# off: each call commits alone on the database threads.
+CLAW_PROXY_GROUP_COMMIT = env_bool("CLAW_PROXY_GROUP_COMMIT", True)
 CLAW_DEMO = env_bool("CLAW_DEMO", True)
 # /metrics: a bearer token for the Prometheus scraper (admin-scope API keys work too).
 CLAW_METRICS_TOKEN = os.environ.get("CLAW_METRICS_TOKEN", "")

@@ -13,6 +13,7 @@ import os
 import signal
 from typing import Any
 
+from django.conf import settings
 from django.db import DatabaseError
 
 from claw_kit.llm import upstream
@@ -21,10 +22,13 @@ from pool.errors import PoolError
 from pool.services import gateway_event_record
 from pool.services.api_keys import VerifiedKey
 
-from .db import run_db
-from .recording import Identity, Outcome, record_answer
+from .db import GroupWriter, run_db
+from .recording import Identity, Outcome, RecordJob, groupable, record_answer, record_group
 
 log = logging.getLogger(__name__)
+
+# The proxied calls' writer: their steps committed together (db.GroupWriter).
+_writer: GroupWriter[RecordJob, Outcome | None] = GroupWriter(record_group, name="claw-writer")
 
 # The named points (see crash_point's callers).
 KEPT = "idempotency.kept"  # the steps are committed, the Idempotency-Key's answer not yet kept
@@ -47,8 +51,15 @@ async def record(
     extra: dict[str, Any] | None = None,
 ) -> Outcome:
     """Commit the call's steps; a database failure is answered 503 (the agent may retry),
-    a Conflict (ended trajectory, other group) with its own status."""
+    a Conflict (ended trajectory, other group) with its own status. A plain append is
+    committed with the calls that wait beside it (the group writer, db.py); any other, or
+    one the group could not take, alone on the pool."""
     try:
+        if settings.CLAW_PROXY_GROUP_COMMIT and groupable(endpoint, ident, body, answer):
+            job = RecordJob(endpoint, ident, body, answer, key.source_id, key.write_sources, extra)
+            outcome = await _writer.submit(job)
+            if outcome is not None:
+                return outcome
         return await run_db(
             record_answer,
             endpoint=endpoint,

@@ -26,11 +26,13 @@ Token ids, in order of preference:
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from django.db import DatabaseError
 
 from claw_kit.llm import tokenizer
 from pool import tokens
@@ -38,6 +40,7 @@ from pool.errors import InvalidInput
 from pool.ingest import AppendTarget, StepIn, steps_append
 from pool.ingest.claim import Tail
 from pool.ingest.media import ImageIn
+from pool.ingest.pipeline import AppendRequest, append_groupable, steps_append_group
 from pool.ingest.plan import Stored
 from pool.models import Step
 from pool.services import gateway_event_record
@@ -45,7 +48,7 @@ from pool.services.groups import group_upsert
 from pool.tenancy import OWN
 
 from . import branches
-from .images import chat_images
+from .images import chat_images, has_images
 
 CHAT = "chat.completions"
 COMPLETIONS = "completions"
@@ -151,6 +154,71 @@ def record_answer(
         return Outcome(event="unrecorded_call")
 
 
+@dataclass(slots=True)
+class RecordJob:
+    """A call for :func:`record_group`: :func:`record_answer`'s arguments."""
+
+    endpoint: str
+    ident: Identity
+    request: dict[str, Any]
+    answer: dict[str, Any]
+    source_id: int | None
+    sources: frozenset[int] | None | object = OWN
+    extra: dict[str, Any] | None = None
+
+
+def groupable(endpoint: str, ident: Identity, request: dict[str, Any], answer: dict[str, Any]) -> bool:
+    """Whether the call may be recorded in a group commit (:func:`record_group`): one choice,
+    no images, no task to name, and a trajectory whose fused append applies (memory only: the
+    event loop asks)."""
+    choices = answer.get("choices")
+    if ident.task is not None or not isinstance(choices, list) or len(choices) != 1:
+        return False
+    if endpoint == CHAT and has_images(request):
+        return False
+    return append_groupable(
+        _target(ident.trajectory_uid, ident.prompt_group_uid, ident.policy_version, ident.new), 1
+    )
+
+
+def record_group(jobs: list[RecordJob]) -> list[Outcome | None]:
+    """Record the calls of ``jobs`` as :func:`record_answer` does, their steps committed
+    together (pool.ingest.steps_append_group; the proxied calls' writer thread,
+    gateway/proxy/db.py). None for a call that did not join (anything but a plain fused
+    append, or a database error that rolled the group back): the caller records it alone,
+    with record_answer, which decides and answers for it."""
+    calls: list[ProxiedCall | None] = []
+    requests: list[AppendRequest] = []
+    for job in jobs:
+        call = build_call(
+            endpoint=job.endpoint, ident=job.ident, request=job.request, answer=job.answer, extra=job.extra
+        )
+        if call is None or len(call.choices) != 1 or call.images:
+            calls.append(None)
+            continue
+        calls.append(call)
+        requests.append(
+            AppendRequest(
+                target=_target(
+                    call.trajectory_uid, call.prompt_group_uid, call.policy_version, call.new_trajectory
+                ),
+                count=1,
+                build=functools.partial(_steps_of, call),
+                source_id=job.source_id,
+                sources=job.sources,
+            )
+        )
+    try:
+        written = iter(steps_append_group(requests))
+    except DatabaseError:
+        return [None] * len(jobs)
+    out: list[Outcome | None] = []
+    for call in calls:
+        steps = next(written) if call is not None else None
+        out.append(None if call is None or steps is None else Outcome(steps=_recorded(call, steps)))
+    return out
+
+
 def record_call(
     *, call: ProxiedCall, source_id: int | None, sources: frozenset[int] | None | object = OWN
 ) -> list[RecordedStep]:
@@ -159,19 +227,24 @@ def record_call(
     generation). ``sources``: the writer's (pool/tenancy.py; None: any). Raises Conflict
     when the trajectory has ended or belongs to another group (UidTaken: another source),
     InvalidInput when a step breaks a rule (e.g. CLAW_MAX_TOKENS_PER_STEP, never truncated)."""
-    target = AppendTarget(
-        trajectory_uid=call.trajectory_uid,
-        prompt_group_uid=call.prompt_group_uid,
-        policy_version=call.policy_version,
-        new=call.new_trajectory,
-    )
     written = steps_append(
-        target=target,
+        target=_target(call.trajectory_uid, call.prompt_group_uid, call.policy_version, call.new_trajectory),
         count=len(call.choices),
         build=lambda tail: _steps_of(call, tail),
         source_id=source_id,
         sources=sources,
     )
+    return _recorded(call, written)
+
+
+def _target(trajectory_uid: str, group_uid: str | None, version: int | None, new: bool) -> AppendTarget:
+    return AppendTarget(
+        trajectory_uid=trajectory_uid, prompt_group_uid=group_uid, policy_version=version, new=new
+    )
+
+
+def _recorded(call: ProxiedCall, written: list[StepIn]) -> list[RecordedStep]:
+    """After the write: the branch tips the call leaves (branches.known), its steps."""
     if call.branching is not None:
         state, messages_chain, decision = call.branching
         tips = [

@@ -363,13 +363,105 @@ def steps_append(
     if count < 1:
         raise InvalidInput("nothing to append", field="choices")
     mine = allowed(source_id, sources)
-    if target.new and target.prompt_group_uid is None:
-        written = _append_fused(target, count, EMPTY, build, source_id, mine)
-    elif not target.new and (hint := recent.latest(target.trajectory_uid)) is not None:
-        written = _append_fused(target, count, hint, build, source_id, mine)
-    else:
-        written = None
+    tail = _fused_tail(target, count)
+    written = _append_fused(target, count, tail, build, source_id, mine) if tail is not None else None
     return written if written is not None else _append_general(target, count, build, source_id, mine)
+
+
+@dataclass(slots=True)
+class AppendRequest:
+    """One append of :func:`steps_append_group`: :func:`steps_append`'s arguments."""
+
+    target: AppendTarget
+    count: int
+    build: Build
+    source_id: int | None = None
+    sources: Iterable[int] | None | object = OWN
+
+
+def append_groupable(target: AppendTarget, count: int) -> bool:
+    """Whether an append may join a group commit (:func:`steps_append_group`): its fused path
+    applies (the trajectory is new and has no group, or this process knows its latest append;
+    one step; a known policy version). Reads only this process's memory."""
+    return _fused_tail(target, count) is not None
+
+
+def steps_append_group(requests: Sequence[AppendRequest]) -> list[list[StepIn] | None]:
+    """Group commit: the fused appends (:func:`steps_append`'s fast path) of ``requests``, one
+    statement each, all in ONE transaction and one commit: concurrent proxied calls share
+    the commit (gateway/proxy/db.py's writer). Durable when this returns.
+
+    Per request, in order: its steps as written, or None when it did not join (its fused path
+    does not apply, its steps break a rule, or its claim missed): nothing of it was written
+    and the caller runs :func:`steps_append` for it, which decides alone. At most one request
+    per trajectory joins (the others are None). A database error rolls the whole group back
+    and is raised: nothing was written, the caller runs each request alone."""
+    prepared: list[_Fused | None] = []
+    seen: set[str] = set()
+    for r in requests:
+        uid = r.target.trajectory_uid
+        tail = _fused_tail(r.target, r.count) if uid not in seen else None
+        fused = None
+        if tail is not None:
+            try:
+                fused = _fused_prepare(
+                    r.target, r.count, tail, r.build, r.source_id, allowed(r.source_id, r.sources)
+                )
+            except (InvalidInput, Conflict):
+                fused = None  # steps_append says so alone, nothing written
+            if fused is not None and fused.has_media:
+                fused = None  # its images are linked by steps_append's own transaction
+        if fused is not None:
+            seen.add(uid)
+        prepared.append(fused)
+    out: list[list[StepIn] | None] = [None] * len(prepared)
+    if not any(prepared):
+        return out
+    # Trajectory rows are claimed in uid order, so two groups never wait on each other.
+    order = sorted(
+        (i for i, f in enumerate(prepared) if f is not None), key=lambda i: requests[i].target.trajectory_uid
+    )
+    # A group of one is a plain fused append: one statement in autocommit, as steps_append's.
+    alone = len(order) == 1
+    with transaction.atomic() if not alone or effects.any_registered() else nullcontext():
+        for i in order:
+            fused = prepared[i]
+            assert fused is not None
+            got = sql.backend().append(fused.claim, fused.rows, alone=alone)
+            if got is not None:
+                out[i] = _fused_written(fused, got)
+    for i in order:
+        steps = out[i]
+        if steps is not None:
+            for s, stored in zip(steps, prepared[i].rows, strict=True):  # type: ignore[union-attr]
+                s.row_id = stored.id
+    return out
+
+
+def _fused_tail(target: AppendTarget, count: int) -> Tail | None:
+    """The tail a fused append builds on (module docstring of claim.py), or None when only
+    the general path can take it."""
+    if count != 1:  # a call's choices are stored against each other: their ids are needed in turn
+        return None
+    if target.policy_version is not None and target.policy_version not in _known_versions:
+        return None
+    if target.new:
+        return EMPTY if target.prompt_group_uid is None else None
+    return recent.latest(target.trajectory_uid)
+
+
+@dataclass(slots=True)
+class _Fused:
+    """A fused append planned, not yet written."""
+
+    target: AppendTarget
+    tail: Tail
+    steps: list[StepIn]
+    planned: list[Planned]
+    rows: list[Step]
+    claim: FusedClaim
+    source_id: int | None
+    has_media: bool
 
 
 def _append_fused(
@@ -378,10 +470,30 @@ def _append_fused(
     """The hot path: claim and insert in one statement (sql.Backend.append), trusting
     the hint ``tail`` only as far as the claim proves it (step_count == tail.end). None when
     the claim missed: nothing was written, the general path runs."""
-    if target.policy_version is not None and target.policy_version not in _known_versions:
-        return None
-    if count > 1:  # its choices are stored against each other: their ids are needed in turn
-        return None
+    fused = _fused_prepare(target, count, tail, build, source_id, mine)
+    # One statement in autocommit when nothing follows it; inside a transaction when
+    # registered effects, or the step's images, must commit or roll back with the steps.
+    with transaction.atomic() if effects.any_registered() or fused.has_media else nullcontext():
+        got = sql.backend().append(fused.claim, fused.rows)
+        if got is None:
+            return None
+        if fused.has_media:  # after the claim: a missed claim stores nothing; a bad image rolls it back
+            media_link(
+                fused.steps,
+                [got.ids[r.step_index] for r in fused.rows],
+                media_prepare(fused.steps, sources=mine),
+                source_id=source_id,
+            )
+        steps = _fused_written(fused, got)
+    for s, stored in zip(steps, fused.rows, strict=True):
+        s.row_id = stored.id
+    return steps
+
+
+def _fused_prepare(
+    target: AppendTarget, count: int, tail: Tail, build: Build, source_id: int | None, mine: Sources
+) -> _Fused:
+    """Build, number and plan the steps on ``tail``, and their rows and claim: no query."""
     steps = _number(build(tail), count, target, tail.end, trajectory_version=None)
     planned = choose_parents(steps, [pack(s) for s in steps], _append_candidates(tail, len(steps), []))
     now = timezone.now()
@@ -404,40 +516,31 @@ def _append_fused(
         group_uid=None if target.new else target.prompt_group_uid,
         sources=None if mine is None else tuple(sorted(mine)),
     )
-    # One statement in autocommit when nothing follows it; inside a transaction when
-    # registered effects, or the step's images, must commit or roll back with the steps.
-    has_media = any(s.images for s in steps)
-    with transaction.atomic() if effects.any_registered() or has_media else nullcontext():
-        got = sql.backend().append(claim, rows)
-        if got is None:
-            return None
-        if has_media:  # after the claim: a missed claim stores nothing; a bad image rolls it back
-            media_link(
-                steps,
-                [got.ids[r.step_index] for r in rows],
-                media_prepare(steps, sources=mine),
-                source_id=source_id,
-            )
-        traj_id, group_id = got.trajectory_id, got.group_id
-        for row, s in zip(rows, steps, strict=True):
-            row.id, row.trajectory_id = got.ids[row.step_index], traj_id
-            row._state.adding = False
-            if row.policy_version_id is None:  # stamped by the statement: the trajectory's
-                row.policy_version_id = s.policy_version = got.policy_version_id
-        written = WrittenTrajectory(traj_id, target.trajectory_uid, group_id, target.new, ended=False)
-        effects.apply(
-            _written(
-                rows,
-                [written],
-                source_id=source_id,
-                tails={traj_id: tail.end},
-                counted=True,
-                channel=target.channel,
-            )
+    return _Fused(target, tail, steps, planned, rows, claim, source_id, any(s.images for s in steps))
+
+
+def _fused_written(fused: _Fused, got: sql.Appended) -> list[StepIn]:
+    """A fused append's rows as written, its effects (in the caller's transaction, if any)
+    and its hint for the next call (after commit)."""
+    target, rows, steps = fused.target, fused.rows, fused.steps
+    traj_id, group_id = got.trajectory_id, got.group_id
+    for row, s in zip(rows, steps, strict=True):
+        row.id, row.trajectory_id = got.ids[row.step_index], traj_id
+        row._state.adding = False
+        if row.policy_version_id is None:  # stamped by the statement: the trajectory's
+            row.policy_version_id = s.policy_version = got.policy_version_id
+    written = WrittenTrajectory(traj_id, target.trajectory_uid, group_id, target.new, ended=False)
+    effects.apply(
+        _written(
+            rows,
+            [written],
+            source_id=fused.source_id,
+            tails={traj_id: fused.tail.end},
+            counted=True,
+            channel=target.channel,
         )
-    _remember(target.trajectory_uid, tail.end, rows, planned)
-    for s, stored in zip(steps, rows, strict=True):
-        s.row_id = stored.id
+    )
+    _remember(target.trajectory_uid, fused.tail.end, rows, fused.planned)
     return steps
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from claw_kit.llm.transport import FastTransport
+from claw_kit.llm.transport import FastTransport, _head, _request_head
 
 # A guard against a hang turning into a 300 s pytest timeout; never reached when a test passes.
 GUARD = httpx.Timeout(10.0)
@@ -98,11 +98,55 @@ def always(data: bytes) -> Callable[[Seen], Reply]:
     return lambda seen: Reply(data)
 
 
-@pytest.fixture
-async def client():
+class FetchClient:
+    """FastTransport.fetch (the whole-answer path upstream.request takes) behind the calls
+    these tests make of an httpx client: every whole-answer test runs on both paths."""
+
+    def __init__(self, transport: FastTransport):
+        self.transport = transport
+
+    async def request(self, method: str, url: str, *, content: bytes = b"") -> object:
+        async with asyncio.timeout(GUARD.read):  # fetch leaves the bound to its caller
+            return await self.transport.fetch(method, httpx.URL(url), {"accept": "*/*"}, content)
+
+    async def get(self, url: str) -> object:
+        return await self.request("GET", url)
+
+    async def head(self, url: str) -> object:
+        return await self.request("HEAD", url)
+
+    async def post(self, url: str, *, content: bytes = b"") -> object:
+        return await self.request("POST", url, content=content)
+
+
+@pytest.fixture(params=["httpx", "fetch"])
+async def client(request):
     transport = FastTransport()
+    if request.param == "fetch":
+        yield FetchClient(transport)
+        await transport.aclose()
+        return
     async with httpx.AsyncClient(transport=transport, timeout=GUARD) as c:
         yield c
+
+
+@pytest.fixture
+async def streaming():
+    async with httpx.AsyncClient(transport=FastTransport(), timeout=GUARD) as c:
+        yield c
+
+
+async def test_fetch_writes_the_request_head_httpx_would():
+    # given: a request of a few headers and a body, as upstream.request sends it
+    url = httpx.URL("http://127.0.0.1:8123/v1/chat/completions")
+    headers = {"content-type": "application/json", "accept-encoding": "identity", "x-request-id": "r1"}
+    body = b'{"model": "m"}'
+    # then: fetch's head is byte for byte the head FastTransport writes for the httpx.Request
+    expected = _request_head(httpx.Request("POST", url, headers=headers, content=body))
+    assert _head("POST", url, headers, len(body)).lower() == expected.lower()
+    # and a value httpx would refuse or encode differently goes through httpx's own rules
+    with pytest.raises((httpx.InvalidURL, ValueError, UnicodeError, httpx.LocalProtocolError)):
+        _head("POST", url, {"x": "caf\u00e9\r\nevil: 1"}, 0)
 
 
 # --- framing and keep-alive ----------------------------------------------------------------------------
@@ -144,7 +188,8 @@ async def test_chunked_response_with_extensions_and_trailers_then_reuse(client):
         assert server.connections == 1
 
 
-async def test_chunked_response_streamed_chunk_by_chunk(client):
+async def test_chunked_response_streamed_chunk_by_chunk(streaming):
+    client = streaming
     # given a chunked answer whose chunks the test writes one at a time
     replies = iter([Reply(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"), Reply(OK)])
     async with RawServer(lambda seen: next(replies)) as server:
@@ -251,7 +296,8 @@ async def test_a_server_closing_mid_answer_raises_and_its_connection_is_not_reus
         assert server.connections == 2
 
 
-async def test_a_streamed_body_cut_short_raises_after_the_bytes_that_came(client):
+async def test_a_streamed_body_cut_short_raises_after_the_bytes_that_came(streaming):
+    client = streaming
     cut = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly ten b"
     async with RawServer(lambda seen: Reply(cut, close=True)) as server:
         got = b""

@@ -20,7 +20,11 @@ Doors:
 * ``proxy_general``: the same calls for a trajectory the gateway did not mint
   (Identity(new=False)), recorded as if each by another gateway process: the on-commit
   callbacks are dropped, so no call finds the previous one in memory and every call takes
-  the general path (reserve, look up the previous call in the pool, steps_ingest).
+  the general path (reserve, look up the previous call in the pool, steps_ingest);
+* ``proxy_group``: the ``proxy_fast`` calls as the gateway's writer records concurrent calls
+  (recording.record_group, one group commit): each shares its commit with another
+  trajectory's call; a call the group does not take (a group's first call) is recorded
+  alone with record_answer, as gateway/proxy/faults.py does.
 
 Both proxy doors end a trajectory through Claw-R1's complete_trajectory endpoint, with the
 reward; the white-box doors with an ``is_last`` step carrying it.
@@ -40,7 +44,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from claw_client import MSGPACK, encode_step_batch
-from gateway.proxy.recording import CHAT, Identity, Outcome, record_answer
+from gateway.proxy.recording import CHAT, Identity, Outcome, RecordJob, record_answer, record_group
 from pool import tokens
 from pool.models import PolicyVersion, PromptGroup, Step, Trajectory
 
@@ -287,13 +291,12 @@ class ProxyDoor(Door):
         # fast: the call commits and the process remembers it; general: as if recorded by
         # another process, the memory of the call (an on-commit callback) is dropped.
         with self.capture(execute=self.fast):
-            return record_answer(
-                endpoint=CHAT,
-                ident=self.ident(r, k),
-                request=request,
-                answer=answer,
-                source_id=self.source_id,
-            )
+            return self.record(self.ident(r, k), request, answer)
+
+    def record(self, ident: Identity, request: dict[str, Any], answer: dict[str, Any]) -> Outcome:
+        return record_answer(
+            endpoint=CHAT, ident=ident, request=request, answer=answer, source_id=self.source_id
+        )
 
     def end(self, r: Rollout, body: dict[str, Any] | None = None):
         """Claw-R1's complete_trajectory on the rollout's base URL."""
@@ -323,15 +326,55 @@ class ProxyGeneralDoor(ProxyDoor):
     fast = False
 
 
+class ProxyGroupDoor(ProxyDoor):
+    """``proxy_fast``'s calls, each in a group commit beside another trajectory's call."""
+
+    def record(self, ident: Identity, request: dict[str, Any], answer: dict[str, Any]) -> Outcome:
+        companion = RecordJob(
+            CHAT,
+            Identity(trajectory_uid=f"companion-{uuid.uuid4().hex}", new=True),
+            {"model": MODEL, "messages": [{"role": "user", "content": "beside"}]},
+            {
+                "model": MODEL,
+                "prompt_token_ids": [1, 2, 3],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "x"}, "token_ids": [4]}],
+            },
+            self.source_id,
+        )
+        job = RecordJob(CHAT, ident, request, answer, self.source_id)
+        grouped = record_group([companion, job])
+        assert grouped[0] is not None  # a new trajectory without a group always joins
+        # The companion was written with the call; its rows go, so the pool holds this door's only.
+        Step.objects.filter(trajectory__uid=companion.ident.trajectory_uid).delete()
+        Trajectory.objects.filter(uid=companion.ident.trajectory_uid).delete()
+        outcome = grouped[1]
+        if outcome is None:
+            return super().record(ident, request, answer)
+        self.joined += 1
+        return outcome
+
+    joined = 0  # calls the group commit took
+
+    def write_turns(self, r: Rollout, turns: Iterable[int], *, end: bool) -> None:
+        turns = list(turns)
+        before = self.joined
+        super().write_turns(r, turns, end=end)
+        # a later call of one choice is a fused append (unless its policy version is new): the
+        # group takes it, so every rollout of two turns or more has calls the group took
+        if len(turns) >= 2:
+            assert self.joined > before, turns
+
+
 DOORS: dict[str, type[Door]] = {
     "json": JsonDoor,
     "msgpack": MsgpackDoor,
     "claw_r1": ClawR1Door,
     "proxy_fast": ProxyDoor,
     "proxy_general": ProxyGeneralDoor,
+    "proxy_group": ProxyGroupDoor,
 }
 WHITE_BOX = ("json", "msgpack", "claw_r1")
-PROXIED = ("proxy_fast", "proxy_general")
+PROXIED = ("proxy_fast", "proxy_general", "proxy_group")
 
 
 # --- what a door stored -----------------------------------------------------------------------

@@ -83,6 +83,7 @@ EXEMPT: dict[str, dict[tuple[str, str], str]] = {
     },
     "proxy_fast": _PROXIED_EXEMPT,
     "proxy_general": _PROXIED_EXEMPT,
+    "proxy_group": _PROXIED_EXEMPT,
 }
 
 # Policy versions are unique per test: the proxy remembers, per process, which versions exist.
