@@ -20,11 +20,11 @@ from __future__ import annotations
 import logging
 import re
 import time
-import uuid
 from typing import Any
 
 from claw_kit import metrics
 from claw_kit.redaction import redact
+from claw_kit.uids import uuid4_hex
 from gateway.proxy.asgi import GATEWAY_PREFIXES
 
 log = logging.getLogger("claw.request")
@@ -47,7 +47,7 @@ class RequestLogMiddleware:
                     request_id = value
                 break
         if not request_id:
-            request_id = uuid.uuid4().hex.encode()
+            request_id = uuid4_hex().encode()
         path: str = scope["path"]
         route = next((p for p in GATEWAY_PREFIXES if path.startswith(p)), None)
         status = 0

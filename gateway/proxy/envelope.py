@@ -6,7 +6,6 @@ body on demand; errors in the door's own shape; and the X-Claw-Trajectory answer
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 
+from claw_kit.uids import uuid4_hex
 from claw_kit.web import guard
 from claw_kit.web.body import check_length, json_object
 from claw_kit.web.errors import HttpError, error_response
@@ -109,7 +109,7 @@ def call_identity(request: HttpRequest, path_trajectory: str | None, path_group:
     traj = path_trajectory or meta.get("HTTP_X_CLAW_TRAJECTORY") or None
     new = traj is None
     if traj is None:
-        traj = uuid.uuid4().hex
+        traj = uuid4_hex()
     group = path_group if path_group is not None else meta.get("HTTP_X_CLAW_PROMPT_GROUP") or None
     if group == "-":  # the scoped URL's "no group"
         group = None
