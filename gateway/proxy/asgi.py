@@ -19,6 +19,7 @@ everything else to ``app``.
 from __future__ import annotations
 
 import asyncio
+import io
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -59,6 +60,21 @@ class GatewayASGIHandler(ASGIHandler):
         self._template_response_middleware: list[Any] = []
         self._exception_middleware: list[Any] = []
         self._middleware_chain = convert_exception_to_response(self._get_response_async)  # type: ignore[attr-defined]
+
+    async def read_body(self, receive: Any) -> io.BytesIO:
+        """The body in memory (Django spools it to a SpooledTemporaryFile, made per request):
+        BodyLimitMiddleware has bounded it by CLAW_MAX_BODY_BYTES already."""
+        chunks = []
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise RequestAborted()
+            chunk = message.get("body")
+            if chunk:
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return io.BytesIO(chunks[0] if len(chunks) == 1 else b"".join(chunks))
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
