@@ -31,7 +31,7 @@ the catalogue does not tell another source's name, nor its numbers.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,7 @@ from django.db.models import (
     Value,
     When,
 )
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 
 from pool.flags import QUALITY_NAMES, READY, Readiness
@@ -342,30 +343,36 @@ def dataset_admitted(spec: Spec) -> dict[int, bool]:
 
 
 def units_admitted(c: Compiled, restrict: Q | None = None) -> dict[int, dict[int, bool]]:
-    """The admitted units among the steps ``restrict`` selects (all when None): unit key
-    (a group's id, or minus a lone trajectory's id) -> {step id: masked}, in step order."""
+    """The admitted units among the steps ``restrict`` selects (all when None; a
+    restriction selects whole units: every rollout of a candidate group): unit key (a
+    group's id, or minus a lone trajectory's id) -> {step id: masked}, in step order.
+
+    One statement: the steps of the admitted units (``_units_sql`` as a subquery), each
+    with whether it passes; a rollout is masked unless all of its steps pass. A restricted
+    call (a pull's candidates, index step_curation) runs as it is; the whole dataset
+    (snapshots, pages) runs without JIT and with room to sort (``_analytic``)."""
     units, params = _units_sql(c, restrict)
-    with _analytic(), connection.cursor() as cur:
-        cur.execute(f"SELECT unit FROM ({units}) x WHERE admitted = 1", params)
-        admitted = {row[0] for row in cur.fetchall()}
-    groups = [u for u in admitted if u > 0]
-    lone = [-u for u in admitted if u < 0]
-    if not admitted:
-        return {}
-    rollouts = dataset_step_rows(c).filter(Q(trajectory__group_id__in=groups) | Q(trajectory_id__in=lone))
-    valid = {
-        tid
-        for tid, ok in rollouts.values("trajectory_id")
-        .annotate(ok=Min(Case(When(c.passes, then=Value(1)), default=Value(0), output_field=IntegerField())))
-        .order_by()
-        .values_list("trajectory_id", "ok")
-        if ok == 1
-    }
+    passes = Case(When(c.passes, then=Value(1)), default=Value(0), output_field=IntegerField())
+    unit = Case(
+        When(trajectory__group_id__isnull=True, then=-F("trajectory_id")),
+        default=F("trajectory__group_id"),
+        output_field=IntegerField(),
+    )
+    steps = (
+        dataset_step_rows(c)
+        .filter(restrict or Q())
+        .alias(_unit=unit)
+        .filter(_unit__in=RawSQL(f"SELECT unit FROM ({units}) x WHERE admitted = 1", params))
+        .annotate(_passes=passes)
+        .order_by("trajectory_id", "step_index")
+        .values_list("id", "trajectory_id", "trajectory__group_id", "_passes")
+    )
+    with _analytic() if restrict is None else nullcontext():
+        rows = list(steps)
+    invalid = {tid for _sid, tid, _gid, ok in rows if not ok}
     out: dict[int, dict[int, bool]] = {}
-    for sid, tid, gid in rollouts.order_by("trajectory_id", "step_index").values_list(
-        "id", "trajectory_id", "trajectory__group_id"
-    ):
-        out.setdefault(gid if gid is not None else -tid, {})[sid] = tid not in valid
+    for sid, tid, gid, _ok in rows:
+        out.setdefault(gid if gid is not None else -tid, {})[sid] = tid in invalid
     return out
 
 
