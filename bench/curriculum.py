@@ -23,9 +23,14 @@ Then the sampler's latency alone: 10,000 and 100,000 registered tasks of a set w
 statistics, ``informative`` and n = 64, p50 over ``--calls`` calls each (target <= 50 ms) and
 their ratio (target <= 1.5). ``pull_oldest_p50_ms``: one pull of 8 groups (64 steps) and its
 ack through ``POST /api/v1/consumers/{name}/pull`` (today's order, oldest ready first) of the
-groups the runs made ready, and ``pull_priority_p50_ms`` the same pull from a dataset served
-by priority (``reward_std``: the groups whose rewards spread the most first), the two taking
-turns. Prints progress on stderr and one JSON line.
+groups the runs made ready (40,000 at the default size; target <= 50 ms), and
+``pull_priority_p50_ms`` the same pull from a dataset served by priority (``reward_std``: the
+groups whose rewards spread the most first), the two taking turns. The same pulls run once
+before, by consumers of their own, when a tenth of the groups are ready (4,000: at least
+enough for the pulls), so ``pull_oldest_ratio`` = ``pull_oldest_p50_ms`` over
+``pull_oldest_p50_ms_small`` says whether a pull's cost grows with the ready set (target <=
+1.5); ``pull_ready_groups`` and ``pull_ready_groups_small`` name the two sizes. Prints
+progress on stderr and one JSON line.
 """
 
 from __future__ import annotations
@@ -36,12 +41,20 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 from bench.pgdb import fresh_database
 
 N_TASKS, GROUP, PER_CALL = 2_000, 8, 64
 PROMPT, RESPONSE = 64, 16
-TARGETS = {"informative_over_uniform": 1.4, "sampler_p50_ms": 50.0, "sampler_ratio": 1.5}
+PULL_GROUPS = 8  # groups per pull (64 steps)
+TARGETS = {
+    "informative_over_uniform": 1.4,
+    "sampler_p50_ms": 50.0,
+    "sampler_ratio": 1.5,
+    "pull_oldest_p50_ms": 50.0,
+    "pull_oldest_ratio": 1.5,
+}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -71,9 +84,23 @@ def run(args: argparse.Namespace) -> dict:
     client = Client(HTTP_AUTHORIZATION=f"Bearer {key}")
     result: dict = {"workload": "W-tasks", "db": "postgresql", "groups": args.groups, "seed": args.seed}
     signal = {}
+    # The pulls at a tenth of the ready groups (at least enough for them), during the first run.
+    small = max(2 * args.groups // 10, PULL_GROUPS * (args.calls + 2))
+    small_pulls: dict[str, float] = {}
+
+    def pulls_small() -> None:
+        from pool.models import PromptGroup
+
+        result["pull_ready_groups_small"] = PromptGroup.objects.filter(ready_at__isnull=False).count()
+        small_pulls.update(pull_latency(args.calls, label="small"))
+        print(
+            f"  pulls at {result['pull_ready_groups_small']:,} ready groups: {small_pulls}", file=sys.stderr
+        )
+
     for strategy in ("uniform", "informative"):
         t = time.perf_counter()
-        signal[strategy] = curriculum(client, strategy, args.groups, args.seed)
+        at = (small, pulls_small) if strategy == "uniform" else None
+        signal[strategy] = curriculum(client, strategy, args.groups, args.seed, at=at)
         print(
             f"  {strategy}: signal {signal[strategy]:.3f} in {time.perf_counter() - t:.0f} s", file=sys.stderr
         )
@@ -85,9 +112,16 @@ def run(args: argparse.Namespace) -> dict:
             print(f"  sampler at {label}: {result[f'sampler_p50_ms_{label}']} ms p50", file=sys.stderr)
         result["sampler_ratio"] = round(result["sampler_p50_ms_100k"] / result["sampler_p50_ms_10k"], 3)
     # Pulls of the groups the runs made ready: oldest ready first, and by priority.
+    if not small_pulls:  # fewer groups than the small pulls need: both sizes are the same
+        pulls_small()
     pulls = pull_latency(args.calls)
+    print(f"  pulls at {2 * args.groups:,} ready groups: {pulls}", file=sys.stderr)
+    result["pull_ready_groups"] = 2 * args.groups
     result["pull_priority_p50_ms"] = pulls["priority"]
     result["pull_oldest_p50_ms"] = pulls["oldest"]
+    result["pull_priority_p50_ms_small"] = small_pulls["priority"]
+    result["pull_oldest_p50_ms_small"] = small_pulls["oldest"]
+    result["pull_oldest_ratio"] = round(pulls["oldest"] / small_pulls["oldest"], 3)
     targets = {
         f"informative_over_uniform >= {TARGETS['informative_over_uniform']:g}": result[
             "informative_over_uniform"
@@ -102,6 +136,12 @@ def run(args: argparse.Namespace) -> dict:
         targets[f"sampler_ratio <= {TARGETS['sampler_ratio']:g}"] = (
             result["sampler_ratio"] <= TARGETS["sampler_ratio"]
         )
+    targets[f"pull_oldest_p50_ms <= {TARGETS['pull_oldest_p50_ms']:g}"] = (
+        result["pull_oldest_p50_ms"] <= TARGETS["pull_oldest_p50_ms"]
+    )
+    targets[f"pull_oldest_ratio <= {TARGETS['pull_oldest_ratio']:g}"] = (
+        result["pull_oldest_ratio"] <= TARGETS["pull_oldest_ratio"]
+    )
     result["targets"] = targets
     return result
 
@@ -111,8 +151,11 @@ def difficulties(seed: int) -> list[float]:
     return [rng.betavariate(0.5, 0.5) for _ in range(N_TASKS)]
 
 
-def curriculum(client, strategy: str, n_groups: int, seed: int) -> float:
-    """One W-tasks run through the API; the fraction of groups with reward variance > 0."""
+def curriculum(
+    client, strategy: str, n_groups: int, seed: int, at: tuple[int, Callable] | None = None
+) -> float:
+    """One W-tasks run through the API; the fraction of groups with reward variance > 0.
+    ``at``: (n, fn): call fn once n groups of this run are ready."""
     from pool.models import PromptGroup
 
     set_name = f"wt-{strategy}"
@@ -159,6 +202,8 @@ def curriculum(client, strategy: str, n_groups: int, seed: int) -> float:
         _ok(client.post("/api/v1/steps", {"steps": steps}, content_type="application/json"), 201)
         ready = PromptGroup.objects.filter(uid__in=group_uids, ready_at__isnull=False).count()
         assert ready == n, f"{ready} of {n} groups ready"
+        if at is not None and done < at[0] <= done + n:
+            at[1]()
         done += n
         version += 1
         if version % 50 == 0:
@@ -212,19 +257,23 @@ def sampler_latency(client, size: int, calls: int, seed: int) -> float:
 PULL_ORDERS = {"oldest": {}, "priority": {"order": "priority", "priority": "reward_std"}}
 
 
-def pull_latency(pulls: int) -> dict[str, float]:
+def pull_latency(pulls: int, *, label: str = "") -> dict[str, float]:
     """p50 of one pull (8 groups: 64 steps) and its ack by a trainer's key, per serving order:
     oldest ready first (the default) and by priority (highest reward spread first), each a
-    dataset of its own over the same ready groups; the two take turns within each round, so
-    a busy machine slows them alike."""
+    dataset of its own over the same ready groups, by consumers of their own (``label``
+    names them: each size's pulls start from the oldest ready group); the two take turns
+    within each round, so a busy machine slows them alike."""
     from django.test import Client
 
+    from curation.models import Dataset
     from curation.services import dataset_create
     from pool.models import Scope
     from pool.services import api_key_create
 
     for name, serving in PULL_ORDERS.items():
-        dataset_create(name=f"w-tasks-{name}", spec={"serving": serving} if serving else None)
+        if not Dataset.objects.filter(name=f"w-tasks-{name}").exists():
+            dataset_create(name=f"w-tasks-{name}", spec={"serving": serving} if serving else None)
+    suffix = f"-{label}" if label else ""
     trainer = Client(
         HTTP_AUTHORIZATION=f"Bearer {api_key_create(name='bench-trainer', scopes=[Scope.CONSUME])[1]}"
     )
@@ -234,13 +283,15 @@ def pull_latency(pulls: int) -> dict[str, float]:
             t = time.perf_counter()
             body = _ok(
                 trainer.post(
-                    f"/api/v1/consumers/curriculum-{name}/pull",
-                    {"dataset": f"w-tasks-{name}", "batch_size": 8},
+                    f"/api/v1/consumers/curriculum-{name}{suffix}/pull",
+                    {"dataset": f"w-tasks-{name}", "batch_size": PULL_GROUPS},
                     content_type="application/json",
                 ),
                 200,
             )
-            assert body["lease_id"] and len(body["manifest"]["step_uids"]) == 8 * GROUP, body.get("manifest")
+            assert body["lease_id"] and len(body["manifest"]["step_uids"]) == PULL_GROUPS * GROUP, body.get(
+                "manifest"
+            )
             _ok(trainer.post(f"/api/v1/leases/{body['lease_id']}/ack"), 200)
             if i >= 2:
                 times[name].append((time.perf_counter() - t) * 1000)

@@ -249,6 +249,14 @@ class Trajectory(models.Model):
             models.Index(fields=["status", "updated_at"], name="traj_status_updated"),
             # Time-ordered listings and retention.
             models.Index(fields=["created_at"], name="traj_created"),
+            # Pull: "completed trajectories without a group, oldest (newest) first" (curation
+            # consume's lone-unit queue, as group_ready serves the groups'): a pull reads the
+            # first few entries, however many are ready.
+            models.Index(
+                fields=["completed_at", "id"],
+                condition=Q(group__isnull=True, status="completed"),
+                name="traj_lone_ready",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -184,29 +184,138 @@ def trajectories_end(rows: Sequence[tuple[int, str, bool, float | None, str | No
         cur.execute(sql, [*params, now, now])
 
 
-def steps_readiness_set(rows: Sequence[tuple[int, int]]) -> None:
-    """(trajectory id, the bits the trajectory decides) in one statement: every step of
-    those trajectories keeps its TOKENS_EXACT bit, takes the trajectory's bits, and
-    REWARD_FINAL when its reward is final: its branch's outcome is known and its own reward,
-    if any, is final (effective_reward.py, which the caller refreshed first). Steps whose
-    readiness does not change are not written."""
-    if not rows:
+def steps_settle(
+    trajectory_ids: Sequence[int],
+    *,
+    own: Sequence[tuple[int, float | None, str, str | None]] = (),
+    bits: bool = True,
+) -> None:
+    """The reward columns and readiness of every step of these trajectories, recomputed
+    from their rows in ONE statement (pool/services/effective_reward.py states the rules;
+    this is their only implementation): the effective reward, its source and scope, the
+    outcome and process rewards, the REWARD_FINAL bit and (``bits``) the bits the
+    trajectory and its group decide (TRAJECTORY_COMPLETE, GROUP_COMPLETE: pool/services/
+    readiness.py); TOKENS_EXACT is kept. ``own``: (step id, reward, reward_status,
+    reward_source) written as those steps' own rewards by the same statement (rewards_apply;
+    their ``updated_at`` moves). Only rows whose values change are written.
+
+    Set-based, no row goes through Python: a branch's final step (its last ``is_last``
+    step, else, once the trajectory has ended, its highest index) is an aggregate per
+    (trajectory, branch), and its own final reward the branch's outcome. Portable SQL
+    (window-free, ``UPDATE ... FROM`` and ``IS DISTINCT FROM``): PostgreSQL, SQLite >= 3.39.
+    The caller holds the trajectories' row locks (every writer of their steps locks them
+    first) and bounds the ids per call (readiness.CHUNK)."""
+    if not trajectory_ids:
         return
-    table = connection.ops.quote_name(Step._meta.db_table)
-    cte, params = _rows(("tid", "bits"), ("bigint", "integer"), rows)
-    new = (
-        f"(({table}.readiness & {int(Readiness.TOKENS_EXACT)}) | v.bits"
-        f" | CASE WHEN {table}.outcome_reward IS NOT NULL"
-        f" AND ({table}.reward IS NULL OR {table}.reward_status = 'final')"
-        f" THEN {int(Readiness.REWARD_FINAL)} ELSE 0 END)"
+    q = connection.ops.quote_name
+    step, traj, group = (q(m._meta.db_table) for m in (Step, Trajectory, PromptGroup))
+    pg = connection.vendor == "postgresql"
+    ids_sql = "= ANY(%s)" if pg else f"IN ({', '.join(['%s'] * len(trajectory_ids))})"
+    params: list[Any] = []  # in the order of the text: the own rewards' CTE, then the ids
+    ctes = []
+    if own:
+        if pg:
+            cte, own_params = _rows(
+                ("id", "reward", "status", "source"),
+                ("bigint", "double precision", "varchar", "varchar"),
+                own,
+            )
+            ctes.append(cte.replace("v(", "o(", 1))
+            params += own_params
+        else:  # one JSON parameter, however many rows (SQLite caps the parameters per statement)
+            ctes.append(
+                "o(id, reward, status, source) AS (SELECT json_extract(value, '$[0]'), "
+                "json_extract(value, '$[1]'), json_extract(value, '$[2]'), json_extract(value, '$[3]') "
+                "FROM json_each(%s))"
+            )
+            params.append(_orjson_dumps([list(row) for row in own]))
+        own_join = "LEFT JOIN o ON o.id = st.id"
+        pick = "CASE WHEN o.id IS NULL THEN st.{c} ELSE o.{o} END"
+        changed = "o.id IS NOT NULL"
+    else:
+        own_join, pick, changed = "", "st.{c}", "1 = 0"
+    params += [list(trajectory_ids)] if pg else list(trajectory_ids)
+    tc, gc, rf, te = (
+        int(Readiness.TRAJECTORY_COMPLETE),
+        int(Readiness.GROUP_COMPLETE),
+        int(Readiness.REWARD_FINAL),
+        int(Readiness.TOKENS_EXACT),
     )
+    env, final = Step.RewardSource.ENV.value, Step.RewardStatus.FINAL.value
+    # the bits decided by the trajectory and its group, and whether it has ended
+    ctes.append(f"""t AS (
+        SELECT tr.id, tr.reward AS t_reward, COALESCE(tr.reward_source, '{env}') AS t_source,
+               (CASE WHEN tr.status = 'completed' THEN {tc} ELSE 0 END)
+               | (CASE WHEN tr.group_id IS NULL OR g.status = 'complete' THEN {gc} ELSE 0 END) AS bits,
+               CASE WHEN tr.status = 'running' THEN 0 ELSE 1 END AS ended
+        FROM {traj} tr LEFT JOIN {group} g ON g.id = tr.group_id
+        WHERE tr.id {ids_sql})""")
+    # the steps, with their own rewards as this statement leaves them
+    ctes.append(f"""s AS (
+        SELECT st.id, st.trajectory_id AS tid, st.branch, st.step_index AS idx, st.is_last,
+               {pick.format(c="reward", o="reward")} AS r,
+               {pick.format(c="reward_status", o="status")} AS rs,
+               {pick.format(c="reward_source", o="source")} AS src,
+               CASE WHEN {changed} THEN 1 ELSE 0 END AS changed
+        FROM {step} st {own_join}
+        WHERE st.trajectory_id IN (SELECT id FROM t))""")
+    # each branch's final step
+    ctes.append("""e AS (
+        SELECT s.tid, s.branch,
+               COALESCE(MAX(CASE WHEN s.is_last THEN s.idx END),
+                        CASE WHEN MAX(t.ended) = 1 THEN MAX(s.idx) END) AS fin
+        FROM s JOIN t ON t.id = s.tid
+        GROUP BY s.tid, s.branch)""")
+    # each step's outcome: its branch's final step's own final reward, else the trajectory's
+    ctes.append(f"""x AS (
+        SELECT s.id, s.r, s.rs, s.src, s.changed, s.idx, e.fin, t.bits,
+               CASE WHEN f.id IS NOT NULL THEN f.r ELSE t.t_reward END AS out_v,
+               CASE WHEN f.id IS NOT NULL THEN COALESCE(f.src, '{env}')
+                    WHEN t.t_reward IS NOT NULL THEN t.t_source END AS out_src,
+               CASE WHEN f.id IS NOT NULL THEN 'branch'
+                    WHEN t.t_reward IS NOT NULL THEN 'trajectory' END AS out_scope
+        FROM s JOIN t ON t.id = s.tid
+        JOIN e ON e.tid = s.tid AND e.branch = s.branch
+        LEFT JOIN s f ON f.tid = e.tid AND f.idx = e.fin AND f.r IS NOT NULL AND f.rs = '{final}')""")
+    ctes.append(f"""n AS (
+        SELECT x.id, x.r, x.rs, x.src, x.changed,
+               CASE WHEN x.r IS NOT NULL THEN x.r ELSE x.out_v END AS eff,
+               CASE WHEN x.r IS NOT NULL THEN x.src ELSE x.out_src END AS eff_src,
+               CASE WHEN x.r IS NOT NULL THEN 'step' ELSE x.out_scope END AS scope,
+               x.out_v AS outcome,
+               CASE WHEN x.r IS NOT NULL AND (x.fin IS NULL OR x.fin <> x.idx) THEN x.r END AS process,
+               CASE WHEN x.out_v IS NOT NULL AND (x.r IS NULL OR x.rs = '{final}') THEN {rf} ELSE 0 END AS rf,
+               x.bits
+        FROM x)""")
+    ready = (
+        f"(({step}.readiness & {te}) | n.bits | n.rf)"
+        if bits
+        else f"(({step}.readiness & {~rf & 0xFFFF}) | n.rf)"
+    )
+    moved = [
+        f"{step}.{col} IS DISTINCT FROM n.{val}"
+        for col, val in (
+            ("effective_reward", "eff"),
+            ("effective_reward_source", "eff_src"),
+            ("reward_scope", "scope"),
+            ("outcome_reward", "outcome"),
+            ("process_reward", "process"),
+        )
+    ]
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
     sql = f"""
-        WITH {cte}
-        UPDATE {table} SET readiness = {new}
-        FROM v WHERE {table}.trajectory_id = v.tid AND {table}.readiness <> {new}
+        WITH {", ".join(ctes)}
+        UPDATE {step} SET
+            reward = n.r, reward_status = n.rs, reward_source = n.src,
+            updated_at = CASE WHEN n.changed = 1 THEN %s ELSE {step}.updated_at END,
+            effective_reward = n.eff, effective_reward_source = n.eff_src, reward_scope = n.scope,
+            outcome_reward = n.outcome, process_reward = n.process, readiness = {ready}
+        FROM n
+        WHERE {step}.id = n.id
+          AND (n.changed = 1 OR {step}.readiness <> {ready} OR {" OR ".join(moved)})
     """
     with connection.cursor() as cur:
-        cur.execute(sql, params)
+        cur.execute(sql, [*params, now])
 
 
 def groups_task_claim(group_ids: Sequence[int], now: Any) -> dict[int, int]:
@@ -231,61 +340,6 @@ def groups_task_claim(group_ids: Sequence[int], now: Any) -> dict[int, int]:
     with connection.cursor() as cur:
         cur.execute(sql, params)
         return dict(cur.fetchall())
-
-
-def steps_rewards_set(rows: Sequence[tuple]) -> None:
-    """(step id, own reward, reward_status, reward_source, own reward changed, effective
-    reward, its source, its scope, outcome reward, process reward, reward-final) in one
-    statement (pool/services/effective_reward.py decides them; the own reward columns as
-    ``rewards_apply`` set them, else as stored), the last as the step's REWARD_FINAL bit.
-    ``updated_at`` moves for the steps whose own reward changed."""
-    if not rows:
-        return
-    table = connection.ops.quote_name(Step._meta.db_table)
-    cte, params = _rows(
-        (
-            "id",
-            "own",
-            "status",
-            "own_source",
-            "changed",
-            "reward",
-            "source",
-            "scope",
-            "outcome",
-            "process",
-            "final",
-        ),
-        (
-            "bigint",
-            "double precision",
-            "varchar",
-            "varchar",
-            "boolean",
-            "double precision",
-            "varchar",
-            "varchar",
-            "double precision",
-            "double precision",
-            "boolean",
-        ),
-        rows,
-    )
-    rf = int(Readiness.REWARD_FINAL)
-    sql = f"""
-        WITH {cte}
-        UPDATE {table} SET
-            reward = v.own, reward_status = v.status, reward_source = v.own_source,
-            updated_at = CASE WHEN v.changed THEN %s ELSE {table}.updated_at END,
-            effective_reward = v.reward, effective_reward_source = v.source, reward_scope = v.scope,
-            outcome_reward = v.outcome, process_reward = v.process,
-            readiness = CASE WHEN v.final THEN {table}.readiness | {rf}
-                             ELSE {table}.readiness & {~rf & 0xFFFF} END
-        FROM v WHERE {table}.id = v.id
-    """
-    now = connection.ops.adapt_datetimefield_value(timezone.now())
-    with connection.cursor() as cur:
-        cur.execute(sql, [*params, now])
 
 
 def _rows(names: Sequence[str], types: Sequence[str], rows: Sequence[tuple]) -> tuple[str, list[Any]]:

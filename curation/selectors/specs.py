@@ -31,7 +31,7 @@ the catalogue does not tell another source's name, nor its numbers.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -228,12 +228,16 @@ def _analytic() -> Iterator[None]:
         yield
 
 
-def _units_sql(c: Compiled, restrict: Q | None = None) -> tuple[str, list[Any]]:
+def _units_sql(
+    c: Compiled, restrict: Q | None = None, *, rollouts: str | None = None
+) -> tuple[str, list[Any]]:
     """One row per unit (group, or trajectory without one) with its admission:
     (unit key, group id, admitted 0/1, eligible 0/1, valid rollouts, rollouts, steps,
     valid steps, prompt tokens, sequence tokens). Unit keys: a group's id, or minus the
-    trajectory id of a rollout without a group."""
-    inner, params = _per_rollout_sql(c, restrict)
+    trajectory id of a rollout without a group. ``rollouts``: the name of a relation holding
+    ``_per_rollout_sql``'s rows already (a CTE), instead of that query."""
+    inner, params = (rollouts, []) if rollouts is not None else _per_rollout_sql(c, restrict)
+    source = inner if rollouts is not None else f"({inner})"
     g = c.spec.grouping
     group_table = connection.ops.quote_name(PromptGroup._meta.db_table)
     # Integers validated by the spec parser, inlined (no NULL parameters to type).
@@ -263,7 +267,7 @@ def _units_sql(c: Compiled, restrict: Q | None = None) -> tuple[str, list[Any]]:
             {eligible} AS eligible,
             SUM(u.ok) AS valid, COUNT(*) AS rollouts, SUM(u.n) AS steps, SUM(u.ok * u.n) AS valid_steps,
             SUM(u.pt) AS pt, SUM(u.st) AS st
-        FROM ({inner}) u LEFT JOIN {group_table} g ON g.id = u.gid
+        FROM {source} u LEFT JOIN {group_table} g ON g.id = u.gid
         GROUP BY {unit}
     """
     return sql, params
@@ -342,30 +346,34 @@ def dataset_admitted(spec: Spec) -> dict[int, bool]:
 
 
 def units_admitted(c: Compiled, restrict: Q | None = None) -> dict[int, dict[int, bool]]:
-    """The admitted units among the steps ``restrict`` selects (all when None): unit key
-    (a group's id, or minus a lone trajectory's id) -> {step id: masked}, in step order."""
-    units, params = _units_sql(c, restrict)
-    with _analytic(), connection.cursor() as cur:
-        cur.execute(f"SELECT unit FROM ({units}) x WHERE admitted = 1", params)
-        admitted = {row[0] for row in cur.fetchall()}
-    groups = [u for u in admitted if u > 0]
-    lone = [-u for u in admitted if u < 0]
-    if not admitted:
-        return {}
-    rollouts = dataset_step_rows(c).filter(Q(trajectory__group_id__in=groups) | Q(trajectory_id__in=lone))
-    valid = {
-        tid
-        for tid, ok in rollouts.values("trajectory_id")
-        .annotate(ok=Min(Case(When(c.passes, then=Value(1)), default=Value(0), output_field=IntegerField())))
-        .order_by()
-        .values_list("trajectory_id", "ok")
-        if ok == 1
-    }
+    """The admitted units among the steps ``restrict`` selects (all when None; a
+    restriction selects whole units: every rollout of a candidate group): unit key (a
+    group's id, or minus a lone trajectory's id) -> {step id: masked}, in step order.
+
+    One statement: the rollouts in scope (``_per_rollout_sql``, as a CTE read twice), their
+    units' admission (``_units_sql``) and the steps of the admitted units' rollouts, a
+    rollout masked unless every one of its steps passes. A restricted call (a pull's
+    candidates: index step_curation) runs as it is; the whole dataset (snapshots, pages)
+    runs without JIT and with room to sort (``_analytic``)."""
+    rollouts, params = _per_rollout_sql(c, restrict)
+    units, _ = _units_sql(c, rollouts="r")
+    steps, step_params = (
+        Step.objects.filter(c.step_scope & (restrict or Q())).values_list("id", "trajectory_id", "step_index")
+    ).query.sql_with_params()
+    sql = f"""
+        WITH r AS ({rollouts}), x AS ({units})
+        SELECT s.id, r.tid, r.gid, r.ok
+        FROM r JOIN x ON x.unit = CASE WHEN r.gid IS NULL THEN -r.tid ELSE r.gid END
+        JOIN ({steps}) s ON s.trajectory_id = r.tid
+        WHERE x.admitted = 1
+        ORDER BY r.tid, s.step_index
+    """
+    with _analytic() if restrict is None else nullcontext(), connection.cursor() as cur:
+        cur.execute(sql, [*params, *step_params])
+        rows = cur.fetchall()
     out: dict[int, dict[int, bool]] = {}
-    for sid, tid, gid in rollouts.order_by("trajectory_id", "step_index").values_list(
-        "id", "trajectory_id", "trajectory__group_id"
-    ):
-        out.setdefault(gid if gid is not None else -tid, {})[sid] = tid not in valid
+    for sid, tid, gid, ok in rows:
+        out.setdefault(gid if gid is not None else -tid, {})[sid] = ok != 1
     return out
 
 

@@ -141,10 +141,12 @@ def consumer_pull(*, consumer: str, pull: PullIn, actor: Actor | None = None) ->
             "this dataset serves steps (keep_groups_whole is false): pull unit 'steps'", field="unit"
         )
     who = _consumer(consumer, actor)
-    leases_expire(consumer_id=who.id)
     with transaction.atomic():
+        leases_expire(consumer_id=who.id)
         now = timezone.now()
-        lease = Lease.objects.create(
+        # Inserted once, whole, after the claim (its Delivery rows' foreign key is checked
+        # at commit): one statement instead of an empty row now and its body later.
+        lease = Lease(
             id=uuid.uuid4(),
             consumer=who,
             dataset_version=ds.current,
@@ -160,13 +162,12 @@ def consumer_pull(*, consumer: str, pull: PullIn, actor: Actor | None = None) ->
         c = spec_compile(spec_parse(ds.current.spec))
         steps = _claim(c, ds, who, lease, pull)
         if not steps:
-            lease.delete()  # nothing leased; the units it skipped stay skipped
-            return None
+            return None  # nothing leased; the units it skipped stay skipped
         # Before the batch is read: from here on these trajectories' rewards are frozen, and a
         # reward that committed first is in the batch (pool/services/delivery.py).
         trajectories_delivered_mark(step_ids=steps)
         _render(lease, ds, who, c, steps)
-        lease.save(update_fields=["n_units", "n_steps", "content_hash", "body"])
+        lease.save(force_insert=True)
         lease_changed(lease, consumer=who.name, dataset=ds.name, taken=1)
     return lease
 
@@ -231,7 +232,8 @@ def leases_expire(*, consumer_id: int | None = None, now=None) -> int:
     """End leases past their expiry: their units are deliverable again. Idempotent; also
     run by the periodic sweep for every consumer."""
     now = now or timezone.now()
-    with transaction.atomic():
+    # Inside a pull's transaction no savepoint of its own (one statement when none expired).
+    with transaction.atomic(savepoint=False):
         expired = Lease.objects.filter(status=Lease.Status.LEASED, expires_at__lte=now)
         if consumer_id is not None:
             expired = expired.filter(consumer_id=consumer_id)
@@ -397,9 +399,10 @@ def _claim(c: Compiled, ds: Dataset, who: Consumer, lease: Lease, pull: PullIn) 
         use_of = dict(candidates)
         groups = [k for k, _u in candidates if k > 0]
         lone = [-k for k, _u in candidates if k < 0]
-        # The candidates' steps by trajectory id (index step_curation), not through a join.
-        members = list(Trajectory.objects.filter(group_id__in=groups).values_list("id", flat=True))
-        admitted = units_admitted(c, Q(trajectory_id__in=members + lone))
+        # The candidates' steps by trajectory id (a subquery: index step_curation), not
+        # through a join; their admission is one statement.
+        rollouts = Trajectory.objects.filter(Q(group_id__in=groups) | Q(id__in=lone)).values("id")
+        admitted = units_admitted(c, Q(trajectory_id__in=rollouts))
         drops.add(
             Skip.Reason.FILTERED, [(_kind(k), abs(k), None) for k, _u in candidates if k not in admitted]
         )

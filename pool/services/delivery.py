@@ -30,7 +30,7 @@ def trajectories_delivered_mark(*, step_ids: Iterable[int]) -> int:
     ids = sorted(set(step_ids))
     now = timezone.now()
     stamped = 0
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):  # inside the caller's: no savepoint round trips
         for i in range(0, len(ids), CHUNK):
             of_steps = Step.objects.filter(id__in=ids[i : i + CHUNK]).values("trajectory_id")
             todo = list(

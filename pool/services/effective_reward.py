@@ -48,8 +48,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .. import sql
-from ..flags import Readiness
-from ..models import Step, Trajectory
+from ..models import Step
 from ..selectors.steps import branch_ends, branch_returns
 
 EACH_STEP = "each_step"
@@ -58,117 +57,24 @@ DISCOUNTED_RETURN = "discounted_return"
 ASSIGNMENTS = (EACH_STEP, LAST_STEP, DISCOUNTED_RETURN)
 SCOPE_NONE = "none"  # served by ``last_step`` only, never stored
 SCOPE_RETURN = "return"  # served by ``discounted_return`` only, never stored
-# Trajectories per statement (a chunk is one SELECT and at most one UPDATE).
+# Trajectories per statement (a chunk is one UPDATE: sql.steps_settle).
 CHUNK = 1000
-
-_RF = int(Readiness.REWARD_FINAL)
-_FIELDS = (
-    "id",
-    "trajectory_id",
-    "branch",
-    "step_index",
-    "is_last",
-    "reward",
-    "reward_status",
-    "reward_source",
-    "effective_reward",
-    "effective_reward_source",
-    "reward_scope",
-    "outcome_reward",
-    "process_reward",
-    "readiness",
-    "trajectory__reward",
-    "trajectory__reward_source",
-    "trajectory__status",
-)
-
 
 Own = Mapping[int, tuple[float | None, str, str | None]]
 
 
-def steps_refresh(*, trajectory_ids: Iterable[int], own: Own | None = None) -> None:
+def steps_refresh(*, trajectory_ids: Iterable[int], own: Own | None = None, bits: bool = False) -> None:
     """Recompute the reward columns (effective reward, outcome, process reward and the
-    REWARD_FINAL bit) of every step of these trajectories (only rows whose values change
-    are written): one SELECT of the steps' narrow reward columns, joined to their
-    trajectory's reward and status, and at most one UPDATE per chunk. ``own``: step id ->
-    (reward, reward_status, reward_source) to store as those steps' own rewards (rewards_apply),
-    written by the same UPDATE. Idempotent; call inside the writer's transaction (which
-    holds the trajectories' row locks), before readiness is recomputed from it."""
+    REWARD_FINAL bit) of every step of these trajectories: one UPDATE per chunk
+    (``sql.steps_settle``, set-based; only rows whose values change are written). ``own``:
+    step id -> (reward, reward_status, reward_source) to store as those steps' own rewards
+    (rewards_apply), written by the same UPDATE. ``bits``: also the readiness bits their
+    trajectory and group decide (readiness.trajectories_refresh). Idempotent; call inside
+    the writer's transaction (which holds the trajectories' row locks)."""
     ids = sorted(set(trajectory_ids))
-    own = own or {}
+    rows = [(sid, *values) for sid, values in (own or {}).items()]
     for chunk in _chunks(ids):
-        steps = [
-            (*row[:5], *own[row[0]], *row[8:]) if row[0] in own else row
-            for row in Step.objects.filter(trajectory_id__in=chunk).values_list(*_FIELDS)
-        ]
-        rows = [
-            (sid, *st[5:8], sid in own, *new)
-            for st, (sid, old, new) in zip(steps, decide(steps), strict=True)
-            if new != old or sid in own  # else the row as stored already says it
-        ]
-        for start in range(0, len(rows), CHUNK):
-            sql.steps_rewards_set(rows[start : start + CHUNK])
-
-
-Columns = tuple[float | None, str | None, str | None, float | None, float | None, bool]
-
-
-def decide(steps: Sequence[tuple]) -> Iterator[tuple[int, Columns, Columns]]:
-    """(step id, stored columns, defined columns) of each step, from rows of ``_FIELDS``
-    holding every step of their trajectories. The columns: (effective reward, its source,
-    its scope, outcome reward, process reward, reward-final)."""
-    final: dict[tuple[int, int], int] = {}  # (trajectory, branch) -> step_index of its final step
-    marked: set[tuple[int, int]] = set()
-    for _sid, tid, b, index, is_last, *_rest, t_status in steps:
-        key = (tid, b)
-        if is_last:
-            if key not in marked or index > final[key]:
-                final[key] = index
-            marked.add(key)
-        elif key not in marked and t_status != Trajectory.Status.RUNNING:
-            final[key] = max(final.get(key, index), index)
-    outcome: dict[tuple[int, int], tuple[float, str, str]] = {}
-    for _sid, tid, b, index, _last, reward, status, source, *_rest in steps:
-        if final.get((tid, b)) == index and reward is not None and status == Step.RewardStatus.FINAL:
-            outcome[(tid, b)] = (reward, source or Step.RewardSource.ENV, Step.RewardScope.BRANCH)
-    for (
-        sid,
-        tid,
-        b,
-        index,
-        _last,
-        reward,
-        status,
-        source,
-        eff,
-        eff_source,
-        scope,
-        old_outcome,
-        old_process,
-        readiness,
-        t_reward,
-        t_source,
-        _t_status,
-    ) in steps:
-        out = outcome.get((tid, b))
-        if out is None and t_reward is not None:
-            out = (t_reward, t_source or Step.RewardSource.ENV, Step.RewardScope.TRAJECTORY)
-        outcome_value = out[0] if out is not None else None
-        if reward is not None:
-            process = None if final.get((tid, b)) == index else reward
-            new: Columns = (
-                reward,
-                source,
-                Step.RewardScope.STEP,
-                outcome_value,
-                process,
-                outcome_value is not None and status == Step.RewardStatus.FINAL,
-            )
-        elif out is not None:
-            new = (*out, outcome_value, None, True)
-        else:
-            new = (None, None, None, None, None, False)
-        yield sid, (eff, eff_source, scope, old_outcome, old_process, bool(readiness & _RF)), new
+        sql.steps_settle(chunk, own=rows, bits=bits)
 
 
 def assign(

@@ -35,20 +35,46 @@ _relay_thread: threading.Thread | None = None
 def publish(name: str, args: list, row_id: int | None) -> bool:
     """Send one task to the broker now; on success delete its outbox row. False when the
     broker refused it (the row stays for the relay)."""
+    return publish_many([(name, args, row_id)])
+
+
+def publish_many(tasks: list[tuple[str, list, int | None]]) -> bool:
+    """Send (task name, args, outbox row id) in order over one broker connection, then
+    delete the rows of those sent in one statement. False when one was refused (its row
+    stays for the relay); the broker being down, the rest are not tried (they would fail
+    too). In eager mode (no broker: the task runs here) a failing task does not hold back
+    the others."""
+    sent: list[int] = []
+    failed = False
     try:
-        _send(name, args)
-    except Exception:  # noqa: BLE001 - any broker failure; the row keeps the task
-        log.warning("broker unavailable: %s%r stays in the outbox", name, tuple(args), exc_info=True)
-        return False
-    if row_id is not None:
-        OutboxTask.objects.filter(id=row_id).delete()
-    return True
+        with current_app.producer_or_acquire() as producer:
+            for name, args, row_id in tasks:
+                try:
+                    _send(name, args, producer=producer)
+                except Exception:  # noqa: BLE001 - any broker failure; the row keeps the task
+                    log.warning(
+                        "broker unavailable: %s%r stays in the outbox", name, tuple(args), exc_info=True
+                    )
+                    failed = True
+                    if not current_app.conf.task_always_eager:
+                        break
+                    continue
+                if row_id is not None:
+                    sent.append(row_id)
+    except Exception:  # noqa: BLE001 - no connection to the broker at all
+        log.warning(
+            "broker unavailable: %d task(s) stay in the outbox", len(tasks) - len(sent), exc_info=True
+        )
+        failed = True
+    if sent:
+        OutboxTask.objects.filter(id__in=sent).delete()
+    return not failed
 
 
-def _send(name: str, args: list) -> None:
+def _send(name: str, args: list, **options: object) -> None:
     """Publish through the registered task (apply_async honours eager mode, where the task
     runs in-process), without inline retries."""
-    current_app.tasks[name].apply_async(args=args, retry=False)
+    current_app.tasks[name].apply_async(args=args, retry=False, **options)
 
 
 def outbox_relay(*, limit: int = RELAY_BATCH, grace: timedelta = GRACE) -> dict[str, int]:

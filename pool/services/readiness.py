@@ -32,7 +32,6 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from .. import sql
 from ..flags import GROUP_QUALITY, Quality, Readiness
 from ..ingest.effects import GroupsCompleted, GroupsReady, StepsWritten, emit
 from ..models import PromptGroup, Step, Trajectory
@@ -78,36 +77,27 @@ def trajectories_settle(*, trajectory_ids: Iterable[int]) -> None:
 def trajectories_refresh(
     *, trajectory_ids: Iterable[int], own: effective_reward.Own | None = None
 ) -> set[int]:
-    """Rewrite the trajectory-decided readiness bits of every step of these trajectories
-    from their current state (one statement per chunk; steps whose bits do not change are
-    not written). ``own``: new own rewards of their steps (effective_reward.steps_refresh).
-    Returns the ids of their complete groups (to settle). Idempotent."""
+    """Rewrite the trajectory-decided readiness bits and the reward columns of every step
+    of these trajectories from their current state: one UPDATE per chunk
+    (effective_reward.steps_refresh with ``bits``: sql.steps_settle; steps whose values do
+    not change are not written). ``own``: new own rewards of their steps, written by the
+    same statement. Returns the ids of their complete groups (to settle). Idempotent."""
     ids = sorted(set(trajectory_ids))
     complete_groups: set[int] = set()
     for chunk in _chunks(ids):
-        rows = []
         # The trajectory rows are locked (in primary-key order) before any of their steps is
         # written: every writer of a trajectory's steps' rewards or readiness (rewards_apply,
         # trajectories_complete, this refresh for a group's other rollouts) locks its
         # trajectories first, so two of them never hold each other's steps (a reward task
         # and the completion that fills the group used to deadlock on PostgreSQL).
-        trajs = list(
+        locked = (
             Trajectory.objects.select_for_update(of=("self",))
             .filter(id__in=chunk)
             .order_by("id")
-            .values_list("id", "status", "group_id", "group__status")
+            .values_list("group_id", "group__status")
         )
-        effective_reward.steps_refresh(trajectory_ids=chunk, own=own)
-        for tid, status, group_id, group_status in trajs:
-            bits = 0
-            if status == Trajectory.Status.COMPLETED:
-                bits |= Readiness.TRAJECTORY_COMPLETE
-            if group_id is None or group_status == PromptGroup.Status.COMPLETE:
-                bits |= Readiness.GROUP_COMPLETE
-            if group_id is not None and group_status == PromptGroup.Status.COMPLETE:
-                complete_groups.add(group_id)
-            rows.append((tid, int(bits)))
-        sql.steps_readiness_set(rows)
+        complete_groups.update(g for g, status in locked if status == PromptGroup.Status.COMPLETE)
+        effective_reward.steps_refresh(trajectory_ids=chunk, own=own, bits=True)
     return complete_groups
 
 

@@ -287,3 +287,31 @@ def test_eight_puller_processes_share_a_consumer_without_duplicates_or_loss():
     delivered = [uid for batch in batches for uid in batch]
     # every step exactly once across the eight processes, one group per batch
     assert len(batches) == 16 and sorted(delivered) == sorted(expected)
+
+
+def test_a_pull_costs_the_same_statements_whatever_the_ready_set():
+    # given a dataset of whole groups and a consumer that has pulled the 2 oldest groups
+    from tests.pool.statements import sql_statements
+
+    dataset_create(name="all")
+    for g in range(2):
+        ready_group(f"sc-{g}")
+    consumer_pull(consumer="counted", pull=PullIn(dataset="all", batch_size=2))
+    counts, served = [], []
+    for n in (2, 30):
+        # when n more groups are ready and it pulls 2
+        groups = [f"sc{n}-{g}" for g in range(n)]
+        for g in groups:
+            ready_group(g)
+        with sql_statements() as seen:
+            lease = consumer_pull(consumer="counted", pull=PullIn(dataset="all", batch_size=2))
+        counts.append(len(seen))
+        # then it gets the oldest 2 of them, whole
+        served = orjson.loads(lease.body)["manifest"]["step_uids"]
+        assert served == [f"{g}-r{r}:{i}" for g in groups[:2] for r in range(2) for i in range(2)]
+    # and the pull is the same statements whatever the ready set: the dataset, the consumer,
+    # lease expiry, the policy version, the two ready queues, the candidates' admission (one
+    # statement), the claim, the delivery stamp (a read and an update), the batch's steps,
+    # the policy version again (none is current), their token chains and media, and the
+    # lease row (one INSERT)
+    assert counts[0] == counts[1] == 15, counts

@@ -184,3 +184,41 @@ def test_a_trajectory_with_every_step_rewarded_keeps_no_trajectory_reward():
     )
     assert Trajectory.objects.get(uid="all").reward is None
     assert bits("all:0") == bits("all:1") == READY
+
+
+def test_completing_a_batch_of_groups_costs_the_same_statements_whatever_its_size():
+    # given groups of 2 running rollouts of 2 rewarded steps, in batches of 2 and of 6 groups
+    from tests.pool.statements import sql_statements
+
+    counts = []
+    for n in (2, 6):
+        uids = []
+        for g in range(n):
+            group_upsert(uid=f"cb{n}-{g}", expected_rollouts=2)
+            for r in range(2):
+                uids.append(f"cb{n}-{g}-r{r}")
+                steps_ingest(
+                    steps=[
+                        step_in(
+                            uids[-1], i, prompt=[1, 2, i], response=[3 + r], group=f"cb{n}-{g}", reward=0.5
+                        )
+                        for i in range(2)
+                    ]
+                )
+        # when one call completes them all
+        with sql_statements() as seen:
+            trajectories_complete(completions=[CompletionIn(uid=u) for u in uids])
+        counts.append(seen)
+        # then every step is ready and so is every group
+        assert {bits(f"{u}:{i}") for u in uids for i in range(2)} == {READY}
+        assert PromptGroup.objects.filter(uid__startswith=f"cb{n}-", ready_at__isnull=False).count() == n
+    # and the call costs the same statements for 2 groups as for 6: the steps' rewards and
+    # readiness are one UPDATE (sql.steps_settle), the groups' merge and reward tasks one
+    # outbox INSERT (24 in all; before, each group added two outbox INSERTs, and each step
+    # was written twice: its rewards, then its readiness bits)
+    assert len(counts[0]) == len(counts[1]), (len(counts[0]), len(counts[1]))
+    for seen in counts:
+        settles = [s for s in seen if s.lstrip().startswith("WITH t AS")]
+        outbox = [s for s in seen if "pool_outboxtask" in s]
+        assert len(settles) == 1 and len(outbox) == 1, (settles, outbox)
+    assert len(counts[0]) == 24, "\n".join(s[:120] for s in counts[0])
