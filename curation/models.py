@@ -423,3 +423,80 @@ class Snapshot(models.Model):
 
     def __str__(self) -> str:
         return f"snapshot {self.id} ({self.status})"
+
+
+class RetentionPolicy(models.Model):
+    """What may leave the pool, and how (curation/services/retention.py, docs/operations.md
+    "Retention and archives"). Whole prompt groups (or trajectories without a group) go,
+    once every rollout has ended and none of them is pinned; a group goes when it matches
+    every rule set here (age, beyond the newest steps kept, consumed)."""
+
+    class Action(models.TextChoices):
+        DELETE = "delete", "delete"
+        ARCHIVE = "archive", "archive, then delete"
+
+    name = models.CharField(max_length=64, unique=True)
+    # Scope: one data source's groups (all sources when null), or the groups a dataset's
+    # consumers were served (its ``consumed`` rule then counts that dataset's consumers only).
+    source = models.ForeignKey(
+        "pool.Source", null=True, blank=True, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
+    dataset = models.ForeignKey(
+        Dataset, null=True, blank=True, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
+    action = models.CharField(max_length=8, choices=Action.choices, default=Action.ARCHIVE)
+    older_than_days = models.FloatField(null=True, blank=True)  # the group's newest step older than this
+    keep_newest_steps = models.PositiveIntegerField(
+        null=True, blank=True
+    )  # the newest groups holding these stay
+    consumed = models.BooleanField(default=False)  # acked by every consumer of the datasets that served it
+    enabled = models.BooleanField(default=True)
+    last_run_at = models.DateTimeField(null=True, blank=True)
+    last_report = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(older_than_days__isnull=False)
+                | Q(keep_newest_steps__isnull=False)
+                | Q(consumed=True),
+                name="retention_has_a_rule",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Archive(models.Model):
+    """Groups a retention pass archived: Parquet files in the archive storage (STORAGES
+    "archives"), each recorded with its sha256 when written, and the manifest written beside
+    them. ``manage.py archive_restore`` brings them back."""
+
+    id = models.UUIDField(primary_key=True)
+    policy = models.ForeignKey(
+        RetentionPolicy,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="archives",
+        db_index=False,
+    )
+    policy_name = models.CharField(max_length=64)
+    folder = models.CharField(max_length=255)  # storage name of its folder
+    files = models.JSONField(default=list)  # [{"name", "sha256", "bytes", "steps", "groups"}], in order
+    steps = models.PositiveIntegerField(default=0)
+    groups = models.PositiveIntegerField(default=0)
+    trajectories = models.PositiveIntegerField(default=0)
+    restored_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [
+            # The archive list: "newest first".
+            models.Index(fields=["created_at"], name="archive_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"archive {self.id} ({self.steps} steps)"

@@ -12,7 +12,7 @@ from celery import shared_task
 from pool.tasks import RETRY, enqueue_on_commit
 
 from .events import SnapshotRequested
-from .services import consume, snapshots
+from .services import consume, retention, snapshots
 
 
 @shared_task(name="curation.leases_expire", **RETRY)
@@ -37,6 +37,13 @@ def snapshot_build(snapshot_id: str) -> None:
     or pool process dies is run again (redelivery or retry); after max_retries the snapshot
     stays "building"."""
     snapshots.snapshot_build(snapshot_id=snapshot_id)
+
+
+@shared_task(name="curation.retention_sweep", acks_late=True, **RETRY)
+def retention_sweep() -> list[dict]:
+    """Periodic (celery beat, CLAW_RETENTION_SECONDS): every enabled retention policy.
+    Idempotent, chunk by chunk (a pass killed midway is taken up by the next)."""
+    return [r.as_dict() for r in retention.retention_sweep()]
 
 
 # --- effects (registered in curation/apps.py) ---------------------------------------------------

@@ -755,3 +755,38 @@ def _copy_plan(model: type[models.Model]):
         getters.append((f.attname, _NOW if auto_now else column_converter(f)))
     plan = _copy_plans[model] = (connection.ops.quote_name(meta.db_table), seq, pg_types, getters)
     return plan
+
+
+# --- retention: whole groups out, kept token chains re-based ----------------------------------
+def steps_rebase(rows: Sequence[tuple[int, bytes]]) -> None:
+    """Store these steps whole: (step id, full sequence bytes) -> no token parent, nothing
+    shared, the whole sequence as the delta, depth 0. Their ids read exactly as before (and
+    so do their descendants', which share a prefix of them). One statement per call."""
+    if not rows:
+        return
+    table = connection.ops.quote_name(Step._meta.db_table)
+    cte, params = _rows(("id", "whole"), ("bigint", "bytea"), [(i, bytes(b)) for i, b in rows])
+    sql = f"""
+        WITH {cte}
+        UPDATE {table} SET seq_parent_id = NULL, seq_shared = 0, seq_delta = v.whole, seq_depth = 0
+        FROM v WHERE {table}.id = v.id
+    """
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+
+
+def rows_delete(model: type[models.Model], ids: Sequence[int]) -> int:
+    """DELETE the rows of ``model`` with these primary keys, in one statement; returns how
+    many went. The caller has removed or re-pointed what references them first (foreign
+    keys are checked at commit)."""
+    if not ids:
+        return 0
+    table = connection.ops.quote_name(model._meta.db_table)
+    pk = connection.ops.quote_name(model._meta.pk.column)
+    if connection.vendor == "postgresql":
+        sql, params = f"DELETE FROM {table} WHERE {pk} = ANY(%s)", [list(ids)]
+    else:
+        sql, params = f"DELETE FROM {table} WHERE {pk} IN ({', '.join(['%s'] * len(ids))})", list(ids)
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return cur.rowcount

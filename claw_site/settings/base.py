@@ -222,10 +222,15 @@ CELERY_ACCEPT_CONTENT = ["json"]
 # what an effect missed and abandons idle trajectories, so no group waits forever; leases
 # expire; the outbox relay sends the tasks a process could not publish.
 CLAW_SWEEP_SECONDS = env_float("CLAW_SWEEP_SECONDS", 60.0)
+# Retention (curation/services/retention.py): how often the enabled policies run, and how long
+# a lease pins what it delivered (its replay window: GET /api/v1/leases/{id}/batch).
+CLAW_RETENTION_SECONDS = env_float("CLAW_RETENTION_SECONDS", 3600.0)
+CLAW_RETENTION_REPLAY_DAYS = env_float("CLAW_RETENTION_REPLAY_DAYS", 7.0)
 CELERY_BEAT_SCHEDULE = {
     "readiness-sweep": {"task": "pool.readiness_sweep", "schedule": CLAW_SWEEP_SECONDS},
     "leases-expire": {"task": "curation.leases_expire", "schedule": CLAW_SWEEP_SECONDS},
     "outbox-relay": {"task": "pool.outbox_relay", "schedule": CLAW_SWEEP_SECONDS},
+    "retention": {"task": "curation.retention_sweep", "schedule": CLAW_RETENTION_SECONDS},
 }
 # A process whose broker refused a task retries its outbox after this, doubling to 8x.
 CLAW_OUTBOX_RETRY_SECONDS = env_float("CLAW_OUTBOX_RETRY_SECONDS", 2.0)
@@ -278,7 +283,26 @@ CLAW_SNAPSHOT_CHUNK_STEPS = env_int("CLAW_SNAPSHOT_CHUNK_STEPS", 1_000)
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    # Retention's archives (curation/services/retention.py): the filesystem under
+    # CLAW_ARCHIVE_ROOT, or an S3-compatible bucket when CLAW_ARCHIVE_S3_BUCKET is set.
+    "archives": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": str(Path(os.environ.get("CLAW_ARCHIVE_ROOT", VAR_DIR / "archives")))},
+    },
 }
+if os.environ.get("CLAW_ARCHIVE_S3_BUCKET"):
+    STORAGES["archives"] = {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {
+            "bucket_name": os.environ["CLAW_ARCHIVE_S3_BUCKET"],
+            "endpoint_url": os.environ.get("CLAW_ARCHIVE_S3_ENDPOINT_URL") or None,
+            "access_key": os.environ.get("CLAW_ARCHIVE_S3_ACCESS_KEY") or None,
+            "secret_key": os.environ.get("CLAW_ARCHIVE_S3_SECRET_KEY") or None,
+            "region_name": os.environ.get("CLAW_ARCHIVE_S3_REGION") or None,
+            "location": os.environ.get("CLAW_ARCHIVE_S3_PREFIX", "archives"),
+            "file_overwrite": False,
+        },
+    }
 
 # --- REST API -------------------------------------------------------------------------------
 REST_FRAMEWORK = {

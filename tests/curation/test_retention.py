@@ -1,0 +1,371 @@
+"""Retention (curation/services/retention.py): what a pass removes, what it keeps (pins,
+running rollouts, the newest steps), that every kept step reads exactly as before, and
+archives read back, byte for byte, from the filesystem and from an S3-compatible server.
+
+The pool: prompt groups of 3 rollouts x 3 turns written through the pipeline (white-box
+steps with logprobs, token rewards, per-token policy versions, rewards, messages, metadata),
+some made old. What a trainer or a page reads of a step (pool.selectors.steps_render) is
+compared field by field before and after each pass."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from django.core.files.storage import storages
+from django.core.management import call_command
+from django.test import override_settings
+from django.utils import timezone
+
+from curation.models import (
+    Archive,
+    Consumer,
+    Dataset,
+    DatasetVersion,
+    Delivery,
+    Lease,
+    RetentionPolicy,
+    Snapshot,
+)
+from curation.services import retention
+from pool import tokens
+from pool.ingest import steps_ingest
+from pool.models import PromptGroup, Source, Step, Trajectory
+from pool.selectors.steps import steps_render
+from pool.services.purge import groups_purge
+from tests.pool.factories import random_ids, step_in
+
+pytestmark = pytest.mark.django_db
+
+ROLLOUTS, TURNS = 3, 3
+
+
+def _group(name: str, source: Source, *, seed: int, ended: bool = True) -> str:
+    """A prompt group of ROLLOUTS rollouts of TURNS turns sharing one prompt (stored as
+    deltas against each other through the pipeline); returns its uid."""
+    rng = random.Random(seed)
+    prompt = random_ids(rng, 30)
+    uid = f"{name}-{uuid.uuid4().hex[:8]}"
+    batch = []
+    for r in range(ROLLOUTS):
+        ctx = list(prompt)
+        for t in range(TURNS):
+            response = random_ids(rng, 6)
+            batch.append(
+                step_in(
+                    f"{uid}-r{r}",
+                    t,
+                    prompt=list(ctx),
+                    response=response,
+                    group=uid,
+                    rollout_logprobs=[-rng.random() for _ in response],
+                    token_rewards=np.asarray([rng.random() for _ in response]),
+                    token_policy_versions=[(3, 2), (4, len(response) - 2)],
+                    reward=round(rng.random(), 3) if ended and t == TURNS - 1 else None,
+                    is_last=ended and t == TURNS - 1,
+                    messages=[{"role": "user", "content": f"turn {t}"}],
+                    response_text=f"answer {t}",
+                    metadata={"turn": t, "rollout": r},
+                )
+            )
+            ctx = ctx + response + random_ids(rng, 4)
+    steps_ingest(steps=batch, source_id=source.id, sources=None)
+    return uid
+
+
+def _age(group_uid: str, days: float) -> None:
+    then = timezone.now() - dt.timedelta(days=days)
+    Trajectory.objects.filter(group__uid=group_uid).update(updated_at=then)
+
+
+def _reads(group_uids: list[str]) -> dict[str, dict]:
+    """Every step of these groups as the API reads it (token ids, logprobs, rewards...)."""
+    steps = list(
+        Step.objects.filter(trajectory__group__uid__in=group_uids)
+        .select_related("trajectory", "trajectory__group")
+        .order_by("uid")
+    )
+    out = {}
+    for row in steps_render(steps):
+        out[row["uid"]] = {
+            k: (v.tolist() if isinstance(v, np.ndarray) else v)
+            for k, v in row.items()
+            if k not in ("created_at",)
+        }
+    return out
+
+
+@pytest.fixture
+def source() -> Source:
+    return Source.objects.create(name=f"ret-{uuid.uuid4().hex[:8]}")
+
+
+@pytest.fixture
+def pool(source):
+    """Old ended groups, an old one still running, a young one."""
+    old = [_group(f"old{i}", source, seed=i) for i in range(3)]
+    running = _group("running", source, seed=10, ended=False)
+    young = _group("young", source, seed=11)
+    for g in [*old, running]:
+        _age(g, 40)
+    return {"old": old, "running": running, "young": young}
+
+
+def test_a_dry_run_counts_and_removes_nothing_then_the_pass_removes_exactly_that(source, pool):
+    policy = RetentionPolicy.objects.create(name="month", source=source, older_than_days=30, action="delete")
+    kept = [pool["running"], pool["young"]]
+    before = _reads([*pool["old"], *kept])
+
+    # when: a dry run
+    dry = retention.retention_run(policy=policy, dry_run=True)
+    # then: it names the three old ended groups, and nothing moved
+    assert (dry.groups, dry.trajectories, dry.steps) == (3, 3 * ROLLOUTS, 3 * ROLLOUTS * TURNS)
+    assert _reads([*pool["old"], *kept]) == before
+
+    # when: the pass runs
+    done = retention.retention_run(policy=policy)
+    # then: it removed what the dry run said, and every kept step reads exactly as before
+    assert (done.groups, done.trajectories, done.steps) == (dry.groups, dry.trajectories, dry.steps)
+    assert not PromptGroup.objects.filter(uid__in=pool["old"]).exists()
+    assert not Step.objects.filter(trajectory__group__uid__in=pool["old"]).exists()
+    after = _reads(kept)
+    assert after == {uid: row for uid, row in before.items() if uid in after}
+    assert len(after) == 2 * ROLLOUTS * TURNS
+    policy.refresh_from_db()
+    assert policy.last_report["steps"] == done.steps
+    # and a second pass finds nothing left (idempotent)
+    assert retention.retention_run(policy=policy).steps == 0
+
+
+def test_pins_keep_what_a_lease_or_a_snapshot_holds(source, pool):
+    old = pool["old"]
+    # given: one old group in an open lease, one in a kept snapshot
+    ds = Dataset.objects.create(name=f"d-{uuid.uuid4().hex[:6]}")
+    version = DatasetVersion.objects.create(dataset=ds, version=1, spec={})
+    consumer = Consumer.objects.create(name="trainer")
+    lease = Lease.objects.create(
+        id=uuid.uuid4(),
+        consumer=consumer,
+        dataset_version=version,
+        unit="groups",
+        format="steps",
+        n_units=1,
+        n_steps=ROLLOUTS * TURNS,
+        content_hash="x",
+        body=b"{}",
+        created_at=timezone.now() - dt.timedelta(days=60),  # old, but still open
+        expires_at=timezone.now() + dt.timedelta(minutes=5),
+    )
+    Delivery.objects.create(
+        consumer=consumer,
+        dataset=ds,
+        kind=Delivery.Kind.GROUP,
+        key=PromptGroup.objects.get(uid=old[0]).id,
+        lease=lease,
+    )
+    Snapshot.objects.create(
+        id=uuid.uuid4(),
+        dataset_version=version,
+        status=Snapshot.Status.DONE,
+        content_hash="y",
+        step_ids=sorted(Step.objects.filter(trajectory__group__uid=old[1]).values_list("id", flat=True))[:1],
+    )
+    policy = RetentionPolicy.objects.create(name="pins", source=source, older_than_days=30, action="delete")
+
+    # when: the pass runs
+    report = retention.retention_run(policy=policy)
+
+    # then: only the unpinned old group went
+    assert (report.pinned, report.groups) == (2, 1)
+    assert set(PromptGroup.objects.filter(uid__in=old).values_list("uid", flat=True)) == {old[0], old[1]}
+
+    # and once the lease is acked and past its replay window, it pins no more
+    Lease.objects.filter(id=lease.id).update(status=Lease.Status.ACKED)
+    with override_settings(CLAW_RETENTION_REPLAY_DAYS=7):
+        assert retention.retention_run(policy=policy).groups == 1
+    assert list(PromptGroup.objects.filter(uid__in=old).values_list("uid", flat=True)) == [old[1]]
+
+
+def test_keep_newest_steps_keeps_the_newest_groups(source, pool):
+    for days, uid in zip((50, 45, 35), pool["old"], strict=True):
+        _age(uid, days)
+    # keep the newest 2 groups' steps (the young one and the 35-day-old one); the running one
+    # (40 days) is never a candidate
+    keep = 2 * ROLLOUTS * TURNS
+    policy = RetentionPolicy.objects.create(
+        name="newest", source=source, keep_newest_steps=keep, action="delete"
+    )
+    assert retention.retention_run(policy=policy).groups == 2
+    left = set(PromptGroup.objects.filter(trajectories__source=source).values_list("uid", flat=True))
+    assert left == {pool["old"][2], pool["young"], pool["running"]}
+
+
+def test_a_kept_step_whose_token_parent_goes_is_rebased_and_reads_the_same(source):
+    # given: a kept group whose first step is stored against a step of a group that goes (a
+    # layout the pipeline never writes across groups, written here by hand)
+    gone, kept = _group("gone", source, seed=1), _group("kept", source, seed=2)
+    parent = Step.objects.filter(trajectory__group__uid=gone).order_by("id").first()
+    child = Step.objects.filter(trajectory__group__uid=kept, step_index=0).order_by("id").first()
+    full_child = tokens.bytes_to_ids(tokens.load_sequences([child.id])[child.id])
+    full_parent = tokens.bytes_to_ids(tokens.load_sequences([parent.id])[parent.id])
+    enc = tokens.encode_against(full_child, full_parent[:0], parent.seq_depth)  # share 0 tokens
+    Step.objects.filter(id=child.id).update(
+        seq_parent=parent, seq_shared=enc.shared, seq_delta=enc.delta, seq_depth=parent.seq_depth + 1
+    )
+    before = _reads([kept])
+
+    # when: the other group is removed
+    purged = groups_purge(group_ids=[PromptGroup.objects.get(uid=gone).id])
+
+    # then: the kept step was stored whole, and every kept step reads as before
+    assert purged.rebased == 1
+    child.refresh_from_db()
+    assert (child.seq_parent_id, child.seq_shared, child.seq_depth) == (None, 0, 0)
+    assert _reads([kept]) == before
+
+
+def test_an_archive_restores_byte_for_byte_and_loads_with_pyarrow_and_datasets(source, pool, tmp_path):
+    old = pool["old"]
+    before = _reads(old)
+    groups_before = {g.uid: (g.expected_rollouts, g.status) for g in PromptGroup.objects.filter(uid__in=old)}
+    policy = RetentionPolicy.objects.create(name="arch", source=source, older_than_days=30)
+    with override_settings(
+        STORAGES={
+            **_storages(),
+            "archives": {
+                "BACKEND": "django.core.files.storage.FileSystemStorage",
+                "OPTIONS": {"location": str(tmp_path)},
+            },
+        }
+    ):
+        report = retention.retention_run(policy=policy)
+        archive = Archive.objects.get(id=report.archive)
+        assert (archive.groups, archive.steps) == (3, len(before))
+        # the manifest names every part with its sha256
+        manifest = storages["archives"].open(f"{archive.folder}/manifest.json").read()
+        assert all(f["sha256"] in manifest.decode() for f in archive.files)
+        # the parts load as they are with pyarrow and with Hugging Face datasets
+        part = tmp_path / archive.files[0]["name"]
+        table = pq.read_table(part)
+        assert sorted(table.column("uid").to_pylist()) == sorted(before)
+        import datasets
+
+        ds = datasets.load_dataset("parquet", data_files=str(part), split="train")
+        row = next(r for r in ds if r["uid"] == sorted(before)[0])
+        assert row["prompt_ids"] == before[row["uid"]]["prompt_ids"]
+
+        # when: restored (twice: idempotent)
+        call_command("archive_restore", str(archive.id))
+        assert retention.archive_restore(archive=archive)["steps"] == 0
+
+        # then: every step reads exactly as before it was archived, and the groups are back
+        assert _reads(old) == before
+        assert {
+            g.uid: (g.expected_rollouts, g.status) for g in PromptGroup.objects.filter(uid__in=old)
+        } == groups_before
+
+        # and a changed file is refused, naming it
+        data = part.read_bytes()
+        part.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+        with pytest.raises(retention.ArchiveError, match="sha256"):
+            retention.archive_restore(archive=archive)
+
+
+def _storages() -> dict:
+    from django.conf import settings
+
+    return dict(settings.STORAGES)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def s3_server():
+    """moto's S3-compatible server on a free port, with a bucket."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-p", str(port), "-H", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    import boto3
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=url,
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+        region_name="us-east-1",
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            client.create_bucket(Bucket="claw-archives")
+            break
+        except Exception:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise
+            time.sleep(0.1)
+    try:
+        yield url, client
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_archives_go_to_an_s3_compatible_store_by_settings_alone_and_come_back(source, pool, s3_server):
+    url, client = s3_server
+    old = pool["old"]
+    before = _reads(old)
+    s3 = {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {
+            "bucket_name": "claw-archives",
+            "endpoint_url": url,
+            "access_key": "test",
+            "secret_key": "test",
+            "region_name": "us-east-1",
+            "location": "archives",
+            "file_overwrite": False,
+        },
+    }
+    policy = RetentionPolicy.objects.create(name="s3", source=source, older_than_days=30)
+    with override_settings(STORAGES={**_storages(), "archives": s3}):
+        report = retention.retention_run(policy=policy)
+        archive = Archive.objects.get(id=report.archive)
+        keys = {o["Key"] for o in client.list_objects_v2(Bucket="claw-archives")["Contents"]}
+        assert f"archives/{archive.folder}/manifest.json" in keys
+        assert {f"archives/{f['name']}" for f in archive.files} <= keys
+        assert not Step.objects.filter(trajectory__group__uid__in=old).exists()
+        retention.archive_restore(archive=archive)
+    assert _reads(old) == before
+
+
+def test_the_admin_shows_the_dry_run_before_anything_goes(source, pool, admin_client):
+    policy = RetentionPolicy.objects.create(name="admin", source=source, older_than_days=30, action="delete")
+    url = "/admin/curation/retentionpolicy/"
+    # when: "Run now" is chosen
+    page = admin_client.post(url, {"action": "run_now", "_selected_action": [policy.pk]})
+    # then: the page shows what would go, and nothing went
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "what would go" in html and f"<td>{3 * ROLLOUTS * TURNS}</td>" in html
+    assert PromptGroup.objects.filter(uid__in=pool["old"]).count() == 3
+    # when: it is confirmed, then: the pass ran
+    done = admin_client.post(url, {"action": "run_now", "_selected_action": [policy.pk], "confirm": "yes"})
+    assert done.status_code == 302
+    assert not PromptGroup.objects.filter(uid__in=pool["old"]).exists()
