@@ -18,6 +18,7 @@ urlpatterns = [
     path("leases/<uuid:lease_id>/nack", apis.LeaseNackApi.as_view(), name="lease-nack"),
     path("leases/<uuid:lease_id>/release", apis.LeaseReleaseApi.as_view(), name="lease-release"),
     path("leases/<uuid:lease_id>/batch", apis.LeaseBatchApi.as_view(), name="lease-batch"),
+    path("leases/<uuid:lease_id>/verdicts", lineage_apis.LeaseVerdictsApi.as_view(), name="lease-verdicts"),
     path("snapshots", apis.SnapshotCreateApi.as_view(), name="snapshots"),
     path("snapshots/<uuid:snapshot_id>", apis.SnapshotDetailApi.as_view(), name="snapshot-detail"),
     path(

@@ -34,7 +34,7 @@ from pool.errors import InvalidInput, NotFound
 from .apis import _body, _consumer_actor, _owner
 from .models import Checkpoint, Run
 from .selectors import lineage as sel
-from .services import lineage
+from .services import lineage, verdicts
 
 DEFAULT_PAGE, MAX_PAGE = 100, 1000
 RUN_FIELDS = {"uid", "name", "consumer", "dataset", "config", "code_version", "policy"}
@@ -338,6 +338,41 @@ class RunReplayApi(KnownQueryParams, APIView):
             raise NotFound(f"run {uid!r} does not exist", field="run")
         return stream_download(
             request, sel.run_replay(run), content_type="application/x-ndjson", filename=f"{run.uid}.jsonl"
+        )
+
+
+class LeaseVerdictsApi(APIView):
+    permission_classes = [ConsumeScope]
+
+    @extend_schema(
+        summary="A trainer's verdicts on a lease's steps: per step importance_ratio, logprob_kl, "
+        "advantage, clipped_fraction, optionally per token; flags policy_mismatch over the "
+        "dataset's serving.policy_mismatch_kl",
+        request=inline_serializer(
+            "VerdictsIn",
+            {
+                "steps": serializers.ListField(
+                    child=serializers.DictField(),
+                    help_text='[{"uid", "importance_ratio", "logprob_kl", "advantage", "clipped_fraction", '
+                    '"tokens": {name: [one per response token]}}]',
+                )
+            },
+        ),
+        responses=inline_serializer(
+            "VerdictsOut",
+            {
+                "stored": serializers.IntegerField(),
+                "flagged": serializers.IntegerField(),
+                "policy_mismatch_kl": serializers.FloatField(allow_null=True),
+            },
+        ),
+    )
+    def post(self, request, lease_id):
+        data = _body(request, {"steps"})
+        return Response(
+            verdicts.lease_verdicts_post(
+                lease_id=lease_id, steps=data.get("steps"), actor=_consumer_actor(request)
+            )
         )
 
 

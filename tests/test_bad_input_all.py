@@ -341,6 +341,21 @@ CASES: list[tuple[str, str, str, dict, str]] = [
         j({"version": 5, "run": 7}),
         "admin",
     ),
+    ("verdicts: steps is not a list", "post", f"{A}/leases/{{lease}}/verdicts", j({"steps": {}}), "admin"),
+    (
+        "verdicts: unknown lease",
+        "post",
+        f"{A}/leases/{NO_LEASE}/verdicts",
+        j({"steps": [{"uid": S}]}),
+        "admin",
+    ),
+    (
+        "verdicts: a released lease",
+        "post",
+        f"{A}/leases/{{released}}/verdicts",
+        j({"steps": [{"uid": S}]}),
+        "admin",
+    ),
     ("step checkpoints: unknown step", "get", f"{A}/steps/no-such-step/checkpoints", {}, "admin"),
     ("source checkpoints: unknown source", "get", f"{A}/sources/no-such-source/checkpoints", {}, "admin"),
 ]

@@ -272,6 +272,13 @@ DETAILS = [
     ("A's lease batch", "get", "leases/{lease}/batch", None, CONSUMING),
     ("A's lease ack", "post", "leases/{lease}/ack", None, CONSUMING),
     ("A's lease nack", "post", "leases/{lease}/nack", None, CONSUMING),
+    (
+        "A's lease verdicts",
+        "post",
+        "leases/{lease}/verdicts",
+        {"steps": [{"uid": "a-ready:0", "logprob_kl": 0.1}]},
+        CONSUMING,
+    ),
     ("lease release", "post", "leases/{lease}/release", None, everyone(403, admin=SEES)),
     (
         "pull as A's consumer",

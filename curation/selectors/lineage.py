@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import orjson
 from django.db.models import Count, Exists, OuterRef, Q
 
@@ -25,7 +26,7 @@ from pool import tenancy
 from pool.models import Source, Step, Trajectory
 from pool.tenancy import Sources
 
-from ..models import Checkpoint, CheckpointStep, Lease, Run
+from ..models import Checkpoint, CheckpointStep, Lease, Run, StepVerdict
 from ..services.lineage import checkpoints_index_pending
 
 # Tasks named by a checkpoint's summary, most steps first (the count of all is given too).
@@ -361,3 +362,42 @@ def trajectory_id_visible(uid: str, *, sources: Sources) -> int | None:
         .values_list("id", flat=True)
         .first()
     )
+
+
+# --- trainers' verdicts ------------------------------------------------------------------------
+def step_verdicts(step_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+    """The trainers' verdicts on these steps, oldest first, by step id: each with its lease,
+    the checkpoint that took the lease (run and version; None until one does), the per-step
+    statistics and the per-token rows by name. Index verdict_step."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    rows = (
+        StepVerdict.objects.filter(step_id__in=step_ids)
+        .select_related("lease__checkpoint__run")
+        .order_by("step_id", "id")
+    )
+    for v in rows:
+        cp = v.lease.checkpoint
+        out.setdefault(v.step_id, []).append(
+            {
+                "lease_id": str(v.lease_id),
+                "checkpoint": {"run": cp.run.uid, "version": cp.version} if cp is not None else None,
+                "importance_ratio": v.importance_ratio,
+                "logprob_kl": v.logprob_kl,
+                "advantage": v.advantage,
+                "clipped_fraction": v.clipped_fraction,
+                "tokens": verdict_tokens(v),
+                "created_at": v.created_at,
+            }
+        )
+    return out
+
+
+def verdict_tokens(v: StepVerdict) -> dict[str, list[float]]:
+    """A verdict's per-token rows by name (empty without any)."""
+    if not v.token_fields or v.token_stats is None:
+        return {}
+    flat = np.frombuffer(bytes(v.token_stats), dtype="<f4")
+    per = len(flat) // len(v.token_fields)
+    return {
+        name: flat[i * per : (i + 1) * per].astype(float).tolist() for i, name in enumerate(v.token_fields)
+    }

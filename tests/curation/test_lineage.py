@@ -205,3 +205,113 @@ def test_two_checkpoints_differ_by_their_steps(trainer):
     assert sorted(removed) == sorted(
         set(a.json()["manifest"]["step_uids"]) - set(b.json()["manifest"]["step_uids"])
     )
+
+
+# --- trainers' verdicts ------------------------------------------------------------------------------
+def test_verdicts_are_stored_against_the_step_and_its_checkpoint_and_flag_a_drifting_step(
+    trainer, reader_key
+):
+    from curation.selectors.lineage import step_verdicts
+    from curation.selectors.specs import dataset_preview
+    from curation.specs import spec_parse
+
+    # given a dataset that flags a rollout/training KL above 0.05, and a run's leased group
+    dataset_create(name="all", spec={"serving": {"policy_mismatch_kl": 0.05}})
+    uids = ready_group("g0")  # two rollouts of two steps; responses of 2 tokens
+    run = open_run(trainer)
+    lease = pull(trainer).json()["lease_id"]
+    # when the trainer posts its verdicts, one step drifting, one with per-token rows
+    body = {
+        "steps": [
+            {
+                "uid": uids[0],
+                "importance_ratio": 1.5,
+                "logprob_kl": 0.2,
+                "advantage": 0.7,
+                "clipped_fraction": 0.5,
+            },
+            {
+                "uid": uids[1],
+                "logprob_kl": 0.01,
+                "tokens": {"importance_ratio": [1.0, 0.5], "logprob_kl": [0.0, 0.25]},
+            },
+        ]
+    }
+    resp = trainer.post(f"/api/v1/leases/{lease}/verdicts", body, format="json")
+    assert resp.status_code == 200, resp.content
+    assert resp.json() == {"stored": 2, "flagged": 1, "policy_mismatch_kl": 0.05}
+    # then the drifting step is flagged, readable and filterable; the other is not
+    reader = client_for(reader_key)
+    assert "policy_mismatch" in reader.get(f"/api/v1/steps/{uids[0]}").json()["quality_flags"]
+    assert "policy_mismatch" not in reader.get(f"/api/v1/steps/{uids[1]}").json()["quality_flags"]
+    spec = {"filters": {"exclude_flags": ["policy_mismatch"]}, "grouping": {"keep_groups_whole": False}}
+    kept = dataset_preview(spec_parse(spec))
+    assert kept["steps"] == Step.objects.count() - 1
+    # and after ack and checkpoint 1, each verdict names its lease and checkpoint, field by field
+    trainer.post(f"/api/v1/leases/{lease}/ack")
+    publish(trainer, run["uid"], 1)
+    ids = dict(Step.objects.filter(uid__in=uids[:2]).values_list("uid", "id"))
+    got = step_verdicts(list(ids.values()))
+    first, second = got[ids[uids[0]]][0], got[ids[uids[1]]][0]
+    assert {
+        k: first[k]
+        for k in (
+            "lease_id",
+            "checkpoint",
+            "importance_ratio",
+            "logprob_kl",
+            "advantage",
+            "clipped_fraction",
+            "tokens",
+        )
+    } == {
+        "lease_id": lease,
+        "checkpoint": {"run": run["uid"], "version": 1},
+        "importance_ratio": 1.5,
+        "logprob_kl": 0.2,
+        "advantage": 0.7,
+        "clipped_fraction": 0.5,
+        "tokens": {},
+    }
+    assert second["tokens"] == {"importance_ratio": [1.0, 0.5], "logprob_kl": [0.0, 0.25]}
+    assert (second["importance_ratio"], second["logprob_kl"]) == (None, 0.01)
+    # a repost replaces the verdict; the flag stays
+    again = {"steps": [{"uid": uids[0], "logprob_kl": 0.0}]}
+    assert trainer.post(f"/api/v1/leases/{lease}/verdicts", again, format="json").json()["flagged"] == 0
+    assert step_verdicts([ids[uids[0]]])[ids[uids[0]]][0]["logprob_kl"] == 0.0
+    assert Step.objects.get(uid=uids[0]).quality_flags & 256
+
+
+@pytest.mark.parametrize(
+    ("item", "field"),
+    [
+        ({"uid": "nope:0"}, "steps[0].uid"),
+        ({"uid": "g0-r0:0", "logprob_kl": "high"}, "steps[0].logprob_kl"),
+        ({"uid": "g0-r0:0", "tokens": {"logprob_kl": [0.1]}}, "steps[0].tokens.logprob_kl"),
+        ({"uid": "g0-r0:0", "tokens": {"entropy": [0.1, 0.2]}}, "steps[0].tokens.entropy"),
+        ({"uid": "g0-r0:0", "colour": 1}, "steps[0].colour"),
+    ],
+)
+def test_a_bad_verdict_names_its_field_and_writes_nothing(trainer, item, field):
+    from curation.models import StepVerdict
+
+    dataset_create(name="all", spec={"serving": {"policy_mismatch_kl": 0.0}})
+    ready_group("g0")
+    lease = pull(trainer).json()["lease_id"]
+    resp = trainer.post(
+        f"/api/v1/leases/{lease}/verdicts",
+        {"steps": [{"uid": "g0-r1:0", "logprob_kl": 1.0}, item]},
+        format="json",
+    )
+    assert resp.status_code in (400, 404), resp.content
+    assert resp.json()["error"]["param"] == field.replace("steps[0]", "steps[1]")
+    assert StepVerdict.objects.count() == 0 and not Step.objects.filter(quality_flags__gte=256).exists()
+
+
+def test_a_nacked_lease_takes_no_verdict(trainer):
+    dataset_create(name="all")
+    uids = ready_group("g0")
+    lease = pull(trainer).json()["lease_id"]
+    trainer.post(f"/api/v1/leases/{lease}/nack")
+    resp = trainer.post(f"/api/v1/leases/{lease}/verdicts", {"steps": [{"uid": uids[0]}]}, format="json")
+    assert (resp.status_code, resp.json()["error"]["param"]) == (409, "lease")
