@@ -11,6 +11,7 @@ urlpatterns = [
     path("datasets/preview", apis.SpecPreviewApi.as_view(), name="spec-preview"),
     path("datasets/<str:name>", apis.DatasetDetailApi.as_view(), name="dataset-detail"),
     path("datasets/<str:name>/preview", apis.DatasetPreviewApi.as_view(), name="dataset-preview"),
+    path("datasets/<str:name>/diff", lineage_apis.DatasetDiffApi.as_view(), name="dataset-diff"),
     path("labels", apis.LabelApi.as_view(), name="labels"),
     path("consumers/<str:name>", apis.ConsumerDetailApi.as_view(), name="consumer-detail"),
     path("consumers/<str:name>/pull", apis.PullApi.as_view(), name="consumer-pull"),
@@ -24,6 +25,7 @@ urlpatterns = [
     path(
         "snapshots/<uuid:snapshot_id>/download", apis.SnapshotDownloadApi.as_view(), name="snapshot-download"
     ),
+    path("snapshots/<uuid:snapshot_id>/diff", lineage_apis.SnapshotDiffApi.as_view(), name="snapshot-diff"),
     # Lineage (curation/lineage_apis.py). Mounted before gateway/urls.py (claw_site/urls.py):
     # steps/<uid>/checkpoints and trajectories/<uid>/checkpoints are matched here first.
     path("runs", lineage_apis.RunListCreateApi.as_view(), name="runs"),

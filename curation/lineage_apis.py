@@ -1,6 +1,8 @@
 """REST API v1 of lineage: training runs and their checkpoints, the data behind each, the
-checkpoints a step, a trajectory or a source trained, two checkpoints' difference, and a run
-replayed (curation/services/lineage.py, curation/selectors/lineage.py). Views are adapters.
+checkpoints a step, a trajectory or a source trained, two checkpoints' difference, a run
+replayed (curation/services/lineage.py, curation/selectors/lineage.py), trainers' verdicts
+(curation/services/verdicts.py), and what changed between two dataset versions or two
+snapshots (curation/selectors/diffs.py). Views are adapters.
 
 Lists are keyset-paged: ``{"results": [...], "next": <url or null>}``, ``page_size`` up to
 MAX_PAGE, ``cursor`` opaque (the ``next`` link carries it).
@@ -16,6 +18,7 @@ their own source's runs, and admins.
 from __future__ import annotations
 
 import base64
+import uuid
 from typing import Any
 
 import orjson
@@ -29,10 +32,11 @@ from rest_framework.views import APIView
 from claw_kit.web.files import stream_download
 from claw_kit.web.query import KnownQueryParams
 from pool.access.auth import ConsumeScope, ReadScope, read_sources_of, served_sources_of
-from pool.errors import InvalidInput, NotFound
+from pool.errors import Conflict, InvalidInput, NotFound
 
-from .apis import _body, _consumer_actor, _owner
-from .models import Checkpoint, Run
+from .apis import _body, _consumer_actor, _dataset, _owner, _snapshot
+from .models import Checkpoint, Run, Snapshot
+from .selectors import diffs
 from .selectors import lineage as sel
 from .services import lineage, verdicts
 
@@ -242,7 +246,8 @@ class CheckpointStepsApi(KnownQueryParams, APIView):
         cp = _checkpoint(_run(request, uid), version)
         key, size = _page_args(request)
         rows = sel.checkpoint_steps(cp, sources=served_sources_of(request), after=_int_key(key), limit=size)
-        return _paged(request, rows, size, rows[-1]["position"] if rows else None)
+        results = [{k: v for k, v in r.items() if k != "step_id"} for r in rows]
+        return _paged(request, results, size, rows[-1]["position"] if rows else None)
 
 
 class CheckpointStepsDownloadApi(KnownQueryParams, APIView):
@@ -427,3 +432,111 @@ class SourceCheckpointsApi(_CheckpointsOfApi):
         if source_id is None:
             raise NotFound(f"source {name!r} does not exist", field="name")
         return self.answer(request, source_id=source_id)
+
+
+# --- what changed: dataset versions and snapshots -----------------------------------------------
+def _side(request, sides: tuple[str, ...]) -> str:
+    side = request.query_params.get("side", sides[0])
+    if side not in sides:
+        raise InvalidInput(f"side must be one of {list(sides)}", field="side")
+    return side
+
+
+def _version_number(request, name: str) -> int:
+    raw = request.query_params.get(name)
+    if raw is None or not raw.isdigit():
+        raise InvalidInput(f"{name} must be a version number of the dataset", field=name)
+    return int(raw)
+
+
+class DatasetDiffApi(KnownQueryParams, APIView):
+    permission_classes = [ReadScope]
+
+    @extend_schema(
+        summary="How two versions of a dataset differ in what they admit now: steps added, "
+        "removed, kept and served masked by one only, counted, and one side listed",
+        parameters=[
+            OpenApiParameter("from", int, required=True, description="the older version"),
+            OpenApiParameter("to", int, required=True, description="the newer version"),
+            OpenApiParameter("side", str, enum=list(diffs.VERSION_SIDES), description="listed (added)"),
+            *PAGED,
+        ],
+        responses=OpenApiTypes.OBJECT,
+    )
+    def get(self, request, name: str):
+        ds = _dataset(request, name)
+        versions = {v.version: v for v in ds.versions.all()}
+        picked = []
+        for param in ("from", "to"):
+            number = _version_number(request, param)
+            if number not in versions:
+                raise NotFound(f"dataset {name!r} has no version {number}", field=param)
+            picked.append(versions[number])
+        side = _side(request, diffs.VERSION_SIDES)
+        key, size = _page_args(request)
+        d = diffs.versions_diff(
+            picked[0],
+            picked[1],
+            sources=served_sources_of(request),
+            side=side,
+            after=_int_key(key),
+            limit=size,
+        )
+        page = _paged(request, d.results, size, d.last)
+        page.data = {
+            "dataset": ds.name,
+            "from": picked[0].version,
+            "to": picked[1].version,
+            "counts": d.counts,
+            "side": side,
+            **page.data,
+        }
+        return page
+
+
+class SnapshotDiffApi(KnownQueryParams, APIView):
+    permission_classes = [ReadScope]
+
+    @extend_schema(
+        summary="How another snapshot's content differs from this one's: steps added, removed, "
+        "kept, and kept ones whose reward, quality flags or review changed",
+        parameters=[
+            OpenApiParameter("to", str, required=True, description="the other snapshot's id"),
+            OpenApiParameter("side", str, enum=list(diffs.SNAPSHOT_SIDES), description="listed (added)"),
+            *PAGED,
+        ],
+        responses=OpenApiTypes.OBJECT,
+    )
+    def get(self, request, snapshot_id):
+        a = _snapshot(request, snapshot_id)
+        raw = request.query_params.get("to", "")
+        try:
+            other = uuid.UUID(raw)
+        except ValueError:
+            raise InvalidInput("to must be a snapshot's id", field="to") from None
+        b = _snapshot(request, other)
+        for snap, field in ((a, "snapshot"), (b, "to")):
+            if snap.status != Snapshot.Status.DONE:
+                raise Conflict(f"snapshot {snap.id} is {snap.status}: compare it once done", field=field)
+        side = _side(request, diffs.SNAPSHOT_SIDES)
+        key, size = _page_args(request)
+        if key is not None and not isinstance(key, str):
+            raise _bad_cursor()
+        d = diffs.snapshots_diff(a, b, side=side, after=key, limit=size)
+        page = _paged(request, d.results, size, d.last)
+        page.data = {
+            "from": {
+                "id": str(a.id),
+                "dataset": a.dataset_version.dataset.name,
+                "version": a.dataset_version.version,
+            },
+            "to": {
+                "id": str(b.id),
+                "dataset": b.dataset_version.dataset.name,
+                "version": b.dataset_version.version,
+            },
+            "counts": d.counts,
+            "side": side,
+            **page.data,
+        }
+        return page

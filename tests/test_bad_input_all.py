@@ -356,6 +356,8 @@ CASES: list[tuple[str, str, str, dict, str]] = [
         j({"steps": [{"uid": S}]}),
         "admin",
     ),
+    ("dataset diff: from is text", "get", f"{A}/datasets/{D}/diff?from=one&to=1", {}, "admin"),
+    ("snapshot diff: not done", "get", f"{A}/snapshots/{{snapshot}}/diff?to={{snapshot}}", {}, "admin"),
     ("step checkpoints: unknown step", "get", f"{A}/steps/no-such-step/checkpoints", {}, "admin"),
     ("source checkpoints: unknown source", "get", f"{A}/sources/no-such-source/checkpoints", {}, "admin"),
 ]

@@ -266,6 +266,8 @@ DETAILS = [
     ("dataset naming A", "get", "datasets/a-only", None, everyone(SEES, other=HIDDEN)),
     ("its preview", "get", "datasets/a-only/preview", None, everyone(SEES, other=HIDDEN)),
     ("dataset naming no source", "get", "datasets/everyone", None, everyone(SEES)),
+    ("its versions' diff", "get", "datasets/a-only/diff?from=1&to=1", None, everyone(SEES, other=HIDDEN)),
+    ("two snapshots' diff", "get", "snapshots/{sa}/diff?to={sa}", None, everyone(SEES, other=HIDDEN)),
     ("dataset create", "post", "datasets", {"name": "new-ds"}, everyone(403, admin=201)),
     ("A's image", "get", "media/{sha}", None, everyone(SEES, other=HIDDEN)),
     ("A's consumer", "get", "consumers/a-cons", None, CONSUMING),

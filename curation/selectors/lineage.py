@@ -26,7 +26,7 @@ from pool import tenancy
 from pool.models import Source, Step, Trajectory
 from pool.tenancy import Sources
 
-from ..models import Checkpoint, CheckpointStep, Lease, Run, StepVerdict
+from ..models import Checkpoint, CheckpointStep, Lease, Run, Snapshot, StepVerdict
 from ..services.lineage import checkpoints_index_pending
 
 # Tasks named by a checkpoint's summary, most steps first (the count of all is given too).
@@ -151,9 +151,16 @@ def checkpoint_steps(
     if after is not None:
         qs = qs.filter(position__gt=after)
     return [
-        {"position": pos, "uid": uid, "trajectory_uid": traj, "lease_id": str(lease), "removed": not present}
-        for pos, uid, traj, lease, present in qs.order_by("position").values_list(
-            "position", "step_uid", "trajectory__uid", "lease_id", "present"
+        {
+            "position": pos,
+            "uid": uid,
+            "trajectory_uid": traj,
+            "lease_id": str(lease),
+            "removed": not present,
+            "step_id": sid if present else None,  # the pages' link (not an API field)
+        }
+        for pos, uid, traj, lease, present, sid in qs.order_by("position").values_list(
+            "position", "step_uid", "trajectory__uid", "lease_id", "present", "step_id"
         )[:limit]
     ]
 
@@ -401,3 +408,39 @@ def verdict_tokens(v: StepVerdict) -> dict[str, list[float]]:
     return {
         name: flat[i * per : (i + 1) * per].astype(float).tolist() for i, name in enumerate(v.token_fields)
     }
+
+
+# --- pages ---------------------------------------------------------------------------------------
+def run_summary(run: Run) -> dict[str, Any]:
+    """What a run trained on, over all its checkpoints: steps served, and the steps per
+    source and per task (the SUMMARY_TASKS with most), for the run page. Grouped queries on
+    the run's indexed rows."""
+    checkpoints_index_pending(run_id=run.id)
+    rows = CheckpointStep.objects.filter(checkpoint__run=run)
+    sources = list(rows.values_list("source__name").annotate(n=Count("id")).order_by("-n", "source__name"))
+    tasks = list(
+        rows.filter(trajectory__group__task__isnull=False)
+        .values_list("trajectory__group__task__uid")
+        .annotate(n=Count("id"))
+        .order_by("-n", "trajectory__group__task__uid")
+    )
+    return {
+        "steps": rows.count(),
+        "sources": [{"source": name, "steps": n} for name, n in sources],
+        "tasks": [{"task": uid, "steps": n} for uid, n in tasks[:SUMMARY_TASKS]],
+        "task_count": len(tasks),
+    }
+
+
+def snapshot_previous(snap: Snapshot) -> Snapshot | None:
+    """The done snapshot of the same dataset made just before ``snap`` (what its diff page
+    compares with by default), or None."""
+    return (
+        Snapshot.objects.filter(
+            dataset_version__dataset_id=snap.dataset_version.dataset_id,
+            status=Snapshot.Status.DONE,
+            created_at__lt=snap.created_at,
+        )
+        .order_by("-created_at")
+        .first()
+    )
