@@ -33,7 +33,7 @@ from .prefix_tree import TOKEN_DTYPE, PrefixTree, PrefixTreeStats, build_prefix_
 from .wire import MSGPACK, encode_step_batch
 
 if TYPE_CHECKING:
-    from .client import Batch, ClawClient, ClawError
+    from .client import Batch, ClawClient, ClawError, ReplayedBatch, Run
     from .collate import collate_steps
     from .formats import batch_steps, steps_to_numpy
     from .media import MediaCache
@@ -43,6 +43,8 @@ _LAZY = {
     "Batch": "client",
     "ClawClient": "client",
     "ClawError": "client",
+    "ReplayedBatch": "client",
+    "Run": "client",
     "steps_to_numpy": "formats",
     "batch_steps": "formats",
     "collate_steps": "collate",
@@ -58,6 +60,8 @@ __all__ = [
     "TOKEN_DTYPE",
     "PrefixTree",
     "PrefixTreeStats",
+    "ReplayedBatch",
+    "Run",
     "batch_steps",
     "build_prefix_tree",
     "collate_steps",

@@ -10,6 +10,16 @@ Trainers pull batches under leases::
 
 A pull that finds nothing ready returns an empty Batch: falsy, and its ``with`` block does
 not ack or nack anything. Errors are ``ClawError`` built from the server's error body.
+
+A training run records which data trained which checkpoint::
+
+    run = claw.open_run(consumer="ppo", dataset="train", config={"lr": 1e-6}, code_version=sha)
+    with claw.pull("train", consumer="ppo") as batch:
+        train(batch.steps)
+    run.set_policy_version(1)          # checkpoint 1: the leases acked since the run opened
+    run.step_uids(1)                    # what trained it; claw.step_checkpoints(uid): the other way
+    for batch in run.replay():          # every batch of the run, byte for byte, in order
+        ...
 """
 
 from __future__ import annotations
@@ -260,9 +270,18 @@ class ClawClient:
         return self._json("POST", "/feedback", json=body)
 
     def set_policy_version(
-        self, version: int, *, current: bool = True, metadata: dict[str, Any] | None = None
+        self,
+        version: int,
+        *,
+        current: bool = True,
+        metadata: dict[str, Any] | None = None,
+        policy: str | None = None,
+        run: str | None = None,
     ) -> dict[str, Any]:
-        body = _present(version=version, current=current, metadata=metadata)
+        """Publish a policy version (and by default make it ``policy``'s current one). With
+        ``run`` (a run's uid) it is also a checkpoint of that run: the answer's
+        ``checkpoint`` says how many acked leases it took (``Run.set_policy_version``)."""
+        body = _present(version=version, current=current, metadata=metadata, policy=policy, run=run)
         return self._json("POST", "/policy-versions", json=body)
 
     # --- tasks: what to roll out next ------------------------------------------------------
@@ -393,6 +412,121 @@ class ClawClient:
     def replay_batch(self, lease_id: str) -> Batch:
         return Batch(self.replay(lease_id), self)
 
+    # --- training runs and lineage -----------------------------------------------------------
+    def open_run(
+        self,
+        *,
+        consumer: str,
+        dataset: str,
+        name: str | None = None,
+        config: dict[str, Any] | None = None,
+        code_version: str | None = None,
+        policy: str | None = None,
+        uid: str | None = None,
+        versions: ClawClient | None = None,
+    ) -> Run:
+        """Open a training run (``POST /runs``): the consumer it pulls as and the dataset it
+        reads; ``config`` and ``code_version`` are kept as given. Idempotent by ``uid``
+        (minted by the server when None): a trainer that restarts reopens its run.
+        ``versions``: the client that publishes its checkpoints (default: this one)."""
+        body = _present(
+            consumer=consumer,
+            dataset=dataset,
+            name=name,
+            config=config,
+            code_version=code_version,
+            policy=policy,
+            uid=uid,
+        )
+        return Run(self, self._json("POST", "/runs", json=body), versions=versions)
+
+    def run(self, uid: str) -> Run:
+        """The run ``uid`` (``GET /runs/{uid}``)."""
+        return Run(self, self._json("GET", f"/runs/{_seg(uid)}"))
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Every run this key reads, newest first."""
+        return self.pages("/runs")
+
+    def step_checkpoints(self, uid: str) -> list[dict[str, Any]]:
+        """The checkpoints a step trained: ``{"run", "version", "created_at", "uses"}``."""
+        return self.pages(f"/steps/{quote(uid, safe='')}/checkpoints")
+
+    def trajectory_checkpoints(self, uid: str) -> list[dict[str, Any]]:
+        """The checkpoints a trajectory's steps trained."""
+        return self.pages(f"/trajectories/{quote(uid, safe='')}/checkpoints")
+
+    def source_checkpoints(self, name: str) -> list[dict[str, Any]]:
+        """The checkpoints a source's data trained."""
+        return self.pages(f"/sources/{quote(name, safe='')}/checkpoints")
+
+    def replay_run(self, uid: str) -> Iterator[ReplayedBatch]:
+        """Every batch of run ``uid`` in its order (its checkpoints in version order, each
+        one's leases in ack order), byte for byte as first served (``raw``), each with its
+        ``checkpoint`` version and ``removed_steps``: the uids of its steps removed from
+        the pool since (named, never skipped: the batch still holds them as served)."""
+        checkpoint: dict[str, Any] = {}
+        removed: dict[str, list[str]] = {}
+        for line in self._lines(f"/runs/{_seg(uid)}/replay"):
+            if line.startswith(b'{"lease_id":'):
+                batch = ReplayedBatch(line)
+                batch.checkpoint = checkpoint.get("version")
+                batch.removed_steps = removed.get(batch.lease_id or "", [])
+                yield batch
+                continue
+            meta = json.loads(line)
+            if meta.get("type") == "checkpoint":
+                checkpoint = meta
+                removed = {x["lease_id"]: x["removed_steps"] for x in meta["leases"]}
+
+    def download_run(self, uid: str, path: str) -> str:
+        """A snapshot of run ``uid``: its replay as a JSON-lines file at ``path`` (a
+        ``run`` line, then per checkpoint a ``checkpoint`` line and its batches as served)."""
+        with self.http.stream("GET", f"/runs/{_seg(uid)}/replay") as resp:
+            if resp.status_code >= 400:
+                resp.read()
+                raise _error_of(resp)
+            with open(path, "wb") as fh:
+                for chunk in resp.iter_bytes():
+                    fh.write(chunk)
+        return path
+
+    def post_verdicts(self, lease_id: str, steps: Iterable[dict[str, Any]]) -> dict[str, Any]:
+        """A trainer's verdict on the steps of a lease it trained on (``POST
+        /leases/{id}/verdicts``): items ``{"uid", "importance_ratio", "logprob_kl",
+        "advantage", "clipped_fraction", "tokens": {name: [one per response token]}}``
+        (every statistic optional). Answers how many were stored and flagged."""
+        return self._json("POST", f"/leases/{lease_id}/verdicts", json={"steps": list(steps)})
+
+    def pages(self, path: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Every result of a keyset-paged list, page by page (its ``next`` links)."""
+        out: list[Any] = []
+        url: str = path
+        while url:
+            page = self._json("GET", url, params=params)
+            out.extend(page["results"])
+            url = page["next"] or ""
+            params = None  # the next link carries the query and the cursor
+        return out
+
+    def _lines(self, path: str) -> Iterator[bytes]:
+        """A streamed answer's lines, as bytes (exactly as sent, without the newline)."""
+        with self.http.stream("GET", path) as resp:
+            if resp.status_code >= 400:
+                resp.read()
+                raise _error_of(resp)
+            pending: list[bytes] = []  # the line being read, in pieces (a batch spans chunks)
+            for chunk in resp.iter_bytes():
+                start = 0
+                while (end := chunk.find(b"\n", start)) != -1:
+                    pending.append(chunk[start:end])
+                    yield b"".join(pending)
+                    pending, start = [], end + 1
+                if start < len(chunk):
+                    pending.append(chunk[start:])
+            if pending:
+                yield b"".join(pending)
+
     # --- snapshots --------------------------------------------------------------------------
     def snapshot(
         self,
@@ -472,6 +606,97 @@ class ClawClient:
         if resp.status_code >= 400:
             raise _error_of(resp)
         return resp
+
+
+class ReplayedBatch(Batch):
+    """A batch of a run's replay (``ClawClient.replay_run``): ``raw`` as first served, the
+    ``checkpoint`` (version) whose data it is, and ``removed_steps``. Not bound to a client:
+    it was acked long ago, so it neither acks nor nacks."""
+
+    checkpoint: int | None = None
+    removed_steps: list[str]
+
+    def __init__(self, raw: bytes):
+        super().__init__(raw, None)
+        self.removed_steps = []
+
+
+class Run:
+    """A training run (``ClawClient.open_run``): ``uid`` and the server's ``info``. Each
+    policy version published through it is a checkpoint of the run, holding the leases its
+    consumer acked since the previous one."""
+
+    def __init__(self, client: ClawClient, info: dict[str, Any], *, versions: ClawClient | None = None):
+        self.client = client
+        self.versions = versions or client
+        self.info = info
+        self.uid: str = info["uid"]
+
+    def __repr__(self) -> str:
+        return f"Run(uid={self.uid!r}, consumer={self.info.get('consumer')!r}, dataset={self.info.get('dataset')!r})"
+
+    def set_policy_version(
+        self, version: int, *, current: bool = True, metadata: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Publish ``version`` of the run's policy as a checkpoint of this run (and, by
+        default, the current version); the answer's ``checkpoint`` says how many acked
+        leases it took. Idempotent for the run's last checkpoint."""
+        return self.versions.set_policy_version(
+            version, current=current, metadata=metadata, policy=self.info.get("policy"), run=self.uid
+        )
+
+    def refresh(self) -> dict[str, Any]:
+        """The run as the server sees it now: checkpoints, last one, acks not taken yet."""
+        self.info = self.client._json("GET", f"/runs/{_seg(self.uid)}")
+        return self.info
+
+    def checkpoints(self) -> list[dict[str, Any]]:
+        """Its checkpoints in version order: version, leases, steps, mean reward."""
+        return self.client.pages(f"/runs/{_seg(self.uid)}/checkpoints")
+
+    def checkpoint(self, version: int) -> dict[str, Any]:
+        """What is behind checkpoint ``version``: leases in ack order, counts of steps,
+        trajectories, sources, tasks and dataset versions."""
+        return self.client._json("GET", f"/runs/{_seg(self.uid)}/checkpoints/{int(version)}")
+
+    def steps(self, version: int) -> list[dict[str, Any]]:
+        """The steps behind checkpoint ``version`` in the order served: position, uid,
+        trajectory uid, lease, removed."""
+        return self.client.pages(f"/runs/{_seg(self.uid)}/checkpoints/{int(version)}/steps")
+
+    def step_uids(self, version: int) -> list[str]:
+        """Every step uid behind checkpoint ``version``, in order (one download)."""
+        path = f"/runs/{_seg(self.uid)}/checkpoints/{int(version)}/steps/download"
+        return [line.decode() for line in self.client._lines(path) if line]
+
+    def trajectories(self, version: int) -> list[dict[str, Any]]:
+        return self.client.pages(f"/runs/{_seg(self.uid)}/checkpoints/{int(version)}/trajectories")
+
+    def diff(self, version: int, to: int, *, to_run: str | None = None) -> dict[str, Any]:
+        """How checkpoint ``to``'s data (of ``to_run``, default this run) differs from
+        ``version``'s: ``counts`` and every step uid ``added``, ``removed`` and ``common``."""
+        path = f"/runs/{_seg(self.uid)}/checkpoints/{int(version)}/diff"
+        out: dict[str, Any] = {}
+        for side in ("added", "removed", "common"):
+            params = _present(to=to, to_run=to_run, side=side)
+            first = self.client._json("GET", path, params=params)
+            out.setdefault("counts", first["counts"])
+            uids = list(first["results"])
+            if first["next"]:
+                uids += self.client.pages(first["next"])
+            out[side] = uids
+        return out
+
+    def replay(self) -> Iterator[ReplayedBatch]:
+        """Every batch of the run in its order, byte for byte (``ClawClient.replay_run``)."""
+        return self.client.replay_run(self.uid)
+
+    def download(self, path: str) -> str:
+        return self.client.download_run(self.uid, path)
+
+
+def _seg(value: str) -> str:
+    return quote(value, safe="")
 
 
 def _present(**fields: Any) -> dict[str, Any]:

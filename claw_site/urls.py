@@ -16,8 +16,10 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("readyz", readyz, name="readyz"),
     path("metrics", metrics_view, name="metrics"),
-    path("api/v1/", include("gateway.urls")),
+    # Curation's first: its lineage paths (steps/<uid>/checkpoints) are matched before the
+    # gateway's step and trajectory uids, which may hold a "/" (curation/api_urls.py).
     path("api/v1/", include("curation.api_urls")),
+    path("api/v1/", include("gateway.urls")),
     # OpenAI-compatible gateway for black-box agents: /v1/... and /t/<traj>/<group>/v1/...
     path("", include("gateway.proxy.urls")),
     path("compat/claw-r1/", include("gateway.compat.urls")),

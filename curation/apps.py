@@ -10,10 +10,12 @@ class CurationConfig(AppConfig):
         from pool.ingest import effects
 
         from . import events, tasks
-        from .services import consume
+        from .services import consume, lineage
 
         effects.register(events.snapshot_live, events.SnapshotChanged)
         effects.register(tasks.snapshot_build_enqueue, events.SnapshotRequested)
         effects.register(events.lease_live, events.LeaseChanged)
         # Serving order priority: a ready group's scores (curation/models.py GroupScore).
         effects.register(consume.group_scores_refresh, effects.GroupsReady)
+        # Lineage: a policy version published with a run is a checkpoint of that run.
+        effects.register(lineage.checkpoint_record, effects.PolicyPublished)

@@ -101,3 +101,44 @@ def bar_chart(items: Sequence[tuple[str, float, float]], *, row: int = 40) -> di
         "bar_y": 20,
         "bar_h": 14,
     }
+
+
+def timeline_chart(items: Sequence[dict[str, Any]], *, unit: str = "") -> dict[str, Any]:
+    """Points on a time axis: each item ``{"at": datetime, "value": float | None, "label":
+    str, "href": str}`` (a run's checkpoints: when, the mean reward of the data behind
+    each), x by time (one item: the middle), y on the values' own range (negatives too;
+    a flat range is widened by 1), a line through the points that have a value. Items
+    without a value sit on the axis, hollow."""
+    times = [i["at"] for i in items]
+    t0 = min(times, default=None)
+    span = max((max(times) - t0).total_seconds(), 1e-9) if times else 1.0
+    values = [i["value"] for i in items if i["value"] is not None]
+    lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
+    if hi - lo < 1e-12:
+        lo, hi = lo - 0.5, hi + 0.5
+    plot_h = BOTTOM - TOP
+    points = []
+    for i in items:
+        pct = 50.0 if len(items) == 1 else 100 * (i["at"] - t0).total_seconds() / span
+        v = i["value"]
+        y = TOP + plot_h * (1 - (v - lo) / (hi - lo)) if v is not None else BOTTOM
+        points.append(
+            {**i, "x": f"{pct:.2f}", "vx": f"{VIEW_W * pct / 100:.1f}", "y": f"{y:.1f}", "none": v is None}
+        )
+    line = " ".join(f"{p['vx']},{p['y']}" for p in points if not p["none"])
+    ticks = [lo, (lo + hi) / 2, hi]
+    return {
+        "height": HEIGHT,
+        "top": TOP,
+        "bottom": BOTTOM,
+        "view_w": VIEW_W,
+        "points": points,
+        "line": line,
+        "unit": unit,
+        "y_ticks": [
+            {"y": f"{TOP + plot_h * (1 - (t - lo) / (hi - lo)):.1f}", "label": f"{t:.3g}"} for t in ticks
+        ],
+        "first": times[0] if times else None,
+        "last": times[-1] if times else None,
+        "x_label_y": HEIGHT - 8,
+    }

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from pool.models import Feedback, PromptGroup, Step, Trajectory
+from pool.models import Feedback, PromptGroup, Source, Step, Trajectory
 
 
 class StepTag(models.Model):
@@ -255,6 +255,13 @@ class Lease(models.Model):
     created_at = models.DateTimeField()
     expires_at = models.DateTimeField()
     acked_at = models.DateTimeField(null=True, blank=True)
+    # Lineage: the checkpoint of a training run that took this acked lease (the run's next
+    # checkpoint after the ack, services.lineage.checkpoint_record); null until one does.
+    # Neither a pull nor an ack writes it: a checkpoint takes its run's consumer's acked
+    # leases in one UPDATE.
+    checkpoint = models.ForeignKey(
+        "Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
 
     class Meta:
         indexes = [
@@ -264,6 +271,19 @@ class Lease(models.Model):
             ),
             # Consumption page: "leases, newest first".
             models.Index(fields=["created_at"], name="lease_created"),
+            # Checkpoint: "this consumer's acked leases no checkpoint took yet" (partial: an
+            # ack adds its lease, the checkpoint that takes it removes it, so it stays small).
+            models.Index(
+                fields=["consumer", "acked_at"],
+                condition=Q(status="acked", checkpoint__isnull=True),
+                name="lease_ack_unclaimed",
+            ),
+            # Lineage: "a checkpoint's leases in ack order" (partial: pulls insert none).
+            models.Index(
+                fields=["checkpoint", "acked_at", "id"],
+                condition=Q(checkpoint__isnull=False),
+                name="lease_checkpoint",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -500,3 +520,148 @@ class Archive(models.Model):
 
     def __str__(self) -> str:
         return f"archive {self.id} ({self.steps} steps)"
+
+
+# --- lineage: training runs, their checkpoints and the data behind them ---------------------------
+class Run(models.Model):
+    """A training run (``POST /api/v1/runs``): a trainer reading one dataset as one consumer.
+    Each policy version it publishes with ``"run"`` is a ``Checkpoint`` of it, and takes the
+    consumer's leases acked since the run's previous checkpoint (services/lineage.py). A
+    run is its consumer's source's (``source``, copied: tenancy reads it without a join)."""
+
+    uid = models.CharField(max_length=128, unique=True)  # unique => indexed: lookups by uid
+    name = models.CharField(max_length=128, blank=True, default="")
+    consumer = models.ForeignKey(Consumer, on_delete=models.CASCADE, related_name="runs", db_index=False)
+    dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="+", db_index=False)
+    source = models.ForeignKey(
+        Source, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False
+    )
+    # The policy whose versions are its checkpoints (pool.models.Policy).
+    policy = models.CharField(max_length=64, default="default")
+    config = models.JSONField(default=dict, blank=True)  # the trainer's own, as given
+    code_version = models.CharField(max_length=128, blank=True, default="")
+    created_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [
+            # Run listings of a restricted reader: "its sources' runs, newest first" (keyset on id).
+            models.Index(fields=["source", "id"], name="run_source"),
+            # Consumer deletion cascades here.
+            models.Index(fields=["consumer"], name="run_consumer"),
+        ]
+
+    def __str__(self) -> str:
+        return self.uid
+
+
+class Checkpoint(models.Model):
+    """One policy version a run published: the leases its consumer acked since the run's
+    previous checkpoint are this checkpoint's data (Lease.checkpoint, in ack order). Their
+    steps are indexed afterwards (``CheckpointStep``, services.lineage.checkpoint_index);
+    ``indexed_at`` says when, with the counts it found."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints", db_index=False)
+    version = models.PositiveBigIntegerField()
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField()
+    indexed_at = models.DateTimeField(null=True, blank=True)
+    n_leases = models.PositiveIntegerField(null=True, blank=True)
+    n_steps = models.PositiveIntegerField(null=True, blank=True)
+    # The mean effective reward (else reward) of the steps behind it, when indexed.
+    reward_mean = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # One checkpoint per version of a run; also serves "a run's checkpoints, in order".
+            models.UniqueConstraint(fields=["run", "version"], name="checkpoint_run_version_uniq"),
+        ]
+        indexes = [
+            # The indexing sweep: "checkpoints whose steps are not indexed yet" (partial).
+            models.Index(fields=["id"], condition=Q(indexed_at__isnull=True), name="checkpoint_unindexed"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}@{self.version}"
+
+
+class CheckpointStep(models.Model):
+    """A step behind a checkpoint, at its ``position`` (ack order of the leases, then each
+    batch's own order; a step served twice under a reuse budget is here twice). Written
+    from the leases' manifests by services.lineage.checkpoint_index, never on a pull.
+    ``step`` is the step's id when indexed (null: removed before) and stays when the step is
+    removed later (no constraint: lineage outlives the rows); ``step_uid`` names it either
+    way. ``trajectory`` and ``source`` are copied from the step for the reverse lookups."""
+
+    checkpoint = models.ForeignKey(Checkpoint, on_delete=models.CASCADE, related_name="+", db_index=False)
+    position = models.PositiveIntegerField()
+    lease = models.ForeignKey(Lease, on_delete=models.CASCADE, related_name="+", db_index=False)
+    step = models.ForeignKey(
+        Step, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+", db_index=False
+    )
+    step_uid = models.CharField(max_length=160)
+    trajectory = models.ForeignKey(
+        Trajectory,
+        null=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="+",
+        db_index=False,
+    )
+    source = models.ForeignKey(
+        Source, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+", db_index=False
+    )
+
+    class Meta:
+        constraints = [
+            # Each position once (indexing is idempotent); also serves "a checkpoint's steps
+            # in order" (keyset on position) and its counts.
+            models.UniqueConstraint(fields=["checkpoint", "position"], name="ckptstep_position_uniq"),
+        ]
+        indexes = [
+            # "The checkpoints a step trained" (GET /api/v1/steps/{uid}/checkpoints).
+            models.Index(fields=["step", "checkpoint"], name="ckptstep_step"),
+            # "The checkpoints a trajectory trained".
+            models.Index(fields=["trajectory", "checkpoint"], name="ckptstep_trajectory"),
+            # "The checkpoints a source's data trained".
+            models.Index(fields=["source", "checkpoint"], name="ckptstep_source"),
+            # Lease deletion cascades here (a consumer's deletion).
+            models.Index(fields=["lease"], name="ckptstep_lease"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.step_uid} -> checkpoint {self.checkpoint_id}"
+
+
+class StepVerdict(models.Model):
+    """What a trainer learnt about a step it trained on (``POST
+    /api/v1/leases/{id}/verdicts``): per-step statistics, and optionally per-token ones.
+    Stored against the step and the lease it came in; the checkpoint is the lease's
+    (Lease.checkpoint). One row per (lease, step): a repost replaces it."""
+
+    lease = models.ForeignKey(Lease, on_delete=models.CASCADE, related_name="+", db_index=False)
+    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="verdicts", db_index=False)
+    # exp(mean over the response of training logprob - rollout logprob).
+    importance_ratio = models.FloatField(null=True, blank=True)
+    # The KL between the rollout and training policies on the response (k3 estimator
+    # by default: mean of r - 1 - log r, r = exp(training - rollout)).
+    logprob_kl = models.FloatField(null=True, blank=True)
+    advantage = models.FloatField(null=True, blank=True)
+    clipped_fraction = models.FloatField(null=True, blank=True)
+    # Per-token statistics: the names of the rows (``token_stats``: little-endian float32,
+    # one row per name, one value per response token).
+    token_fields = models.JSONField(default=list, blank=True)
+    token_stats = models.BinaryField(null=True, blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            # One verdict per step of a lease (a repost replaces it).
+            models.UniqueConstraint(fields=["lease", "step"], name="verdict_lease_step_uniq"),
+        ]
+        indexes = [
+            # Step and trace pages: "a step's verdicts" (and the cascade of a step delete).
+            models.Index(fields=["step", "id"], name="verdict_step"),
+        ]
+
+    def __str__(self) -> str:
+        return f"verdict on step {self.step_id} (lease {self.lease_id})"

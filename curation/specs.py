@@ -114,6 +114,11 @@ class Serving(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_def
     # Its effective priority falls with each use: base - decay x uses (Trinity-RFT); under
     # oldest_ready and newest_ready fewer uses come first. None (max_uses 1): exactly once.
     reuse: Reuse | None = None
+    # Trainers' verdicts (POST /api/v1/leases/{id}/verdicts): a step served under this
+    # dataset whose verdict's logprob_kl (the KL between its rollout and training logprobs)
+    # is above this gets the quality flag policy_mismatch (drifting inference made visible,
+    # and filterable: filters.exclude_flags). None: verdicts flag nothing.
+    policy_mismatch_kl: float | None = None
 
 
 class Spec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=False):
@@ -153,6 +158,13 @@ def spec_parse(raw: Any, *, field: str = "") -> Spec:
     if s.reuse is not None and s.reuse.max_uses > MAX_USES:
         raise InvalidInput(
             f"serving.reuse.max_uses must be <= {MAX_USES}", field=_join(field, "serving.reuse.max_uses")
+        )
+    if s.policy_mismatch_kl is not None and not (
+        math.isfinite(s.policy_mismatch_kl) and s.policy_mismatch_kl >= 0
+    ):
+        raise InvalidInput(
+            "serving.policy_mismatch_kl must be a finite number >= 0",
+            field=_join(field, "serving.policy_mismatch_kl"),
         )
     if s.reuse is not None and not math.isfinite(s.reuse.decay):
         raise InvalidInput("serving.reuse.decay must be finite", field=_join(field, "serving.reuse.decay"))
@@ -215,6 +227,11 @@ def serving_summary(serving: Serving) -> list[str]:
         lines.append(f"Fresh: units more than {serving.stale_after} policy versions behind are dropped")
     if serving.capacity is not None:
         lines.append(f"Capacity: at most {serving.capacity} units wait per consumer, older ones dropped")
+    if serving.policy_mismatch_kl is not None:
+        lines.append(
+            f"Verdicts: a step whose rollout/training logprob KL is above {serving.policy_mismatch_kl:g} "
+            "is flagged policy_mismatch"
+        )
     return lines
 
 

@@ -12,7 +12,7 @@ from celery import shared_task
 from pool.tasks import RETRY, enqueue_on_commit
 
 from .events import SnapshotRequested
-from .services import consume, retention, snapshots
+from .services import consume, lineage, retention, snapshots
 
 
 @shared_task(name="curation.leases_expire", **RETRY)
@@ -21,6 +21,14 @@ def leases_expire() -> int:
     deliverable again. A consumer's own pull does this for its leases too; this keeps the
     lease table honest for consumers that stopped pulling. Idempotent."""
     return consume.leases_expire()
+
+
+@shared_task(name="curation.checkpoints_index", **RETRY)
+def checkpoints_index() -> int:
+    """Periodic (celery beat): index the steps behind training runs' new checkpoints
+    (services.lineage.checkpoint_index), a bounded number per run. Idempotent: a reader
+    that needs a checkpoint's steps indexes it first, and either may run first."""
+    return lineage.checkpoints_index_pending()
 
 
 @shared_task(

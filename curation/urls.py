@@ -16,6 +16,15 @@ urlpatterns = [
     path("optimization/groups/<path:uid>/", views.group_tree, name="group_tree"),
     path("consumption/", views.consumption, name="consumption"),
     path("consumption/leases/<uuid:lease_id>/batch", views.lease_batch, name="lease_batch"),
+    path("consumption/snapshots/<uuid:snapshot_id>/diff", views.snapshot_diff, name="snapshot_diff"),
+    path("runs/", views.runs, name="runs"),
+    path("runs/<str:uid>/", views.run, name="run"),
+    path("runs/<str:uid>/checkpoints/<int:version>/", views.checkpoint, name="checkpoint"),
+    path(
+        "runs/<str:uid>/checkpoints/<int:version>/steps.txt",
+        views.checkpoint_step_uids,
+        name="checkpoint_steps",
+    ),
     path("trajectories/", views.trajectories, name="trajectories"),
     # <path:>: a trajectory uid is any string, slashes included.
     path("trajectories/<path:uid>/", views.trajectory, name="trajectory"),
@@ -23,6 +32,7 @@ urlpatterns = [
     path("curation/", views.curation, name="curation"),
     path("curation/preview", views.curation_preview, name="curation_preview"),
     path("curation/datasets/<str:name>/", views.dataset, name="dataset"),
+    path("curation/datasets/<str:name>/diff", views.dataset_diff, name="dataset_diff"),
     path("review/", views.review, name="review"),
     path("review/queues/", views.review_queues, name="review_queues"),
     path("review/<str:queue>/", views.review, name="review_queue"),

@@ -24,6 +24,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
+from claw_kit.web.files import stream_download
 from pool.errors import Conflict, InvalidInput, NotFound, PoolError
 from pool.selectors.tasks import tasks_overview
 from pool.services.merge import group_merge_ensure, merge_tree_render
@@ -42,7 +43,14 @@ from .forms import (
     TrajectoryFilterForm,
 )
 from .markdown import markdown_html
-from .selectors.consumption import consumers_health, lease_body, leases_recent, snapshots_recent
+from .selectors import diffs, lineage
+from .selectors.consumption import (
+    consumers_health,
+    lease_body,
+    leases_recent,
+    snapshot_get,
+    snapshots_recent,
+)
 from .selectors.live import live_state
 from .selectors.optimization import group_get, optimization_overview, prefix_tree_layout
 from .selectors.pages import overview, policy_current, sources_health, steps_browse, trajectories_browse
@@ -67,6 +75,10 @@ CURATE = "pool.change_step"
 GROUPS = "pool.view_promptgroup"
 # Skipped trajectory ids remembered per queue in the session (so Skip moves on), at most.
 SKIPS_KEPT = 500
+# Lineage pages: runs per page, checkpoints drawn on a run's page, rows per page of a
+# checkpoint's steps or of a diff's side, checkpoints listed on a step's page.
+RUNS_SHOWN, CHECKPOINTS_SHOWN, ROWS_SHOWN, STEP_CHECKPOINTS_SHOWN = 50, 1000, 100, 50
+RUNS_RECENT = 5  # on the consumption page
 
 
 def allowed(perm: str) -> Callable:
@@ -157,8 +169,11 @@ def step(request: HttpRequest, step_id: int) -> HttpResponse:
     found = step_inspect(step_id)
     if found is None:
         raise Http404("no such step")
+    trained = lineage.checkpoints_of(step_id=step_id, runs=None, after=None, limit=STEP_CHECKPOINTS_SHOWN)
     return render(
-        request, "dashboard/step.html", {"i": found, "v": found.view, "s": found.view.step, "page": "steps"}
+        request,
+        "dashboard/step.html",
+        {"i": found, "v": found.view, "s": found.view.step, "checkpoints": trained, "page": "steps"},
     )
 
 
@@ -238,6 +253,7 @@ def consumption(request: HttpRequest) -> HttpResponse:
             "snapshots": snapshots_recent(),
             "consumers": consumers_health(),
             "leases": leases_recent(),
+            "runs": lineage.runs_page(sources=None, after=None, limit=RUNS_RECENT),
             "page": "consumption",
             "live_topics": "consumption",
         },
@@ -273,6 +289,200 @@ def _batch_config(form: BatchForm, names: list[str]) -> dict[str, Any] | None:
         "preview": dataset_preview(spec_parse(spec)),
         "serving": serving_summary(spec_parse(spec).serving),
     }
+
+
+# --- lineage: training runs, their checkpoints, and what changed ------------------------------
+@allowed(VIEW)
+def runs(request: HttpRequest) -> HttpResponse:
+    """Training runs, newest first (``?before=<id>``: the next page)."""
+    rows = lineage.runs_page(sources=None, after=_int(request.GET.get("before")), limit=RUNS_SHOWN)
+    return render(
+        request,
+        "dashboard/runs.html",
+        {
+            "runs": rows,
+            "next_before": rows[-1].id if len(rows) == RUNS_SHOWN else None,
+            "page": "consumption",
+        },
+    )
+
+
+@allowed(VIEW)
+def run(request: HttpRequest, uid: str) -> HttpResponse:
+    """A run: its checkpoints on a timeline (the mean reward of the data behind each, drawn
+    on the server), its sources and tasks, each checkpoint a link to its steps."""
+    found = lineage.run_get(uid, sources=None)
+    if found is None:
+        raise Http404("no such run")
+    cps = lineage.run_checkpoints(found, after=None, limit=CHECKPOINTS_SHOWN)
+    chart = charts.timeline_chart(
+        [
+            {
+                "at": c.created_at,
+                "value": c.reward_mean,
+                "label": f"v{c.version}",
+                "href": reverse("curation:checkpoint", args=[found.uid, c.version]),
+            }
+            for c in cps
+        ],
+        unit="mean reward",
+    )
+    return render(
+        request,
+        "dashboard/run.html",
+        {
+            "run": found,
+            "checkpoints": cps,
+            "chart": chart,
+            "summary": lineage.run_summary(found),
+            "unclaimed": lineage.unclaimed_acks(found),
+            "config": json.dumps(found.config, indent=2, sort_keys=True),
+            "page": "consumption",
+        },
+    )
+
+
+@allowed(VIEW)
+def checkpoint(request: HttpRequest, uid: str, version: int) -> HttpResponse:
+    """A checkpoint: what is behind it (leases, sources, tasks, dataset versions), its steps
+    in order (``?after=<position>``: the next page), and with ``?to=<version>`` how another
+    checkpoint's data differs from it."""
+    found = lineage.run_get(uid, sources=None)
+    cp = lineage.checkpoint_get(found, version) if found is not None else None
+    if found is None or cp is None:
+        raise Http404("no such checkpoint")
+    rows = lineage.checkpoint_steps(cp, sources=None, after=_int(request.GET.get("after")), limit=ROWS_SHOWN)
+    other = _int(request.GET.get("to"))
+    diff = None
+    if other is not None:
+        b = lineage.checkpoint_get(found, other)
+        if b is None:
+            messages.error(request, f"Run {found.uid} has no checkpoint {other}.")
+        else:
+            diff = {
+                "to": b,
+                "counts": lineage.checkpoints_diff_counts(cp, b, sources=None),
+                **{
+                    side: lineage.checkpoints_diff_page(
+                        cp, b, side=side, sources=None, after=None, limit=ROWS_SHOWN
+                    )
+                    for side in ("added", "removed")
+                },
+            }
+    return render(
+        request,
+        "dashboard/checkpoint.html",
+        {
+            "run": found,
+            "cp": cp,
+            "summary": lineage.checkpoint_summary(cp, sources=None),
+            "rows": rows,
+            "next_after": rows[-1]["position"] if len(rows) == ROWS_SHOWN else None,
+            "diff": diff,
+            "others": [
+                c.version for c in lineage.run_checkpoints(found, after=None, limit=CHECKPOINTS_SHOWN)
+            ],
+            "page": "consumption",
+        },
+    )
+
+
+@allowed(VIEW)
+def checkpoint_step_uids(request: HttpRequest, uid: str, version: int) -> HttpResponse:
+    """Every step uid behind a checkpoint, one per line (the page's download; the API's is
+    GET /api/v1/runs/{uid}/checkpoints/{version}/steps/download)."""
+    found = lineage.run_get(uid, sources=None)
+    cp = lineage.checkpoint_get(found, version) if found is not None else None
+    if found is None or cp is None:
+        raise Http404("no such checkpoint")
+    return stream_download(
+        request,
+        (u.encode() + b"\n" for u in lineage.checkpoint_step_uids(cp, sources=None)),
+        content_type="text/plain; charset=utf-8",
+        filename=f"{found.uid}-{cp.version}-steps.txt",
+    )
+
+
+@allowed(CURATE)
+def dataset_diff(request: HttpRequest, name: str) -> HttpResponse:
+    """Two versions of a dataset (``?from=&to=``; default: the one before the current, and
+    the current): what each admits now, compared; one side listed (``?side=``)."""
+    found = dataset_versions(name)
+    if found is None:
+        raise Http404("no such dataset")
+    ds, versions = found
+    by_number = {v.version: v for v in versions}
+    numbers = sorted(by_number)
+    to = _int(request.GET.get("to")) or numbers[-1]
+    frm = _int(request.GET.get("from")) or (numbers[-2] if len(numbers) > 1 else numbers[-1])
+    side = request.GET.get("side", "added")
+    if frm not in by_number or to not in by_number or side not in diffs.VERSION_SIDES:
+        raise Http404("no such version or side")
+    d = diffs.versions_diff(
+        by_number[frm],
+        by_number[to],
+        sources=None,
+        side=side,
+        after=_int(request.GET.get("after")),
+        limit=ROWS_SHOWN,
+    )
+    return render(
+        request,
+        "curation/diff.html",
+        {
+            "title": f"Dataset {ds.name}: v{frm} → v{to}",
+            "back": (reverse("curation:dataset", args=[ds.name]), f"« Dataset {ds.name}"),
+            "counts": d.counts,
+            "tabs": [(side, d.counts[side]) for side in diffs.VERSION_SIDES],
+            "side": side,
+            "results": d.results,
+            "next_after": d.last if len(d.results) == ROWS_SHOWN else None,
+            "choices": {"from": numbers, "to": numbers},
+            "picked": {"from": frm, "to": to},
+            "page": "curation",
+        },
+    )
+
+
+@allowed(VIEW)
+def snapshot_diff(request: HttpRequest, snapshot_id: uuid.UUID) -> HttpResponse:
+    """Two snapshots (this one, and ``?to=<id>``; default: the done one of the same dataset
+    made just before, compared to this one): steps added, removed, and those whose reward,
+    quality flags or review changed; one side listed (``?side=``)."""
+    snap = snapshot_get(snapshot_id)
+    if snap is None:
+        raise Http404("no such snapshot")
+    raw = request.GET.get("to")
+    if raw:
+        try:
+            other = snapshot_get(uuid.UUID(raw))
+        except ValueError:
+            other = None
+        a, b = snap, other
+    else:
+        a, b = lineage.snapshot_previous(snap), snap
+    side = request.GET.get("side", "added")
+    if side not in diffs.SNAPSHOT_SIDES:
+        raise Http404("no such side")
+    d = None
+    if a is not None and b is not None and a.status == b.status == "done":
+        d = diffs.snapshots_diff(a, b, side=side, after=request.GET.get("after") or None, limit=ROWS_SHOWN)
+    return render(
+        request,
+        "curation/diff.html",
+        {
+            "title": f"Snapshot {str(snap.id)[:8]} ({snap.dataset_version})",
+            "back": (reverse("curation:consumption") + "#snapshots", "« Consumption"),
+            "snapshots": (a, b),
+            "counts": d.counts if d else None,
+            "tabs": [(s, d.counts[s]) for s in diffs.SNAPSHOT_SIDES] if d else [],
+            "side": side,
+            "results": d.results if d else [],
+            "next_after": d.last if d and len(d.results) == ROWS_SHOWN else None,
+            "picked": {"to": raw or ""},
+            "page": "consumption",
+        },
+    )
 
 
 @allowed(VIEW)

@@ -13,8 +13,13 @@ Each training step:
    steps weigh 0), and the loss ``-mean(w * A * logprob)`` over the response tokens of
    unmasked steps, where ``w`` is the truncated importance ratio ``min(exp(lp -
    rollout_lp), cap)`` (detached) for steps that came with rollout logprobs, else 1;
-4. takes an Adam step, leaves the ``with`` block (ack), then ``set_policy_version(v + 1)``,
-   which the server's curation uses for staleness/freshness.
+4. takes an Adam step, leaves the ``with`` block (ack), then publishes version ``v + 1`` as
+   a checkpoint of its training run (``Run.set_policy_version``): the server's curation
+   uses the version for staleness/freshness, and the checkpoint records the leases acked
+   since the previous one, so each version can be walked back to the steps that trained it.
+
+The training is one run (``ClawClient.open_run``: its consumer, dataset, config and this
+file's hash as the code version); ``--run`` continues a run by its uid (a trainer restarted).
 
 Before training on a batch it checks it (``batch_check``): a step to train on (unmasked)
 with a null reward would be trained on as reward 0, and one without rollout logprobs without
@@ -38,6 +43,7 @@ pulls) and ``policy`` (it publishes policy versions; a consume key alone may not
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -51,9 +57,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from claw_client import ClawClient, token_logprobs, tree_attention_mask
+from claw_client import ClawClient, Run, token_logprobs, tree_attention_mask
 
 VOCAB = 64  # token ids are taken modulo this: the model is tiny, the ids are not
+RATIO_CAP = 2.0  # the truncated importance ratio's cap
 MAX_POSITIONS = 1024  # positions (tree depths) are clamped to this
 
 
@@ -177,7 +184,9 @@ def _group_rows(groups: Sequence[str | None], keep: np.ndarray) -> list[np.ndarr
     return out
 
 
-def policy_loss(model: TinyLM, tree: dict[str, Any], ratio_cap: float = 2.0) -> tuple[torch.Tensor, dict]:
+def policy_loss(
+    model: TinyLM, tree: dict[str, Any], ratio_cap: float = RATIO_CAP
+) -> tuple[torch.Tensor, dict]:
     """The GRPO loss of one ``tree`` batch from one packed forward, and its stats."""
     ids = np.asarray(tree["input_ids"], dtype=np.int64) % VOCAB
     pos = np.asarray(tree["position_ids"], dtype=np.int64)
@@ -228,8 +237,14 @@ def train(
     allow_null_rewards: bool = False,
     allow_missing_logprobs: bool = False,
     rollout: Callable[[TinyLM, int], Any] | None = None,
+    run: Run | str | None = None,
 ) -> list[dict[str, Any]]:
     """``steps`` GRPO steps on ``dataset`` as ``consumer``; one stats dict per step.
+
+    They train within a training run: ``run`` (a Run, or a run's uid to continue it), else a
+    new one (``open_run``: this consumer and dataset, the hyperparameters as its config,
+    ``code_version()``). Each new policy version is a checkpoint of it; each stats dict
+    names the run and how many leases its checkpoint took (``checkpoint_leases``).
 
     ``rollout(model, version)``, when given, runs before each pull: it rolls out the tasks to
     train on next with the current policy (``rollout_tasks``: the whole loop in one process).
@@ -244,7 +259,17 @@ def train(
     model = model if model is not None else TinyLM()
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     version = policy_version or 0
-    versions = version_client or client
+    if not isinstance(run, Run):
+        config = {"lr": lr, "batch_size": batch_size, "seed": seed, "ratio_cap": RATIO_CAP}
+        run = client.open_run(
+            consumer=consumer,
+            dataset=dataset,
+            name="grpo_tiny",
+            config=config,
+            code_version=code_version(),
+            uid=run,
+            versions=version_client,
+        )
     out: list[dict[str, Any]] = []
     for step in range(steps):
         if rollout is not None:
@@ -263,9 +288,11 @@ def train(
             loss.backward()
             opt.step()
             lease = batch.lease_id
-        # acked: the policy that made these gradients is the next version
+        # acked: the policy that made these gradients is the next version, a checkpoint of
+        # the run holding the leases acked since the previous one (this one, and any a
+        # crashed process acked before it)
         version += 1
-        versions.set_policy_version(version)
+        published = run.set_policy_version(version)
         st = tree["stats"]
         row = {
             "step": step,
@@ -276,12 +303,20 @@ def train(
             "total_tokens": st["total_tokens"],
             "policy_version": version,
             "lease_id": lease,
+            "run": run.uid,
+            "checkpoint_leases": published["checkpoint"]["leases"],
             **extra,
         }
         out.append(row)
         if log is not None:
             log(json.dumps(row))
     return out
+
+
+def code_version() -> str:
+    """This trainer's code version: the sha256 of its source, shortened (a run records it)."""
+    with open(__file__, "rb") as fh:
+        return "grpo_tiny-" + hashlib.sha256(fh.read()).hexdigest()[:12]
 
 
 # --- the rollout side: sample tasks, roll them out with the policy, reward them ----------------------
@@ -371,6 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the current policy version (the server refuses a move back without an admin's force)",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--run", default=None, help="continue the training run of this uid (default: a new run)")
     p.add_argument(
         "--allow-null-rewards", action="store_true", help="train on steps with a null reward, as reward 0"
     )
@@ -397,6 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 seed=a.seed,
                 allow_null_rewards=a.allow_null_rewards,
                 allow_missing_logprobs=a.allow_missing_logprobs,
+                run=a.run,
             )
         except BadBatch as exc:
             print(f"grpo_tiny: {exc}", file=sys.stderr)

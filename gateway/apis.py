@@ -417,6 +417,10 @@ class PolicyVersionApi(KnownQueryParams, generics.GenericAPIView):
                 "version": serializers.IntegerField(),
                 "is_current": serializers.BooleanField(),
                 "policy": serializers.CharField(),
+                "checkpoint": serializers.DictField(
+                    required=False,
+                    help_text='with "run": the checkpoint recorded (run, version, leases taken)',
+                ),
             },
         ),
     )
@@ -443,11 +447,14 @@ class PolicyVersionApi(KnownQueryParams, generics.GenericAPIView):
             policy=d["policy"],
             source_id=source_id_of(request),
             sources=write_sources_of(request),
+            run=d.get("run"),
         )
         # is_current: whether it is now the named policy's current version; ``policy`` is
         # answered for a named one only (the default's answer is as it always was).
         named = {} if pv.policy == "default" else {"policy": pv.policy, "is_current": pv.policy_current}
-        return Response({**policy_version_render(pv), **named})
+        # With "run": the checkpoint it recorded (curation/services/lineage.py).
+        checkpoint = {} if pv.checkpoint is None else {"checkpoint": pv.checkpoint}
+        return Response({**policy_version_render(pv), **named, **checkpoint})
 
     @extend_schema(
         responses=s.PolicyVersionReadSerializer(many=True), summary="Policy versions, newest first"

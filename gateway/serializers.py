@@ -310,6 +310,8 @@ class PolicyVersionSerializer(StrictSerializer):
     metadata = SafeDictField(required=False)
     # The policy whose current version moves (pool.models.Policy); none: "default".
     policy = TextField(required=False, default="default", max_length=64)
+    # A training run's uid (POST /api/v1/runs): the version is also a checkpoint of that run.
+    run = TextField(required=False, max_length=128)
 
 
 # --- tasks and the task sampler (pool/services/task_catalog.py) ------------------------------

@@ -61,6 +61,9 @@ class Quality(enum.IntFlag):
     # Group flags, set when the group's rewards are final (pool/services/readiness.py):
     DUPLICATE = 64  # another rollout of the group gave exactly this response
     ZERO_VARIANCE = 128  # every rollout of the group has the same reward: no GRPO signal
+    # Set by a trainer's verdict (curation/services/verdicts.py): the KL between the step's
+    # rollout and training logprobs went over its dataset's serving.policy_mismatch_kl.
+    POLICY_MISMATCH = 256
 
 
 QUALITY_NAMES: dict[str, int] = {
@@ -74,6 +77,7 @@ QUALITY_NAMES: dict[str, int] = {
         ("too_long", Quality.TOO_LONG),
         ("duplicate", Quality.DUPLICATE),
         ("zero_variance", Quality.ZERO_VARIANCE),
+        ("policy_mismatch", Quality.POLICY_MISMATCH),
     )
 }
 GROUP_QUALITY = int(Quality.DUPLICATE | Quality.ZERO_VARIANCE)

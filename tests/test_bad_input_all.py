@@ -16,7 +16,18 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from curation.models import Consumer, Dataset, DatasetVersion, LabelEvent, Lease, Snapshot
+from curation.models import (
+    Checkpoint,
+    CheckpointStep,
+    Consumer,
+    Dataset,
+    DatasetVersion,
+    LabelEvent,
+    Lease,
+    Run,
+    Snapshot,
+    StepVerdict,
+)
 from curation.services import dataset_create
 from curation.services.consume import PullIn, consumer_pull, lease_ack, lease_nack
 from pool.models import ApiKey, AuditEvent, Media, MergeResult, StepMedia
@@ -295,6 +306,60 @@ CASES: list[tuple[str, str, str, dict, str]] = [
         "admin",
     ),
     ("task-sampler records: bad cursor", "get", f"{A}/task-sampler/records?cursor=zz", {}, "admin"),
+    # --- lineage: runs, checkpoints, the other way ------------------------------------------------
+    (
+        "runs: config is a list",
+        "post",
+        f"{A}/runs",
+        j({"consumer": "c1", "dataset": D, "config": [1]}),
+        "admin",
+    ),
+    ("runs: unknown dataset", "post", f"{A}/runs", j({"consumer": "c1", "dataset": "no-such-ds"}), "admin"),
+    (
+        "runs: uid with a slash",
+        "post",
+        f"{A}/runs",
+        j({"consumer": "c1", "dataset": D, "uid": "a/b"}),
+        "admin",
+    ),
+    ("runs list: bad cursor", "get", f"{A}/runs?cursor=zz", {}, "admin"),
+    ("runs list: page_size 0", "get", f"{A}/runs?page_size=0", {}, "admin"),
+    ("run: unknown uid", "get", f"{A}/runs/no-such-run", {}, "admin"),
+    ("checkpoint: unknown run", "get", f"{A}/runs/no-such-run/checkpoints/1", {}, "admin"),
+    ("replay: unknown run", "get", f"{A}/runs/no-such-run/replay", {}, "admin"),
+    (
+        "policy-versions: unknown run",
+        "post",
+        f"{A}/policy-versions",
+        j({"version": 5, "run": "no-such-run"}),
+        "admin",
+    ),
+    (
+        "policy-versions: run is a number",
+        "post",
+        f"{A}/policy-versions",
+        j({"version": 5, "run": 7}),
+        "admin",
+    ),
+    ("verdicts: steps is not a list", "post", f"{A}/leases/{{lease}}/verdicts", j({"steps": {}}), "admin"),
+    (
+        "verdicts: unknown lease",
+        "post",
+        f"{A}/leases/{NO_LEASE}/verdicts",
+        j({"steps": [{"uid": S}]}),
+        "admin",
+    ),
+    (
+        "verdicts: a released lease",
+        "post",
+        f"{A}/leases/{{released}}/verdicts",
+        j({"steps": [{"uid": S}]}),
+        "admin",
+    ),
+    ("dataset diff: from is text", "get", f"{A}/datasets/{D}/diff?from=one&to=1", {}, "admin"),
+    ("snapshot diff: not done", "get", f"{A}/snapshots/{{snapshot}}/diff?to={{snapshot}}", {}, "admin"),
+    ("step checkpoints: unknown step", "get", f"{A}/steps/no-such-step/checkpoints", {}, "admin"),
+    ("source checkpoints: unknown source", "get", f"{A}/sources/no-such-source/checkpoints", {}, "admin"),
 ]
 
 
@@ -324,6 +389,7 @@ def seeded(db, settings, tmp_path) -> dict[str, str]:
 def every_count() -> dict[str, int]:
     models = (Dataset, DatasetVersion, LabelEvent, Lease, Snapshot, Consumer, ApiKey, AuditEvent, MergeResult)
     models += (Media, StepMedia)  # issue 24
+    models += (Run, Checkpoint, CheckpointStep, StepVerdict)  # lineage
     return {**pool_counts(), **{m.__name__: m.objects.count() for m in models}}
 
 

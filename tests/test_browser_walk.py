@@ -188,6 +188,14 @@ def _populate(srv: LiveServer, agent_key: str, trainer_key: str) -> Pool:
         {"dataset": "walk-ds", "batch_size": 4, "unit": "steps"},
     )
     assert lease["lease_id"], lease
+    # a training run whose checkpoint 1 took that lease (its pages: run, checkpoint)
+    _post(srv, trainer_key, "/api/v1/runs", {"uid": "walk-run", "consumer": "walk-c", "dataset": "walk-ds"})
+    _post(srv, trainer_key, f"/api/v1/leases/{lease['lease_id']}/ack", {})
+    srv.manage(
+        "shell",
+        "-c",
+        "from pool.services import policy_version_set\npolicy_version_set(version=1, run='walk-run')",
+    )
     step_id = int(
         srv.manage(
             "shell",
@@ -265,6 +273,10 @@ PAGES = [
     Row("group-tree", "/optimization/groups/walk-g/", ALL),
     Row("consumption", "/consumption/", ALL),
     Row("lease-batch", "/consumption/leases/{lease_id}/batch", ALL),
+    Row("runs", "/runs/", ALL),
+    Row("run", "/runs/walk-run/", ALL),
+    Row("checkpoint", "/runs/walk-run/checkpoints/1/?to=1", ALL),
+    Row("dataset-diff", "/curation/datasets/walk-ds/diff?from=1&to=1&side=kept", CURATORS),
     Row("review", "/review/walk-items/", ALL),
     Row("review-group", "/review/walk-rank/", ALL),
     Row("review-queues", "/review/queues/", ALL),

@@ -35,6 +35,7 @@ PATH_VALUES = {
     "lease_id": str(uuid.UUID(int=1)),
     "snapshot_id": str(uuid.UUID(int=2)),
     "sha256": "0" * 64,
+    "version": "1",
 }
 UNKNOWN = "no_such_parameter"
 

@@ -24,7 +24,8 @@ from django.urls import URLResolver, get_resolver, resolve
 
 from curation.models import Snapshot
 from curation.services import dataset_create
-from curation.services.consume import Actor, PullIn, consumer_pull
+from curation.services.consume import Actor, PullIn, consumer_pull, lease_ack
+from curation.services.lineage import RunIn, run_open
 from curation.services.snapshots import snapshot_build, snapshot_create
 from pool.models import Event, Feedback, Media, PromptGroup, RewardEvent, Scope, Source, Step, Trajectory
 from pool.services import api_key_create, steps_ingest
@@ -240,6 +241,9 @@ def everyone(value, **but):
 
 # Consumption: consume keys and admins; another source's consumer or lease is unknown.
 CONSUMING = everyone(403, admin=SEES, own_trainer=SEES, other_trainer=HIDDEN)
+# Runs: their source's readers, read and admin keys; another source's run is unknown.
+RUNS = everyone(SEES, other=HIDDEN, other_trainer=HIDDEN)
+OPENS = everyone(403, admin=201, own_trainer=201, other_trainer=201)
 # (case, method, path, body, {actor: expectation}, unknown path for HIDDEN or a counter)
 DETAILS = [
     ("snapshot of A's rows", "get", "snapshots/{sa}", None, everyone(SEES, other=HIDDEN)),
@@ -262,12 +266,21 @@ DETAILS = [
     ("dataset naming A", "get", "datasets/a-only", None, everyone(SEES, other=HIDDEN)),
     ("its preview", "get", "datasets/a-only/preview", None, everyone(SEES, other=HIDDEN)),
     ("dataset naming no source", "get", "datasets/everyone", None, everyone(SEES)),
+    ("its versions' diff", "get", "datasets/a-only/diff?from=1&to=1", None, everyone(SEES, other=HIDDEN)),
+    ("two snapshots' diff", "get", "snapshots/{sa}/diff?to={sa}", None, everyone(SEES, other=HIDDEN)),
     ("dataset create", "post", "datasets", {"name": "new-ds"}, everyone(403, admin=201)),
     ("A's image", "get", "media/{sha}", None, everyone(SEES, other=HIDDEN)),
     ("A's consumer", "get", "consumers/a-cons", None, CONSUMING),
     ("A's lease batch", "get", "leases/{lease}/batch", None, CONSUMING),
     ("A's lease ack", "post", "leases/{lease}/ack", None, CONSUMING),
     ("A's lease nack", "post", "leases/{lease}/nack", None, CONSUMING),
+    (
+        "A's lease verdicts",
+        "post",
+        "leases/{lease}/verdicts",
+        {"steps": [{"uid": "a-ready:0", "logprob_kl": 0.1}]},
+        CONSUMING,
+    ),
     ("lease release", "post", "leases/{lease}/release", None, everyone(403, admin=SEES)),
     (
         "pull as A's consumer",
@@ -280,6 +293,33 @@ DETAILS = [
     ),
     ("labels", "post", "labels", {"step_uids": [S0], "label": "accepted"}, everyone(403, admin=SEES)),
     ("policy version set", "post", "policy-versions", {"version": 3}, everyone(403, admin=SEES)),
+    # Lineage: a run is its consumer's source's (A's "a-run": consumer a-cons2, checkpoint 2);
+    # the steps behind it are the reader's served sources'.
+    ("run open", "post", "runs", {"consumer": "a-cons", "dataset": "everyone"}, OPENS),
+    ("A's run", "get", "runs/a-run", None, RUNS),
+    ("its checkpoints", "get", "runs/a-run/checkpoints", None, RUNS),
+    ("its checkpoint", "get", "runs/a-run/checkpoints/2", None, RUNS),
+    ("its steps", "get", "runs/a-run/checkpoints/2/steps", None, RUNS),
+    ("its step uids", "get", "runs/a-run/checkpoints/2/steps/download", None, RUNS),
+    ("its trajectories", "get", "runs/a-run/checkpoints/2/trajectories", None, RUNS),
+    ("its difference", "get", "runs/a-run/checkpoints/2/diff?to=2", None, RUNS),
+    ("its replay", "get", "runs/a-run/replay", None, CONSUMING),
+    ("A's step's checkpoints", "get", f"steps/{S0}/checkpoints", None, everyone(SEES, other=HIDDEN)),
+    (
+        "A's trajectory's checkpoints",
+        "get",
+        f"trajectories/{T}/checkpoints",
+        None,
+        everyone(SEES, other=HIDDEN),
+    ),
+    ("A's source's checkpoints", "get", f"sources/{A_NAME}/checkpoints", None, everyone(SEES, other=HIDDEN)),
+    (
+        "run checkpoint",
+        "post",
+        "policy-versions",
+        {"version": 3, "run": "a-run"},
+        everyone(403, admin=SEES),
+    ),
 ]
 
 
@@ -390,6 +430,14 @@ COUNTS = [
         ),
     ),
     (
+        "runs",
+        "get",
+        "runs",
+        None,
+        lambda r: [run["uid"] for run in r["results"]],
+        lambda actor: [] if actor in ("other", "other-trainer") else ["a-run"],
+    ),
+    (
         "policy versions: the pool's, not a source's",
         "get",
         "policy-versions",
@@ -434,6 +482,11 @@ def pool(world, settings, tmp_path):
         snapshot_build(snapshot_id=snaps[key])
     lease = consumer_pull(consumer="a-cons", pull=PullIn(dataset="everyone"), actor=Actor(source_id=a))
     assert lease is not None
+    # A's training run: its consumer acks a lease, checkpoint 2 (below) takes it
+    run_open(run=RunIn(uid="a-run", consumer="a-cons2", dataset="everyone"), actor=Actor(source_id=a))
+    trained = consumer_pull(consumer="a-cons2", pull=PullIn(dataset="everyone"), actor=Actor(source_id=a))
+    assert trained is not None
+    lease_ack(lease_id=trained.id)
     for actor, uid in (("own", "a-task"), ("other", "b-task")):
         assert (
             world[actor]
@@ -448,8 +501,11 @@ def pool(world, settings, tmp_path):
             == 200
         )
     for version in (1, 2):
+        run = {"run": "a-run"} if version == 2 else {}
         assert (
-            world["admin"].post("/api/v1/policy-versions", {"version": version}, format="json").status_code
+            world["admin"]
+            .post("/api/v1/policy-versions", {"version": version, **run}, format="json")
+            .status_code
             == 200
         )
     ids = {**snaps, "sha": Media.objects.get().sha256, "lease": str(lease.id), "a": a, "b": b}
@@ -463,7 +519,10 @@ def unknown_of(path: str, ids: dict) -> tuple[str, str, str]:
             return path.replace("{" + key + "}", UNKNOWN_UUID), ids[key], UNKNOWN_UUID
     if "{sha}" in path:
         return path.replace("{sha}", "0" * 64), ids["sha"], "0" * 64
-    for name in ("a-only", "a-cons"):
+    for name in (S0, T, A_NAME):
+        if f"/{name}/" in path:
+            return path.replace(name, "nope"), name, "nope"
+    for name in ("a-only", "a-cons", "a-run"):
         if name in path:
             return path.replace(name, "no-such"), name, "no-such"
     raise AssertionError(f"no id to swap in {path}")

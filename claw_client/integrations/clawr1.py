@@ -28,11 +28,18 @@ by the server: Claw-R1's trainers call it unchanged, and nothing it holds is los
 * ``get_statistics`` and ``stats`` are this actor's counters and the server's view of the
   consumer (``GET /api/v1/consumers/{name}``); ``put_validate``/``get_validate`` keep
   Claw-R1's in-memory validation-metrics queue.
+* Lineage: ``open_run`` opens (or, by uid, continues) the training run of this pool's
+  consumer on the train channel's dataset, with the DataPoolConfig (or any config) as its
+  config; ``set_policy_version(version)`` publishes a version as a checkpoint of it (the
+  leases acked since the previous one; a run with defaults is opened on first use);
+  ``post_verdicts(data)`` sends the trainer's verdict on the last fetched batch's steps back
+  to the pool (``claw_client.integrations.verl.post_verdicts``, by the lease of each step).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, is_dataclass
@@ -148,6 +155,9 @@ class DataPool:
         self._all_shut = False
         self._counters: dict[str, dict[str, Any]] = {}
         self._val_queue: list[Any] = []
+        self._run: Any = None  # claw_client.Run, once open_run (or set_policy_version) opens it
+        # The lease each step uid of the recent fetches came in (post_verdicts posts by lease).
+        self._step_leases: dict[str, str] = {}
 
     # --- producer API (Claw-R1's names) ---------------------------------------------------
     def submit_step(self, step: Any, channel: str = DEFAULT_CHANNEL) -> None:
@@ -220,6 +230,7 @@ class DataPool:
             await asyncio.to_thread(_nack_all, held)
             raise
         leases = [b.lease_id for b in held]
+        self._step_leases = {uid: b.lease_id for b in held for uid in (b.manifest or {}).get("step_uids", [])}
         if self._ack_mode == "handover":
             await asyncio.to_thread(_ack_all, self._client, leases)
         else:
@@ -244,6 +255,42 @@ class DataPool:
         leases, self._unacked = self._unacked, []
         _ack_all(self._client, leases)
         return len(leases)
+
+    # --- lineage ---------------------------------------------------------------------------
+    def open_run(
+        self,
+        *,
+        name: str | None = None,
+        config: Any = None,
+        code_version: str | None = None,
+        uid: str | None = None,
+        channel: str = DEFAULT_CHANNEL,
+    ) -> str:
+        """Open the training run of this pool's consumer on ``channel``'s dataset (or
+        continue run ``uid``); ``config`` defaults to the DataPoolConfig. Returns its uid."""
+        self._run = self._client.open_run(
+            consumer=self._consumer,
+            dataset=self._dataset(channel),
+            name=name or "claw-r1",
+            config=_plain(config if config is not None else self._config),
+            code_version=code_version,
+            uid=uid,
+        )
+        return self._run.uid
+
+    def set_policy_version(self, version: int, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Publish ``version`` as a checkpoint of the run (opened with defaults first when
+        none is): it holds the leases acked since the previous one. The server's answer."""
+        if self._run is None:
+            self.open_run()
+        return self._run.set_policy_version(version, metadata=metadata)
+
+    def post_verdicts(self, data: Any, **kwargs: Any) -> dict[str, Any]:
+        """The trainer's verdict on the last fetched batch's steps, by the lease each came in
+        (``claw_client.integrations.verl.post_verdicts``; ``kwargs``: clip_ratio, ...)."""
+        from .verl import post_verdicts
+
+        return post_verdicts(self._client, data, lease_of=self._step_leases, **kwargs)
 
     # --- observability --------------------------------------------------------------------
     def get_statistics(self, channel: str = DEFAULT_CHANNEL) -> dict[str, Any]:
@@ -357,6 +404,22 @@ def _payload(step: Any) -> dict[str, Any]:
         if fields.get(key) is not None:
             fields[key] = [x.item() if hasattr(x, "item") else x for x in fields[key]]
     return {k: v for k, v in fields.items() if v is not None}
+
+
+def _plain(config: Any) -> dict[str, Any] | None:
+    """A config as JSON: an OmegaConf config resolved, a dataclass or mapping as a dict,
+    values JSON cannot hold as their text."""
+    if config is None:
+        return None
+    if not isinstance(config, Mapping) and type(config).__module__.startswith("omegaconf"):
+        from omegaconf import OmegaConf
+
+        config = OmegaConf.to_container(config, resolve=True)
+    elif is_dataclass(config) and not isinstance(config, type):
+        config = asdict(config)
+    elif not isinstance(config, Mapping):
+        config = dict(vars(config))
+    return json.loads(json.dumps(dict(config), default=str))
 
 
 def _field(config: Any, name: str, default: Any) -> Any:

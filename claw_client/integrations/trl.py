@@ -1,6 +1,7 @@
 """TRL datasets from a ``steps`` batch: conversational SFT rows and preference pairs.
 
-Pure Python over the ``steps`` format (no TRL, torch or Django import): the rows are what
+Pure Python over the ``steps`` format (no TRL, torch or Django import; ``checkpoint_callback``
+imports transformers when called): the rows are what
 ``datasets.Dataset.from_list`` takes and TRL's ``SFTTrainer`` / ``DPOTrainer`` train on::
 
     with claw.pull("grpo", consumer="sft", batch_size=64) as batch:
@@ -16,6 +17,11 @@ messages are part of the final step's ``messages`` as the agent sent them. Its r
 final step's effective reward as served. Rollouts whose final step has no ``messages``, a
 null reward, or ``mask`` true are left out. Rollouts are compared within their prompt group
 (``prompt_group_uid``; a trajectory without a group is a group of its own).
+
+Lineage: train within a run (``ClawClient.open_run``) and publish each model as a
+checkpoint of it once its leases are acked: after the ``with`` block of a pull
+(``run.set_policy_version(v)``), or, for leases acked before training, at each save with
+``checkpoint_callback(run, start=v)`` among the trainer's callbacks.
 """
 
 from __future__ import annotations
@@ -24,6 +30,34 @@ from collections.abc import Iterable
 from typing import Any
 
 Message = dict[str, Any]
+
+
+def checkpoint_callback(run: Any, *, start: int = 0, current: bool = False) -> Any:
+    """A ``transformers.TrainerCallback`` (TRL's trainers take it in ``callbacks=[...]``)
+    that publishes ``start + global_step`` as a checkpoint of ``run`` (a ``claw_client.Run``)
+    at each save and at the end of training, once per step: each checkpoint holds the leases
+    acked since the previous one, so ack the pulls a dataset was built from before training.
+    ``current``: also make it the policy's current version (default: no, an SFT or DPO model
+    is not what agents roll out with). Imports transformers when called."""
+    from transformers import TrainerCallback
+
+    class ClawCheckpoint(TrainerCallback):
+        def __init__(self) -> None:
+            self.published: list[int] = []
+
+        def _publish(self, state: Any) -> None:
+            version = start + int(state.global_step)
+            if not self.published or self.published[-1] != version:
+                run.set_policy_version(version, current=current)
+                self.published.append(version)
+
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self._publish(state)
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self._publish(state)
+
+    return ClawCheckpoint()
 
 
 def conversation(step: dict[str, Any]) -> list[Message]:

@@ -37,10 +37,23 @@ step's ``multi_modal_data`` and hand to the processor, ``image`` what verl's RLH
 vLLM's engine take), and None for a row without images. They are fetched by sha256 through
 the client's disk cache (``ClawClient.images``): the pulling client of a ``Batch``, or
 ``media=`` (a ClawClient, or any ``row -> list[PIL image]``) for a dict or a list of rows.
+
+Lineage: ``open_run`` opens the trainer's training run (verl's config as its config), and
+each version it publishes (``run.set_policy_version(global_step)``) is a checkpoint holding
+the leases acked since the previous one. After the actor's update, ``post_verdicts`` sends
+the trainer's verdict on each step back to the pool, from verl's own tensors::
+
+    run = open_run(claw, consumer="verl", dataset="grpo", config=config)   # OmegaConf or dict
+    with claw.pull("grpo", consumer="verl", batch_size=8, format="padded") as batch:
+        data = to_dataproto(batch)
+        ...                                   # old_log_probs, advantages, update_actor
+        post_verdicts(claw, data, clip_ratio=config.actor_rollout_ref.actor.clip_ratio)
+    run.set_policy_version(global_step)
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -51,7 +64,7 @@ from verl.protocol import DataProto
 
 from claw_client.formats import padded_steps
 
-__all__ = ["batch_rows", "to_dataproto"]
+__all__ = ["batch_rows", "open_run", "post_verdicts", "to_dataproto", "verdicts_of"]
 
 # What a step row needs; the rest is optional (metadata, reward_scope, ...).
 _ROW_KEYS = ("prompt_ids", "response_ids", "trajectory_uid", "step_index")
@@ -148,6 +161,114 @@ def to_dataproto(
     return DataProto(
         batch=TensorDict(tensors, batch_size=[n]), non_tensor_batch=non_tensors, meta_info=meta_info
     )
+
+
+def open_run(
+    client: Any,
+    *,
+    consumer: str,
+    dataset: str,
+    config: Any = None,
+    name: str | None = None,
+    code_version: str | None = None,
+    uid: str | None = None,
+) -> Any:
+    """The verl trainer's training run (``ClawClient.open_run``): ``config`` is verl's config
+    (an OmegaConf DictConfig, resolved, or a dict), ``code_version`` by default verl's
+    version. Publish each version through the run (``run.set_policy_version(step)``): a
+    checkpoint holding the leases acked since the previous one."""
+    if config is not None and not isinstance(config, Mapping):
+        from omegaconf import OmegaConf
+
+        config = OmegaConf.to_container(config, resolve=True)
+    if code_version is None:
+        import verl
+
+        code_version = f"verl-{getattr(verl, '__version__', 'unknown')}"
+    return client.open_run(
+        consumer=consumer,
+        dataset=dataset,
+        name=name,
+        config=dict(config) if config is not None else None,
+        code_version=code_version,
+        uid=uid,
+    )
+
+
+def verdicts_of(
+    data: DataProto,
+    *,
+    clip_ratio: float = 0.2,
+    clip_ratio_high: float | None = None,
+    log_prob_key: str = "old_log_probs",
+    per_token: bool = False,
+) -> list[dict[str, Any]]:
+    """The trainer's verdict on each step trained on (a row whose ``response_mask`` has a 1),
+    from verl's own tensors: ``log_prob_key`` (the training policy's logprobs, verl's
+    ``old_log_probs`` from ``compute_log_prob``), ``rollout_log_probs`` and ``advantages``
+    (from ``compute_advantage``), over the row's response tokens (``response_mask``):
+
+    * ``importance_ratio``: exp(mean(training - rollout logprob));
+    * ``logprob_kl``: the KL between the rollout and training policies, the k3 estimate
+      mean(r - 1 - log r), r = exp(training - rollout) per token (>= 0);
+    * ``clipped_fraction``: the share of tokens whose ratio r is outside
+      [1 - clip_ratio, 1 + clip_ratio_high] (verl's PPO clip range; high defaults to low);
+    * ``advantage``: the mean advantage.
+
+    A statistic whose tensor is absent (or a row without rollout logprobs) is left out.
+    ``per_token`` adds ``tokens``: r and the k3 term per response token (0 where masked).
+    Items as ``POST /api/v1/leases/{id}/verdicts`` takes them."""
+    b, nt = data.batch, data.non_tensor_batch
+    mask = b["response_mask"].to(torch.float64)
+    n_response = b["attention_mask"][:, -mask.shape[1] :].sum(dim=-1).tolist()
+    keys = set(b.keys())
+    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+    has_lp = list(nt["has_rollout_logprobs"]) if "has_rollout_logprobs" in nt else [True] * len(data)
+    log_ratio = ratio = k3 = None
+    if log_prob_key in keys and "rollout_log_probs" in keys:
+        log_ratio = (b[log_prob_key].to(torch.float64) - b["rollout_log_probs"].to(torch.float64)) * mask
+        ratio = torch.exp(log_ratio)
+        k3 = (ratio - 1 - log_ratio) * mask
+    out = []
+    for i in range(len(data)):
+        m = mask[i]
+        count = float(m.sum())
+        if count == 0:
+            continue  # served masked (context): not trained on
+        item: dict[str, Any] = {"uid": nt["step_uids"][i]}
+        if ratio is not None and has_lp[i]:
+            item["importance_ratio"] = math.exp(float(log_ratio[i].sum()) / count)
+            item["logprob_kl"] = float(k3[i].sum()) / count
+            outside = ((ratio[i] < 1 - clip_ratio) | (ratio[i] > 1 + high)).to(torch.float64) * m
+            item["clipped_fraction"] = float(outside.sum()) / count
+            if per_token:
+                n = int(n_response[i])
+                item["tokens"] = {
+                    "importance_ratio": (ratio[i] * m)[:n].tolist(),
+                    "logprob_kl": k3[i][:n].tolist(),
+                }
+        if "advantages" in keys:
+            item["advantage"] = float((b["advantages"][i].to(torch.float64) * m).sum()) / count
+        out.append(item)
+    return out
+
+
+def post_verdicts(
+    client: Any, data: DataProto, *, lease_of: Mapping[str, str] | None = None, **kwargs: Any
+) -> dict[str, dict[str, Any]]:
+    """Post ``verdicts_of(data, **kwargs)`` to the pool, one request per lease; returns each
+    lease's answer (stored, flagged). A row's lease: ``lease_of[step uid]``, else
+    ``meta_info["step_leases"]`` (a batch gathered from several pulls: Claw-R1's DataPool
+    sets it), else the batch's ``meta_info["lease_id"]``."""
+    leases = {**(data.meta_info.get("step_leases") or {}), **(lease_of or {})}
+    default = data.meta_info.get("lease_id")
+    by_lease: dict[str, list[dict[str, Any]]] = {}
+    for item in verdicts_of(data, **kwargs):
+        lease = leases.get(item["uid"], default)
+        if lease is None:
+            raise ValueError(f"step {item['uid']!r} has no lease: give lease_of, or convert a pulled batch")
+        by_lease.setdefault(lease, []).append(item)
+    return {lease: client.post_verdicts(lease, items) for lease, items in by_lease.items()}
 
 
 def batch_rows(batch: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -12,12 +12,12 @@ Content-Disposition, Content-Type) are FileResponse's own either way.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import IO, Any
 
 from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
-from django.http import FileResponse
+from django.http import FileResponse, StreamingHttpResponse
 
 CHUNK_BYTES = 1 << 20  # per read: the memory a download holds
 
@@ -43,3 +43,28 @@ def file_download(request: Any, file: IO[bytes], **kwargs: Any) -> FileResponse:
         # changes. A body without read() is taken as an iterator, async ones included.
         response.streaming_content = _chunks(file, CHUNK_BYTES)
     return response
+
+
+def stream_download(
+    request: Any, chunks: Iterator[bytes], *, content_type: str, filename: str | None = None
+) -> StreamingHttpResponse:
+    """A StreamingHttpResponse of ``chunks``, a synchronous iterator that may query the
+    database (an export built as it goes). Under ASGI each chunk is taken in the request's
+    sync thread (thread-sensitive, where its database connection lives), one at a time:
+    memory stays at one chunk, as for ``file_download``. ``filename``: an attachment."""
+    response = StreamingHttpResponse(chunks, content_type=content_type)
+    if filename is not None:
+        response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    if _served_by_asgi(request):
+        response.streaming_content = _pulled(chunks)
+    return response
+
+
+async def _pulled(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
+    take = sync_to_async(_next, thread_sensitive=True)
+    while (chunk := await take(chunks)) is not None:
+        yield chunk
+
+
+def _next(chunks: Iterator[bytes]) -> bytes | None:
+    return next(chunks, None)

@@ -220,7 +220,8 @@ CELERY_ACCEPT_CONTENT = ["json"]
 # embedded mode `serve` runs exactly the same entries itself, each task by name at its
 # interval (claw_site/management/commands/serve.py, beat_schedule). The readiness sweep catches
 # what an effect missed and abandons idle trajectories, so no group waits forever; leases
-# expire; the outbox relay sends the tasks a process could not publish.
+# expire; the outbox relay sends the tasks a process could not publish; the steps behind new
+# checkpoints of training runs are indexed (a read that needs them indexes them first).
 CLAW_SWEEP_SECONDS = env_float("CLAW_SWEEP_SECONDS", 60.0)
 # Retention (curation/services/retention.py): how often the enabled policies run, and how long
 # a lease pins what it delivered (its replay window: GET /api/v1/leases/{id}/batch).
@@ -230,6 +231,7 @@ CELERY_BEAT_SCHEDULE = {
     "readiness-sweep": {"task": "pool.readiness_sweep", "schedule": CLAW_SWEEP_SECONDS},
     "leases-expire": {"task": "curation.leases_expire", "schedule": CLAW_SWEEP_SECONDS},
     "outbox-relay": {"task": "pool.outbox_relay", "schedule": CLAW_SWEEP_SECONDS},
+    "checkpoints-index": {"task": "curation.checkpoints_index", "schedule": CLAW_SWEEP_SECONDS},
     "retention": {"task": "curation.retention_sweep", "schedule": CLAW_RETENTION_SECONDS},
 }
 # A process whose broker refused a task retries its outbox after this, doubling to 8x.

@@ -333,10 +333,12 @@ def _preview(
     }
 
 
-def dataset_admitted(spec: Spec) -> dict[int, bool]:
-    """Every admitted step id and whether it is masked (False: train on it). For tests,
-    pages and snapshots; consumption asks about a few candidate units (``units_admitted``)."""
-    c = spec_compile(spec)
+def dataset_admitted(spec: Spec, *, sources: Sources = None) -> dict[int, bool]:
+    """Every admitted step id and whether it is masked (False: train on it); of ``sources``'
+    trajectories only (a restricted reader's; None: every source's). For tests, pages,
+    snapshots and version diffs; consumption asks about a few candidate units
+    (``units_admitted``)."""
+    c = spec_compile(spec, sources)
     if not spec.grouping.keep_groups_whole:
         return dict.fromkeys(dataset_steps(c).values_list("id", flat=True), False)
     out: dict[int, bool] = {}

@@ -19,6 +19,7 @@ from pool.models import Feedback, RewardEvent, Step, Trajectory
 from pool.selectors.steps import steps_render
 
 from ..models import LabelEvent, StepTag
+from .lineage import step_verdicts
 from .media import steps_media
 from .trace import trace_summary, trace_turns
 
@@ -40,6 +41,8 @@ class StepView:
     # The images of the messages this turn shows (all of them for a full prompt): an agent
     # re-sends its recent screenshots every turn, so the earlier ones are not repeated.
     media: list[dict[str, Any]] = field(default_factory=list)
+    # Trainers' verdicts on the step (selectors.lineage.step_verdicts), oldest first.
+    verdicts: list[dict[str, Any]] = field(default_factory=list)
 
 
 BRANCH_DX, BRANCH_DY, BRANCH_PAD = 44, 34, 18
@@ -100,7 +103,7 @@ def branches_layout(steps: Sequence[Step]) -> dict[str, Any] | None:
 def trajectory_timeline(uid: str | None = None, *, trajectory_id: int | None = None) -> dict[str, Any] | None:
     """A trajectory (by uid or id) with every step's text, flags, labels, rewards and
     feedback, or None.
-    Seven queries whatever the step count (no per-step reads); token ids stay in the
+    Eight queries whatever the step count (no per-step reads); token ids stay in the
     database (step_token_ids loads one step's on demand)."""
     key = {"uid": uid} if uid is not None else {"id": trajectory_id}
     traj = Trajectory.objects.select_related("source", "group").filter(**key).first()
@@ -148,6 +151,9 @@ def trajectory_timeline(uid: str | None = None, *, trajectory_id: int | None = N
         )
         for s in steps
     ]
+    verdicts = step_verdicts(ids)
+    for v in views:
+        v.verdicts = verdicts.get(v.step.id, [])
     turns = trace_turns(traj, views)
     media = steps_media(ids)
     for v, t in zip(views, turns, strict=True):

@@ -14,7 +14,7 @@ acks and policy versions).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
@@ -49,6 +49,7 @@ class Result:
     middleware_s: float = 0.0
     model_calls: int = 0
     parts_s: dict[str, float] = field(default_factory=dict)
+    run: str | None = None  # the middleware run's training run (its checkpoints' lineage)
 
     def mean_reward(self, first: int | None = None, last: int | None = None) -> float:
         rows = self.curve[:first] if first is not None else self.curve[-(last or len(self.curve)) :]
@@ -94,6 +95,10 @@ def middleware_run(
         admin.create_dataset(name, filters={"max_staleness": MAX_STALENESS, "sources": [agent_source]})
         version = start_version
         trainer.set_policy_version(version)
+        # One training run: each version it publishes is a checkpoint holding the leases
+        # acked since the previous one (the lineage of every version).
+        run = trainer.open_run(consumer=name, dataset=name, name=f"bench.learning {name}", config=asdict(cfg))
+        res.run = run.uid
         t_start = time.perf_counter()
         for step in range(cfg.steps):
             t0 = time.perf_counter()
@@ -122,7 +127,7 @@ def middleware_run(
             for lease in leases:
                 trainer.ack(lease)
             version += 1
-            trainer.set_policy_version(version)
+            run.set_policy_version(version)
             timings.add_api("ack_and_policy_version", time.perf_counter() - t0)
             policy.load(model.state_dict(), version)
             res.curve.append({"step": step, "policy_version": version - 1, **stats})

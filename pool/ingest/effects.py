@@ -181,6 +181,24 @@ class LabelsSet:
     label: str
 
 
+@dataclass(slots=True, frozen=True)
+class PolicyPublished:
+    """A trainer published a policy version as a checkpoint of its run
+    (``POST /api/v1/policy-versions`` with ``run``; pool/services/policy.py). The pool knows
+    no runs: curation records the checkpoint (curation/services/lineage.py) and says what it
+    recorded in ``recorded`` (the answer's ``checkpoint``); nothing recorded means no such
+    run for the caller, and the publication is refused (404 naming ``run``)."""
+
+    run: str
+    version: int
+    policy: str
+    metadata: dict[str, Any] | None
+    source_id: int | None
+    # The caller's write sources (pool/tenancy.py; None: unrestricted): its runs are theirs.
+    sources: frozenset[int] | None
+    recorded: dict[str, Any] = field(default_factory=dict)
+
+
 # --- the registry ------------------------------------------------------------------------------
 E = TypeVar("E")
 Effect = Callable[[Any], None]

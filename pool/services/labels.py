@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from django.db.models import F
+
 from ..ingest.effects import LabelsSet, emit
 from ..models import Step
 
@@ -28,3 +30,27 @@ def steps_note_set(*, step_ids: Sequence[int], note: str) -> int:
     if not ids:
         return 0
     return Step.objects.filter(id__in=ids).update(note=note)
+
+
+# Step ids per statement (SQLite's variable limit; bounded statements on PostgreSQL).
+FLAG_CHUNK = 5000
+
+
+def steps_quality_flag_set(*, step_ids: Sequence[int], flag: int) -> int:
+    """Add the quality bit ``flag`` (pool.flags.Quality) to these steps' flags, keeping the
+    others; returns how many steps gained it. Idempotent (a step that has it is not
+    written). One statement per FLAG_CHUNK ids, each atomic (``flags | bit`` in the
+    statement: a concurrent write of another bit is kept). Race: the readiness settle
+    rewrites a group's flags from a read (pool/services/readiness.py, group flags only) and
+    could drop a bit set between its read and its write; a trained step's group settled
+    long before its verdict comes."""
+    ids = sorted(set(step_ids))
+    n = 0
+    for i in range(0, len(ids), FLAG_CHUNK):
+        n += (
+            Step.objects.filter(id__in=ids[i : i + FLAG_CHUNK])
+            .alias(_has=F("quality_flags").bitand(flag))
+            .exclude(_has=flag)
+            .update(quality_flags=F("quality_flags").bitor(flag))
+        )
+    return n

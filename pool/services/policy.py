@@ -22,6 +22,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from ..errors import Conflict, InvalidInput, NotFound, PoolError
+from ..ingest.effects import PolicyPublished, emit
 from ..models import AuditEvent, Policy, PolicyOwner, PolicyVersion
 from ..tenancy import Sources
 from .audit import audit_record
@@ -54,6 +55,7 @@ def policy_version_set(
     policy: str = Policy.DEFAULT,
     source_id: int | None = None,
     sources: Sources = None,
+    run: str | None = None,
 ) -> PolicyVersion:
     """Register a version and (by default) make it ``policy``'s current one. Idempotent.
     Concurrent switches serialise on the policy's row lock (and a transaction-scoped lock on
@@ -68,7 +70,12 @@ def policy_version_set(
     further raises PolicyRateLimited (429) naming ``version``; neither unless
     ``force`` (who may force is the caller's check: the API lets admins only). Nothing is
     written when it raises. Every change of a current version is audited (``policy.current``:
-    actor, from, to, forced, plus ``details``; ``policy`` too for a policy other than default)."""
+    actor, from, to, forced, plus ``details``; ``policy`` too for a policy other than default).
+
+    ``run`` (a training run's uid): the version is also a checkpoint of that run, recorded in
+    this transaction by the effect of ``PolicyPublished`` (curation/services/lineage.py);
+    its record is ``pv.checkpoint``. A run the caller may not see is NotFound naming
+    ``run``, and nothing is written."""
     if version < 0:
         raise InvalidInput("version must be >= 0", field="version")
     policy_check_name(policy, field="policy")
@@ -107,6 +114,20 @@ def policy_version_set(
         PolicyVersion.objects.filter(is_current=True).update(is_current=False)
         PolicyVersion.objects.filter(version=version).update(is_current=True)
         pv.is_current = True
+    pv.checkpoint = None  # type: ignore[attr-defined]
+    if run is not None:
+        event = PolicyPublished(
+            run=run,
+            version=version,
+            policy=pol.name,
+            metadata=metadata,
+            source_id=source_id,
+            sources=sources,
+        )
+        emit(event)
+        if not event.recorded:  # no effect knew the run
+            raise NotFound(f"run {run!r} does not exist", field="run")
+        pv.checkpoint = event.recorded  # type: ignore[attr-defined]
     pv.policy = pol.name  # type: ignore[attr-defined]  # for policy_version_render
     pv.policy_current = pol.current_version == version  # type: ignore[attr-defined]
     return pv

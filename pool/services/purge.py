@@ -4,7 +4,9 @@ write (curation/services/retention.py decides what goes; this removes it).
 The unit is a whole group: its trajectories, their steps and every row that hangs on them
 (rewards, feedback, events are kept with their step link cleared, images' links, curation's
 tags and labels: whatever other apps declare with a foreign key, found through Django's
-model metadata, so the pool imports none of them). A group leaves nothing half-counted:
+model metadata, so the pool imports none of them). A reference declared DO_NOTHING without a
+constraint is a record kept by uid on purpose (a checkpoint's steps: lineage names a step
+that is gone) and is left as it is. A group leaves nothing half-counted:
 its trajectories' counters, its anchor, its merges and its serving rows go with it.
 
 Token chains survive: a step is stored as a delta against its token parent
@@ -85,10 +87,12 @@ def _dependents(model: type[models.Model], ids: list[int]) -> None:
     trajectories of groups) are removed by the caller."""
     if not ids:
         return
-    for rel in model._meta.related_objects:
+    for rel in model._meta.get_fields(include_hidden=True):
+        if not (rel.auto_created and not rel.concrete and (rel.one_to_many or rel.one_to_one)):
+            continue  # only the reverse side of foreign keys pointing here
         related = rel.related_model
-        if related in (Step, Trajectory, PromptGroup):
-            continue
+        if related in (Step, Trajectory, PromptGroup) or rel.on_delete is models.DO_NOTHING:
+            continue  # the pool's own (above), and records kept by uid (lineage) on purpose
         rows = related._base_manager.filter(**{f"{rel.field.name}__in": ids})
         if rel.on_delete is models.SET_NULL:
             rows.update(**{rel.field.name: None})

@@ -104,7 +104,7 @@ def server(tmp_path_factory) -> Iterator[tuple[LiveServer, str, Path]]:
             assert agent.submit_steps(steps())["created"] == len(steps())
             admin.create_dataset("chat")
         model = tiny_model(tmp_path_factory.mktemp("model"))
-        yield srv, srv.make_key("consume", name="trainer"), model
+        yield srv, srv.make_key("consume", "policy", name="trainer"), model
 
 
 @pytest.fixture
@@ -191,3 +191,32 @@ def test_each_export_trains_one_step(env, server, tmp_path, kind, source):
     trainer.train()
     # then it ran
     trained_once(trainer)
+
+
+def test_a_run_of_sft_checkpoints_each_save_with_the_leases_acked_before(env, server, tmp_path):
+    """claw_client.integrations.trl.checkpoint_callback: the rows of a pull acked before
+    training; each save of SFTTrainer is a checkpoint of the run, the first holding the lease."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    from claw_client.integrations.trl import checkpoint_callback
+
+    run = env.open_run(consumer="sft-run", dataset="chat", name="sft", config={"max_steps": 2})
+    with env.pull("chat", consumer="sft-run", batch_size=10) as batch:
+        rows = to_sft_rows(batch, min_reward=0.5)
+    start = max((v["version"] for v in env._json("GET", "/policy-versions")), default=0)
+    config = SFTConfig(
+        output_dir=str(tmp_path / "out"), max_steps=2, save_steps=1, bf16=False, report_to="none"
+    )
+    trainer = SFTTrainer(
+        model=str(server[2]),
+        args=config,
+        train_dataset=Dataset.from_list(rows),
+        callbacks=[checkpoint_callback(run, start=start)],
+    )
+    trainer.train()
+    assert [(c["version"], c["leases"], c["steps"]) for c in run.checkpoints()] == [
+        (start + 1, 1, len(batch)),
+        (start + 2, 0, 0),
+    ]
+    assert run.step_uids(start + 1) == batch.manifest["step_uids"]

@@ -1010,5 +1010,6 @@ def test_the_dataset_builder_has_the_serving_rules_and_the_reward_assignment(dja
         "order": "oldest_ready",
         "priority": None,
         "reuse": None,
+        "policy_mismatch_kl": None,  # trainers' verdicts flag nothing unless set
     }
     assert spec["grouping"]["reward_assignment"] == "last_step"

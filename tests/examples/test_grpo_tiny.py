@@ -3,13 +3,19 @@ submits GRPO groups of steps with rewards, the tiny trainer pulls them in the ``
 takes 3 policy-gradient steps (one packed forward each), acks every lease and advances the
 policy version by one per step. A batch with null rewards or without rollout logprobs is
 refused (exit 2, naming the steps, the lease nacked) unless a flag allows it, and each step
-prints the batch's mean reward and the fraction of its groups with reward variance."""
+prints the batch's mean reward and the fraction of its groups with reward variance.
+
+Lineage: the trainer trains within a run across a server restart (SIGKILL) and a nacked
+batch; every acked step is behind exactly one checkpoint, each checkpoint walks to its steps
+and back, the run replays byte for byte (streamed through ASGI) and two checkpoints diff."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 
@@ -261,3 +267,73 @@ def test_each_step_prints_the_mean_reward_and_the_groups_with_variance(server, c
     assert row["mean_reward"] == pytest.approx(1 / 8)
     assert row["groups_with_variance"] == pytest.approx(0.5)
     assert row["null_rewards"] == 0
+
+
+# --- lineage: the trainer's run, walked, replayed and diffed ------------------------------------------
+def test_a_run_across_a_restart_and_a_nack_accounts_for_every_acked_step_once(server, tmp_path):
+    srv, keys = server
+    # three ready groups of ROLLOUTS x TURNS steps, in a dataset of theirs alone (created
+    # after the other tests' groups)
+    with ClawClient(srv.url, keys["agent"]) as agent, ClawClient(srv.url, keys["admin"]) as admin:
+        since = datetime.now(UTC).isoformat()  # the server shares this machine's clock
+        for g in range(GROUPS):
+            group = f"lin-g{g}"
+            agent._request("POST", "/groups", json={"uid": group, "expected_rollouts": ROLLOUTS})
+            agent.submit_steps([s for k in range(ROLLOUTS) for s in rollout(group, g, k, reward=float(k))])
+        admin.create_dataset("lin", filters={"created_after": since})
+    with ClawClient(srv.url, keys["trainer"]) as claw:
+        v = max(versions(claw), default=0)  # the server refuses a move back
+        # given a run that trains one step (checkpoint v+1), then a batch it nacks
+        first = train(claw, "lin", "lin-c", 1, batch_size=1, log=None, run="lin-run", policy_version=v)
+        with pytest.raises(RuntimeError), claw.pull("lin", consumer="lin-c", batch_size=1) as nacked:
+            assert nacked
+            raise RuntimeError("the trainer died on this batch")
+        # when the server is killed and restarted, and the trainer continues the run
+        srv.restart(kill=True)
+        rest = train(claw, "lin", "lin-c", 5, batch_size=1, log=None, run="lin-run", policy_version=v + 1)
+        # then it trained on the two other groups (the nacked one came back) and stopped
+        stats = first + rest
+        assert [s["policy_version"] for s in stats] == [v + 1, v + 2, v + 3]
+        assert [s["checkpoint_leases"] for s in stats] == [1, 1, 1]
+        assert {s["run"] for s in stats} == {"lin-run"}
+        acked = {
+            s["lease_id"]: json.loads(claw.replay(s["lease_id"]))["manifest"]["step_uids"] for s in stats
+        }
+        assert nacked.lease_id not in acked
+        # every acked step is behind exactly one checkpoint, in the order it was served
+        run = claw.run("lin-run")
+        assert run.refresh()["unclaimed_leases"] == 0
+        cps = run.checkpoints()
+        assert [(c["version"], c["leases"], c["steps"]) for c in cps] == [
+            (v + k, 1, ROLLOUTS * TURNS) for k in (1, 2, 3)
+        ]
+        behind = {c["version"]: run.step_uids(c["version"]) for c in cps}
+        assert [behind[s["policy_version"]] for s in stats] == [acked[s["lease_id"]] for s in stats]
+        counted = Counter(uid for uids in behind.values() for uid in uids)
+        assert set(counted.values()) == {1} and len(counted) == 3 * ROLLOUTS * TURNS
+        # and each step walks back to its checkpoint
+        for version, uids in behind.items():
+            for uid in uids[:2]:
+                assert [(c["run"], c["version"]) for c in claw.step_checkpoints(uid)] == [
+                    ("lin-run", version)
+                ]
+        detail = run.checkpoint(v + 2)
+        assert detail["leases"] == [stats[1]["lease_id"]] and detail["trajectories"] == ROLLOUTS
+        # the run replays byte for byte, in order, streamed
+        replayed = list(run.replay())
+        assert [(b.checkpoint, b.lease_id) for b in replayed] == [
+            (s["policy_version"], s["lease_id"]) for s in stats
+        ]
+        assert [b.raw for b in replayed] == [claw.replay(s["lease_id"]) for s in stats]
+        assert all(b.removed_steps == [] for b in replayed)
+        path = run.download(str(tmp_path / "run.jsonl"))
+        lines = open(path, "rb").read().splitlines()
+        assert json.loads(lines[0])["checkpoints"] == 3 and [
+            ln for ln in lines if ln.startswith(b'{"lease_id"')
+        ] == [b.raw for b in replayed]
+        # and two checkpoints' data differ by whole groups
+        diff = run.diff(v + 1, v + 2)
+        assert diff["counts"]["added"] == diff["counts"]["removed"] == ROLLOUTS * TURNS
+        assert diff["counts"]["common"] == 0
+        assert sorted(diff["added"]) == sorted(behind[v + 2])
+        assert sorted(diff["removed"]) == sorted(behind[v + 1])

@@ -329,3 +329,44 @@ def test_the_readme_claw_r1_snippet_runs_verbatim(server, ray_local, monkeypatch
     finally:
         if "pool" in scope:
             ray.kill(scope["pool"])
+
+
+def test_the_pool_trains_within_a_run_and_posts_the_trainers_verdicts(server):
+    """Lineage through the DataPool (a plain instance, Claw-R1's calls in process): its run
+    records the DataPoolConfig, a published version is a checkpoint of the fetched leases,
+    and post_verdicts sends each step's verdict by the lease it came in."""
+    import asyncio
+
+    srv, keys = server
+    key = srv.make_key("ingest", "consume", "policy", name="claw-r1-lineage")
+    pool = DataPool(
+        {"n_rollouts": ROLLOUTS},
+        url=srv.url,
+        api_key=key,
+        datasets={"train": "claw-r1-train"},
+        consumer="claw-r1-run",
+        prompt_length=PROMPT_LENGTH,
+        response_length=RESPONSE_LENGTH,
+        poll_seconds=1.0,
+    )
+    with ClawClient(srv.url, key) as claw:
+        for batch in claw.batches("claw-r1-train", consumer="claw-r1-run", batch_size=64):
+            batch.ack()  # earlier tests' groups
+        uid = pool.open_run(name="lineage")
+        sent = steps_for("lin")
+        pool.submit_steps(sent)
+        for (g, k), reward in OUTCOMES.items():
+            assert pool.complete_trajectory(f"lin-g{g}-r{k}", reward=reward)
+        data = asyncio.run(pool.fetch_batch(batch_size=2))
+        data.batch["old_log_probs"] = data.batch["rollout_log_probs"] - 0.5 * data.batch["response_mask"]
+        answers = pool.post_verdicts(data)
+        # every step trained on has its verdict, posted to its lease
+        leases = pool.get_statistics()["last_fetch"]["lease_ids"]
+        assert set(answers) == set(leases) and sum(a["stored"] for a in answers.values()) == len(sent)
+        version = max((v["version"] for v in claw._json("GET", "/policy-versions")), default=0) + 1
+        published = pool.set_policy_version(version)
+        run = claw.run(uid)
+        assert run.info["config"] == {"n_rollouts": ROLLOUTS} and published["checkpoint"]["leases"] == len(
+            leases
+        )
+        assert sorted(run.step_uids(version)) == sorted(data.non_tensor_batch["step_uids"])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 
@@ -296,3 +297,62 @@ def test_the_readme_verl_snippet_runs_verbatim(server, monkeypatch):
     # the block acked its lease: nothing is left for its consumer
     with ClawClient(srv.url, keys["trainer"]) as trainer:
         assert not trainer.pull("grpo", consumer="verl", batch_size=8)
+
+
+def test_verls_tensors_give_the_trainers_verdicts_and_a_drifting_step_is_flagged(server):
+    """Lineage: ``open_run`` records verl's config; ``post_verdicts`` sends each trained
+    step's importance ratio, rollout/training KL (k3), clipped fraction and advantage, from
+    verl's own old_log_probs, rollout_log_probs and advantages, by lease; a KL above the
+    dataset's serving.policy_mismatch_kl flags the step."""
+    from omegaconf import OmegaConf
+
+    from claw_client.integrations.verl import open_run, post_verdicts, verdicts_of
+
+    srv, keys = server
+    sent = {s["trajectory_uid"]: s for s in sent_steps("verdict")}
+    since = datetime.now(UTC).isoformat()  # the server shares this machine's clock
+    seed(srv, keys, "verdict")
+    with ClawClient(srv.url, keys["admin"]) as admin, ClawClient(srv.url, keys["trainer"]) as trainer:
+        body = {
+            "name": "verdict-kl",
+            "filters": {"created_after": since},
+            "serving": {"policy_mismatch_kl": 0.01},
+        }
+        admin._json("POST", "/datasets", json=body)
+        run = open_run(
+            trainer, consumer="verl-v", dataset="verdict-kl", config=OmegaConf.create({"lr": 1e-6})
+        )
+        assert run.info["config"] == {"lr": 1e-6} and run.info["code_version"].startswith("verl-")
+        with trainer.pull("verdict-kl", consumer="verl-v", batch_size=8, format="padded") as batch:
+            data = to_dataproto(batch)
+            torch.manual_seed(0)
+            data.batch["old_log_probs"] = response_log_probs(TinyLM(), data).detach()
+            data.batch["advantages"], _ = core_algos.compute_grpo_outcome_advantage(
+                data.batch["token_level_rewards"], data.batch["response_mask"], data.non_tensor_batch["uid"]
+            )
+            items = verdicts_of(data, clip_ratio=0.2, per_token=True)
+            answers = post_verdicts(trainer, data, clip_ratio=0.2)
+        # each item is the hand computation over the row's real response tokens
+        assert [x["uid"] for x in items] == [f"{t}:0" for t in data.non_tensor_batch["trajectory_uids"]]
+        for i, item in enumerate(items):
+            s = sent[data.non_tensor_batch["trajectory_uids"][i]]
+            n = len(s["response_ids"])
+            lp = data.batch["old_log_probs"][i, :n].double().tolist()
+            d = [a - b for a, b in zip(lp, s["rollout_logprobs"], strict=True)]
+            r = [math.exp(x) for x in d]
+            assert item["importance_ratio"] == pytest.approx(math.exp(sum(d) / n), rel=1e-5)
+            assert item["logprob_kl"] == pytest.approx(
+                sum(x - 1 - y for x, y in zip(r, d, strict=True)) / n, rel=1e-5
+            )
+            assert item["clipped_fraction"] == sum(not 0.8 <= x <= 1.2 for x in r) / n
+            assert item["advantage"] == pytest.approx(float(data.batch["advantages"][i, 0]), rel=1e-5)
+            assert item["tokens"]["importance_ratio"] == pytest.approx(r, rel=1e-5)
+        # posted by lease; the steps above the threshold are flagged, the others not
+        drifting = {x["uid"] for x in items if x["logprob_kl"] > 0.01}
+        assert answers == {
+            batch.lease_id: {"stored": len(items), "flagged": len(drifting), "policy_mismatch_kl": 0.01}
+        }
+        assert drifting
+        for x in items:
+            flags = admin._json("GET", f"/steps/{x['uid']}")["quality_flags"]
+            assert ("policy_mismatch" in flags) == (x["uid"] in drifting)

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('curation', '0009_consumer_per_source'),
+        ('curation', '0010_lineage'),
         ('pool', '0022_hotpaths'),
     ]
 
