@@ -18,6 +18,7 @@ from django.db.models import Count, Exists, IntegerField, Min, OuterRef, Q, Quer
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from claw_kit.llm.tokenizer import get_tokenizer
 from pool.models import Feedback, PromptGroup, Step, Trajectory
 
 from ..models import ReviewClaim, ReviewQueue
@@ -101,6 +102,13 @@ def review_candidates(queue: ReviewQueue, *, now: datetime, user_id: int | None 
         )
     if queue.is_default:
         qs = qs.filter(~_has_feedback())
+        if not queue.is_group and get_tokenizer() is None:
+            # Items a reviewer can read first: a trajectory whose steps stored no text (ids
+            # only) shows nothing to read without a tokenizer to decode it (timeline.py).
+            text = Step.objects.filter(trajectory_id=OuterRef("pk")).filter(
+                Q(messages__isnull=False) | Q(response_text__isnull=False)
+            )
+            return qs.annotate(readable=Exists(text)).order_by("-readable", *order)
     return qs.order_by(*order)
 
 

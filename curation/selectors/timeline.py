@@ -43,6 +43,11 @@ class StepView:
     media: list[dict[str, Any]] = field(default_factory=list)
     # Trainers' verdicts on the step (selectors.lineage.step_verdicts), oldest first.
     verdicts: list[dict[str, Any]] = field(default_factory=list)
+    # No text stored (a white-box step of ids only) and a tokenizer configured: its ids
+    # decoded, and which tokenizer decoded them (a rendering, not what the model saw).
+    decoded_prompt: str | None = None
+    decoded_response: str | None = None
+    decoded_by: str | None = None
 
 
 BRANCH_DX, BRANCH_DY, BRANCH_PAD = 44, 34, 18
@@ -155,6 +160,7 @@ def trajectory_timeline(uid: str | None = None, *, trajectory_id: int | None = N
     for v in views:
         v.verdicts = verdicts.get(v.step.id, [])
     turns = trace_turns(traj, views)
+    _decode_unknown(views, turns)
     media = steps_media(ids)
     for v, t in zip(views, turns, strict=True):
         v.turn = t
@@ -172,6 +178,28 @@ def trajectory_timeline(uid: str | None = None, *, trajectory_id: int | None = N
         "reward_events": rewards[None],
         "feedback": feedback[None],
     }
+
+
+def _decode_unknown(views: list[StepView], turns: list[Any]) -> None:
+    """The steps whose text is unknown (no messages, no response text), decoded with the
+    configured tokenizer (CLAW_TOKENIZER) in one read of their ids; nothing without one."""
+    unknown = [
+        v
+        for v, t in zip(views, turns, strict=True)
+        if not v.messages and v.response_text is None and t.response is None
+    ]
+    tok = get_tokenizer() if unknown else None
+    if tok is None:
+        return
+    steps = list(Step.objects.select_related("trajectory__group").filter(id__in=[v.step.id for v in unknown]))
+    rendered = {r["uid"]: r for r in steps_render(steps)}
+    name = _tokenizer_name(tok)
+    for v in unknown:
+        r = rendered.get(v.step.uid)
+        if r is not None:
+            v.decoded_prompt = tok.decode(r["prompt_ids"].tolist())
+            v.decoded_response = tok.decode(r["response_ids"].tolist())
+            v.decoded_by = name
 
 
 def _messages_text(messages: Any) -> list[dict[str, str]]:

@@ -4,6 +4,7 @@ their versions, CSRF, and the review loop (claim, submit, next; skip; rewards fr
 
 from __future__ import annotations
 
+import html as htmllib
 import json
 
 import pytest
@@ -170,6 +171,22 @@ def test_trajectory_page_shows_text_flags_and_escapes_it():
     # and a step without text says how many tokens it has instead
     page = client.get("/trajectories/ids-only/").text
     assert "text unknown (5 tokens)" in page and "text unknown (2 tokens)" in page
+
+
+def test_a_step_without_text_is_decoded_where_a_tokenizer_is_configured(settings):
+    # given a white-box step of ids only, and the demo's toy tokenizer configured
+    settings.CLAW_TOKENIZER = "demo"
+    from claw_kit.llm.tokenizer import get_tokenizer
+
+    tok = get_tokenizer()
+    prompt, response = tok.encode("what is six times seven?"), tok.encode("forty-two")
+    steps_ingest(steps=[step_in("decoded", 0, prompt=prompt, response=response, reward=1.0, is_last=True)])
+    # when a reviewer opens its trajectory
+    page = htmllib.unescape(signed_in("reviewer").get("/trajectories/decoded/").text)
+    # then its prompt and response read as text, saying which tokenizer decoded them
+    assert "text unknown" not in page
+    assert tok.decode(prompt) in page and tok.decode(response) in page
+    assert f"decoded from its {len(response)} token ids by" in page and 'data-decoded-by="' in page
 
 
 def test_token_ids_on_demand_are_exact():

@@ -70,6 +70,18 @@ def test_the_default_queue_serves_completed_trajectories_without_feedback_oldest
 
 
 @pytest.mark.django_db
+def test_the_default_queue_opens_on_an_item_a_reviewer_can_read(settings):
+    # given: an older trajectory of token ids only, a newer one with its text, no tokenizer
+    settings.CLAW_TOKENIZER = ""
+    done("ids-only")
+    texted = done("texted", messages=[{"role": "user", "content": "hi"}], response_text="hello")
+    # when: a reviewer opens the default queue
+    first = review_claim_next(queue=review_queue_default(), user_id=reviewer("rae").id)
+    # then: the item that reads as text comes first
+    assert first.trajectory_id == texted.id
+
+
+@pytest.mark.django_db
 def test_two_reviewers_get_different_items_and_an_expired_claim_moves_on():
     done("a")
     done("b")
