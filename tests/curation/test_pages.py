@@ -478,3 +478,16 @@ def test_queue_errors_name_the_field():
         },
     )
     assert resp.status_code == 400 and "filters.x" in resp.text
+
+
+def test_a_reviewer_opening_the_admin_gets_the_sites_403_not_its_sign_in():
+    client = signed_in("reviewer")
+    # when: a reviewer opens the admin (it redirects to its login, which refuses them)
+    page = client.get("/admin/", follow=True)
+    # then: the site's own "not allowed" page, naming them, not the admin's sign-in form
+    assert page.status_code == 403
+    assert "data-forbidden" in page.text and "signed in as <strong>reviewer</strong>" in page.text
+    assert 'name="password"' not in page.text
+    # and anonymous visitors still get the admin's sign-in
+    anon = signed_in(None).get("/admin/", follow=True)
+    assert anon.status_code == 200 and 'name="password"' in anon.text
