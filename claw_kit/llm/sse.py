@@ -179,10 +179,12 @@ class StreamAccumulator:
             c = self.choices[idx]
             choice: dict[str, Any] = {"index": idx, "finish_reason": c.finish_reason}
             if self.chat:
-                message: dict[str, Any] = {
-                    "role": "assistant",
-                    "content": "".join(c.text) if c.text else None,
-                }
+                text = "".join(c.text) if c.text else None
+                if text == "" and c.tool_calls:
+                    # A tool call's stream opens with an empty content delta; the same call
+                    # answered whole has no content (null), and so has its step's response_text.
+                    text = None
+                message: dict[str, Any] = {"role": "assistant", "content": text}
                 if c.tool_calls:
                     message["tool_calls"] = [c.tool_calls[k] for k in sorted(c.tool_calls)]
                 message.update(c.extra)

@@ -303,6 +303,23 @@ def test_tools_and_tool_calls_pass_through_and_are_recorded(gw):
     }
 
 
+def test_a_tool_call_records_the_same_response_text_whole_and_streamed(gw):
+    # given: the same tool-calling request, answered whole and streamed
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    messages = [{"role": "user", "content": "Use the tool."}]
+    for stream, traj in ((False, "tool-whole"), (True, "tool-streamed")):
+        client = gw.client(default_headers={"X-Claw-Trajectory": traj})
+        got = client.chat.completions.create(model=MODEL, messages=messages, tools=tools, stream=stream)
+        if stream:
+            for _ in got:
+                pass
+    # then: both steps hold the call, and no text (null, as the whole answer's content is)
+    whole, streamed = (steps_of(gw.server, gw.key, t)[0] for t in ("tool-whole", "tool-streamed"))
+    assert whole["finish_reason"] == streamed["finish_reason"] == "tool_calls"
+    assert whole["response_text"] is None and streamed["response_text"] is None
+    assert whole["metadata"]["tool_calls"][0]["function"] == streamed["metadata"]["tool_calls"][0]["function"]
+
+
 def test_text_completions_are_recorded(gw):
     # given / when: the legacy completions endpoint
     raw = gw.client().completions.with_raw_response.create(
