@@ -204,7 +204,11 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             if not await self._still_allowed():
                 return
             self.sent = state
-            await self.send_json({"type": "state", "state": state})
+            try:
+                await self.send_json({"type": "state", "state": state})
+            except OSError:  # the browser went away before disconnect() stopped this task
+                # (uvicorn's ClientDisconnected): nothing to send to, nothing to log
+                return
 
     async def _still_allowed(self) -> bool:
         """The user still holds the topics' permissions (read again at most once per

@@ -902,15 +902,14 @@ def media_thumb(request: HttpRequest, sha256: str) -> HttpResponse:
 def media_full(request: HttpRequest, sha256: str) -> HttpResponse:
     """A stored image as stored, with its checked type (a raster type; anything else would
     be served as a download)."""
-    from django.http import FileResponse
-
+    from claw_kit.web.files import file_download
     from pool.services.media import MEDIA_TYPES, media_file
 
     media = _media_or_404(sha256)
     raster = media.media_type in MEDIA_TYPES.values()
     ext = media.media_type.split("/")[-1] if raster else "bin"
-    response = FileResponse(
-        media_file(media), content_type=media.media_type if raster else "application/octet-stream"
+    response = file_download(
+        request, media_file(media), content_type=media.media_type if raster else "application/octet-stream"
     )
     response["Content-Length"] = str(media.byte_size)
     return _media_headers(response, f"{media.sha256}.{ext}", inline=raster)

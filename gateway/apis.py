@@ -9,13 +9,14 @@ import uuid
 from urllib.parse import quote
 
 from django.db import connection
-from django.http import FileResponse, Http404, HttpResponse, JsonResponse
+from django.http import Http404, HttpResponse, JsonResponse
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import exceptions, generics, serializers, status
 from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from claw_kit.web.files import file_download
 from claw_kit.web.parsers import LimitedBodyParser
 from claw_kit.web.query import KnownQueryParams
 from pool.access.auth import (
@@ -556,7 +557,7 @@ class MediaDetailApi(KnownQueryParams, APIView):
         if etag in [t.strip() for t in request.META.get("HTTP_IF_NONE_MATCH", "").split(",")]:
             response = HttpResponse(status=304)
         else:
-            response = FileResponse(media_file(media), content_type=media.media_type)
+            response = file_download(request, media_file(media), content_type=media.media_type)
             response["Content-Length"] = str(media.byte_size)
         raster = media.media_type in MEDIA_TYPES.values()
         ext = media.media_type.split("/")[-1] if raster else "bin"

@@ -64,3 +64,30 @@ def test_an_asgi_download_streams_the_file_in_async_chunks_without_a_warning(
         f'filename="{version.dataset.name}-v{version.version}-{snap.id}.{fmt}"' in resp["Content-Disposition"]
     )
     assert resp["Content-Type"].startswith("application/")
+
+
+def test_an_image_download_served_by_asgi_streams_without_a_warning(make_key, monkeypatch):
+    # given a stored image and a consumer's key (consumers read every image a dataset serves)
+    from pool.services.media import media_store
+    from tests.media_support import png
+
+    data = png(7, (400, 300))
+    media = media_store(data=data, declared_type="image/png")
+    key = make_key(Scope.CONSUME, name="asgi-images")
+    monkeypatch.setattr(files, "CHUNK_BYTES", 500)
+
+    async def download():
+        resp = await AsyncClient().get(
+            f"/api/v1/media/{media.sha256}", headers={"Authorization": f"Bearer {key}"}
+        )
+        chunks = [chunk async for chunk in resp.streaming_content]
+        resp.close()
+        return resp, chunks
+
+    # when it is downloaded through Django's ASGI request path, any warning an error
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resp, chunks = async_to_sync(download)()
+    # then the body came as async chunks, the image as stored
+    assert resp.status_code == 200 and resp.is_async and len(chunks) > 1
+    assert b"".join(chunks) == data and resp["Content-Length"] == str(len(data))
