@@ -102,3 +102,18 @@ def test_the_link_checker_finds_links_and_anchors():
     # then the docs' links are found (a page without links would make the check above vacuous)
     assert any("#" in t for p in PAGES for t in relative_links(p))
     assert "docs/architecture.md#dependencies" in relative_links(ROOT / "README.md")
+
+
+def test_a_page_that_sends_the_reader_to_a_doc_section_names_one_that_exists():
+    # given: every page template that points at a section of a doc ("“Heading” in docs/x.md")
+    cited = []
+    for template in (ROOT / "templates").rglob("*.html"):
+        for heading, doc in re.findall(r"“([^”]+)” in <code>(docs/[a-z_]+\.md)</code>", template.read_text()):
+            cited.append((template.name, heading, doc))
+    assert cited  # the consumption page does
+    # then: the doc has that heading
+    for name, heading, doc in cited:
+        headings = {
+            line.lstrip("#").strip() for line in (ROOT / doc).read_text().splitlines() if line.startswith("#")
+        }
+        assert heading in headings, (name, heading, doc)

@@ -20,7 +20,6 @@ from tests.live import ROOT, LiveServer
 pytestmark = pytest.mark.live
 
 README = ROOT / "README.md"
-README_URL = "http://127.0.0.1:8000"
 
 
 def blocks(lang: str) -> list[str]:
@@ -63,6 +62,13 @@ def test_the_quickstart_snippets_parse():
     # and every sh block is valid bash
     for code in sh:
         run(["bash", "-n", "-c", code], {})
+    # and the server's address is defined once (CLAW_URL, following PORT) and every command
+    # and snippet uses it: none names the default port itself
+    (defined,) = [line for code in sh for line in code.splitlines() if line.startswith("export CLAW_URL=")]
+    assert "${PORT:-8000}" in defined
+    for code in [*python, *sh]:
+        assert "127.0.0.1:8000" not in code.replace(defined, ""), code
+    assert all('os.environ["CLAW_URL"]' in code for code in python)
 
 
 def test_the_quickstart_leads_from_an_agents_calls_to_a_pulled_batch(tmp_path: Path, demo_upstream: str):
@@ -102,7 +108,7 @@ def test_the_quickstart_leads_from_an_agents_calls_to_a_pulled_batch(tmp_path: P
         assert all(s["ready"] and s["token_source"] == "upstream" for s in stored), stored
         # when the dataset curl runs as written
         (curl,) = [code for code in blocks("sh") if "/api/v1/datasets" in code]
-        created = run(["bash", "-c", curl.replace(README_URL, server.url)], env)
+        created = run(["bash", "-c", curl], env)
         assert '"name":"quickstart"' in created.replace(" ", ""), created
         # and the trainer snippet
         pulled = run([sys.executable, "-c", trainer], env)
