@@ -263,10 +263,15 @@ def test_a_signal_ends_serve_with_0_and_its_children_gone(tmp_path: Path, sig: s
     assert "Traceback" not in server.log_path.read_text()
 
 
-def test_ctrl_c_ends_make_run_without_an_error(tmp_path: Path):
+@pytest.mark.parametrize(
+    "how", ["ctrl-c to the group", "sigterm to make"], ids=["SIGINT-group", "SIGTERM-make-pid"]
+)
+def test_make_run_stops_on_ctrl_c_or_a_supervisors_sigterm(tmp_path: Path, how: str):
     """`make run` as a user starts it, with this interpreter's venv as the Makefile's VENV (its
     install step not remade) and serve on the test's socket (SERVE_ARGS): Ctrl-C, which the
-    terminal sends to the whole foreground process group, ends it with no "make: ***" line."""
+    terminal sends to the whole foreground process group, ends it with no "make: ***" line;
+    SIGTERM to make's PID alone (what a supervisor sends: docs/operations.md) ends make, serve
+    and the demo upstream too."""
     # given make run in its own process group (as a terminal's foreground job), demo traffic on
     server = demo_serve(tmp_path)
     venv = Path(sys.prefix)
@@ -291,8 +296,11 @@ def test_ctrl_c_ends_make_run_without_an_error(tmp_path: Path):
             wait_until(lambda: "Demo traffic:" in log.read_text(), proc, log, "make run's demo traffic")
             assert httpx.get(f"{server.url}/healthz").status_code == 200
             tree = psutil.Process(proc.pid).children(recursive=True)
-            # when Ctrl-C reaches the group
-            os.killpg(proc.pid, signal.SIGINT)
+            # when Ctrl-C reaches the group, or a supervisor's SIGTERM reaches make alone
+            if how == "ctrl-c to the group":
+                os.killpg(proc.pid, signal.SIGINT)
+            else:
+                proc.send_signal(signal.SIGTERM)
             code = proc.wait(timeout=DEADLINE_S)
         finally:
             if proc.poll() is None:
@@ -300,9 +308,14 @@ def test_ctrl_c_ends_make_run_without_an_error(tmp_path: Path):
                 proc.wait()
     finally:
         server.close()
-    # then make reports no error (serve exited 0; make itself ends by the SIGINT it got, or 0)
     text = log.read_text()
-    assert code in (0, -signal.SIGINT), (code, text)
-    assert "make: ***" not in text and "Traceback" not in text, text
+    if how == "ctrl-c to the group":
+        # then make reports no error (serve exited 0; make itself ends by the SIGINT it got, or 0)
+        assert code in (0, -signal.SIGINT), (code, text)
+        assert "make: ***" not in text, text
+    else:
+        # then make ends by the signal (it passes SIGTERM on to serve and says so)
+        assert code in (0, -signal.SIGTERM, 2), (code, text)
+    assert "Traceback" not in text, text
     # and serve and the demo upstream are gone
     assert tree and not any(alive(p) for p in tree), tree
