@@ -164,11 +164,14 @@ def trajectory_timeline(uid: str | None = None, *, trajectory_id: int | None = N
     media = steps_media(ids)
     for v, t in zip(views, turns, strict=True):
         v.turn = t
-        v.media = [
+        shown = [
             m
             for m in media.get(v.step.id, ())
             if t.prompt_scope != "new" or m["message_index"] is None or m["message_index"] >= t.shown_from
         ]
+        placed = _place_images(t.new_messages, shown)
+        # What is not in a shown message's parts (no place recorded) stays below the messages.
+        v.media = [m for m in shown if id(m) not in placed]
     return {
         "trajectory": traj,
         "steps": views,
@@ -178,6 +181,20 @@ def trajectory_timeline(uid: str | None = None, *, trajectory_id: int | None = N
         "reward_events": rewards[None],
         "feedback": feedback[None],
     }
+
+
+def _place_images(messages: list[Any], media: list[dict[str, Any]]) -> set[int]:
+    """Each image part of these messages gets its stored image (by message and part index),
+    shown in place as a thumbnail; returns the ids of the images placed."""
+    at = {(m["message_index"], m["part_index"]): m for m in media if m["message_index"] is not None}
+    placed: set[int] = set()
+    for msg in messages:
+        for sp, part_index in zip(msg.shown_parts, msg.part_at, strict=False):
+            found = at.get((msg.index, part_index))
+            if found is not None:
+                sp["media"] = found
+                placed.add(id(found))
+    return placed
 
 
 def _decode_unknown(views: list[StepView], turns: list[Any]) -> None:

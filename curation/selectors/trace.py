@@ -34,6 +34,11 @@ class Message:
     name: str | None = None
     result: Any = None  # a tool message's content parsed as JSON (object or array)
     extra: dict[str, Any] = field(default_factory=dict)  # any other field of the message
+    index: int | None = None  # its place in the step's prompt messages (images are keyed by it)
+    part_at: list[int] = field(default_factory=list)  # each of ``parts``' place in its content
+    # ``parts`` as the page shows them: {"part", "media"}, media being the stored image an
+    # image part refers to (selectors.media), set by the timeline, shown in place.
+    shown_parts: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -75,21 +80,23 @@ def tool_calls_of(raw: Any) -> list[ToolCall]:
     return out
 
 
-def message_of(m: Any) -> Message:
+def message_of(m: Any, index: int | None = None) -> Message:
     if not isinstance(m, dict):
-        return Message(role="", text=None, parts=[m])
+        return Message(role="", text=None, parts=[m], index=index, shown_parts=[{"part": m, "media": None}])
     content = m.get("content")
     text: str | None = None
     parts: list[Any] = []
+    part_at: list[int] = []
     if isinstance(content, str):
         text = content
     elif isinstance(content, list):
         texts = []
-        for p in content:
+        for at, p in enumerate(content):
             if isinstance(p, dict) and p.get("type") in ("text", "input_text", "output_text"):
                 texts.append(str(p.get("text", "")))
             else:
                 parts.append(p)
+                part_at.append(at)
         text = "\n".join(texts) if texts else None
     elif content is not None:
         parts.append(content)
@@ -112,6 +119,9 @@ def message_of(m: Any) -> Message:
         name=m.get("name"),
         result=result,
         extra={k: v for k, v in m.items() if k not in known and v is not None},
+        index=index,
+        part_at=part_at,
+        shown_parts=[{"part": p, "media": None} for p in parts],
     )
 
 
@@ -163,8 +173,8 @@ def trace_turns(trajectory: Any, views: list[Any]) -> list[Turn]:
                 scope, start = "new", len(prev.step.messages)
                 if prev.step.id in echoed:
                     start += 1  # the previous reply: shown as that turn's response
-        new = [message_of(m) for m in (msgs or [])[start:]]
-        earlier = [message_of(m) for m in (msgs or [])[:start]]
+        new = [message_of(m, i) for i, m in enumerate((msgs or [])[start:], start)]
+        earlier = [message_of(m, i) for i, m in enumerate((msgs or [])[:start])]
         meta = s.metadata if isinstance(s.metadata, dict) else {}
         if msgs is None and isinstance(meta.get("prompt"), str):  # a text completion's prompt
             scope, new = "full", [Message(role="prompt", text=meta["prompt"])]

@@ -169,3 +169,48 @@ def test_the_trace_view_shows_each_turns_new_screenshots_once_in_order():
     # and the step inspector, which shows the whole prompt, shows all three in order
     page = client.get(f"/steps/{steps[2].id}/").content.decode()
     assert re.findall(r'<img src="/images/([0-9a-f]{64})/thumb"', page) == [sha(s) for s in shots]
+
+
+def test_an_image_part_shows_as_its_thumbnail_in_place_in_its_message():
+    # given a step whose message holds text and an image part (stored, referenced by place)
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "what is on the screen?"},
+                {"type": "image_url", "image_url": {"url": "/api/v1/media/x"}},
+            ],
+        }
+    ]
+    [step] = steps_ingest(
+        steps=[
+            step_in(
+                "in-place",
+                0,
+                prompt=[1, 2, 3],
+                response=[4],
+                is_last=True,
+                messages=messages,
+                response_text="a cat",
+            )
+        ]
+    ).created
+    trajectory_complete(uid="in-place")
+    StepMedia.objects.create(
+        step=step,
+        position=0,
+        media=media_store(data=A, declared_type="image/png"),
+        message_index=0,
+        part_index=1,
+    )
+    # when a reviewer opens its trajectory
+    html = signed_in("reviewer").get("/trajectories/in-place/").content.decode()
+    # then the image is a thumbnail inside the message, after its text, not a JSON tree of the part
+    message = html.split('data-role="user"')[1].split('class="turn response"')[0]
+    assert message.index("what is on the screen?") < message.index(
+        f'<figure class="msg-part msg-image" data-sha256="{sha(A)}"'
+    )
+    assert f'<img src="/images/{sha(A)}/thumb"' in message
+    assert "image_url" not in message and "{2 keys}" not in message
+    # and it is not shown a second time below the message
+    assert html.count(f'src="/images/{sha(A)}/thumb"') == 1
