@@ -10,11 +10,12 @@ from django.db.models import Count, Exists, Max, OuterRef, Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from pool.models import PolicyVersion, PromptGroup, Source, Trajectory
+from pool.models import PolicyVersion, Source
 from pool.tenancy import Sources
 
 from ..models import Consumer, Dataset, Delivery, Lease, Skip, Snapshot
 from ..specs import spec_parse
+from .specs import dataset_steps, spec_compile, units_admitted
 
 # Snapshots and leases shown by the consumption page.
 SNAPSHOTS_SHOWN = 20
@@ -148,23 +149,53 @@ def consumer_status(name: str, *, source_id: int | None) -> dict[str, Any] | Non
             row["units"] += n
             row["steps"] += steps
             row["served_since" if was_served else "held" if holds else "deliverable_again"] += n
-    ready = (
-        PromptGroup.objects.filter(ready_at__isnull=False).count()
-        + Trajectory.objects.filter(group__isnull=True, status=Trajectory.Status.COMPLETED).count()
-        if datasets
-        else 0
-    )
     names = {i: d.name for i, d in catalogue.items()}
     out = []
     for dataset_id, e in sorted(datasets.items(), key=lambda kv: names.get(kv[0], "")):
-        # Units a group-unit pull could still offer (steps-unit pulls count steps instead).
-        pending = max(0, ready - e["delivered_units"] - current_skips.get(dataset_id, 0))
+        # What a pull of this dataset could still offer this consumer: the units its current
+        # version admits now (groups and lone trajectories, or steps for a steps-unit
+        # dataset), less those delivered to it and those dropped for it for good.
+        unit, admitted = _admitted_units(catalogue.get(dataset_id))
+        gone = set(
+            Delivery.objects.filter(consumer=consumer, dataset_id=dataset_id, use_index=0).values_list(
+                "kind", "key"
+            )
+        )
+        ds = catalogue.get(dataset_id)
+        if ds is not None and current_skips.get(dataset_id):
+            gone |= {
+                (kind, key)
+                for kind, key, reason, at in Skip.objects.filter(
+                    consumer=consumer, dataset_version_id=ds.current_id
+                ).values_list("kind", "key", "reason", "policy_version")
+                if _holds(reason, at, now_current, max_staleness=fresh_filter.get(dataset_id, False))
+            }
+        pending = sum(1 for k in admitted if _delivery_key(unit, k) not in gone)
+        e["pending_unit"] = unit
         e["stale_drops"] = [
             e["stale_drops"][k]
             for k in sorted(e["stale_drops"], key=lambda k: (k[0], -1 if k[1] is None else k[1]))
         ]
         out.append({"dataset": names.get(dataset_id), **e, "pending_units": pending})
     return {"name": consumer.name, "created_at": consumer.created_at, "datasets": out}
+
+
+def _admitted_units(dataset: Dataset | None) -> tuple[str, list[int]]:
+    """("groups", unit keys: a group's id or minus a lone trajectory's) or ("steps", step
+    ids) of what the dataset's current version admits now."""
+    if dataset is None or dataset.current is None:
+        return "groups", []
+    spec = spec_parse(dataset.current.spec)
+    c = spec_compile(spec)
+    if not spec.grouping.keep_groups_whole:
+        return "steps", list(dataset_steps(c).values_list("id", flat=True))
+    return "groups", list(units_admitted(c))
+
+
+def _delivery_key(unit: str, key: int) -> tuple[int, int]:
+    if unit == "steps":
+        return (Delivery.Kind.STEP, key)
+    return (Delivery.Kind.GROUP, key) if key > 0 else (Delivery.Kind.TRAJECTORY, -key)
 
 
 def _holds(reason: int, at: int | None, current: int | None, *, max_staleness: bool) -> bool:

@@ -8,7 +8,7 @@ import pytest
 
 from curation.models import Skip
 from curation.services import dataset_create
-from pool.models import Scope, Step
+from pool.models import Scope, Step, Trajectory
 from pool.services import policy_version_set
 from tests.conftest import client_for
 from tests.curation.test_consume import pull, ready_group
@@ -338,3 +338,18 @@ def test_the_builder_sets_stale_mode():
         "Fresh: units more than 2 policy versions behind are served, marked with their versions behind"
         in lines
     )
+
+
+def test_pending_units_count_what_the_consumers_dataset_admits_in_its_unit(trainer):
+    # given five ready groups, and a dataset admitting three of them (the train channel's)
+    for i in range(5):
+        ready_group(f"g{i}", version=None)
+    Trajectory.objects.filter(group__uid__in=["g3", "g4"]).update(channel="val")
+    dataset_create(name="all", spec={"filters": {"channel": "train"}})
+    # when the trainer pulls one group
+    body = pull(trainer, batch_size=1).json()
+    # then its status counts the admitted groups it has not had, not every ready group of the pool
+    entry = status(trainer)
+    assert (entry["pending_unit"], entry["delivered_units"], entry["pending_units"]) == ("groups", 1, 2)
+    trainer.post(f"/api/v1/leases/{body['lease_id']}/ack")
+    assert status(trainer)["pending_units"] == 2
