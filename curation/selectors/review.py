@@ -113,8 +113,9 @@ def review_candidates(queue: ReviewQueue, *, now: datetime, user_id: int | None 
 
 
 def review_progress(queue: ReviewQueue) -> dict[str, int]:
-    """{"done", "total", "held"}: for the progress bar. An item is done once it has
-    ``reviews_per_item`` finished reviews."""
+    """{"done", "total", "held", "elsewhere"}: for the progress bar and the reviewers' panel.
+    An item is done once it has ``reviews_per_item`` finished reviews (the default queue: once
+    it has feedback, from anyone; ``elsewhere``: those done without a review here)."""
     if queue.is_group:
         total = review_group_scope(queue).count()
     else:
@@ -134,7 +135,18 @@ def review_progress(queue: ReviewQueue) -> dict[str, int]:
     held = ReviewClaim.objects.filter(
         queue=queue, done_at__isnull=True, expires_at__gt=timezone.now()
     ).count()
-    return {"done": done, "total": total, "held": held}
+    # The default queue's items are done by any feedback: what its reviewers did not give
+    # (the API, another queue) is counted apart, so the reviewers' panel adds up to ``done``.
+    elsewhere = 0
+    if queue.is_default:
+        reviewed_here = (
+            ReviewClaim.objects.filter(queue=queue, done_at__isnull=False)
+            .values("trajectory_id")
+            .distinct()
+            .count()
+        )
+        elsewhere = max(0, done - reviewed_here)
+    return {"done": done, "total": total, "held": held, "elsewhere": elsewhere}
 
 
 def review_reviewers(queue: ReviewQueue, *, total: int, now: datetime | None = None) -> list[dict[str, Any]]:

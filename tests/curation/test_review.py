@@ -51,8 +51,8 @@ def test_the_default_queue_serves_completed_trajectories_without_feedback_oldest
     Feedback.objects.create(trajectory=Trajectory.objects.get(uid="has-feedback"), rating=1)
     queue = review_queue_default()
     alice = reviewer("alice")
-    # given: progress counts completed trajectories and those with feedback
-    assert review_progress(queue) == {"done": 1, "total": 3, "held": 0}
+    # given: progress counts completed trajectories and those with feedback (given elsewhere)
+    assert review_progress(queue) == {"done": 1, "total": 3, "held": 0, "elsewhere": 1}
     # when: alice asks for an item, twice
     first = review_claim_next(queue=queue, user_id=alice.id)
     again = review_claim_next(queue=queue, user_id=alice.id)
@@ -63,7 +63,7 @@ def test_the_default_queue_serves_completed_trajectories_without_feedback_oldest
     )
     assert (fb.trajectory_id, fb.author, fb.user_id, fb.rating) == (a.id, "alice", alice.id, 4)
     assert review_claim_next(queue=queue, user_id=alice.id).trajectory_id == b.id
-    assert review_progress(queue) == {"done": 2, "total": 3, "held": 1}
+    assert review_progress(queue) == {"done": 2, "total": 3, "held": 1, "elsewhere": 1}
     # a done item cannot be submitted twice
     with pytest.raises(Conflict):
         review_submit(claim_id=first.id, user_id=alice.id, author="alice", rating=3)
@@ -139,7 +139,7 @@ def test_a_queue_built_from_filters_serves_only_matching_trajectories():
         review_submit(claim_id=claim.id, user_id=alice.id, author="alice", rating=3, label="meh")
     review_submit(claim_id=claim.id, user_id=alice.id, author="alice", rating=3, label="ok")
     assert review_claim_next(queue=queue, user_id=alice.id) is None
-    assert review_progress(queue) == {"done": 1, "total": 1, "held": 0}
+    assert review_progress(queue) == {"done": 1, "total": 1, "held": 0, "elsewhere": 0}
 
 
 @pytest.mark.django_db(transaction=True)
@@ -253,7 +253,7 @@ def test_a_group_ranking_becomes_audited_human_rewards_the_trainer_reads(
     claim.refresh_from_db()
     assert claim.feedback.trajectory_id == best.id and claim.feedback.comment == "the second is right"
     assert review_claim_next(queue=queue, user_id=alice.id) is None
-    assert review_progress(queue) == {"done": 1, "total": 1, "held": 0}
+    assert review_progress(queue) == {"done": 1, "total": 1, "held": 0, "elsewhere": 0}
 
 
 @pytest.mark.django_db
@@ -281,7 +281,7 @@ def test_an_item_needing_two_reviews_goes_to_two_distinct_reviewers_then_leaves_
     # when alice submits, the item leaves her queue but is not done yet
     review_submit(claim_id=ca.id, user_id=alice.id, author="alice", rating=4)
     assert review_claim_next(queue=queue, user_id=alice.id) is None
-    assert review_progress(queue) == {"done": 0, "total": 1, "held": 1}
+    assert review_progress(queue) == {"done": 0, "total": 1, "held": 1, "elsewhere": 0}
     # when bob gives up his slot, carol takes it (alice never gets a second one)
     review_release(claim_id=cb.id, user_id=bob.id)
     assert review_claim_next(queue=queue, user_id=alice.id) is None
@@ -289,7 +289,7 @@ def test_an_item_needing_two_reviews_goes_to_two_distinct_reviewers_then_leaves_
     assert cc.trajectory_id == t.id and cc.slot == cb.slot
     review_submit(claim_id=cc.id, user_id=carol.id, author="carol", rating=2)
     # then the item has its two reviews: done, and nobody gets it again
-    assert review_progress(queue) == {"done": 1, "total": 1, "held": 0}
+    assert review_progress(queue) == {"done": 1, "total": 1, "held": 0, "elsewhere": 0}
     assert review_claim_next(queue=queue, user_id=bob.id) is None
     assert sorted(Feedback.objects.filter(trajectory=t).values_list("author", flat=True)) == [
         "alice",
@@ -514,3 +514,28 @@ def test_the_group_page_refuses_a_rank_given_twice_and_agreement_counts_the_best
     }
     # the second review replaced the first's rewards: the last ranking is the reward
     assert [t.reward for t in Trajectory.objects.filter(group__uid="g").order_by("id")] == [1.0, 0.5, 0.0]
+
+
+@pytest.mark.django_db
+def test_the_default_queues_header_and_reviewers_panel_count_the_same_items():
+    import re
+
+    # given: four completed trajectories, two with feedback from the API, one reviewed here
+    for uid in ("p", "q", "r", "s"):
+        done(uid)
+    for uid in ("p", "q"):
+        Feedback.objects.create(trajectory=Trajectory.objects.get(uid=uid), rating=1, author="api")
+    queue = review_queue_default()
+    alice = reviewer("alice")
+    claim = review_claim_next(queue=queue, user_id=alice.id)
+    review_submit(claim_id=claim.id, user_id=alice.id, author="alice", rating=3)
+    # when: alice opens the default queue's page
+    client = Client()
+    client.force_login(alice)
+    page = client.get("/review/").content.decode()
+    # then: the header's done count is what the panel's rows add up to
+    done_count, total = map(int, re.search(r"data-progress>(\d+) / (\d+) done", page).groups())
+    panel = page.split('aria-label="Reviewers"')[1].split("</table>")[0]
+    rows = [int(n) for n in re.findall(r"<td data-done>(\d+)</td>", panel)]
+    assert (done_count, total) == (3, 4) and sum(rows) == done_count and len(rows) == 2
+    assert "Nobody reviewed" not in panel and "feedback given elsewhere" in panel
