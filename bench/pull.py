@@ -12,6 +12,14 @@ growing the pool to ``--steps``, by a fresh consumer and by the 20k consumer con
 
 Baseline, same run: ``read_p50_ms``, reading and rendering the same 64 steps by id
 (``pool.selectors.steps_render``): what serving those steps costs without any leasing.
+
+Lineage (on unless ``--no-lineage``): each consumer trains within a run (``POST
+/api/v1/runs``) and each round, after its ack, publishes a policy version with ``"run"`` (a
+checkpoint taking that ack; ``"current": false``, so serving is untouched), timed apart:
+``checkpoint_p50_ms_<size>``. The pull + ack round is measured exactly as without lineage, so
+its p50 compared with a run of the code before lineage (same command, same sitting) is the
+cost per pull of recording it. ``index_ms_per_checkpoint``: indexing the checkpoints' steps
+afterwards (curation.checkpoints_index), per checkpoint.
 Then ``snapshot_steps_per_s``: a snapshot of the same dataset at the large size (every
 admitted step, written as JSONL and Parquet), steps / wall time. Prints progress on stderr
 and one JSON line.
@@ -36,6 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=200_000)
     p.add_argument("--pulls", type=int, default=60)
+    p.add_argument("--no-lineage", dest="lineage", action="store_false", help="no runs, no checkpoints")
     args = p.parse_args(argv)
     with fresh_database("pull"):
         result = run(args)
@@ -55,9 +64,11 @@ def run(args: argparse.Namespace) -> dict:
     for v in range(1, VERSIONS + 1):
         policy_version_set(version=v)
     dataset_create(name="all")
-    key = api_key_create(name="bench-trainer", scopes=[Scope.CONSUME])[1]
+    key = api_key_create(name="bench-trainer", scopes=[Scope.CONSUME, Scope.POLICY])[1]
     gen = WPool()
     result: dict = {"workload": "W-pool", "db": "postgresql", "batch_steps": BATCH_GROUPS * GROUP_STEPS}
+    lineage = getattr(args, "lineage", True)
+    result["lineage"] = lineage
     built = 0
     for size in sorted({min(20_000, args.steps), args.steps}):
         label = label_of(size)
@@ -65,12 +76,16 @@ def run(args: argparse.Namespace) -> dict:
         pool_grow(gen, size // GROUP_STEPS - built)
         built = size // GROUP_STEPS
         vacuum_analyze()
-        fresh = measure(key, f"fresh-{label}", args.pulls)
+        fresh = measure(key, f"fresh-{label}", args.pulls, lineage=lineage)
         result[f"p50_ms_{label}"], result[f"p99_ms_{label}"] = fresh["p50"], fresh["p99"]
         result[f"read_p50_ms_{label}"] = fresh["read_p50"]
-        cont = measure(key, "continuing", args.pulls)
+        cont = measure(key, "continuing", args.pulls, lineage=lineage)
         result[f"continuing_p50_ms_{label}"] = cont["p50"]
+        if lineage:
+            result[f"checkpoint_p50_ms_{label}"] = fresh["checkpoint_p50"]
         print(f"  {label}: fresh {fresh}, continuing {cont}", file=sys.stderr)
+    if lineage:
+        result["index_ms_per_checkpoint"] = measure_index()
     small, large = label_of(min(20_000, args.steps)), label_of(args.steps)
     result["ratio"] = round(result[f"p50_ms_{large}"] / result[f"p50_ms_{small}"], 3)
     snap = measure_snapshot()
@@ -109,14 +124,36 @@ def measure_snapshot() -> dict:
     return {"steps": steps, "steps_per_s": round(steps / dt)}
 
 
-def measure(key: str, consumer: str, pulls: int) -> dict:
+def measure_index() -> float:
+    """Index every checkpoint's steps (what curation.checkpoints_index does after the
+    fact): ms per checkpoint."""
+    from curation.services.lineage import checkpoints_index_pending
+
+    t = time.perf_counter()
+    n = checkpoints_index_pending(limit=None)
+    dt = (time.perf_counter() - t) * 1000
+    print(f"  indexed {n} checkpoints in {dt:.0f} ms", file=sys.stderr)
+    return round(dt / max(n, 1), 2)
+
+
+_versions = iter(range(VERSIONS + 1, 10**9))  # checkpoint versions, never current
+
+
+def measure(key: str, consumer: str, pulls: int, *, lineage: bool = False) -> dict:
     from django.test import Client
 
     from pool.models import Step
     from pool.selectors.steps import steps_render
 
     client = Client(HTTP_AUTHORIZATION=f"Bearer {key}")
-    times, reads = [], []
+    if lineage:
+        run = client.post(
+            "/api/v1/runs",
+            {"uid": consumer, "consumer": consumer, "dataset": "all"},
+            content_type="application/json",
+        )
+        assert run.status_code in (200, 201), run.content[:200]
+    times, reads, checkpoints = [], [], []
     for i in range(pulls + 2):
         t = time.perf_counter()
         resp = client.post(
@@ -130,6 +167,16 @@ def measure(key: str, consumer: str, pulls: int) -> dict:
         assert ack.status_code == 200, ack.content[:200]
         dt = (time.perf_counter() - t) * 1000
         assert len(body["manifest"]["step_uids"]) == BATCH_GROUPS * GROUP_STEPS
+        if lineage:  # the trainer publishes its next version: a checkpoint taking this ack
+            t = time.perf_counter()
+            cp = client.post(
+                "/api/v1/policy-versions",
+                {"version": next(_versions), "current": False, "run": consumer},
+                content_type="application/json",
+            )
+            assert cp.status_code == 200 and cp.json()["checkpoint"]["leases"] == 1, cp.content[:200]
+            if i >= 2:
+                checkpoints.append((time.perf_counter() - t) * 1000)
         t = time.perf_counter()
         steps_render(list(Step.objects.with_context().filter(uid__in=body["manifest"]["step_uids"])))
         if i >= 2:  # warm-up rounds are not counted
@@ -140,6 +187,7 @@ def measure(key: str, consumer: str, pulls: int) -> dict:
         "p50": round(statistics.median(times), 2),
         "p99": round(times[min(len(times) - 1, int(len(times) * 0.99))], 2),
         "read_p50": round(statistics.median(reads), 2),
+        "checkpoint_p50": round(statistics.median(checkpoints), 2) if checkpoints else None,
     }
 
 

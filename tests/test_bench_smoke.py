@@ -58,7 +58,7 @@ BENCHES = [
     ("env_helpers", ["--starts", "2"], False, ["probes_right_hand_written", "import_ms_environs"]),
     ("media", ["--rounds", "1", "--pulls", "2"], False, ["stored_over_unique", "ingest_ratio"]),
     ("learning", ["--steps", "2"], False, ["final_reward", "control_final_reward", "middleware_ms_per_call"]),
-    ("pull", ["--steps", "500", "--pulls", "3"], True, ["p50_ms_500", "ratio"]),
+    ("pull", ["--steps", "500", "--pulls", "3"], True, ["p50_ms_500", "ratio", "checkpoint_p50_ms_500"]),
     (
         "curation",
         ["--steps", "640", "--runs", "2", "--readiness-steps", "2000"],

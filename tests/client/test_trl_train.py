@@ -131,7 +131,8 @@ def convos(*trajectories: str) -> list[list[dict]]:
 
 
 def test_the_readme_sft_snippet_trains_on_a_pull(env):
-    """docs/trainers.md "TRL SFT": pull, to_sft_rows, SFTTrainer; the lease is acked after training."""
+    """docs/trainers.md "TRL SFT": pull, to_sft_rows, SFTTrainer; the lease is acked after training
+    and the trained model published as a checkpoint of the run, holding it."""
     # when the docs' snippet runs as written
     ns: dict = {}
     exec(compile(readme_block("### TRL SFT"), "docs/trainers.md: TRL SFT", "exec"), ns)
@@ -143,6 +144,9 @@ def test_the_readme_sft_snippet_trains_on_a_pull(env):
     )
     # and the lease was acked: consumer "sft" has nothing left
     assert not env.pull("chat", consumer="sft", batch_size=10)
+    # and the run's checkpoint holds it
+    (cp,) = env.run(ns["run"].uid).checkpoints()
+    assert (cp["leases"], cp["steps"]) == (1, len(ns["batch"]))
 
 
 def test_the_readme_dpo_snippet_trains_on_a_snapshot(env):

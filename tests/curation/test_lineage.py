@@ -5,6 +5,8 @@ byte. Through the real API (DRF's test client) on a real database."""
 
 from __future__ import annotations
 
+import re
+
 import orjson
 import pytest
 
@@ -315,3 +317,28 @@ def test_a_nacked_lease_takes_no_verdict(trainer):
     trainer.post(f"/api/v1/leases/{lease}/nack")
     resp = trainer.post(f"/api/v1/leases/{lease}/verdicts", {"steps": [{"uid": uids[0]}]}, format="json")
     assert (resp.status_code, resp.json()["error"]["param"]) == (409, "lease")
+
+
+def test_a_pull_and_an_ack_run_the_same_statements_within_a_run(trainer):
+    """Recording lineage stays off the hot path: with a run open on the consumer, a pull and
+    its ack run exactly the statements they run without one (a checkpoint takes the acks
+    later, in one UPDATE)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    dataset_create(name="all")
+    for i in range(4):
+        ready_group(f"g{i}")
+
+    def round_trip(consumer: str) -> list[str]:
+        with CaptureQueriesContext(connection) as seen:
+            resp = trainer.post(f"/api/v1/consumers/{consumer}/pull", {"dataset": "all"}, format="json")
+            trainer.post(f"/api/v1/leases/{resp.json()['lease_id']}/ack")
+        # the statements' shapes: ids, uuids, times and savepoint names differ between rounds
+        return [re.sub(r'"s\d+_x\d+"', "s", q["sql"].split(" WHERE")[0][:60]) for q in seen.captured_queries]
+
+    for consumer in ("plain", "traced"):  # each consumer's first pull creates it
+        round_trip(consumer)
+    trainer.post("/api/v1/runs", {"consumer": "traced", "dataset": "all"}, format="json")
+    without, within = round_trip("plain"), round_trip("traced")
+    assert len(without) > 5 and within == without
