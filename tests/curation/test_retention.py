@@ -369,3 +369,40 @@ def test_the_admin_shows_the_dry_run_before_anything_goes(source, pool, admin_cl
     done = admin_client.post(url, {"action": "run_now", "_selected_action": [policy.pk], "confirm": "yes"})
     assert done.status_code == 302
     assert not PromptGroup.objects.filter(uid__in=pool["old"]).exists()
+
+
+def test_consumed_groups_go_once_every_consumer_of_every_dataset_admitting_them_acked_them(
+    source, settings, make_key
+):
+    from curation.services import dataset_create
+    from pool.models import Scope
+    from tests.conftest import client_for
+
+    settings.CLAW_RETENTION_REPLAY_DAYS = 0  # acked leases pin nothing: the rule alone decides
+    groups = [_group(f"c{i}", source, seed=20 + i) for i in range(3)]
+    for g in groups:
+        PromptGroup.objects.filter(uid=g).update(expected_rollouts=ROLLOUTS)
+    from pool.services.readiness import readiness_sweep
+
+    readiness_sweep()
+    dataset_create(name="all")
+    a, b = (client_for(make_key(Scope.CONSUME, name=n)) for n in ("ta", "tb"))
+
+    def pull_ack(client, consumer: str) -> None:
+        body = client.post(
+            f"/api/v1/consumers/{consumer}/pull", {"dataset": "all", "batch_size": 1}, format="json"
+        ).json()
+        assert body["lease_id"], body
+        assert client.post(f"/api/v1/leases/{body['lease_id']}/ack").status_code == 200
+
+    # given: consumer A acked the oldest group, and B holds it leased, not acked
+    pull_ack(a, "ta")
+    policy = RetentionPolicy.objects.create(name="consumed", source=source, consumed=True, action="delete")
+    held = b.post("/api/v1/consumers/tb/pull", {"dataset": "all", "batch_size": 1}, format="json").json()
+    # then: nothing is consumed by every consumer of the dataset yet
+    assert retention.retention_run(policy=policy).groups == 0
+    # when: B acks it too, then: the pass removes that group, and only it
+    assert b.post(f"/api/v1/leases/{held['lease_id']}/ack").status_code == 200
+    report = retention.retention_run(policy=policy)
+    assert (report.groups, report.candidates) == (1, 1)
+    assert set(PromptGroup.objects.filter(uid__in=groups).values_list("uid", flat=True)) == set(groups[1:])
