@@ -33,6 +33,7 @@ from pool import tokens
 from pool.errors import PoolError
 from pool.flags import QUALITY_NAMES, READINESS_NAMES, READY, names, quality_text, readiness_text
 from pool.models import PromptGroup, RewardEvent, Step, Trajectory
+from pool.replica import ReplicaChangelist
 from pool.services import RewardIn, rewards_apply
 
 from ..models import LabelEvent, StepTag
@@ -108,7 +109,7 @@ ACTION_VALUES: dict[str, forms.Field] = {
 
 
 @admin.register(Step)
-class StepAdmin(admin.ModelAdmin):
+class StepAdmin(ReplicaChangelist, admin.ModelAdmin):
     # Short columns, so that the list fits 1440 px with the sidebar and the filters: uids cut
     # (whole on hover), readiness and quality as short names (the full text on hover).
     list_display = (
@@ -511,7 +512,7 @@ def reward_text(step: Step) -> str:
 
 
 @admin.register(Trajectory)
-class TrajectoryAdmin(admin.ModelAdmin):
+class TrajectoryAdmin(ReplicaChangelist, admin.ModelAdmin):
     list_display = (
         "uid",
         "group",
@@ -608,7 +609,7 @@ class TrajectoryAdmin(admin.ModelAdmin):
 
 
 @admin.register(PromptGroup)
-class PromptGroupAdmin(admin.ModelAdmin):
+class PromptGroupAdmin(ReplicaChangelist, admin.ModelAdmin):
     list_display = (
         "uid",
         "status",

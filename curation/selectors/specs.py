@@ -37,6 +37,7 @@ from typing import Any
 
 from django.core.exceptions import EmptyResultSet
 from django.db import connection, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import (
     Case,
     Count,
@@ -55,6 +56,7 @@ from django.db.models.functions import Coalesce
 
 from pool.flags import QUALITY_NAMES, READY, Readiness
 from pool.models import Feedback, PromptGroup, Source, Step, Trajectory
+from pool.replica import read_connection
 from pool.selectors.events import policy_current_version
 from pool.tenancy import Sources
 from pool.tenancy import q as of_sources
@@ -217,15 +219,17 @@ def _per_rollout_sql(c: Compiled, restrict: Q | None = None) -> tuple[str, list[
 
 
 @contextmanager
-def _analytic() -> Iterator[None]:
-    """One aggregate over the step table: on PostgreSQL without JIT (its compile time, ~90
-    ms, exceeds what it saves here) and with room to sort in memory."""
-    with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cur:
+def _analytic() -> Iterator[BaseDatabaseWrapper]:
+    """One aggregate over the step table, on the connection it reads from (the replica on a
+    read path that reads it: pool/replica.py): on PostgreSQL without JIT (its compile time,
+    ~90 ms, exceeds what it saves here) and with room to sort in memory."""
+    conn = read_connection()
+    with transaction.atomic(using=conn.alias):
+        if conn.vendor == "postgresql":
+            with conn.cursor() as cur:
                 cur.execute("SET LOCAL jit = off")
                 cur.execute("SET LOCAL work_mem = '64MB'")
-        yield
+        yield conn
 
 
 def _units_sql(c: Compiled, restrict: Q | None = None) -> tuple[str, list[Any]]:
@@ -295,7 +299,7 @@ def dataset_preview(spec: Spec, sources: Sources = None) -> dict[str, Any]:
             COALESCE(SUM(admitted * (st - pt)), 0)
         FROM ({units}) x
     """
-    with _analytic(), connection.cursor() as cur:
+    with _analytic() as conn, conn.cursor() as cur:
         cur.execute(query, params)
         steps, masked, rollouts, groups, dropped, waiting, pt, rt = cur.fetchone()
     return _preview(
@@ -345,7 +349,7 @@ def units_admitted(c: Compiled, restrict: Q | None = None) -> dict[int, dict[int
     """The admitted units among the steps ``restrict`` selects (all when None): unit key
     (a group's id, or minus a lone trajectory's id) -> {step id: masked}, in step order."""
     units, params = _units_sql(c, restrict)
-    with _analytic(), connection.cursor() as cur:
+    with _analytic() as conn, conn.cursor() as cur:
         cur.execute(f"SELECT unit FROM ({units}) x WHERE admitted = 1", params)
         admitted = {row[0] for row in cur.fetchall()}
     groups = [u for u in admitted if u > 0]
