@@ -182,7 +182,7 @@ def dataset_steps(c: Compiled) -> QuerySet:
     return qs
 
 
-def _per_rollout_sql(c: Compiled, restrict: Q | None = None) -> tuple[str, list[Any]]:
+def _per_rollout_sql(c: Compiled, trajectory_ids: list[int] | None = None) -> tuple[str, list[Any]]:
     """One row per trajectory in scope: (trajectory id, group id, valid 0/1, steps, prompt
     tokens, sequence tokens), as SQL to wrap.
 
@@ -191,7 +191,7 @@ def _per_rollout_sql(c: Compiled, restrict: Q | None = None) -> tuple[str, list[
     conditions are joined after, on one row per trajectory instead of one per step."""
     ok = Min(Case(When(c.passes, then=Value(1)), default=Value(0), output_field=IntegerField()))
     per_rollout = (
-        _aliased(Step.objects.filter(c.step_scope & (restrict or Q())), c.spec.filters)
+        _aliased(Step.objects.filter(c.step_scope & _of_trajectories(trajectory_ids)), c.spec.filters)
         .values(tid=F("trajectory_id"))
         .annotate(ok=ok, n=Count("id"), pt=Sum("prompt_len"), st=Sum("seq_len"))
         .order_by()
@@ -209,6 +209,12 @@ def _per_rollout_sql(c: Compiled, restrict: Q | None = None) -> tuple[str, list[
     if c.trajectory_channel is not None:
         where.append("t.channel = %s")
         more.append(c.trajectory_channel)
+    if trajectory_ids is not None:
+        # The trajectories named on their side of the join too: PostgreSQL then reads them
+        # by primary key instead of hashing a scan of the whole trajectory table (which it
+        # chose for a pull's 256 trajectories once the pool held 1M steps: bench/growth.py).
+        where.append(f"t.id IN ({', '.join(['%s'] * len(trajectory_ids))})" if trajectory_ids else "1 = 0")
+        more.extend(trajectory_ids)
     table = connection.ops.quote_name(Trajectory._meta.db_table)
     sql = (
         f"SELECT r.tid AS tid, t.group_id AS gid, r.ok AS ok, r.n AS n, r.pt AS pt, r.st AS st "
@@ -216,6 +222,10 @@ def _per_rollout_sql(c: Compiled, restrict: Q | None = None) -> tuple[str, list[
         + (f" WHERE {' AND '.join(where)}" if where else "")
     )
     return sql, [*params, *more]
+
+
+def _of_trajectories(trajectory_ids: list[int] | None) -> Q:
+    return Q() if trajectory_ids is None else Q(trajectory_id__in=trajectory_ids)
 
 
 @contextmanager
@@ -232,12 +242,12 @@ def _analytic() -> Iterator[BaseDatabaseWrapper]:
         yield conn
 
 
-def _units_sql(c: Compiled, restrict: Q | None = None) -> tuple[str, list[Any]]:
+def _units_sql(c: Compiled, trajectory_ids: list[int] | None = None) -> tuple[str, list[Any]]:
     """One row per unit (group, or trajectory without one) with its admission:
     (unit key, group id, admitted 0/1, eligible 0/1, valid rollouts, rollouts, steps,
     valid steps, prompt tokens, sequence tokens). Unit keys: a group's id, or minus the
     trajectory id of a rollout without a group."""
-    inner, params = _per_rollout_sql(c, restrict)
+    inner, params = _per_rollout_sql(c, trajectory_ids)
     g = c.spec.grouping
     group_table = connection.ops.quote_name(PromptGroup._meta.db_table)
     # Integers validated by the spec parser, inlined (no NULL parameters to type).
@@ -345,10 +355,10 @@ def dataset_admitted(spec: Spec) -> dict[int, bool]:
     return out
 
 
-def units_admitted(c: Compiled, restrict: Q | None = None) -> dict[int, dict[int, bool]]:
-    """The admitted units among the steps ``restrict`` selects (all when None): unit key
+def units_admitted(c: Compiled, trajectory_ids: list[int] | None = None) -> dict[int, dict[int, bool]]:
+    """The admitted units among the steps of ``trajectory_ids`` (all when None): unit key
     (a group's id, or minus a lone trajectory's id) -> {step id: masked}, in step order."""
-    units, params = _units_sql(c, restrict)
+    units, params = _units_sql(c, trajectory_ids)
     with _analytic() as conn, conn.cursor() as cur:
         cur.execute(f"SELECT unit FROM ({units}) x WHERE admitted = 1", params)
         admitted = {row[0] for row in cur.fetchall()}

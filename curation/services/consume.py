@@ -399,7 +399,7 @@ def _claim(c: Compiled, ds: Dataset, who: Consumer, lease: Lease, pull: PullIn) 
         lone = [-k for k, _u in candidates if k < 0]
         # The candidates' steps by trajectory id (index step_curation), not through a join.
         members = list(Trajectory.objects.filter(group_id__in=groups).values_list("id", flat=True))
-        admitted = units_admitted(c, Q(trajectory_id__in=members + lone))
+        admitted = units_admitted(c, members + lone)
         drops.add(
             Skip.Reason.FILTERED, [(_kind(k), abs(k), None) for k, _u in candidates if k not in admitted]
         )
