@@ -47,18 +47,25 @@ The soak (``--soak-seconds``, 0 skips it), on a new pool: the pool is filled to
 ``--keep-newest`` steps, then a real server process (uvicorn, ``--soak-workers``) takes
 W-growth steps at a fixed ``--soak-rate`` (batches of 100 over HTTP), a trainer pulls 8
 groups and acks every ``--soak-pull-interval`` seconds (a dataset serving the newest ready
-groups first), and every ``--soak-cycle`` seconds a retention pass (``_retention_pass``)
-keeps the newest ``--keep-newest`` steps, followed by a VACUUM (ANALYZE) of the tables. ``soak_disk_drift``: the largest departure of the
-pool's disk size after a pass from its size after the first pass, over the latter;
-``soak_p99_over_median``: the larger of ingest's and the pull's p99 over their median request
-time (stalls during a retention pass show here). Prints progress on stderr, a table of the
-figures, then one JSON line.
+groups first), and every ``--soak-cycle`` seconds a retention pass (``_retention_pass``, in
+a process of its own, as a Celery worker's would be) keeps the newest ``--keep-newest``
+steps, followed by a VACUUM (ANALYZE) of the tables. ``soak_disk_drift``: the largest
+departure of the pool's disk size after a pass from its size after the first pass, over the
+latter (and ``soak_disk_drift_after_turnover`` from the first pass after the kept window was
+replaced once); ``soak_p99_over_median``: the larger of ingest's and the pull's p99 over
+their median request time, with the p99 of the requests that overlapped a pass
+(``*_during_passes``: a stall during a retention pass shows there). Each size also measures
+``floor_p50_ms`` (an admin page whose work does not depend on the pool) and the load
+average: the machine is shared, and ``floor_p50_ms_ratio`` says how much of a ratio is the
+machine's. Prints progress on stderr, a table of the figures, then one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import statistics
 import sys
 import tempfile
@@ -108,6 +115,7 @@ FIGURES = {
     "bytes_per_step": False,
 }
 OVERVIEW_URL = "/"
+FLOOR_URL = "/admin/pool/policyversion/"  # five rows, whatever the pool's size
 # The fill is dated as if its groups had arrived one a second (32 steps/s), starting this
 # long ago: see ``dated``.
 FILL_AGE = timedelta(days=400)
@@ -392,6 +400,11 @@ def measure_size(gen: GrowthGen, keys: dict, label: str, args: argparse.Namespac
 
         return get
 
+    # The machine's speed now: a page whose work does not depend on the pool (five policy
+    # versions), and the load average. This machine is shared, so a ratio between two sizes
+    # also holds how busy it was at each; floor_p50_ms_ratio says how much.
+    result[f"floor_p50_ms_{label}"] = p50_ms(page(FLOOR_URL), args.runs)
+    result[f"load_avg_{label}"] = round(os.getloadavg()[0], 2)
     result[f"admin_list_p50_ms_{label}"] = p50_ms(page(ADMIN_STEP_URL), args.runs)
     result[f"overview_p50_ms_{label}"] = p50_ms(page(OVERVIEW_URL), args.runs)
     trainer = Client(HTTP_AUTHORIZATION=f"Bearer {keys['consume']}")
@@ -446,6 +459,7 @@ def grow(args: argparse.Namespace) -> dict:
     for figure, throughput in FIGURES.items():
         a, b = result[f"{figure}_{small}"], result[f"{figure}_{large}"]
         result[f"{figure}_ratio"] = round(a / b if throughput else b / a, 3)
+    result["floor_p50_ms_ratio"] = round(result[f"floor_p50_ms_{large}"] / result[f"floor_p50_ms_{small}"], 3)
     return result
 
 
@@ -510,8 +524,6 @@ RETENTION_CHUNK = 200  # groups per transaction of the stand-in (6,400 W-growth 
 
 
 def soak(args: argparse.Namespace) -> dict:
-    import os
-
     import httpx
     import orjson
     from django.core.management import call_command
@@ -541,8 +553,9 @@ def soak(args: argparse.Namespace) -> dict:
 
 def _soak_run(args, url: str, keys: dict, gen: GrowthGen, httpx, orjson) -> dict:
     stop = threading.Event()
-    ingest_ms: list[float] = []
-    pull_ms: list[float] = []
+    # (start, ms) of each request: whether it overlapped a retention pass is decided after
+    ingest_ms: list[tuple[float, float]] = []
+    pull_ms: list[tuple[float, float]] = []
     errors: list[str] = []
     sent = [0]
     interval = INGEST_BATCH / args.soak_rate
@@ -565,9 +578,9 @@ def _soak_run(args, url: str, keys: dict, gen: GrowthGen, httpx, orjson) -> dict
                     return
                 if stop.is_set():
                     return
-                t = time.perf_counter()
+                t = time.monotonic()
                 r = c.post("/api/v1/steps", content=body, headers={"Content-Type": "application/json"})
-                ingest_ms.append((time.perf_counter() - t) * 1000)
+                ingest_ms.append((t, (time.monotonic() - t) * 1000))
                 if r.status_code not in (200, 201):
                     errors.append(f"steps: {r.status_code} {r.text[:200]}")
                     return
@@ -579,7 +592,7 @@ def _soak_run(args, url: str, keys: dict, gen: GrowthGen, httpx, orjson) -> dict
             base_url=url, headers={"Authorization": f"Bearer {keys['consume']}"}, timeout=120
         ) as c:
             while not stop.wait(args.soak_pull_interval):
-                t = time.perf_counter()
+                t = time.monotonic()
                 r = c.post(
                     "/api/v1/consumers/soak/pull", json={"dataset": SOAK_DATASET, "batch_size": PULL_GROUPS}
                 )
@@ -592,61 +605,106 @@ def _soak_run(args, url: str, keys: dict, gen: GrowthGen, httpx, orjson) -> dict
                     if a.status_code != 200:
                         errors.append(f"ack: {a.status_code} {a.text[:200]}")
                         return
-                pull_ms.append((time.perf_counter() - t) * 1000)
+                pull_ms.append((t, (time.monotonic() - t) * 1000))
 
+    # Retention runs in a process of its own, as a Celery worker's would: never in the
+    # threads that time the requests (a pass holding their interpreter would show as stalls).
+    spawn = multiprocessing.get_context("spawn")
+    ours, theirs = spawn.Pipe()
+    retention = spawn.Process(target=_retention_worker, args=(theirs, args.keep_newest), daemon=True)
+    retention.start()
     threads = [threading.Thread(target=ingest, daemon=True), threading.Thread(target=pull, daemon=True)]
     t0 = time.monotonic()
     for th in threads:
         th.start()
-    disks: list[int] = []
     passes: list[dict] = []
+    windows: list[tuple[float, float]] = []  # (start, end) of each pass, vacuum included
     try:
         while time.monotonic() - t0 < args.soak_seconds and not errors:
             time.sleep(min(args.soak_cycle, max(0.0, args.soak_seconds - (time.monotonic() - t0))))
             if time.monotonic() - t0 > args.soak_seconds + 1:
                 break
-            t = time.perf_counter()
-            done = _retention_pass(keep_newest=args.keep_newest)
-            done["seconds"] = round(time.perf_counter() - t, 2)
-            t = time.perf_counter()
-            autovacuum()
-            done["vacuum_seconds"] = round(time.perf_counter() - t, 2)
-            disks.append(pool_bytes())
-            done["disk_bytes"] = disks[-1]
+            start = time.monotonic()
+            ours.send(True)
+            done = ours.recv()
+            windows.append((start, time.monotonic()))
+            done["sent"] = sent[0]
             passes.append(done)
-            print(
-                f"  soak {time.monotonic() - t0:5.0f} s: pass {done}, {sent[0]:,} steps sent", file=sys.stderr
-            )
+            print(f"  soak {time.monotonic() - t0:5.0f} s: pass {done}", file=sys.stderr)
     finally:
         stop.set()
         for th in threads:
             th.join(timeout=120)
+        ours.send(None)
+        retention.join(timeout=120)
     elapsed = time.monotonic() - t0
     if errors:
         raise SystemExit(f"soak: {errors[:3]}")
     if not ingest_ms or not pull_ms:
         raise SystemExit(f"soak: {len(ingest_ms)} ingest batches and {len(pull_ms)} pulls: too short")
-    ratios = {
-        "ingest": percentile(ingest_ms, 0.99) / statistics.median(ingest_ms),
-        "pull": percentile(pull_ms, 0.99) / statistics.median(pull_ms),
-    }
-    return {
+    return _soak_figures(args, elapsed, sent[0], passes, windows, {"ingest": ingest_ms, "pull": pull_ms})
+
+
+def _soak_figures(args, elapsed: float, sent: int, passes: list[dict], windows, samples: dict) -> dict:
+    """The soak's JSON keys. ``soak_disk_drift``: the largest departure of the pool's disk
+    size after a pass from its size after the first, over the latter;
+    ``soak_disk_drift_after_turnover`` the same from the first pass after the kept window
+    was replaced once (the steps sent since the first pass reach ``keep_newest``), when a
+    later pass exists: during the first turnover the indexes and the heap still take their
+    working shape. ``soak_p99_over_median``: the larger of ingest's and the pull's p99 over
+    their median request time; ``*_during_passes``: the p99 of the requests that overlapped
+    a retention pass over the same median."""
+    disks = [p["disk_bytes"] for p in passes]
+    out = {
         "soak_seconds": round(elapsed),
         "soak_rate_target": args.soak_rate,
-        "soak_rate_achieved": round(sent[0] / elapsed),
+        "soak_rate_achieved": round(sent / elapsed),
         "soak_keep_newest": args.keep_newest,
         "soak_passes": len(passes),
-        "soak_pass_seconds_max": max(p["seconds"] for p in passes) if passes else None,
+        "soak_pass_seconds_max": max((p["seconds"] for p in passes), default=None),
+        "soak_vacuum_seconds_max": max((p["vacuum_seconds"] for p in passes), default=None),
         "soak_disk_bytes": disks,
         "soak_disk_drift": round(max(abs(d - disks[0]) for d in disks) / disks[0], 3) if disks else None,
-        "soak_ingest_p50_ms": round(statistics.median(ingest_ms), 1),
-        "soak_ingest_p99_ms": round(percentile(ingest_ms, 0.99), 1),
-        "soak_pull_p50_ms": round(statistics.median(pull_ms), 1),
-        "soak_pull_p99_ms": round(percentile(pull_ms, 0.99), 1),
-        "soak_p99_over_median": round(max(ratios.values()), 2),
-        "soak_p99_over_median_ingest": round(ratios["ingest"], 2),
-        "soak_p99_over_median_pull": round(ratios["pull"], 2),
+        "soak_disk_drift_after_turnover": None,
     }
+    turned = [i for i, p in enumerate(passes) if passes and p["sent"] - passes[0]["sent"] >= args.keep_newest]
+    if turned and turned[0] < len(passes) - 1:
+        base = disks[turned[0]]
+        out["soak_disk_drift_after_turnover"] = round(
+            max(abs(d - base) for d in disks[turned[0] :]) / base, 3
+        )
+    ratios = []
+    for name, values in samples.items():
+        ms = [v for _t, v in values]
+        median = statistics.median(ms)
+        during = [v for t, v in values if any(a - v / 1000 <= t <= b for a, b in windows)]
+        out[f"soak_{name}_p50_ms"] = round(median, 1)
+        out[f"soak_{name}_p99_ms"] = round(percentile(ms, 0.99), 1)
+        out[f"soak_p99_over_median_{name}"] = round(percentile(ms, 0.99) / median, 2)
+        out[f"soak_{name}_requests_during_passes"] = len(during)
+        out[f"soak_p99_over_median_{name}_during_passes"] = (
+            round(percentile(during, 0.99) / median, 2) if during else None
+        )
+        ratios.append(out[f"soak_p99_over_median_{name}"])
+    out["soak_p99_over_median"] = max(ratios)
+    return out
+
+
+def _retention_worker(pipe, keep_newest: int) -> None:
+    """The soak's retention process: a pass (and its VACUUM) each time it is asked, its
+    figures sent back; None ends it."""
+    import django
+
+    django.setup()
+    while pipe.recv() is not None:
+        t = time.perf_counter()
+        done = _retention_pass(keep_newest=keep_newest)
+        done["seconds"] = round(time.perf_counter() - t, 2)
+        t = time.perf_counter()
+        autovacuum()
+        done["vacuum_seconds"] = round(time.perf_counter() - t, 2)
+        done["disk_bytes"] = pool_bytes()
+        pipe.send(done)
 
 
 # --- main -------------------------------------------------------------------------------------
@@ -689,6 +747,10 @@ def table(result: dict) -> str:
     for f in FIGURES:
         cells = " | ".join(f"{result[f'{f}_{lab}']:,}" for lab in labels)
         lines.append(f"| {f} | {cells} | {result[f'{f}_ratio']} |")
+    cells = " | ".join(f"{result[f'floor_p50_ms_{lab}']:,}" for lab in labels)
+    lines.append(f"| (machine) floor_p50_ms | {cells} | {result['floor_p50_ms_ratio']} |")
+    cells = " | ".join(f"{result[f'load_avg_{lab}']}" for lab in labels)
+    lines.append(f"| (machine) load_avg | {cells} | |")
     return "\n".join(lines)
 
 
