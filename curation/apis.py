@@ -30,6 +30,7 @@ from pool.access.auth import (
 from pool.errors import Conflict, InvalidInput, NotFound
 from pool.ingest.rules import check_json
 from pool.models import Scope
+from pool.replica import replica_handler, replica_reads
 from pool.selectors.steps import step_ids_by_uid
 from pool.selectors.trajectories import trajectory_ids_by_uid
 
@@ -132,6 +133,7 @@ class DatasetListCreateApi(KnownQueryParams, APIView):
         responses=cs.DatasetSerializer(many=True),
         operation_id="datasets_list",
     )
+    @replica_handler
     def get(self, request):
         datasets = datasets_list(limit=1000, sources=served_sources_of(request))
         return Response([dataset_render(d) for d in datasets])
@@ -206,7 +208,8 @@ class DatasetPreviewApi(KnownQueryParams, APIView):
         ds = _dataset(request, name)
         if ds.current is None:
             raise NotFound(f"dataset {name!r} does not exist", field="name")
-        preview = dataset_preview(spec_parse(ds.current.spec), served_sources_of(request))
+        with replica_reads():  # the dataset itself was read from the primary: it may be new
+            preview = dataset_preview(spec_parse(ds.current.spec), served_sources_of(request))
         return Response({"dataset": ds.name, "version": ds.current.version, **preview})
 
 
@@ -220,7 +223,8 @@ class SpecPreviewApi(APIView):
     )
     def post(self, request):
         data = _body(request, {"filters", "grouping"})
-        return Response(dataset_preview(spec_parse(_spec_of(data)), served_sources_of(request)))
+        with replica_reads():  # a read-only POST: the spec travels in the body
+            return Response(dataset_preview(spec_parse(_spec_of(data)), served_sources_of(request)))
 
 
 class LabelApi(APIView):

@@ -5,6 +5,11 @@ Each view validates its input, calls one service or selector and renders. Access
 permission, never by name: anonymous users are sent to the sign-in page, a signed-in user
 without the permission gets 403. Reviewing needs ``pool.add_feedback``; curating (labels,
 datasets, queues) ``pool.change_step`` (curation/roles.py gives each role its set).
+
+With a read replica configured (DATABASE_REPLICA_URL), the pages marked ``replica_view`` are
+read from it on GET (and say so, with its lag); their forms that write, the review pages
+(claims are writes), a prefix tree merged on demand and a lease's replay read the primary
+(pool/replica.py).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from claw_kit.web.files import stream_download
 from pool.errors import Conflict, InvalidInput, NotFound, PoolError
+from pool.replica import replica_reads, replica_view
 from pool.selectors.tasks import tasks_overview
 from pool.services.merge import group_merge_ensure, merge_tree_render
 
@@ -101,6 +107,7 @@ logout = auth_views.LogoutView.as_view()
 
 # --- dashboard: one page per lifecycle stage (collect, represent, curate, optimize, consume) ---
 @allowed(VIEW)
+@replica_view
 def home(request: HttpRequest) -> HttpResponse:
     """Overview: the counters of every stage, the ingestion rate, sources, policy, drift
     and error rates. Live events (static/claw/live.js) move the numbers forward."""
@@ -132,6 +139,7 @@ def collection(request: HttpRequest) -> HttpResponse:
 
 
 @allowed("pool.view_step")
+@replica_view
 def steps(request: HttpRequest) -> HttpResponse:
     """Representation: the newest steps with their token source and drift."""
     form = StepFilterForm(request.GET or None)
@@ -163,6 +171,7 @@ def steps(request: HttpRequest) -> HttpResponse:
 
 
 @allowed("pool.view_step")
+@replica_view
 def step(request: HttpRequest, step_id: int) -> HttpResponse:
     """The step inspector: prompt and response as text, tokens on demand, token source,
     drift location, reward and feedback."""
@@ -178,6 +187,7 @@ def step(request: HttpRequest, step_id: int) -> HttpResponse:
 
 
 @allowed(GROUPS)
+@replica_view
 def optimization(request: HttpRequest) -> HttpResponse:
     """Prompt groups with their prefix-tree savings, and the savings chart."""
     before = _int(request.GET.get("before"))
@@ -221,6 +231,7 @@ def group_tree(request: HttpRequest, uid: str) -> HttpResponse:
 
 @require_http_methods(["GET", "POST"])
 @allowed(VIEW)
+@replica_view
 def consumption(request: HttpRequest) -> HttpResponse:
     """Batch configuration with its preview, snapshots (live progress), consumers with lag
     and leases, and replayable batches. A POST (operators) requests a snapshot."""
@@ -519,6 +530,7 @@ def _wants_html(request: HttpRequest) -> bool:
 
 # --- trajectories ----------------------------------------------------------------------------
 @allowed(VIEW)
+@replica_view
 def trajectories(request: HttpRequest) -> HttpResponse:
     """Collection: trajectories as they arrive, filtered server-side (live rows obey the same
     filter), and the data sources that wrote them."""
@@ -553,6 +565,7 @@ def trajectories(request: HttpRequest) -> HttpResponse:
 
 @require_http_methods(["GET", "POST"])
 @allowed(VIEW)
+@replica_view
 def trajectory(request: HttpRequest, uid: str) -> HttpResponse:
     """The step timeline; a POST is an operator's label change on every step."""
     timeline = trajectory_timeline(uid)
@@ -584,6 +597,7 @@ def trajectory(request: HttpRequest, uid: str) -> HttpResponse:
 
 
 @allowed("pool.view_step")
+@replica_view
 def step_tokens(request: HttpRequest, step_id: int) -> JsonResponse:
     """One step's exact token ids, on demand (the timeline does not load them)."""
     ids = step_token_ids(step_id)
@@ -595,6 +609,7 @@ def step_tokens(request: HttpRequest, step_id: int) -> JsonResponse:
 # --- curation --------------------------------------------------------------------------------
 @require_http_methods(["GET", "POST"])
 @allowed(CURATE)
+@replica_view
 def curation(request: HttpRequest) -> HttpResponse:
     """The filter builder; a POST saves its spec as a dataset (create, or a new version)."""
     if request.method == "POST":
@@ -663,13 +678,15 @@ def curation_preview(request: HttpRequest) -> JsonResponse:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         return JsonResponse({"error": f"the body is not JSON: {exc}", "field": "spec"}, status=400)
     try:
-        preview = dataset_preview(spec_parse(raw))
+        with replica_reads():  # a read-only POST: the spec travels in the body
+            preview = dataset_preview(spec_parse(raw))
     except InvalidInput as exc:
         return JsonResponse({"error": exc.message, "field": exc.field}, status=400)
     return JsonResponse(preview)
 
 
 @allowed(CURATE)
+@replica_view
 def dataset(request: HttpRequest, name: str) -> HttpResponse:
     found = dataset_versions(name)
     if found is None:
@@ -917,6 +934,7 @@ def media_full(request: HttpRequest, sha256: str) -> HttpResponse:
 
 # --- tasks: what groups roll out, and how each task fares ----------------------------------------
 @allowed(VIEW)
+@replica_view
 def tasks(request: HttpRequest) -> HttpResponse:
     """The tasks page: solved / hopeless / informative counts (equal to GET /api/v1/tasks
     ?bucket=...), the pass-rate histogram and the most informative tasks; ``?format=json``

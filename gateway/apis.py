@@ -32,6 +32,7 @@ from pool.access.auth import (
 )
 from pool.errors import InvalidInput, NotFound
 from pool.models import Scope, TaskSampleRecord
+from pool.replica import replica_handler
 from pool.selectors.events import (
     event_render,
     events_listed,
@@ -133,6 +134,7 @@ class StepListCreateApi(KnownQueryParams, generics.GenericAPIView):
         return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     @extend_schema(responses=s.StepReadSerializer(many=True), summary="List steps (cursor-paginated)")
+    @replica_handler
     def get(self, request):
         qs = self.filter_queryset(self.get_queryset())
         page = self.paginate_queryset(qs)
@@ -190,6 +192,7 @@ class TrajectoryListCreateApi(KnownQueryParams, generics.GenericAPIView):
         return Response(body, status=201 if created else 200)
 
     @extend_schema(responses=s.TrajectorySerializer(many=True))
+    @replica_handler
     def get(self, request):
         page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
         return self.get_paginated_response([trajectory_render(t) for t in page])
@@ -269,6 +272,7 @@ class GroupListCreateApi(KnownQueryParams, generics.GenericAPIView):
         return Response(group_render(group))
 
     @extend_schema(responses=s.GroupSerializer(many=True))
+    @replica_handler
     def get(self, request):
         page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
         return self.get_paginated_response([group_render(g) for g in page])
@@ -366,6 +370,7 @@ class EventApi(KnownQueryParams, generics.GenericAPIView):
         return Response({"recorded": len(rows), "ids": [r.id for r in rows]}, status=201)
 
     @extend_schema(responses=s.EventReadSerializer(many=True), summary="List events (cursor-paginated)")
+    @replica_handler
     def get(self, request):
         page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
         return self.get_paginated_response([event_render(e) for e in page])
@@ -396,6 +401,7 @@ class FeedbackApi(KnownQueryParams, generics.GenericAPIView):
         return Response({"id": fb.id}, status=201)
 
     @extend_schema(responses=s.FeedbackReadSerializer(many=True), summary="List feedback (cursor-paginated)")
+    @replica_handler
     def get(self, request):
         page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
         return self.get_paginated_response([feedback_render(f) for f in page])
@@ -472,6 +478,7 @@ class StatsApi(KnownQueryParams, APIView):
             description="Pool counts and token economics (a restricted key's: its sources' rows only)"
         )
     )
+    @replica_handler
     def get(self, request):
         return Response(pool_stats(read_sources_of(request)))
 
@@ -638,6 +645,7 @@ class TaskListCreateApi(KnownQueryParams, APIView):
         responses=OpenApiResponse(description="{next, results: [task with stats]}"),
         summary="List tasks",
     )
+    @replica_handler
     def get(self, request):
         params = request.query_params
         filters = {k: v for k, v in params.items() if k not in ("sort", "cursor", "page_size", "format")}
@@ -723,6 +731,7 @@ class TaskSampleRecordApi(KnownQueryParams, generics.GenericAPIView):
         responses=OpenApiResponse(description="cursor pages of records"),
         summary="Sampler records",
     )
+    @replica_handler
     def get(self, request):
         page = self.paginate_queryset(self.get_queryset())
         return self.get_paginated_response(

@@ -22,6 +22,7 @@ from .models import (
     TaskSet,
     TrajectoryCapability,
 )
+from .replica import ReplicaChangelist
 from .rewards.base import RewardError
 from .rewards.registry import load
 from .services import api_key_revoke
@@ -48,7 +49,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
 
 @admin.register(AuditEvent)
-class AuditEventAdmin(admin.ModelAdmin):
+class AuditEventAdmin(ReplicaChangelist, admin.ModelAdmin):
     """Read-only: the audit log is written by the services only."""
 
     list_display = ("created_at", "action", "target", "actor")
@@ -70,7 +71,7 @@ class PolicyVersionAdmin(admin.ModelAdmin):
     list_display = ("version", "is_current", "created_at")
 
 
-class TargetedAdmin(admin.ModelAdmin):
+class TargetedAdmin(ReplicaChangelist, admin.ModelAdmin):
     """Lists of rows about a step or a trajectory (rewards, events, feedback): the target in
     the same query, heavy columns left behind, no full count."""
 
@@ -114,7 +115,7 @@ class FeedbackAdmin(TargetedAdmin):
 
 
 @admin.register(MergeResult)
-class MergeResultAdmin(admin.ModelAdmin):
+class MergeResultAdmin(ReplicaChangelist, admin.ModelAdmin):
     list_display = (
         "key",
         "status",
@@ -221,7 +222,7 @@ class RewardFunctionAdmin(admin.ModelAdmin):
 
 
 @admin.register(RewardFailure)
-class RewardFailureAdmin(admin.ModelAdmin):
+class RewardFailureAdmin(ReplicaChangelist, admin.ModelAdmin):
     """Computed rewards that could not be made, with the error (pool/services/reward_compute.py)."""
 
     list_display = ("id", "trajectory", "step", "data_source", "function", "error", "attempts", "updated_at")
@@ -244,7 +245,7 @@ class TaskSetAdmin(admin.ModelAdmin):
 
 
 @admin.register(Task)
-class TaskAdmin(admin.ModelAdmin):
+class TaskAdmin(ReplicaChangelist, admin.ModelAdmin):
     """Tasks with their statistics; the statistics are the write pipeline's (read-only)."""
 
     list_display = (
@@ -268,7 +269,7 @@ class TaskAdmin(admin.ModelAdmin):
 
 
 @admin.register(TaskSampleRecord)
-class TaskSampleRecordAdmin(admin.ModelAdmin):
+class TaskSampleRecordAdmin(ReplicaChangelist, admin.ModelAdmin):
     """Every answer of the task sampler, for audit (read-only)."""
 
     list_display = ("id", "strategy", "source", "api_key", "created_at")

@@ -26,9 +26,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
-from django.db import connection
 
 from .models import Step
+from .replica import read_connection
 
 TOKEN_DTYPE = np.dtype("<i4")
 LOGPROB_DTYPE = np.dtype("<f8")
@@ -124,6 +124,7 @@ def load_sequences(step_ids: Iterable[int]) -> dict[int, bytes]:
 
 
 def _fetch_chains(ids: list[int]) -> dict[int, tuple[int | None, int, bytes]]:
+    connection = read_connection()  # the primary, except on a read path that reads the replica
     table = connection.ops.quote_name(Step._meta.db_table)
     placeholders = ",".join(["%s"] * len(ids))
     sql = f"""

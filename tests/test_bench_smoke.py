@@ -73,6 +73,27 @@ BENCHES = [
     ),
     ("serving", ["--steps", "500", "--pulls", "3"], True, ["pull_oldest_p50_ms", "priority_ratio"]),
     ("live", ["--seconds", "1", "--hello-steps", "5"], True, ["hello_p50_ms_0k"]),
+    (
+        "growth",
+        [
+            *("--sizes", "1600,3200", "--runs", "1", "--ingest-batches", "2", "--readiness-steps", "320"),
+            *(
+                "--soak-seconds",
+                "2",
+                "--soak-cycle",
+                "1",
+                "--keep-newest",
+                "1600",
+                "--soak-rate",
+                "200",
+                "--soak-workers",
+                "1",
+            ),
+        ],
+        True,
+        ["ingest_steps_per_s_ratio", "overview_p50_ms_ratio", "bytes_per_step_ratio", "soak_disk_drift"],
+    ),
+    ("partitions", ["--steps", "6400", "--partitions", "4", "--lookups", "20"], True, ["detach_speedup"]),
 ]
 
 

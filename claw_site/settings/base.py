@@ -107,6 +107,8 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                # ``replica``: whether the page was read from the replica, and its lag.
+                "pool.replica.replica_context",
             ],
         },
     }
@@ -148,6 +150,30 @@ else:
             },
         }
     }
+
+# A PostgreSQL streaming replica of DATABASE_URL (a hot standby, e.g. built with
+# pg_basebackup): pages, previews, the admin's lists, snapshot builds and the list/stats
+# selectors read from it; writes and every read that must see a write stay on the primary
+# (pool/replica.py, docs/operations.md "A read replica"). Unset: one database, no change.
+# Never migrated (it replays the primary); in tests it mirrors the test database.
+DATABASE_REPLICA_URL = os.environ.get("DATABASE_REPLICA_URL", "").strip()
+if DATABASE_REPLICA_URL:
+    _replica = dj_database_url.parse(DATABASE_REPLICA_URL, conn_max_age=0)
+    if not (
+        DATABASES["default"]["ENGINE"].endswith("postgresql") and _replica["ENGINE"].endswith("postgresql")
+    ):
+        raise ImproperlyConfigured(
+            "DATABASE_REPLICA_URL must name a PostgreSQL replica of DATABASE_URL's PostgreSQL database"
+        )
+    _options = DATABASES["default"].get("OPTIONS", {})
+    _replica["OPTIONS"] = {k: dict(v) if isinstance(v, dict) else v for k, v in _options.items()}
+    _replica["TEST"] = {"MIRROR": "default"}
+    DATABASES["replica"] = _replica
+# Inert without the replica: it sends reads to it only inside a read path that asks.
+DATABASE_ROUTERS = ["pool.replica.ReplicaRouter"]
+# How long a snapshot build waits for the replica to replay its frozen step ids before it
+# reads them from the primary instead.
+CLAW_REPLICA_WAIT_SECONDS = env_float("CLAW_REPLICA_WAIT_SECONDS", 10.0)
 
 # SQLite has no covering indexes (INCLUDE): there pool.Step's step_curation index is built as the
 # plain index on trajectory that its comment promises, and models.W040 ("non-key columns will be

@@ -16,10 +16,12 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
 
+from pool.replica import ReplicaChangelist
+
 from ..models import Dataset, DatasetVersion, LabelEvent, ReviewClaim, ReviewQueue, StepTag
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+class ReadOnlyAdmin(ReplicaChangelist, admin.ModelAdmin):
     list_per_page = 100
     show_full_result_count = False
 

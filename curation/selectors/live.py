@@ -48,12 +48,12 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.db import connection
 from django.db.models import Count, Max, Q, QuerySet, Sum, Value
 from django.utils import timezone
 
 from pool.flags import READY
 from pool.models import Event, MergeResult, PolicyVersion, PromptGroup, Step, Trajectory
+from pool.replica import read_connection
 from pool.selectors.stats import AWAITING_REWARD_VALUES
 
 from ..models import Consumer, Lease
@@ -259,6 +259,7 @@ def _one_read(parts: list[QuerySet]) -> dict[str, Any]:
     """The columns of every one-row query in ``parts`` (distinct names), read by one SELECT
     that joins them: one statement, one snapshot of the database."""
     sql, params = [], []
+    connection = read_connection()  # the replica on a page read from it (pool/replica.py)
     for i, qs in enumerate(parts):
         part, part_params = qs.query.sql_with_params()
         sql.append(f"({part}) AS {connection.ops.quote_name(f'part{i}')}")

@@ -37,6 +37,7 @@ from typing import Any
 
 from django.core.exceptions import EmptyResultSet
 from django.db import connection, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import (
     Case,
     Count,
@@ -55,6 +56,7 @@ from django.db.models.functions import Coalesce
 
 from pool.flags import QUALITY_NAMES, READY, Readiness
 from pool.models import Feedback, PromptGroup, Source, Step, Trajectory
+from pool.replica import read_connection
 from pool.selectors.events import policy_current_version
 from pool.tenancy import Sources
 from pool.tenancy import q as of_sources
@@ -180,7 +182,7 @@ def dataset_steps(c: Compiled) -> QuerySet:
     return qs
 
 
-def _per_rollout_sql(c: Compiled, restrict: Q | None = None) -> tuple[str, list[Any]]:
+def _per_rollout_sql(c: Compiled, trajectory_ids: list[int] | None = None) -> tuple[str, list[Any]]:
     """One row per trajectory in scope: (trajectory id, group id, valid 0/1, steps, prompt
     tokens, sequence tokens), as SQL to wrap.
 
@@ -189,7 +191,7 @@ def _per_rollout_sql(c: Compiled, restrict: Q | None = None) -> tuple[str, list[
     conditions are joined after, on one row per trajectory instead of one per step."""
     ok = Min(Case(When(c.passes, then=Value(1)), default=Value(0), output_field=IntegerField()))
     per_rollout = (
-        _aliased(Step.objects.filter(c.step_scope & (restrict or Q())), c.spec.filters)
+        _aliased(Step.objects.filter(c.step_scope & _of_trajectories(trajectory_ids)), c.spec.filters)
         .values(tid=F("trajectory_id"))
         .annotate(ok=ok, n=Count("id"), pt=Sum("prompt_len"), st=Sum("seq_len"))
         .order_by()
@@ -207,6 +209,12 @@ def _per_rollout_sql(c: Compiled, restrict: Q | None = None) -> tuple[str, list[
     if c.trajectory_channel is not None:
         where.append("t.channel = %s")
         more.append(c.trajectory_channel)
+    if trajectory_ids is not None:
+        # The trajectories named on their side of the join too: PostgreSQL then reads them
+        # by primary key instead of hashing a scan of the whole trajectory table (which it
+        # chose for a pull's 256 trajectories once the pool held 1M steps: bench/growth.py).
+        where.append(f"t.id IN ({', '.join(['%s'] * len(trajectory_ids))})" if trajectory_ids else "1 = 0")
+        more.extend(trajectory_ids)
     table = connection.ops.quote_name(Trajectory._meta.db_table)
     sql = (
         f"SELECT r.tid AS tid, t.group_id AS gid, r.ok AS ok, r.n AS n, r.pt AS pt, r.st AS st "
@@ -216,27 +224,33 @@ def _per_rollout_sql(c: Compiled, restrict: Q | None = None) -> tuple[str, list[
     return sql, [*params, *more]
 
 
+def _of_trajectories(trajectory_ids: list[int] | None) -> Q:
+    return Q() if trajectory_ids is None else Q(trajectory_id__in=trajectory_ids)
+
+
 @contextmanager
-def _analytic() -> Iterator[None]:
-    """One aggregate over the step table: on PostgreSQL without JIT (its compile time, ~90
-    ms, exceeds what it saves here) and with room to sort in memory."""
-    with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cur:
+def _analytic() -> Iterator[BaseDatabaseWrapper]:
+    """One aggregate over the step table, on the connection it reads from (the replica on a
+    read path that reads it: pool/replica.py): on PostgreSQL without JIT (its compile time,
+    ~90 ms, exceeds what it saves here) and with room to sort in memory."""
+    conn = read_connection()
+    with transaction.atomic(using=conn.alias):
+        if conn.vendor == "postgresql":
+            with conn.cursor() as cur:
                 cur.execute("SET LOCAL jit = off")
                 cur.execute("SET LOCAL work_mem = '64MB'")
-        yield
+        yield conn
 
 
 def _units_sql(
-    c: Compiled, restrict: Q | None = None, *, rollouts: str | None = None
+    c: Compiled, trajectory_ids: list[int] | None = None, *, rollouts: str | None = None
 ) -> tuple[str, list[Any]]:
     """One row per unit (group, or trajectory without one) with its admission:
     (unit key, group id, admitted 0/1, eligible 0/1, valid rollouts, rollouts, steps,
     valid steps, prompt tokens, sequence tokens). Unit keys: a group's id, or minus the
     trajectory id of a rollout without a group. ``rollouts``: the name of a relation holding
     ``_per_rollout_sql``'s rows already (a CTE), instead of that query."""
-    inner, params = (rollouts, []) if rollouts is not None else _per_rollout_sql(c, restrict)
+    inner, params = (rollouts, []) if rollouts is not None else _per_rollout_sql(c, trajectory_ids)
     source = inner if rollouts is not None else f"({inner})"
     g = c.spec.grouping
     group_table = connection.ops.quote_name(PromptGroup._meta.db_table)
@@ -299,7 +313,7 @@ def dataset_preview(spec: Spec, sources: Sources = None) -> dict[str, Any]:
             COALESCE(SUM(admitted * (st - pt)), 0)
         FROM ({units}) x
     """
-    with _analytic(), connection.cursor() as cur:
+    with _analytic() as conn, conn.cursor() as cur:
         cur.execute(query, params)
         steps, masked, rollouts, groups, dropped, waiting, pt, rt = cur.fetchone()
     return _preview(
@@ -347,20 +361,23 @@ def dataset_admitted(spec: Spec, *, sources: Sources = None) -> dict[int, bool]:
     return out
 
 
-def units_admitted(c: Compiled, restrict: Q | None = None) -> dict[int, dict[int, bool]]:
-    """The admitted units among the steps ``restrict`` selects (all when None; a
-    restriction selects whole units: every rollout of a candidate group): unit key (a
-    group's id, or minus a lone trajectory's id) -> {step id: masked}, in step order.
+def units_admitted(c: Compiled, trajectory_ids: list[int] | None = None) -> dict[int, dict[int, bool]]:
+    """The admitted units among the steps of ``trajectory_ids`` (all when None; a caller
+    names whole units: every rollout of a candidate group): unit key (a group's id, or minus
+    a lone trajectory's id) -> {step id: masked}, in step order.
 
     One statement: the rollouts in scope (``_per_rollout_sql``, as a CTE read twice), their
     units' admission (``_units_sql``) and the steps of the admitted units' rollouts, a
-    rollout masked unless every one of its steps passes. A restricted call (a pull's
-    candidates: index step_curation) runs as it is; the whole dataset (snapshots, pages)
-    runs without JIT and with room to sort (``_analytic``)."""
-    rollouts, params = _per_rollout_sql(c, restrict)
+    rollout masked unless every one of its steps passes. Named trajectories are read by
+    primary key on both sides of the join (a pull's candidates: index step_curation); the
+    whole dataset (snapshots, pages) runs without JIT, with room to sort, on the connection
+    it reads from (``_analytic``: the replica on a read path that reads it)."""
+    rollouts, params = _per_rollout_sql(c, trajectory_ids)
     units, _ = _units_sql(c, rollouts="r")
     steps, step_params = (
-        Step.objects.filter(c.step_scope & (restrict or Q())).values_list("id", "trajectory_id", "step_index")
+        Step.objects.filter(c.step_scope & _of_trajectories(trajectory_ids)).values_list(
+            "id", "trajectory_id", "step_index"
+        )
     ).query.sql_with_params()
     sql = f"""
         WITH r AS ({rollouts}), x AS ({units})
@@ -370,7 +387,7 @@ def units_admitted(c: Compiled, restrict: Q | None = None) -> dict[int, dict[int
         WHERE x.admitted = 1
         ORDER BY r.tid, s.step_index
     """
-    with _analytic() if restrict is None else nullcontext(), connection.cursor() as cur:
+    with _analytic() if trajectory_ids is None else nullcontext(connection) as conn, conn.cursor() as cur:
         cur.execute(sql, [*params, *step_params])
         rows = cur.fetchall()
     out: dict[int, dict[int, bool]] = {}

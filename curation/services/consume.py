@@ -399,10 +399,10 @@ def _claim(c: Compiled, ds: Dataset, who: Consumer, lease: Lease, pull: PullIn) 
         use_of = dict(candidates)
         groups = [k for k, _u in candidates if k > 0]
         lone = [-k for k, _u in candidates if k < 0]
-        # The candidates' steps by trajectory id (a subquery: index step_curation), not
-        # through a join; their admission is one statement.
-        rollouts = Trajectory.objects.filter(Q(group_id__in=groups) | Q(id__in=lone)).values("id")
-        admitted = units_admitted(c, Q(trajectory_id__in=rollouts))
+        # The candidates' steps by trajectory id (index step_curation), their trajectories
+        # by primary key (not a hash of the whole table), their admission one statement.
+        members = list(Trajectory.objects.filter(group_id__in=groups).values_list("id", flat=True))
+        admitted = units_admitted(c, members + lone)
         drops.add(
             Skip.Reason.FILTERED, [(_kind(k), abs(k), None) for k, _u in candidates if k not in admitted]
         )

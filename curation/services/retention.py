@@ -310,12 +310,14 @@ def _consumed(units: list[Unit], policy: RetentionPolicy) -> set[Unit]:
     blocked: set[Unit] = set()
     groups = [u for u in units if u > 0]
     lone = [-u for u in units if u < 0]
-    restrict = Q(trajectory__group_id__in=groups) | Q(trajectory_id__in=lone)
+    rollouts = list(
+        Trajectory.objects.filter(Q(group_id__in=groups) | Q(id__in=lone)).values_list("id", flat=True)
+    )
     for dataset in Dataset.objects.filter(id__in=consumers).select_related("current"):
         if dataset.current is None:
             continue
         spec = spec_parse(dataset.current.spec)
-        admitted = units_admitted(spec_compile(spec), restrict)
+        admitted = units_admitted(spec_compile(spec), rollouts)
         if not admitted:
             continue
         acked = Delivery.objects.filter(dataset_id=dataset.id, lease__status=Lease.Status.ACKED)

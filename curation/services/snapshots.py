@@ -40,6 +40,7 @@ from pool import flags, tokens
 from pool.errors import InvalidInput, NotFound
 from pool.ingest.effects import emit
 from pool.models import Feedback, Media, Step, Trajectory
+from pool.replica import replica_caught_up, replica_reads
 from pool.selectors.steps import step_images
 from pool.services import effective_reward
 from pool.services.delivery import trajectories_delivered_mark
@@ -340,9 +341,12 @@ def _write(
         writer = pq.ParquetWriter(parquet, PARQUET_SCHEMA)  # leaves the handle open
         archive = _Archive(archive_file)
         try:
-            for n, chunk in enumerate(
-                _chunks(snap.step_ids or [], masked, chunk_size, _assignment(snap)), start=1
-            ):
+            chunks = _chunks(snap.step_ids or [], masked, chunk_size, _assignment(snap))
+            # Read from the replica once it has replayed the frozen ids (pool/replica.py); a
+            # replica still behind after the wait (or none) leaves the reads on the primary.
+            if replica_caught_up(timeout=settings.CLAW_REPLICA_WAIT_SECONDS):
+                chunks = _on_replica(chunks)
+            for n, chunk in enumerate(chunks, start=1):
                 for row in chunk.rows:
                     line = orjson.dumps(row, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY) + b"\n"
                     jsonl.write(line)
@@ -524,6 +528,17 @@ class _Chunk:
         self.source_ids: set[int | None] = set()  # of the chunk's trajectories (Snapshot.source_ids)
         # The stored bytes of each image the chunk's rows reference (sha256 -> bytes), read once.
         self.media: dict[str, bytes] = {}
+
+
+def _on_replica(chunks: Iterator[_Chunk]) -> Iterator[_Chunk]:
+    """``chunks``, each read inside ``replica_reads()`` (the writes between them, progress
+    and files, stay on the primary)."""
+    while True:
+        with replica_reads():
+            chunk = next(chunks, None)
+        if chunk is None:
+            return
+        yield chunk
 
 
 def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: Grouping) -> Iterator[_Chunk]:

@@ -415,7 +415,7 @@ def test_the_step_page_shows_text_beside_bounded_ids(op_client):
 
 
 def test_the_step_list_counts_a_filter_only_up_to_its_cap(op_client, monkeypatch):
-    # given more matching steps than the count cap (lowered from 10,000 for the test)
+    # given more matching steps than the count cap (lowered from 1,000 for the test)
     from curation.admin.steps import CappedCountPaginator
 
     monkeypatch.setattr(CappedCountPaginator, "COUNT_CAP", 3)

@@ -1,0 +1,758 @@
+"""bench.growth: what the pool's everyday operations cost as it grows (W-growth), then a soak
+with retention on.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres python -m bench.growth \
+        [--sizes 100000,1000000,3000000] [--runs 20] [--soak-seconds 600] [--soak-rate 1000]
+
+PostgreSQL only: a fresh database (claw_bench_growth_<hex>) is created, migrated and dropped
+(the soak then empties it and starts a new pool there). Run it without REDIS_URL: the pool's
+follow-up tasks (prefix-tree merges) then wait in the process's in-memory broker, as in
+bench.curation, instead of filling a Redis database that no worker reads.
+
+W-growth (shared/WORKLOADS.md): W-pool's groups (8 rollouts x 4 steps; the shapes of
+bench.curation: 5 policy versions, 5% unrewarded, 3% with a running rollout, 10% noisy with
+truncated steps, 1% of rollouts labelled rejected) with W-agentic's prefix sharing inside each
+rollout: a group's 8 rollouts start from its 200-token prompt, and step t's prompt is step
+t-1's prompt + response + a 150-token observation, so every step adds 200 prompt tokens to
+its rollout's context and answers 50 (prompts of 200, 400, 600 and 800 tokens). Token ids
+from random.Random(0) (bench.curation.WPool.ids). The pool is grown through the pool's
+services (steps_ingest in batches of 32 groups, group_upsert, steps_label), the same rows
+every door writes, dated one group a second from 400 days ago (``dated``: a pool that has
+run for months), and one database goes through every size of ``--sizes``.
+
+The database server here runs with autovacuum off (as CI's does), so the bench does what
+autovacuum would on a live server: an ANALYZE each time the pool has grown by a tenth, a
+VACUUM (ANALYZE) after each retention pass of the soak. At each size, after VACUUM ANALYZE
+(the state autovacuum reaches after a bulk load):
+
+* ``ingest_steps_per_s``: white-box steps through the real API (``POST /api/v1/steps``,
+  JSON, batches of 100 W-growth steps of groups declared beforehand, through Django's test
+  Client: the whole HTTP stack in process, an ingest key): 100 / the median batch's time;
+* ``pull_ack_p50_ms``: ``POST /api/v1/consumers/growth/pull`` of 8 groups from a dataset that
+  admits every ready group, and the ack of its lease (one consumer, continuing across sizes);
+* ``preview_p50_ms``: ``dataset_preview`` of bench.curation's SPEC (fresh within 2 versions,
+  not truncated, whole groups);
+* ``admin_list_p50_ms``: the admin's step list (bench.curation.ADMIN_STEP_URL) as a superuser;
+* ``readiness_steps_per_s``: ``--readiness-steps`` more steps stored unrewarded in running
+  trajectories are made ready by ``rewards_apply`` + ``trajectories_complete`` in batches of
+  1,000 steps (bench.curation's readiness upkeep): ready steps / time in those calls;
+* ``overview_p50_ms``: the dashboard's overview page (``GET /``) as a superuser;
+* ``bytes_per_step``: ``pg_total_relation_size`` of the pool app's tables (their indexes and
+  TOAST included) over the steps stored.
+
+Each ``<figure>_ratio`` is the largest size's cost over the smallest's (for a throughput, the
+smallest's figure over the largest's): 1.0 is flat, higher is worse; the goal is <= 1.3.
+
+The soak (``--soak-seconds``, 0 skips it), on a new pool: the pool is filled to
+``--keep-newest`` steps, then a real server process (uvicorn, ``--soak-workers``) takes
+W-growth steps at a fixed ``--soak-rate`` (batches of 100 over HTTP), a trainer pulls 8
+groups and acks every ``--soak-pull-interval`` seconds (a dataset serving the newest ready
+groups first), and every ``--soak-cycle`` seconds a retention pass (``_retention_pass``, in
+a process of its own, as a Celery worker's would be) keeps the newest ``--keep-newest``
+steps, followed by a VACUUM (ANALYZE) of the tables. ``soak_disk_drift``: the largest
+departure of the pool's disk size after a pass from its size after the first pass, over the
+latter (and ``soak_disk_drift_after_turnover`` from the first pass after the kept window was
+replaced once); ``soak_p99_over_median``: the larger of ingest's and the pull's p99 over
+their median request time, with the p99 of the requests that overlapped a pass
+(``*_during_passes``: a stall during a retention pass shows there). Each size also measures
+``floor_p50_ms`` (an admin page whose work does not depend on the pool) and the load
+average: the machine is shared, and ``floor_p50_ms_ratio`` says how much of a ratio is the
+machine's. Prints progress on stderr, a table of the figures, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+
+from bench.curation import (
+    ADMIN_STEP_URL,
+    GROUP_STEPS,
+    PROMPT,
+    RESPONSE,
+    ROLLOUTS,
+    TURNS,
+    VERSIONS,
+    Group,
+    WPool,
+    label_of,
+    pool_grow,
+    preview,
+    statements,
+    vacuum_analyze,
+)
+from bench.pgdb import fresh_database
+
+OBSERVATION = PROMPT - RESPONSE  # a turn adds its response and an observation: 200 prompt tokens
+INGEST_BATCH = 100  # steps per POST /api/v1/steps (W-growth)
+PULL_GROUPS = 8  # groups per pull (W-growth)
+READINESS_BATCH = 1_000  # steps per rewards_apply + trajectories_complete round
+WARMUP = 2
+GOAL_RATIO = 1.3
+SOAK_GOALS = {"soak_disk_drift": 0.1, "soak_p99_over_median": 2.0}
+# figure -> True when it is a throughput (its ratio is smallest over largest)
+FIGURES = {
+    "ingest_steps_per_s": True,
+    "pull_ack_p50_ms": False,
+    "preview_p50_ms": False,
+    "admin_list_p50_ms": False,
+    "readiness_steps_per_s": True,
+    "overview_p50_ms": False,
+    "bytes_per_step": False,
+}
+OVERVIEW_URL = "/"
+FLOOR_URL = "/admin/pool/policyversion/"  # five rows, whatever the pool's size
+# The fill is dated as if its groups had arrived one a second (32 steps/s), starting this
+# long ago: see ``dated``.
+FILL_AGE = timedelta(days=400)
+ANALYZE_GROUPS = 1_000  # the least a fill grows between two ANALYZEs (32,000 steps)
+PULL_DATASET = "all"  # every ready group, whole (the default spec)
+SOAK_DATASET = "fresh"  # every ready group, newest ready first (a continuous trainer)
+
+
+class GrowthGen(WPool):
+    """W-growth: bench.curation's W-pool groups, each rollout's prompt extending its previous
+    step's prompt + response (see the module docstring)."""
+
+    def steps(self, g: Group, *, prefix: str = "wg") -> list:
+        from pool.services import StepIn
+
+        shared = self.ids(PROMPT)
+        out = []
+        for r in range(ROLLOUTS):
+            ctx = shared
+            for t in range(TURNS):
+                response = self.ids(RESPONSE)
+                out.append(
+                    StepIn(
+                        trajectory_uid=f"{prefix}-g{g.index}-r{r}",
+                        step_index=t,
+                        prompt_ids=ctx,
+                        response_ids=response,
+                        prompt_group_uid=f"{prefix}-g{g.index}",
+                        reward=None if g.pending else g.rewards[r],
+                        policy_version=g.version,
+                        is_last=t == TURNS - 1 and not (g.open and r == ROLLOUTS - 1),
+                        finish_reason="length" if g.truncated[r][t] else "stop",
+                    )
+                )
+                ctx = np.concatenate((ctx, response, self.ids(OBSERVATION)))
+        return out
+
+
+def wire(step) -> dict:
+    """A StepIn as the JSON door takes it (orjson writes the numpy arrays as lists)."""
+    return {
+        "uid": step.uid,
+        "trajectory_uid": step.trajectory_uid,
+        "step_index": step.step_index,
+        "prompt_group_uid": step.prompt_group_uid,
+        "prompt_ids": step.prompt_ids,
+        "response_ids": step.response_ids,
+        "reward": step.reward,
+        "policy_version": step.policy_version,
+        "is_last": step.is_last,
+        "finish_reason": step.finish_reason,
+    }
+
+
+def batches(gen: GrowthGen, n_steps: int, *, prefix: str, declare: Callable[[str], None]):
+    """``n_steps`` more W-growth steps in batches of INGEST_BATCH, groups declared (8
+    expected rollouts) through ``declare`` before their first step is sent."""
+    pending: list = []
+    sent = 0
+    while sent < n_steps:
+        while len(pending) < INGEST_BATCH:
+            g = gen.group()
+            declare(f"{prefix}-g{g.index}")
+            pending += gen.steps(g, prefix=prefix)
+        take = min(INGEST_BATCH, n_steps - sent)
+        batch, pending = pending[:take], pending[take:]
+        sent += take
+        yield batch
+
+
+def p50_ms(fn: Callable[[], object], runs: int) -> float:
+    for _ in range(WARMUP):
+        fn()
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1000)
+    return round(statistics.median(times), 2)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+@contextmanager
+def dated(gen: GrowthGen, epoch) -> Iterator[None]:
+    """The pool's clock (``django.utils.timezone.now``, which every write reads) during a
+    fill: ``epoch`` + one second per group generated so far. A pool that runs for months
+    holds its steps over months, so the overview's windows (the last 30 minutes' ingest
+    rate, the last hour's quality) hold the recent traffic, whatever the pool's size; filled
+    at full speed, they would hold the whole pool. Dated so, the fill ends long before the
+    measurements, whose own steps (ingest, readiness) are dated now at every size."""
+    from django.utils import timezone
+
+    real = timezone.now
+    timezone.now = lambda: epoch + timedelta(seconds=gen.next_group)
+    try:
+        yield
+    finally:
+        timezone.now = real
+
+
+def grow_by(gen: GrowthGen, n_groups: int, epoch) -> None:
+    """Store ``n_groups`` more W-growth groups (bench.curation.pool_grow, ``dated``), with an
+    ANALYZE of the pool's tables each time it has grown by a tenth: what autovacuum's
+    analyze does on a live server (this one runs with autovacuum off, as CI's does), so
+    the planner knows the tables' sizes."""
+    done = 0
+    while done < n_groups:
+        part = min(n_groups - done, max(ANALYZE_GROUPS, step_count() // GROUP_STEPS // 10))
+        with dated(gen, epoch):
+            pool_grow(gen, part, prefix="wg")
+        done += part
+        analyze()
+
+
+def analyze() -> None:
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE")
+
+
+def autovacuum() -> None:
+    """VACUUM (ANALYZE) of the tables a retention pass deletes from: what autovacuum does
+    on a live server after many deletes (this one runs with autovacuum off), so their space
+    is reused instead of growing."""
+    from django.apps import apps
+    from django.db import connection
+
+    tables = [
+        m._meta.db_table for name in ("pool", "curation") for m in apps.get_app_config(name).get_models()
+    ]
+    with connection.cursor() as cur:
+        cur.execute("VACUUM (ANALYZE) " + ", ".join(connection.ops.quote_name(t) for t in tables))
+
+
+def fill_epoch():
+    from django.utils import timezone
+
+    return timezone.now() - FILL_AGE
+
+
+# --- the database -----------------------------------------------------------------------------
+def step_count() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pool_step")
+        return cur.fetchone()[0]
+
+
+def pool_bytes() -> int:
+    """Bytes on disk of the pool app's tables, with their indexes and TOAST."""
+    from django.apps import apps
+    from django.db import connection
+
+    tables = [m._meta.db_table for m in apps.get_app_config("pool").get_models()]
+    with connection.cursor() as cur:
+        cur.execute("SELECT sum(pg_total_relation_size(t::regclass)) FROM unnest(%s::text[]) t", [tables])
+        return int(cur.fetchone()[0])
+
+
+def setup_pool() -> dict:
+    """Policy versions 1..5 (5 current), the datasets, an ingest and a consume key, a
+    superuser: what the measurements use."""
+    from django.contrib.auth import get_user_model
+
+    from curation.services import dataset_create
+    from pool.models import Scope
+    from pool.services import api_key_create, policy_version_set
+
+    for v in range(1, VERSIONS + 1):
+        policy_version_set(version=v)
+    dataset_create(name=PULL_DATASET)
+    dataset_create(name=SOAK_DATASET, spec={"serving": {"order": "newest_ready"}})
+    user = get_user_model().objects.create_superuser("bench", "bench@example.com", uuid.uuid4().hex)
+    return {
+        "ingest": api_key_create(name="bench-agent", scopes=[Scope.INGEST])[1],
+        "consume": api_key_create(name="bench-trainer", scopes=[Scope.CONSUME])[1],
+        "user": user,
+    }
+
+
+# --- measuring at one size --------------------------------------------------------------------
+def measure_ingest(gen: GrowthGen, keys: dict, label: str, n_batches: int) -> float:
+    """White-box ingest through the API: 100 / the median batch time (steps/s)."""
+    import orjson
+    from django.test import Client
+
+    from pool.services.groups import group_upsert
+
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {keys['ingest']}")
+
+    def declare(uid: str) -> None:
+        group_upsert(uid=uid, expected_rollouts=ROLLOUTS)
+
+    times = []
+    steps = (WARMUP + n_batches) * INGEST_BATCH
+    for i, batch in enumerate(batches(gen, steps, prefix=f"in{label}", declare=declare)):
+        body = orjson.dumps({"steps": [wire(s) for s in batch]}, option=orjson.OPT_SERIALIZE_NUMPY)
+        t = time.perf_counter()
+        resp = client.post("/api/v1/steps", body, content_type="application/json")
+        dt = time.perf_counter() - t
+        if resp.status_code not in (200, 201):
+            raise SystemExit(f"POST /api/v1/steps: {resp.status_code} {resp.content[:300]!r}")
+        if i >= WARMUP:
+            times.append(dt)
+    return round(INGEST_BATCH / statistics.median(times))
+
+
+def pull_ack(client, consumer: str, dataset: str) -> int:
+    """One pull of PULL_GROUPS groups and the ack of its lease; returns the steps served."""
+    resp = client.post(
+        f"/api/v1/consumers/{consumer}/pull",
+        {"dataset": dataset, "batch_size": PULL_GROUPS},
+        content_type="application/json",
+    )
+    body = resp.json()
+    if resp.status_code != 200 or not body.get("lease_id"):
+        raise SystemExit(f"pull: {resp.status_code} {resp.content[:300]!r}")
+    ack = client.post(f"/api/v1/leases/{body['lease_id']}/ack")
+    if ack.status_code != 200:
+        raise SystemExit(f"ack: {ack.status_code} {ack.content[:300]!r}")
+    return len(body["manifest"]["step_uids"])
+
+
+def measure_readiness(gen: GrowthGen, label: str, n_steps: int) -> float:
+    """bench.curation's readiness upkeep on W-growth steps: ready steps / time in
+    rewards_apply + trajectories_complete, batches of READINESS_BATCH steps."""
+    from pool.flags import READY
+    from pool.models import Step
+    from pool.services import CompletionIn, RewardIn, rewards_apply, steps_ingest, trajectories_complete
+    from pool.services.groups import group_upsert
+
+    prefix = f"rd{label}"
+    stored = []
+    for g in [gen.group() for _ in range(max(1, n_steps // GROUP_STEPS))]:
+        group_upsert(uid=f"{prefix}-g{g.index}", expected_rollouts=ROLLOUTS)
+        g.pending, g.open, g.version = True, True, VERSIONS
+        steps = gen.steps(g, prefix=prefix)
+        for s in steps:
+            s.is_last = False
+        steps_ingest(steps=steps)
+        stored += steps
+    rng = np.random.default_rng(2)
+    took = 0.0
+    for start in range(0, len(stored), READINESS_BATCH):
+        chunk = stored[start : start + READINESS_BATCH]
+        rewards = [
+            RewardIn(reward=round(float(r), 4), step_uid=s.uid)
+            for s, r in zip(chunk, rng.random(len(chunk)), strict=True)
+        ]
+        completions = [CompletionIn(uid=t) for t in sorted({s.trajectory_uid for s in chunk})]
+        t = time.perf_counter()
+        rewards_apply(rewards=rewards)
+        trajectories_complete(completions=completions)
+        took += time.perf_counter() - t
+    ready = Step.objects.filter(uid__in=[s.uid for s in stored], readiness=READY).count()
+    if ready != len(stored):
+        print(f"  WARNING: {ready} of {len(stored)} readiness steps are ready", file=sys.stderr)
+    return round(ready / took)
+
+
+def measure_size(gen: GrowthGen, keys: dict, label: str, args: argparse.Namespace, result: dict) -> None:
+    from django.test import Client
+
+    steps = step_count()
+    result[f"steps_{label}"] = steps
+    result[f"bytes_per_step_{label}"] = round(pool_bytes() / steps, 1)
+    result[f"preview_p50_ms_{label}"] = p50_ms(preview, args.runs)
+    admin = Client()
+    admin.force_login(keys["user"])
+
+    def page(url: str) -> Callable[[], None]:
+        def get() -> None:
+            r = admin.get(url)
+            if r.status_code != 200:
+                raise SystemExit(f"GET {url}: {r.status_code}")
+
+        return get
+
+    # The machine's speed now: a page whose work does not depend on the pool (five policy
+    # versions), and the load average. This machine is shared, so a ratio between two sizes
+    # also holds how busy it was at each; floor_p50_ms_ratio says how much.
+    result[f"floor_p50_ms_{label}"] = p50_ms(page(FLOOR_URL), args.runs)
+    result[f"load_avg_{label}"] = round(os.getloadavg()[0], 2)
+    result[f"admin_list_p50_ms_{label}"] = p50_ms(page(ADMIN_STEP_URL), args.runs)
+    result[f"overview_p50_ms_{label}"] = p50_ms(page(OVERVIEW_URL), args.runs)
+    trainer = Client(HTTP_AUTHORIZATION=f"Bearer {keys['consume']}")
+    result[f"pull_ack_p50_ms_{label}"] = p50_ms(lambda: pull_ack(trainer, "growth", PULL_DATASET), args.runs)
+    result[f"ingest_steps_per_s_{label}"] = measure_ingest(gen, keys, label, args.ingest_batches)
+    result[f"readiness_steps_per_s_{label}"] = measure_readiness(gen, label, args.readiness_steps)
+    print(
+        f"  {label}: " + ", ".join(f"{f} {result[f'{f}_{label}']:,}" for f in FIGURES),
+        file=sys.stderr,
+    )
+    if args.explain:
+        for name, fn in (
+            ("preview", preview),
+            ("overview", page(OVERVIEW_URL)),
+            ("admin list", page(ADMIN_STEP_URL)),
+            ("pull + ack", lambda: pull_ack(trainer, "growth", PULL_DATASET)),
+        ):
+            print(f"  {name} at {label}:\n{explain(fn)}", file=sys.stderr)
+
+
+def explain(fn: Callable[[], object]) -> str:
+    """``fn``'s statements and the EXPLAIN (ANALYZE, BUFFERS) of its slowest read."""
+    from django.db import connection
+
+    listing, slowest = statements(fn)
+    with connection.cursor() as cur:
+        cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + slowest)
+        plan = "\n".join("    " + row[0] for row in cur.fetchall())
+    return f"{listing}\n  plan of the slowest:\n{plan}"
+
+
+def grow(args: argparse.Namespace) -> dict:
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+    keys = setup_pool()
+    gen = GrowthGen()
+    epoch = fill_epoch()
+    result: dict = {"workload": "W-growth", "db": "postgresql", "sizes": args.sizes, "runs": args.runs}
+    for size in args.sizes:
+        label = label_of(size)
+        want = max(0, (size - step_count()) // GROUP_STEPS)
+        print(f"W-growth: growing to {size:,} steps ({want:,} more groups)", file=sys.stderr)
+        t = time.perf_counter()
+        grow_by(gen, want, epoch)
+        result[f"build_steps_per_s_{label}"] = round(want * GROUP_STEPS / (time.perf_counter() - t))
+        vacuum_analyze()
+        measure_size(gen, keys, label, args, result)
+    small, large = label_of(args.sizes[0]), label_of(args.sizes[-1])
+    for figure, throughput in FIGURES.items():
+        a, b = result[f"{figure}_{small}"], result[f"{figure}_{large}"]
+        result[f"{figure}_ratio"] = round(a / b if throughput else b / a, 3)
+    result["floor_p50_ms_ratio"] = round(result[f"floor_p50_ms_{large}"] / result[f"floor_p50_ms_{small}"], 3)
+    return result
+
+
+# --- the soak ---------------------------------------------------------------------------------
+def _retention_pass(*, keep_newest: int = 200_000) -> dict:
+    """Keep the newest ``keep_newest`` steps: delete the oldest whole prompt groups (their
+    steps, trajectories and the group) until at most that many are left.
+
+    AWAITING THE POOL'S RETENTION SERVICE (issue 35, items 1-2, built on another branch):
+    the pool has no service that deletes steps yet, so this stand-in deletes through the ORM,
+    in chunks of RETENTION_CHUNK groups, one transaction each, skipping a group in an open
+    lease (nothing else is pinned in this bench). Once the retention service lands, the
+    integrator replaces this body by one pass of a policy keeping the newest
+    ``keep_newest`` steps."""
+    from django.db import transaction
+    from django.db.models import Sum
+
+    from curation.models import Delivery, Lease
+    from pool.models import PromptGroup, Step, Trajectory
+
+    excess = step_count() - keep_newest
+    if excess <= 0:
+        return {"deleted_steps": 0, "deleted_groups": 0}
+    leased = set(
+        Delivery.objects.filter(kind=Delivery.Kind.GROUP, lease__status=Lease.Status.LEASED).values_list(
+            "key", flat=True
+        )
+    )
+    doomed: list[int] = []
+    deleted_steps, after = 0, 0
+    while deleted_steps < excess:
+        rows = list(
+            Trajectory.objects.filter(group_id__gt=after)
+            .values("group_id")
+            .annotate(n=Sum("step_count"))
+            .order_by("group_id")[:RETENTION_CHUNK]
+        )
+        if not rows:
+            break
+        for row in rows:
+            after = row["group_id"]
+            if row["group_id"] in leased:
+                continue
+            doomed.append(row["group_id"])
+            deleted_steps += row["n"] or 0
+            if deleted_steps >= excess:
+                break
+    for start in range(0, len(doomed), RETENTION_CHUNK):
+        chunk = doomed[start : start + RETENTION_CHUNK]
+        steps = Step.objects.filter(trajectory__group_id__in=chunk)
+        with transaction.atomic():
+            # Deepest first: a step's token parent (seq_parent, PROTECT) is in its own group
+            # (the previous step of its rollout or the group's anchor) one level up.
+            for depth in sorted(set(steps.values_list("seq_depth", flat=True)), reverse=True):
+                steps.filter(seq_depth=depth).only("id").delete()
+            Trajectory.objects.filter(group_id__in=chunk).delete()
+            PromptGroup.objects.filter(id__in=chunk).delete()
+    return {"deleted_steps": deleted_steps, "deleted_groups": len(doomed)}
+
+
+RETENTION_CHUNK = 200  # groups per transaction of the stand-in (6,400 W-growth steps)
+
+
+def soak(args: argparse.Namespace) -> dict:
+    import httpx
+    import orjson
+    from django.core.management import call_command
+
+    from tests.live import LiveServer
+
+    # A new pool in the same database: every table emptied (TRUNCATE), then set up again.
+    call_command("flush", interactive=False, verbosity=0)
+    keys = setup_pool()
+    gen = GrowthGen()
+    print(f"soak: filling to {args.keep_newest:,} steps", file=sys.stderr)
+    grow_by(gen, args.keep_newest // GROUP_STEPS, fill_epoch())
+    vacuum_analyze()
+    result: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        server = LiveServer(
+            Path(tmp), {"DATABASE_URL": os.environ["DATABASE_URL"], "CLAW_API_KEY_CACHE_SECONDS": "10"}
+        )
+        server.extra_args = ["--workers", str(args.soak_workers)] if args.soak_workers > 1 else []
+        server.start(migrate=False)
+        try:
+            result = _soak_run(args, server.url, keys, gen, httpx, orjson)
+        finally:
+            server.close()
+    return result
+
+
+def _soak_run(args, url: str, keys: dict, gen: GrowthGen, httpx, orjson) -> dict:
+    stop = threading.Event()
+    # (start, ms) of each request: whether it overlapped a retention pass is decided after
+    ingest_ms: list[tuple[float, float]] = []
+    pull_ms: list[tuple[float, float]] = []
+    errors: list[str] = []
+    sent = [0]
+    interval = INGEST_BATCH / args.soak_rate
+
+    def ingest() -> None:
+        with httpx.Client(
+            base_url=url, headers={"Authorization": f"Bearer {keys['ingest']}"}, timeout=120
+        ) as c:
+
+            def declare(uid: str) -> None:
+                r = c.post("/api/v1/groups", json={"uid": uid, "expected_rollouts": ROLLOUTS})
+                if r.status_code not in (200, 201):
+                    errors.append(f"groups: {r.status_code} {r.text[:200]}")
+
+            due = time.monotonic()
+            for batch in batches(gen, 10**12, prefix="sk", declare=declare):
+                body = orjson.dumps({"steps": [wire(s) for s in batch]}, option=orjson.OPT_SERIALIZE_NUMPY)
+                wait = due - time.monotonic()
+                if wait > 0 and stop.wait(wait):
+                    return
+                if stop.is_set():
+                    return
+                t = time.monotonic()
+                r = c.post("/api/v1/steps", content=body, headers={"Content-Type": "application/json"})
+                ingest_ms.append((t, (time.monotonic() - t) * 1000))
+                if r.status_code not in (200, 201):
+                    errors.append(f"steps: {r.status_code} {r.text[:200]}")
+                    return
+                sent[0] += len(batch)
+                due += interval
+
+    def pull() -> None:
+        with httpx.Client(
+            base_url=url, headers={"Authorization": f"Bearer {keys['consume']}"}, timeout=120
+        ) as c:
+            while not stop.wait(args.soak_pull_interval):
+                t = time.monotonic()
+                r = c.post(
+                    "/api/v1/consumers/soak/pull", json={"dataset": SOAK_DATASET, "batch_size": PULL_GROUPS}
+                )
+                if r.status_code != 200:
+                    errors.append(f"pull: {r.status_code} {r.text[:200]}")
+                    return
+                lease = r.json().get("lease_id")
+                if lease:
+                    a = c.post(f"/api/v1/leases/{lease}/ack")
+                    if a.status_code != 200:
+                        errors.append(f"ack: {a.status_code} {a.text[:200]}")
+                        return
+                pull_ms.append((t, (time.monotonic() - t) * 1000))
+
+    # Retention runs in a process of its own, as a Celery worker's would: never in the
+    # threads that time the requests (a pass holding their interpreter would show as stalls).
+    spawn = multiprocessing.get_context("spawn")
+    ours, theirs = spawn.Pipe()
+    retention = spawn.Process(target=_retention_worker, args=(theirs, args.keep_newest), daemon=True)
+    retention.start()
+    threads = [threading.Thread(target=ingest, daemon=True), threading.Thread(target=pull, daemon=True)]
+    t0 = time.monotonic()
+    for th in threads:
+        th.start()
+    passes: list[dict] = []
+    windows: list[tuple[float, float]] = []  # (start, end) of each pass, vacuum included
+    try:
+        while time.monotonic() - t0 < args.soak_seconds and not errors:
+            time.sleep(min(args.soak_cycle, max(0.0, args.soak_seconds - (time.monotonic() - t0))))
+            if time.monotonic() - t0 > args.soak_seconds + 1:
+                break
+            start = time.monotonic()
+            ours.send(True)
+            done = ours.recv()
+            windows.append((start, time.monotonic()))
+            done["sent"] = sent[0]
+            passes.append(done)
+            print(f"  soak {time.monotonic() - t0:5.0f} s: pass {done}", file=sys.stderr)
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(timeout=120)
+        ours.send(None)
+        retention.join(timeout=120)
+    elapsed = time.monotonic() - t0
+    if errors:
+        raise SystemExit(f"soak: {errors[:3]}")
+    if not ingest_ms or not pull_ms:
+        raise SystemExit(f"soak: {len(ingest_ms)} ingest batches and {len(pull_ms)} pulls: too short")
+    return _soak_figures(args, elapsed, sent[0], passes, windows, {"ingest": ingest_ms, "pull": pull_ms})
+
+
+def _soak_figures(args, elapsed: float, sent: int, passes: list[dict], windows, samples: dict) -> dict:
+    """The soak's JSON keys. ``soak_disk_drift``: the largest departure of the pool's disk
+    size after a pass from its size after the first, over the latter;
+    ``soak_disk_drift_after_turnover`` the same from the first pass after the kept window
+    was replaced once (the steps sent since the first pass reach ``keep_newest``), when a
+    later pass exists: during the first turnover the indexes and the heap still take their
+    working shape. ``soak_p99_over_median``: the larger of ingest's and the pull's p99 over
+    their median request time; ``*_during_passes``: the p99 of the requests that overlapped
+    a retention pass over the same median."""
+    disks = [p["disk_bytes"] for p in passes]
+    out = {
+        "soak_seconds": round(elapsed),
+        "soak_rate_target": args.soak_rate,
+        "soak_rate_achieved": round(sent / elapsed),
+        "soak_keep_newest": args.keep_newest,
+        "soak_passes": len(passes),
+        "soak_pass_seconds_max": max((p["seconds"] for p in passes), default=None),
+        "soak_vacuum_seconds_max": max((p["vacuum_seconds"] for p in passes), default=None),
+        "soak_disk_bytes": disks,
+        "soak_disk_drift": round(max(abs(d - disks[0]) for d in disks) / disks[0], 3) if disks else None,
+        "soak_disk_drift_after_turnover": None,
+    }
+    turned = [i for i, p in enumerate(passes) if passes and p["sent"] - passes[0]["sent"] >= args.keep_newest]
+    if turned and turned[0] < len(passes) - 1:
+        base = disks[turned[0]]
+        out["soak_disk_drift_after_turnover"] = round(
+            max(abs(d - base) for d in disks[turned[0] :]) / base, 3
+        )
+    ratios = []
+    for name, values in samples.items():
+        ms = [v for _t, v in values]
+        median = statistics.median(ms)
+        during = [v for t, v in values if any(a - v / 1000 <= t <= b for a, b in windows)]
+        out[f"soak_{name}_p50_ms"] = round(median, 1)
+        out[f"soak_{name}_p99_ms"] = round(percentile(ms, 0.99), 1)
+        out[f"soak_p99_over_median_{name}"] = round(percentile(ms, 0.99) / median, 2)
+        out[f"soak_{name}_requests_during_passes"] = len(during)
+        out[f"soak_p99_over_median_{name}_during_passes"] = (
+            round(percentile(during, 0.99) / median, 2) if during else None
+        )
+        ratios.append(out[f"soak_p99_over_median_{name}"])
+    out["soak_p99_over_median"] = max(ratios)
+    return out
+
+
+def _retention_worker(pipe, keep_newest: int) -> None:
+    """The soak's retention process: a pass (and its VACUUM) each time it is asked, its
+    figures sent back; None ends it."""
+    import django
+
+    django.setup()
+    while pipe.recv() is not None:
+        t = time.perf_counter()
+        done = _retention_pass(keep_newest=keep_newest)
+        done["seconds"] = round(time.perf_counter() - t, 2)
+        t = time.perf_counter()
+        autovacuum()
+        done["vacuum_seconds"] = round(time.perf_counter() - t, 2)
+        done["disk_bytes"] = pool_bytes()
+        pipe.send(done)
+
+
+# --- main -------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="100000,1000000,3000000", help="pool sizes, in steps, ascending")
+    p.add_argument("--runs", type=int, default=20, help="timed runs per latency figure")
+    p.add_argument("--ingest-batches", type=int, default=30, help="timed 100-step batches per size")
+    p.add_argument("--readiness-steps", type=int, default=4_000)
+    p.add_argument(
+        "--explain", action="store_true", help="EXPLAIN ANALYZE the slowest statement of each read"
+    )
+    p.add_argument("--soak-seconds", type=float, default=600, help="0: no soak")
+    p.add_argument("--soak-rate", type=float, default=1_000, help="steps/s sent during the soak")
+    p.add_argument("--soak-cycle", type=float, default=60, help="seconds between retention passes")
+    p.add_argument("--soak-pull-interval", type=float, default=0.5)
+    p.add_argument("--soak-workers", type=int, default=2, help="server processes of the soak")
+    p.add_argument("--keep-newest", type=int, default=200_000, help="steps the soak's retention keeps")
+    args = p.parse_args(argv)
+    args.sizes = sorted(int(s) for s in args.sizes.split(","))
+    with fresh_database("growth"):
+        result = grow(args)
+        if args.soak_seconds > 0:
+            result |= soak(args)
+    result["targets"] = {f"{f}_ratio <= {GOAL_RATIO}": result[f"{f}_ratio"] <= GOAL_RATIO for f in FIGURES}
+    for key, goal in SOAK_GOALS.items():
+        if key in result:
+            result["targets"][f"{key} <= {goal}"] = result[key] <= goal
+    print(table(result), file=sys.stderr)
+    print(json.dumps(result), flush=True)
+
+
+def table(result: dict) -> str:
+    """The figures as a Markdown table: one row per figure, one column per size."""
+    labels = [label_of(s) for s in result["sizes"]]
+    lines = [
+        "| figure | " + " | ".join(labels) + " | ratio |",
+        "| --- | " + " | ".join("---:" for _ in labels) + " | ---: |",
+    ]
+    for f in FIGURES:
+        cells = " | ".join(f"{result[f'{f}_{lab}']:,}" for lab in labels)
+        lines.append(f"| {f} | {cells} | {result[f'{f}_ratio']} |")
+    cells = " | ".join(f"{result[f'floor_p50_ms_{lab}']:,}" for lab in labels)
+    lines.append(f"| (machine) floor_p50_ms | {cells} | {result['floor_p50_ms_ratio']} |")
+    cells = " | ".join(f"{result[f'load_avg_{lab}']}" for lab in labels)
+    lines.append(f"| (machine) load_avg | {cells} | |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
