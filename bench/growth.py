@@ -47,7 +47,8 @@ The soak (``--soak-seconds``, 0 skips it), on a new pool: the pool is filled to
 ``--keep-newest`` steps, then a real server process (uvicorn, ``--soak-workers``) takes
 W-growth steps at a fixed ``--soak-rate`` (batches of 100 over HTTP), a trainer pulls 8
 groups and acks every ``--soak-pull-interval`` seconds (a dataset serving the newest ready
-groups first), and every ``--soak-cycle`` seconds a retention pass (``_retention_pass``, in
+groups first), and every ``--soak-cycle`` seconds a retention pass (``_retention_pass``: the
+pool's retention service, a policy keeping the newest steps; in
 a process of its own, as a Celery worker's would be) keeps the newest ``--keep-newest``
 steps, followed by a VACUUM (ANALYZE) of the tables. ``soak_disk_drift``: the largest
 departure of the pool's disk size after a pass from its size after the first pass, over the
@@ -465,62 +466,17 @@ def grow(args: argparse.Namespace) -> dict:
 
 # --- the soak ---------------------------------------------------------------------------------
 def _retention_pass(*, keep_newest: int = 200_000) -> dict:
-    """Keep the newest ``keep_newest`` steps: delete the oldest whole prompt groups (their
-    steps, trajectories and the group) until at most that many are left.
+    """One pass of the pool's retention (curation/services/retention.py) with a policy that
+    deletes everything but the newest groups holding ``keep_newest`` steps: whole groups, in
+    chunks of one transaction each, pins (the trainer's open leases) kept."""
+    from curation.models import RetentionPolicy
+    from curation.services.retention import retention_run
 
-    AWAITING THE POOL'S RETENTION SERVICE (issue 35, items 1-2, built on another branch):
-    the pool has no service that deletes steps yet, so this stand-in deletes through the ORM,
-    in chunks of RETENTION_CHUNK groups, one transaction each, skipping a group in an open
-    lease (nothing else is pinned in this bench). Once the retention service lands, the
-    integrator replaces this body by one pass of a policy keeping the newest
-    ``keep_newest`` steps."""
-    from django.db import transaction
-    from django.db.models import Sum
-
-    from curation.models import Delivery, Lease
-    from pool.models import PromptGroup, Step, Trajectory
-
-    excess = step_count() - keep_newest
-    if excess <= 0:
-        return {"deleted_steps": 0, "deleted_groups": 0}
-    leased = set(
-        Delivery.objects.filter(kind=Delivery.Kind.GROUP, lease__status=Lease.Status.LEASED).values_list(
-            "key", flat=True
-        )
+    policy, _ = RetentionPolicy.objects.update_or_create(
+        name="soak", defaults={"keep_newest_steps": keep_newest, "action": RetentionPolicy.Action.DELETE}
     )
-    doomed: list[int] = []
-    deleted_steps, after = 0, 0
-    while deleted_steps < excess:
-        rows = list(
-            Trajectory.objects.filter(group_id__gt=after)
-            .values("group_id")
-            .annotate(n=Sum("step_count"))
-            .order_by("group_id")[:RETENTION_CHUNK]
-        )
-        if not rows:
-            break
-        for row in rows:
-            after = row["group_id"]
-            if row["group_id"] in leased:
-                continue
-            doomed.append(row["group_id"])
-            deleted_steps += row["n"] or 0
-            if deleted_steps >= excess:
-                break
-    for start in range(0, len(doomed), RETENTION_CHUNK):
-        chunk = doomed[start : start + RETENTION_CHUNK]
-        steps = Step.objects.filter(trajectory__group_id__in=chunk)
-        with transaction.atomic():
-            # Deepest first: a step's token parent (seq_parent, PROTECT) is in its own group
-            # (the previous step of its rollout or the group's anchor) one level up.
-            for depth in sorted(set(steps.values_list("seq_depth", flat=True)), reverse=True):
-                steps.filter(seq_depth=depth).only("id").delete()
-            Trajectory.objects.filter(group_id__in=chunk).delete()
-            PromptGroup.objects.filter(id__in=chunk).delete()
-    return {"deleted_steps": deleted_steps, "deleted_groups": len(doomed)}
-
-
-RETENTION_CHUNK = 200  # groups per transaction of the stand-in (6,400 W-growth steps)
+    report = retention_run(policy=policy)
+    return {"deleted_steps": report.steps, "deleted_groups": report.groups, "pinned": report.pinned}
 
 
 def soak(args: argparse.Namespace) -> dict:
