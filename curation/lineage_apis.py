@@ -171,7 +171,9 @@ class RunListCreateApi(KnownQueryParams, APIView):
         assert run is not None
         return Response(run_render(run), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
-    @extend_schema(summary="Training runs, newest first", parameters=PAGED, responses=OpenApiTypes.OBJECT)
+    @extend_schema(
+        operation_id="runs_list", summary="Training runs, newest first", parameters=PAGED, responses=OpenApiTypes.OBJECT
+    )
     def get(self, request):
         key, size = _page_args(request)
         runs = sel.runs_page(sources=read_sources_of(request), after=_int_key(key), limit=size)
@@ -203,6 +205,7 @@ class RunCheckpointsApi(KnownQueryParams, APIView):
     permission_classes = [ReadScope]
 
     @extend_schema(
+        operation_id="runs_checkpoints_list",
         summary="A run's checkpoints in version order, each with its leases, steps and mean reward",
         parameters=PAGED,
         responses=OpenApiTypes.OBJECT,

@@ -140,9 +140,17 @@ def test_the_procfile_runs_the_app_workers_and_beat():
 
 def test_beat_schedule_tasks_are_registered_with_the_worker_app(settings):
     # given the periodic sweeps beat sends (lease expiry; readiness, which also abandons idle
-    # trajectories; the outbox relay, which sends tasks a broker outage left behind)
+    # trajectories; the outbox relay, which sends tasks a broker outage left behind; retention,
+    # which runs the enabled policies; the checkpoint index, which links new checkpoints to
+    # the steps they trained)
     scheduled = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
-    assert scheduled == {"pool.readiness_sweep", "curation.leases_expire", "pool.outbox_relay"}
+    assert scheduled == {
+        "pool.readiness_sweep",
+        "curation.leases_expire",
+        "pool.outbox_relay",
+        "curation.retention_sweep",
+        "curation.checkpoints_index",
+    }
     # then the worker app knows each one by name
     celery_app.loader.import_default_modules()
     assert scheduled <= set(celery_app.tasks)

@@ -59,7 +59,7 @@ ALLOWED_HOSTS = [
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "claw_site.admin_site.ClawAdminConfig",  # django.contrib.admin, refusing reviewers with a 403
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

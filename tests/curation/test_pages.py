@@ -482,12 +482,14 @@ def test_queue_errors_name_the_field():
 
 def test_a_reviewer_opening_the_admin_gets_the_sites_403_not_its_sign_in():
     client = signed_in("reviewer")
-    # when: a reviewer opens the admin (it redirects to its login, which refuses them)
-    page = client.get("/admin/", follow=True)
-    # then: the site's own "not allowed" page, naming them, not the admin's sign-in form
-    assert page.status_code == 403
-    assert "data-forbidden" in page.text and "signed in as <strong>reviewer</strong>" in page.text
-    assert 'name="password"' not in page.text
+    # when: a reviewer opens the admin, one of its lists, or its sign-in form
+    for path in ("/admin/", "/admin/pool/step/", "/admin/login/"):
+        page = client.get(path)
+        # then: the site's own "not allowed" page at once, naming them, not a redirect to the
+        # admin's sign-in form
+        assert page.status_code == 403, path
+        assert "data-forbidden" in page.text and "signed in as <strong>reviewer</strong>" in page.text
+        assert 'name="password"' not in page.text
     # and anonymous visitors still get the admin's sign-in
     anon = signed_in(None).get("/admin/", follow=True)
     assert anon.status_code == 200 and 'name="password"' in anon.text

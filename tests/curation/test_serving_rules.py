@@ -50,7 +50,8 @@ def test_stale_units_are_dropped_when_offered_and_counted(trainer):
     moves back, below) and are counted by reason: each
     manifest has dropped (filtered, stale, capacity) for its pull, and GET
     /api/v1/consumers/{name} gives the totals per dataset (units and steps dropped by reason,
-    leases by status, delivered and pending units)." """
+    leases by status, delivered units, and pending_units: what the dataset admits now that
+    this consumer has not had, in pending_unit, groups or steps)." """
     # given groups produced by policy versions 1, 2 and 3, with 3 current
     dataset_create(name="all", spec={"serving": {"stale_after": 1}})
     for v in (1, 2, 3):

@@ -59,7 +59,11 @@ CONSUME = [
 # Snapshots: creating one (a build) is for trainers (consume keys), admin keys and operators;
 # its status and files are reads (any key). SNAPSHOT is filled in by the snapshot fixture.
 SNAPSHOT_CREATE = [("post", "snapshots", {"dataset": D})]
-SNAPSHOT_READS = ["snapshots/{snapshot}", "snapshots/{snapshot}/download"]
+SNAPSHOT_READS = [
+    "snapshots/{snapshot}",
+    "snapshots/{snapshot}/download",
+    "snapshots/{snapshot}/diff?to={snapshot}",
+]
 # Reads sent as POST (a spec in the body).
 READ_POSTS = [
     ("datasets/preview", {"filters": {}}),
@@ -80,8 +84,32 @@ READS = [
     "datasets",
     f"datasets/{D}",
     f"datasets/{D}/preview",
+    f"datasets/{D}/diff?from=1&to=1",
     "tasks",
     "task-sampler/records",
+]
+# Lineage reads (any key): a run of the seed source with checkpoint 1 (the lineage fixture).
+RUN = "run-seed"
+LINEAGE_READS = [
+    "runs",
+    f"runs/{RUN}",
+    f"runs/{RUN}/checkpoints",
+    f"runs/{RUN}/checkpoints/1",
+    f"runs/{RUN}/checkpoints/1/diff?to=1",
+    f"runs/{RUN}/checkpoints/1/steps",
+    f"runs/{RUN}/checkpoints/1/steps/download",
+    f"runs/{RUN}/checkpoints/1/trajectories",
+    "steps/seed-lin:0/checkpoints",
+    "trajectories/seed-lin/checkpoints",
+    f"sources/{SEED}/checkpoints",
+]
+# Lineage for trainers (consume keys, admin keys, operators): opening a run, replaying the
+# consume caller's run, verdicts on its lease. (method, endpoint, body)
+TRAINER_RUN = "run-trainer"
+LINEAGE_CONSUME = [
+    ("post", "runs", {"consumer": "seed", "dataset": D}),
+    ("get", f"runs/{TRAINER_RUN}/replay", None),
+    ("post", "leases/{lease}/verdicts", {"steps": [{"uid": "seed-ready:0", "importance_ratio": 1.0}]}),
 ]
 
 # caller -> (may write, may read)
@@ -244,6 +272,59 @@ def test_snapshot_read_matrix(snapshot, django_user_model, caller, endpoint):
         assert resp.status_code == (401 if caller == "anonymous" else 403), resp.content
 
 
+@pytest.fixture
+def lineage(seeded) -> str:
+    """Checkpoint 1 of run RUN (the seed source's consumer "lin", which acked trajectory
+    seed-lin), and run TRAINER_RUN of the consume caller's consumer "seed"; returns the
+    seeded lease's id."""
+    from curation.services.consume import lease_ack
+    from curation.services.lineage import RunIn, run_open
+    from pool.services.policy import policy_version_set
+
+    seed = Source.objects.get(name=SEED).id
+    steps_ingest(
+        steps=[step_in("seed-lin", 0, prompt=[1], response=[3], reward=1.0, is_last=True)], source_id=seed
+    )
+    dataset_create(name="lin-ds")  # the pull takes both ready trajectories
+    actor = Actor(source_id=seed)
+    run_open(run=RunIn(consumer="lin", dataset="lin-ds", uid=RUN), actor=actor)
+    lease = consumer_pull(consumer="lin", pull=PullIn(dataset="lin-ds"), actor=actor)
+    assert lease is not None
+    lease_ack(lease_id=lease.id, actor=actor)
+    policy_version_set(version=1, run=RUN, sources=frozenset((seed,)))
+    owner = Source.objects.get(name="caller-consume").id
+    run_open(run=RunIn(consumer="seed", dataset=D, uid=TRAINER_RUN), actor=Actor(source_id=owner))
+    return seeded
+
+
+@pytest.mark.parametrize("caller", list(CALLERS))
+@pytest.mark.parametrize("endpoint", LINEAGE_READS)
+def test_lineage_read_matrix(lineage, django_user_model, caller, endpoint):
+    client = caller_client(caller, django_user_model)
+    resp = client.get(f"/api/v1/{endpoint}")
+    if CALLERS[caller][1]:
+        assert resp.status_code == 200, resp.content
+    else:
+        assert resp.status_code == (401 if caller == "anonymous" else 403), resp.content
+
+
+@pytest.mark.parametrize("caller", list(CALLERS))
+@pytest.mark.parametrize(
+    ("method", "endpoint", "body"), LINEAGE_CONSUME, ids=[f"{c[0]} {c[1]}" for c in LINEAGE_CONSUME]
+)
+def test_lineage_trainer_matrix(lineage, django_user_model, caller, method, endpoint, body):
+    from curation.models import Run, StepVerdict
+
+    client = caller_client(caller, django_user_model)
+    before = (Run.objects.count(), StepVerdict.objects.count())
+    resp = getattr(client, method)(f"/api/v1/{endpoint.format(lease=lineage)}", body, format="json")
+    if caller in ("consume", "admin", "operator"):
+        assert resp.status_code in (200, 201), resp.content
+    else:
+        assert resp.status_code == (401 if caller == "anonymous" else 403), resp.content
+        assert (Run.objects.count(), StepVerdict.objects.count()) == before
+
+
 @pytest.mark.parametrize("caller", list(CALLERS))
 @pytest.mark.parametrize(("endpoint", "body"), READ_POSTS, ids=[r[0] for r in READ_POSTS])
 def test_read_by_post_matrix(seeded, django_user_model, caller, endpoint, body):
@@ -279,11 +360,21 @@ def test_the_matrix_covers_every_api_route():
             endpoint = endpoint.replace(value, "{uid}")
         return f"/api/v1/{endpoint.replace(D, '{name}')}"
 
+    def route(endpoint: str) -> str:
+        endpoint = endpoint.split("?")[0].replace(RUN, "{uid}").replace(TRAINER_RUN, "{uid}")
+        endpoint = endpoint.replace("seed-lin:0", "{uid}").replace("seed-lin", "{uid}")
+        endpoint = endpoint.replace("checkpoints/1", "checkpoints/{version}").replace(SEED, "{name}")
+        return template(endpoint.replace("{lease}", "{lease_id}").replace("{snapshot}", "{snapshot_id}"))
+
     covered: dict[str, set[str]] = {}
+    for endpoint in LINEAGE_READS:
+        covered.setdefault(route(endpoint), set()).add("get")
+    for method, endpoint, _ in LINEAGE_CONSUME:
+        covered.setdefault(route(endpoint), set()).add(method)
     for endpoint, _ in WRITES:
         covered.setdefault(template(endpoint), set()).add("post")
     for endpoint in READS:
-        covered.setdefault(template(endpoint), set()).add("get")
+        covered.setdefault(route(endpoint), set()).add("get")
     for method, endpoint, _ in CURATE:
         covered.setdefault(template(endpoint), set()).add(method)
     for method, endpoint, _ in CONSUME:
@@ -296,7 +387,7 @@ def test_the_matrix_covers_every_api_route():
     for method, endpoint, _ in SNAPSHOT_CREATE:
         covered.setdefault(f"/api/v1/{endpoint}", set()).add(method)
     for endpoint in SNAPSHOT_READS:
-        covered.setdefault(f"/api/v1/{endpoint.replace('{snapshot}', '{snapshot_id}')}", set()).add("get")
+        covered.setdefault(route(endpoint), set()).add("get")
     covered.setdefault("/api/v1/media", set()).add("post")  # test_media_matrix
     covered.setdefault("/api/v1/media/{sha256}", set()).add("get")
     # then each one is exercised above (a new endpoint must join the matrix)
