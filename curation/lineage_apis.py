@@ -172,7 +172,10 @@ class RunListCreateApi(KnownQueryParams, APIView):
         return Response(run_render(run), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     @extend_schema(
-        operation_id="runs_list", summary="Training runs, newest first", parameters=PAGED, responses=OpenApiTypes.OBJECT
+        operation_id="runs_list",
+        summary="Training runs, newest first",
+        parameters=PAGED,
+        responses=OpenApiTypes.OBJECT,
     )
     def get(self, request):
         key, size = _page_args(request)

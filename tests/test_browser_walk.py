@@ -248,7 +248,8 @@ def contexts(pool, tmp_path_factory) -> Iterator[dict]:
 # What a role gets: "ok" (200), "403" (signed in, not allowed) or "login" (sent to a sign-in page).
 ALL = {"reviewer": "ok", "operator": "ok", "admin": "ok"}
 CURATORS = {"reviewer": "403", "operator": "ok", "admin": "ok"}
-STAFF = {"reviewer": "403", "operator": "ok", "admin": "ok"}  # the site's 403 page, not the admin's sign-in form
+# STAFF: a reviewer gets the site's 403 page, not the admin's sign-in form
+STAFF = {"reviewer": "403", "operator": "ok", "admin": "ok"}
 
 
 @dataclass(frozen=True)
