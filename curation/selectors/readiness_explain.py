@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from django.db.models import Count, Q
 
-from pool.flags import READY, Readiness
+from pool.flags import Readiness
 from pool.models import PolicyVersion, PromptGroup, Step, Trajectory
 
 TERMINAL = ("completed", "failed", "abandoned")
@@ -162,7 +162,3 @@ def facts_for(trajectory: Trajectory, steps: list[Step]) -> dict[int, Facts]:
         )
         for s in steps
     }
-
-
-def is_ready(readiness: int) -> bool:
-    return readiness == READY

@@ -28,6 +28,7 @@ from .. import sql
 from ..errors import InvalidInput
 from ..models import Media, StepMedia
 from ..services.media import (
+    max_per_step,
     media_data_url_parts,
     media_decode_base64,
     media_hold,
@@ -140,7 +141,7 @@ def _from_base64(text: str, at: str, declared: str | None) -> ImageIn:
 
 
 def check_count(n: int, where: str) -> None:
-    limit = int(getattr(settings, "CLAW_MEDIA_MAX_PER_STEP", 32))
+    limit = max_per_step()
     if n > limit:
         raise InvalidInput(f"{n} images in one step; at most {limit} (CLAW_MEDIA_MAX_PER_STEP)", field=where)
 

@@ -157,12 +157,6 @@ def group_task_set(
         emit(GroupsReady(group_ids=frozenset((group.id,)), uncounted=frozenset((group.id,))))
 
 
-def groups_tasks_set(*, bindings: dict[str, str], groups: dict[str, PromptGroup], **access: Any) -> None:
-    """Bind each group (by uid) to the task uid it names (the white-box steps' ``task``)."""
-    for group_uid, task_uid in sorted(bindings.items()):
-        group_task_set(group=groups[group_uid], uid=task_uid, field="task", **access)
-
-
 def task_sets_ensure(names: Iterable[str]) -> None:
     """The task sets of these names exist (created with the defaults). Idempotent."""
     names = set(names)

@@ -174,11 +174,3 @@ def _apply(deltas: dict[int, TaskDelta], now) -> None:
                 Coalesce(F("last_policy_version"), Value(d.version)), Value(d.version)
             )
         Task.objects.filter(id=tid).update(**changes)
-
-
-def task_mean_variance(task: Task) -> tuple[float | None, float | None]:
-    """The mean and (population) variance of a task's rewards, from its sums."""
-    if not task.rewarded:
-        return None, None
-    mean = task.reward_sum / task.rewarded
-    return mean, max(0.0, task.reward_sumsq / task.rewarded - mean * mean)
