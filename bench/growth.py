@@ -495,8 +495,11 @@ def soak(args: argparse.Namespace) -> dict:
     vacuum_analyze()
     result: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
+        # No REDIS_URL: the soak's follow-up tasks run in its server process, and its live
+        # events stay there (not in a Redis database other servers' dashboards listen on).
         server = LiveServer(
-            Path(tmp), {"DATABASE_URL": os.environ["DATABASE_URL"], "CLAW_API_KEY_CACHE_SECONDS": "10"}
+            Path(tmp),
+            {"DATABASE_URL": os.environ["DATABASE_URL"], "CLAW_API_KEY_CACHE_SECONDS": "10", "REDIS_URL": ""},
         )
         server.extra_args = ["--workers", str(args.soak_workers)] if args.soak_workers > 1 else []
         server.start(migrate=False)

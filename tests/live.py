@@ -152,6 +152,7 @@ class LiveServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
         self._db_name: str | None = None
+        self._db_made = False  # created on first need: from the template, or empty to migrate
         self.env = self._make_env(extra_env or {})
         self.log_path = var_dir / f"server-{self.port}.log"
         self.extra_args: list[str] = []
@@ -171,10 +172,20 @@ class LiveServer:
         base = os.environ.get("DATABASE_URL")
         if base:
             self._db_name = f"claw_live_{uuid.uuid4().hex[:12]}"
-            _pg_admin(base, f'CREATE DATABASE "{self._db_name}"')
             env["DATABASE_URL"] = _with_db(base, self._db_name)
         env.update(extra)
         return env
+
+    def _ensure_db(self, *, template: str | None = None) -> None:
+        """Create the server's own PostgreSQL database once: a copy of ``template``, or empty.
+        Made on first need, not up front: a database made empty and dropped again to copy the
+        template cost a DROP DATABASE (a checkpoint) per server."""
+        if self._db_name and not self._db_made:
+            if self.env.get("DATABASE_URL") != _with_db(os.environ["DATABASE_URL"], self._db_name):
+                return  # pointed at another database: nothing of ours to make
+            copy = f' TEMPLATE "{template}"' if template else ""
+            _pg_admin(os.environ["DATABASE_URL"], f'CREATE DATABASE "{self._db_name}"{copy}')
+            self._db_made = True
 
     def _copy_migrated_template(self) -> bool:
         """Give the server a copy of this test process's migrated template database instead of
@@ -184,10 +195,9 @@ class LiveServer:
         DATABASE_URL elsewhere) or already exists: the caller then migrates."""
         url = self.env.get("DATABASE_URL", "")
         if self._db_name:
-            if url != _with_db(os.environ["DATABASE_URL"], self._db_name):
+            if url != _with_db(os.environ["DATABASE_URL"], self._db_name) or self._db_made:
                 return False
-            _pg_admin(url, f'DROP DATABASE "{self._db_name}"')
-            _pg_admin(url, f'CREATE DATABASE "{self._db_name}" TEMPLATE "{_template().pg_name}"')
+            self._ensure_db(template=_template().pg_name)
             return True
         target = Path(self.env["CLAW_VAR_DIR"]) / "claw.sqlite3"
         if url or target.exists():
@@ -201,6 +211,7 @@ class LiveServer:
         """Run ``manage.py ARGS`` against the server's database and settings; returns what it
         printed. Runs in one long-lived process per server (tests/live_manage.py), started on
         first use and again whenever ``env`` changed since."""
+        self._ensure_db()
         if self._manager is None or self._manager.env != self.env:
             self._stop_manager()
             self._manager = _Manager(dict(self.env), self.log_path)
@@ -224,6 +235,7 @@ class LiveServer:
     def start(self, *, migrate: bool = True) -> LiveServer:
         if migrate and not self._copy_migrated_template():
             self.manage("migrate", "--noinput", "-v", "0")
+        self._ensure_db()
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(
             self._command(),
@@ -287,7 +299,7 @@ class LiveServer:
         self.stop()
         self._stop_manager()
         self._sock.close()
-        if self._db_name:
+        if self._db_made:
             _pg_admin(os.environ["DATABASE_URL"], f'DROP DATABASE IF EXISTS "{self._db_name}" WITH (FORCE)')
 
 

@@ -107,7 +107,17 @@ def run_bench(bench: str, args: list[str]) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize(("bench", "args", "needs_pg", "keys"), BENCHES, ids=[b[0] for b in BENCHES])
+# Benches of pure computation (no database, no broker, no server): CI's second pass skips them.
+BACKEND_FREE = {"key_cache", "prefix", "prefix_forward", "sse", "env_helpers"}
+
+
+@pytest.mark.parametrize(
+    ("bench", "args", "needs_pg", "keys"),
+    [
+        pytest.param(*b, id=b[0], marks=[pytest.mark.backend_independent] if b[0] in BACKEND_FREE else [])
+        for b in BENCHES
+    ],
+)
 def test_the_bench_runs_as_documented_and_prints_its_figures(bench, args, needs_pg, keys):
     if needs_pg and not PG:
         pytest.skip(f"bench.{bench} measures PostgreSQL: it runs in CI's PostgreSQL pass")

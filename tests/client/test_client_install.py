@@ -20,7 +20,7 @@ import pytest
 from tests.live import ROOT
 
 # pip may have to fetch numpy, httpx and msgspec wheels and setuptools for the build.
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.backend_independent]  # no server, no database
 
 CLIENT = ROOT / "claw_client"
 # Modules that import an extra's package at import time, with the extra that brings it (the

@@ -9,7 +9,11 @@ import hashlib
 import subprocess
 import sys
 
+import pytest
+
 from tests.live import ROOT
+
+pytestmark = pytest.mark.backend_independent  # the client package alone, no server
 
 
 def test_claw_client_imports_without_django_or_torch():

@@ -209,6 +209,7 @@ def test_bootstrap_prints_admin_and_trainer_keys_that_work(first_start: FirstSta
     assert (server.var_dir / "trainer.key").read_text().strip() == trainer
 
 
+@pytest.mark.backend_independent  # a port and a process: the same on every backend
 def test_an_explicit_demo_upstream_port_that_is_taken_stops_serve_with_one_line(tmp_path: Path):
     # given CLAW_DEMO_UPSTREAM_PORT set to a port another socket listens on
     server = demo_serve(tmp_path)
@@ -239,6 +240,7 @@ def test_an_explicit_demo_upstream_port_that_is_taken_stops_serve_with_one_line(
     assert "Traceback" not in out.stdout and "Claw-R1 listening" not in out.stdout
 
 
+@pytest.mark.backend_independent  # signals and processes: the same on every backend
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_ends_serve_with_0_and_its_children_gone(tmp_path: Path, sig: signal.Signals):
     # given serve running in demo mode, its demo traffic started
@@ -263,6 +265,7 @@ def test_a_signal_ends_serve_with_0_and_its_children_gone(tmp_path: Path, sig: s
     assert "Traceback" not in server.log_path.read_text()
 
 
+@pytest.mark.backend_independent  # signals and processes: the same on every backend
 @pytest.mark.parametrize(
     "how", ["ctrl-c to the group", "sigterm to make"], ids=["SIGINT-group", "SIGTERM-make-pid"]
 )

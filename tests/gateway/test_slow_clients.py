@@ -18,6 +18,9 @@ import pytest
 from bench.slow_clients import Attack, p99s
 from tests.live import LiveServer, live_server
 
+# Connection deadlines and limits are the server's, before any view or database.
+pytestmark = pytest.mark.backend_independent
+
 HEADER_TIMEOUT_S = 2.0
 BODY_TIMEOUT_S = 3.0
 SLOWLORIS = 50
