@@ -153,7 +153,7 @@ class LiveServer:
         self.proc: subprocess.Popen | None = None
         self._db_name: str | None = None
         self._db_made = False  # created on first need: from the template, or empty to migrate
-        self.env = self._make_env(extra_env or {})
+        self._env = self._make_env(extra_env or {})
         self.log_path = var_dir / f"server-{self.port}.log"
         self.extra_args: list[str] = []
         self._manager: _Manager | None = None
@@ -176,12 +176,23 @@ class LiveServer:
         env.update(extra)
         return env
 
+    @property
+    def env(self) -> dict[str, str]:
+        """The server's environment. Its database exists once anyone reads it (a test running
+        its own ``manage.py`` against it, say); before that it is made on first need."""
+        self._ensure_db()
+        return self._env
+
+    @env.setter
+    def env(self, value: dict[str, str]) -> None:
+        self._env = value
+
     def _ensure_db(self, *, template: str | None = None) -> None:
         """Create the server's own PostgreSQL database once: a copy of ``template``, or empty.
         Made on first need, not up front: a database made empty and dropped again to copy the
         template cost a DROP DATABASE (a checkpoint) per server."""
         if self._db_name and not self._db_made:
-            if self.env.get("DATABASE_URL") != _with_db(os.environ["DATABASE_URL"], self._db_name):
+            if self._env.get("DATABASE_URL") != _with_db(os.environ["DATABASE_URL"], self._db_name):
                 return  # pointed at another database: nothing of ours to make
             copy = f' TEMPLATE "{template}"' if template else ""
             _pg_admin(os.environ["DATABASE_URL"], f'CREATE DATABASE "{self._db_name}"{copy}')
@@ -193,13 +204,13 @@ class LiveServer:
         dozens). The copy is the schema and data migrations' rows as ``migrate`` leaves them.
         False where the server's database is not the one this class made (a test that points
         DATABASE_URL elsewhere) or already exists: the caller then migrates."""
-        url = self.env.get("DATABASE_URL", "")
+        url = self._env.get("DATABASE_URL", "")
         if self._db_name:
             if url != _with_db(os.environ["DATABASE_URL"], self._db_name) or self._db_made:
                 return False
             self._ensure_db(template=_template().pg_name)
             return True
-        target = Path(self.env["CLAW_VAR_DIR"]) / "claw.sqlite3"
+        target = Path(self._env["CLAW_VAR_DIR"]) / "claw.sqlite3"
         if url or target.exists():
             return False
         target.parent.mkdir(parents=True, exist_ok=True)
