@@ -1,8 +1,10 @@
 """The layout's rules, read from the code's own imports (every import statement of a file,
 at the top or inside a function, so a lazy import cannot hide an arrow):
 
-* the rooms are layered: claw_kit/ (shared infrastructure) imports no app; pool/ imports only
-  claw_kit/; gateway/ and curation/ import the pool and the kit, never each other; nothing
+* the rooms are layered: claw_client/ (the trainers' package, which also holds the prefix
+  tree and the formats the server shares with trainers) imports nothing of the house, so it
+  installs alone; claw_kit/ (shared infrastructure) imports no app; pool/ imports only
+  claw_kit/ and claw_client/; gateway/ and curation/ import the pool and the kit, never each other; nothing
   but claw_site/ itself imports the composition root;
 * no two files import each other, directly or round a longer circle.
 
@@ -17,15 +19,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ROOMS = ("claw_kit", "pool", "gateway", "curation", "claw_site")
+ROOMS = ("claw_client", "claw_kit", "pool", "gateway", "curation", "claw_site")
 
 # What each room may import of the others (itself always).
 ALLOWED = {
+    "claw_client": set(),
     "claw_kit": set(),
-    "pool": {"claw_kit"},
-    "gateway": {"claw_kit", "pool"},
-    "curation": {"claw_kit", "pool"},
-    "claw_site": {"claw_kit", "pool", "gateway", "curation"},
+    "pool": {"claw_kit", "claw_client"},
+    "gateway": {"claw_kit", "pool", "claw_client"},
+    "curation": {"claw_kit", "pool", "claw_client"},
+    "claw_site": {"claw_client", "claw_kit", "pool", "gateway", "curation"},
 }
 
 
