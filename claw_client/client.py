@@ -482,14 +482,7 @@ class ClawClient:
     def download_run(self, uid: str, path: str) -> str:
         """A snapshot of run ``uid``: its replay as a JSON-lines file at ``path`` (a
         ``run`` line, then per checkpoint a ``checkpoint`` line and its batches as served)."""
-        with self.http.stream("GET", f"/runs/{_seg(uid)}/replay") as resp:
-            if resp.status_code >= 400:
-                resp.read()
-                raise _error_of(resp)
-            with open(path, "wb") as fh:
-                for chunk in resp.iter_bytes():
-                    fh.write(chunk)
-        return path
+        return self._download(f"/runs/{_seg(uid)}/replay", path)
 
     def post_verdicts(self, lease_id: str, steps: Iterable[dict[str, Any]]) -> dict[str, Any]:
         """A trainer's verdict on the steps of a lease it trained on (``POST
@@ -508,6 +501,18 @@ class ClawClient:
             url = page["next"] or ""
             params = None  # the next link carries the query and the cursor
         return out
+
+    def _download(self, url: str, path: str, params: dict[str, str] | None = None) -> str:
+        """Stream the answer of ``GET url`` to the file ``path`` (an error answer raises its
+        ClawError, writing nothing); returns ``path``."""
+        with self.http.stream("GET", url, params=params) as resp:
+            if resp.status_code >= 400:
+                resp.read()
+                raise _error_of(resp)
+            with open(path, "wb") as fh:
+                for chunk in resp.iter_bytes():
+                    fh.write(chunk)
+        return path
 
     def _lines(self, path: str) -> Iterator[bytes]:
         """A streamed answer's lines, as bytes (exactly as sent, without the newline)."""
@@ -558,14 +563,7 @@ class ClawClient:
     def download_snapshot(self, snapshot_id: str, format: str, path: str) -> str:
         """Stream a done snapshot's file (``jsonl``, ``parquet``, ``sft`` or ``dpo``) to
         ``path``; returns ``path``."""
-        with self.http.stream("GET", f"/snapshots/{snapshot_id}/download", params={"format": format}) as resp:
-            if resp.status_code >= 400:
-                resp.read()
-                raise _error_of(resp)
-            with open(path, "wb") as fh:
-                for chunk in resp.iter_bytes():
-                    fh.write(chunk)
-        return path
+        return self._download(f"/snapshots/{snapshot_id}/download", path, params={"format": format})
 
     # --- images (issue 24) ------------------------------------------------------------------
     def fetch_media(self, sha256: str) -> bytes:
