@@ -631,7 +631,12 @@ class TaskListCreateApi(KnownQueryParams, APIView):
             ),
             OpenApiParameter("seen_min", int),
             OpenApiParameter("seen_max", int),
-            OpenApiParameter("informative", bool),
+            OpenApiParameter(
+                "informative",
+                bool,
+                description="tasks with (true) or without (false) a group whose rewards differ "
+                "(stats.informative_groups); the pass-rate bucket is ``bucket``",
+            ),
             OpenApiParameter("bucket", str, enum=["unseen", "solved", "hopeless", "informative"]),
             OpenApiParameter(
                 "sort",

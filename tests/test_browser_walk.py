@@ -12,6 +12,7 @@ equal the API's, with thousands separators."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -124,6 +125,21 @@ def _populate(srv: LiveServer, agent_key: str, trainer_key: str) -> Pool:
         {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"hits": ["consumers/pull"]})},
     ]
     agent.chat.completions.create(model="claw-demo", messages=messages, tools=TOOLS)
+    # an SDK agent sending a screenshot inside its message (the image sits in place on pages)
+    screenshot = "data:image/png;base64," + base64.b64encode(png(31, (320, 200))).decode()
+    agent.chat.completions.create(
+        model="claw-demo",
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is on this screen?"},
+                    {"type": "image_url", "image_url": {"url": screenshot}},
+                ],
+            }
+        ],
+        extra_headers={"X-Claw-Trajectory": "walk-vision"},
+    )
     # prompt groups of several rollouts, each completed with a reward (one per role for the
     # group-mode queue: an item claimed by one reviewer is not offered to another)
     # each group rolls out a registered task, so the tasks page has statistics to show
@@ -362,6 +378,59 @@ def _widest(page) -> list:
             .filter(e => e.getBoundingClientRect().right > window.innerWidth + 1)
             .slice(0, 8).map(e => e.tagName + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right))"""
     )
+
+
+def test_the_first_day_reads_right(pool, contexts):
+    """Issue 37, part 1, items 1-3 on real pages: token ids read as decoded text, an image sits
+    in its message, and the counters agree (the overview, the list, the API; the review header
+    and its reviewers' panel)."""
+    # given API feedback on one trajectory (feedback given outside the review pages)
+    _post(pool.srv, pool.agent_key, "/api/v1/feedback", {"trajectory_uid": "bulk-0", "rating": 1.0})
+    page = contexts["reviewer"].new_page()
+    page.set_default_timeout(20_000)
+    url = pool.srv.url
+    try:
+        # 1. a white-box step sent with token ids only reads as text, saying what decoded it
+        page.goto(f"{url}/trajectories/bulk-1/")
+        assert page.locator(".unknown").count() == 0
+        decoded = page.locator("pre.decoded").first
+        assert decoded.is_visible() and decoded.get_attribute("data-decoded-by")
+        assert "decoded from its" in page.locator(".turn").first.inner_text()
+        # and the review item a reviewer opens is readable too
+        page.goto(f"{url}/review/walk-items/")
+        assert page.locator("#review-form").count() == 1
+        assert page.locator(".unknown").count() == 0
+        # 2. the screenshot is a thumbnail inside its message, after the text, not a JSON tree
+        page.goto(f"{url}/trajectories/walk-vision/")
+        message = page.locator('.msg[data-role="user"]').first
+        thumb = message.locator("figure.msg-image img")
+        assert thumb.count() == 1
+        thumb.wait_for(state="visible")
+        page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=thumb.element_handle())
+        box, inside = message.bounding_box(), thumb.bounding_box()
+        assert box["y"] <= inside["y"] and inside["y"] + inside["height"] <= box["y"] + box["height"]
+        text = message.inner_text()
+        assert text.index("What is on this screen?") < text.index("320×200")
+        assert "image_url" not in text and "keys}" not in text
+        # 3a. the default queue's header counts what its panel lists (API feedback apart)
+        page.goto(f"{url}/review/")
+        done, total = map(
+            int, re.match(r"(\d+) / (\d+) done", page.locator("[data-progress]").inner_text()).groups()
+        )
+        panel = [int(c) for c in page.locator(".queue-stats td[data-done]").all_inner_texts()]
+        assert done >= 1 and sum(panel) == done, (done, panel)
+        assert "Nobody reviewed in this queue yet" not in page.content()
+        # 3b. running: the overview, the list's badges, the list filtered, and the API
+        page.goto(f"{url}/trajectories/?status=running")
+        filtered = page.locator("tr[data-uid]").count()
+        page.goto(f"{url}/")
+        page.wait_for_load_state("networkidle")
+        overview = int(page.locator('[data-live="collect.running"]').inner_text().replace(",", ""))
+    finally:
+        page.close()
+    stats = pool.api("/api/v1/stats")["trajectories_by_status"].get("running", 0)
+    listed = len(pool.api("/api/v1/trajectories?status=running&page_size=100")["results"])
+    assert overview == filtered == stats == listed, (overview, filtered, stats, listed)
 
 
 def test_overview_numbers_equal_the_api_with_thousands_separators(pool, contexts):

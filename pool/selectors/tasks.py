@@ -58,6 +58,15 @@ def bucket_q(bucket: str) -> Q:
     }[bucket]
 
 
+def task_bucket(pass_rate: float | None) -> str:
+    """The bucket of one task (what ``bucket_q`` selects), for a row of the page."""
+    if pass_rate is None:
+        return "unseen"
+    if pass_rate >= SOLVED:
+        return "solved"
+    return "hopeless" if pass_rate <= HOPELESS else "informative"
+
+
 def tasks_listed(sources: Sources = None) -> QuerySet[Task]:
     """The tasks a reader may see: its sources' and the shared ones (None: all)."""
     qs = Task.objects.all()
@@ -213,6 +222,7 @@ def tasks_overview(*, set_name: str | None = None, sources: Sources = None, rows
     shown = list(qs.filter(seen__gt=0).order_by("-score", "rand_key")[:rows])
     for t in shown:
         t.mean_reward = t.reward_sum / t.rewarded if t.rewarded else None  # type: ignore[attr-defined]
+        t.bucket = task_bucket(t.pass_rate)  # type: ignore[attr-defined]
     return {
         "buckets": tasks_histogram(qs),
         "bins": [

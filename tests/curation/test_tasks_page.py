@@ -54,6 +54,35 @@ def test_the_page_counts_equal_the_api_and_the_histogram_adds_up(operator, admin
     assert 'href="/tasks/" aria-current="page">Tasks<' in html
 
 
+def test_each_row_names_its_bucket_beside_its_mixed_groups(operator, admin_key):
+    # given a hopeless task (pass rate 0.05) three of whose groups had mixed rewards
+    _seed()
+    Task.objects.filter(uid="t3").update(informative_groups=3)
+    page = Client()
+    page.force_login(operator)
+    # when the table is read
+    html = page.get("/tasks/?set=math").content.decode()
+    row = re.search(r'<tr data-task="t3">(.*?)</tr>', html, re.S).group(1)
+    cells = [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+    header = re.findall(r"<th>([^<]+)</th>", html)
+    shown = dict(zip(header, cells, strict=True))
+    # then the row says hopeless, as the API's bucket filter does, and counts its mixed groups
+    # under a name that is not a bucket's
+    api = client_for(admin_key).get("/api/v1/tasks?set=math&bucket=hopeless&page_size=100").json()
+    assert "t3" in [t["uid"] for t in api["results"]]
+    assert shown["Bucket"] == "hopeless" and shown["Groups with mixed rewards"] == "3"
+    assert "Informative groups" not in html
+    # and every row's bucket is the one the API files it under
+    for bucket in ("solved", "hopeless", "informative"):
+        uids = {
+            t["uid"]
+            for t in client_for(admin_key).get(f"/api/v1/tasks?set=math&bucket={bucket}").json()["results"]
+        }
+        assert uids == set(
+            re.findall(rf'<tr data-task="([^"]+)">(?:(?!</tr>).)*data-task-bucket="{bucket}"', html, re.S)
+        )
+
+
 def test_the_page_needs_a_login():
     resp = Client().get("/tasks/")
     assert resp.status_code == 302 and "/login/" in resp["Location"]

@@ -48,6 +48,31 @@ def test_the_curation_page_counts_as_the_overview(traffic):
     assert {"curate.ready_steps", "curate.awaiting_reward", "curate.ready_groups"} <= set(page_numbers(html))
 
 
+def test_running_is_one_count_on_the_overview_the_list_and_the_api(traffic, reader_key):
+    # given the traffic (two trajectories still running), read once: nothing writes between
+    api = client_for(reader_key)
+    page = signed_in("operator")
+    overview = page_numbers(page.get("/").content.decode())["collect.running"]
+    listed = page.get("/trajectories/").content.decode()
+    filtered = page.get("/trajectories/?status=running").content.decode()
+    stats = api.get("/api/v1/stats").json()["trajectories_by_status"].get("running", 0)
+    api_list = api.get("/api/v1/trajectories?status=running&page_size=100").json()["results"]
+    # then the overview's "of them running", the list's running badges, the list filtered by
+    # status, the stats and the trajectory list API count the same trajectories
+    status = dict(
+        re.findall(
+            r'<tr data-uid="([^"]+)">\s*<td>(?:(?!</td>).)*</td>\s*<td><span class="badge (\w+)"',
+            listed,
+            re.S,
+        )
+    )
+    assert len(status) == EXPECTED["collect.trajectories"]
+    badges = [uid for uid, s in status.items() if s == "running"]
+    rows = re.findall(r'<tr data-uid="([^"]+)">', filtered)
+    assert overview == stats == len(badges) == len(rows) == len(api_list) == EXPECTED["collect.running"]
+    assert set(badges) == set(rows) == {t["uid"] for t in api_list}
+
+
 def test_the_labels_say_what_each_counter_counts(traffic):
     html = signed_in("operator").get("/").content.decode()
     for label in [
