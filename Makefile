@@ -39,11 +39,12 @@ run: install
 	$(PY) manage.py serve $(SERVE_ARGS)
 
 # The suite runs on TEST_WORKERS processes (pytest-xdist; default: one per core), each test
-# file whole on one worker so its module-scoped servers start once; TEST_WORKERS=0 runs it in
+# file whole on one worker so its module-scoped servers start once, the longest files first
+# (tests/durations.py: `--no-loadscope-reorder` keeps that order); TEST_WORKERS=0 runs it in
 # this process.
 TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .

@@ -11,6 +11,7 @@ from rest_framework.test import APIClient
 
 from pool.models import Scope
 from pool.services import api_key_create
+from tests import durations
 
 # CI runs the suite twice, on SQLite and on PostgreSQL + Redis (.ci/run). Its second pass sets
 # CLAW_TEST_ONCE_RAN=1 and skips the tests marked backend_independent: those whose outcome
@@ -127,3 +128,6 @@ def pytest_collection_modifyitems(items) -> None:
         for item in items:
             if item.get_closest_marker("backend_independent"):
                 item.add_marker(skip)
+    # Whole files, the longest first (tests/durations.py): with `--no-loadscope-reorder`
+    # (Makefile) xdist hands them out in this order, so no long file starts last.
+    durations.order(items, durations.load())

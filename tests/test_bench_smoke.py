@@ -107,14 +107,21 @@ def run_bench(bench: str, args: list[str]) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-# Benches of pure computation (no database, no broker, no server): CI's second pass skips them.
+# CI's second pass (PostgreSQL + Redis) skips these: benches of pure computation (no database,
+# no broker, no server), and benches whose smoke checks only that they run and print their
+# keys on whichever database they find (the HTTP transport, slow clients, storage, media and the
+# learning loop: their database paths run on PostgreSQL in tests of their own, e.g.
+# tests/examples/test_learning.py, tests/client/test_client_media.py). A bench that measures
+# PostgreSQL (needs_pg) runs in the second pass only; bench.ingest runs in both (its COPY path
+# is PostgreSQL's).
 BACKEND_FREE = {"key_cache", "prefix", "prefix_forward", "sse", "env_helpers"}
+ONE_PASS = BACKEND_FREE | {"storage", "transport", "slow_clients", "media", "learning"}
 
 
 @pytest.mark.parametrize(
     ("bench", "args", "needs_pg", "keys"),
     [
-        pytest.param(*b, id=b[0], marks=[pytest.mark.backend_independent] if b[0] in BACKEND_FREE else [])
+        pytest.param(*b, id=b[0], marks=[pytest.mark.backend_independent] if b[0] in ONE_PASS else [])
         for b in BENCHES
     ],
 )
