@@ -18,7 +18,7 @@ Stages:
   trajectory's latest append is checked by the claim itself, never trusted blindly;
 * **write** (pool/sql.py): binary COPY for batches and a fused claim+insert statement for a
   proxied call on PostgreSQL, bulk_create elsewhere;
-* **effects** (effects.py): the effects registered for ``StepsWritten``, the pool's first
+* **effects** (pool/bus.py): the effects registered for ``StepsWritten``, the pool's first
   (pool/apps.py: counters and status, anchors, rewards, readiness, group completion, the
   live event, trajectory ending), then those other apps registered.
 """
@@ -32,16 +32,16 @@ from dataclasses import dataclass
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from .. import sql, tokens
+from .. import bus, sql, tokens
+from ..bus import StepsWritten, WrittenStep, WrittenTrajectory
 from ..errors import Conflict, InvalidInput, UidTaken
 from ..flags import Readiness
 from ..models import Channel, PolicyVersion, PromptGroup, Step, Trajectory
 from ..sql import TRAJ_COLS, FusedClaim
 from ..tenancy import OWN, Sources, allowed, owns
-from . import effects, rules
+from . import rules
 from .claim import EMPTY, Tail, recent, tail_load
 from .contract import StepIn, default_uid
-from .effects import StepsWritten, WrittenStep, WrittenTrajectory
 from .media import media_link, media_prepare
 from .plan import Candidate, Packed, Planned, Stored, build_rows, choose_parents, pack, step_row
 
@@ -256,7 +256,7 @@ def _ingest(
         outcome_of=_known_outcomes(new_steps, trajs),
     )
     media_link(new_steps, [r.id for r in rows], media, source_id=source_id)
-    effects.apply(
+    bus.apply(
         _written(rows, [_trajectory_written(t) for t in trajs.values()], source_id=source_id, channel=channel)
     )
     return IngestResult(created=rows, duplicates=duplicates)
@@ -423,7 +423,7 @@ def steps_append_group(requests: Sequence[AppendRequest]) -> list[list[StepIn] |
     )
     # A group of one is a plain fused append: one statement in autocommit, as steps_append's.
     alone = len(order) == 1
-    with transaction.atomic() if not alone or effects.any_registered() else nullcontext():
+    with transaction.atomic() if not alone or bus.any_registered() else nullcontext():
         for i in order:
             fused = prepared[i]
             assert fused is not None
@@ -473,7 +473,7 @@ def _append_fused(
     fused = _fused_prepare(target, count, tail, build, source_id, mine)
     # One statement in autocommit when nothing follows it; inside a transaction when
     # registered effects, or the step's images, must commit or roll back with the steps.
-    with transaction.atomic() if effects.any_registered() or fused.has_media else nullcontext():
+    with transaction.atomic() if bus.any_registered() or fused.has_media else nullcontext():
         got = sql.backend().append(fused.claim, fused.rows)
         if got is None:
             return None
@@ -530,7 +530,7 @@ def _fused_written(fused: _Fused, got: sql.Appended) -> list[StepIn]:
         if row.policy_version_id is None:  # stamped by the statement: the trajectory's
             row.policy_version_id = s.policy_version = got.policy_version_id
     written = WrittenTrajectory(traj_id, target.trajectory_uid, group_id, target.new, ended=False)
-    effects.apply(
+    bus.apply(
         _written(
             rows,
             [written],
@@ -608,7 +608,7 @@ def _append_general(
                 field="trajectory_uid",
             ) from None
         media_link(steps, [r.id for r in rows], media_prepare(steps, sources=mine), source_id=source_id)
-        effects.apply(
+        bus.apply(
             _written(
                 rows,
                 [_trajectory_written(traj)],

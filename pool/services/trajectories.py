@@ -10,10 +10,11 @@ from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
 from .. import sql
+from ..bus import EndedTrajectory, StepsWritten, TrajectoriesEnded, emit
 from ..deadlocks import retry_on_deadlock
 from ..errors import Conflict, InvalidInput, NotFound
-from ..ingest import TrajectorySpec, policy_versions_ensure, rules, trajectory_ensure
-from ..ingest.effects import EndedTrajectory, StepsWritten, TrajectoriesEnded, emit
+from ..ingest import rules
+from ..ingest.pipeline import TrajectorySpec, policy_versions_ensure, trajectory_ensure
 from ..models import Channel, RewardEvent, Step, Trajectory
 from ..tenancy import OWN, allowed
 from ..tenancy import q as of_sources
