@@ -13,7 +13,7 @@ from django.views.decorators.http import require_http_methods
 from pool.errors import InvalidInput
 from pool.replica import replica_view
 
-from .. import charts, services
+from .. import charts
 from ..forms import (
     LabelForm,
     StepFilterForm,
@@ -22,6 +22,7 @@ from ..forms import (
 from ..selectors import lineage
 from ..selectors.pages import overview, policy_current, sources_health, steps_browse, trajectories_browse
 from ..selectors.timeline import step_inspect, step_token_ids, trajectory_timeline
+from ..services.labels import trajectories_label
 from .access import CURATE, VIEW, _require, allowed
 from .consumption import STEP_CHECKPOINTS_SHOWN
 
@@ -156,7 +157,7 @@ def trajectory(request: HttpRequest, uid: str) -> HttpResponse:
         form = LabelForm(request.POST)
         if form.is_valid():
             try:
-                n = services.trajectories_label(
+                n = trajectories_label(
                     trajectory_ids=[timeline["trajectory"].id],
                     actor=request.user.get_username(),
                     user_id=request.user.pk,

@@ -12,12 +12,12 @@ from django.views.decorators.http import require_http_methods, require_POST
 from pool.errors import Conflict, InvalidInput, PoolError
 from pool.replica import replica_reads, replica_view
 
-from .. import services
 from ..forms import (
     DatasetForm,
 )
 from ..selectors.live import live_state
 from ..selectors.specs import dataset_preview, dataset_versions, datasets_list
+from ..services.datasets import dataset_create, dataset_update
 from ..specs import serving_summary, spec_parse
 from .access import CURATE, allowed
 
@@ -72,9 +72,9 @@ def _dataset_save(request: HttpRequest, form: DatasetForm):
     d, actor = form.cleaned_data, request.user.get_username()
     spec = form.spec_raw()
     try:
-        return services.dataset_create(name=d["name"], spec=spec, description=d["description"], actor=actor)
+        return dataset_create(name=d["name"], spec=spec, description=d["description"], actor=actor)
     except Conflict:  # the name exists: edit it (a new version when the spec changed)
-        return services.dataset_update(name=d["name"], spec=spec, description=d["description"], actor=actor)
+        return dataset_update(name=d["name"], spec=spec, description=d["description"], actor=actor)
 
 
 def _form_field(form: DatasetForm, field: str | None) -> str | None:

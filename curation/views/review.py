@@ -12,7 +12,6 @@ from django.views.decorators.http import require_http_methods
 
 from pool.errors import Conflict, InvalidInput, NotFound, PoolError
 
-from .. import services
 from ..forms import (
     GroupReviewForm,
     QueueFilterForm,
@@ -32,11 +31,16 @@ from ..selectors.review import (
 )
 from ..selectors.specs import dataset_preview, datasets_list
 from ..selectors.timeline import trajectory_timeline
+from ..services.review import (
+    review_queue_create,
+    review_queue_default,
+    review_queue_update,
+    review_submit,
+    review_submit_group,
+)
+from ..services.review_navigation import MOVES, ReviewNavigation
 from ..specs import spec_parse
 from .access import CURATE, REVIEW, _int, _require, allowed
-
-# Skipped trajectory ids remembered per queue in the session (so Skip moves on), at most.
-SKIPS_KEPT = 500
 
 
 # --- review ----------------------------------------------------------------------------------
@@ -48,35 +52,25 @@ def review(request: HttpRequest, queue: str | None = None) -> HttpResponse:
     reviewer and agreement. POST ``action``: submit (then the next item), skip or next
     (give it back and move on), prev (back to the item last skipped), restart (show the
     skipped items again)."""
-    default = services.review_queue_default()  # idempotent: the default queue always exists
+    default = review_queue_default()  # idempotent: the default queue always exists
     q = default if queue in (None, default.name) else review_queue_get(queue)
     if q is None:
         raise Http404("no such review queue")
-    skipped_key = f"review-skipped-{q.pk}"
-    skipped: list[int] = request.session.get(skipped_key, [])
+    way = ReviewNavigation(request.session, q, request.user.pk)
     form: ReviewForm | GroupReviewForm | None = None
     if request.method == "POST":
         action = request.POST.get("action")
         claim_id = _int(request.POST.get("claim"))
         if action == "restart":
-            request.session.pop(skipped_key, None)
+            way.restart()
             return redirect(request.path)
         if claim_id is None:
             messages.error(request, "That review item is missing; here is your next one.")
             return redirect(request.path)
-        if action in ("skip", "next", "prev"):
-            item = _int(request.POST.get("item", request.POST.get("trajectory")))
-            services.review_release(claim_id=claim_id, user_id=request.user.pk)
-            rest = skipped
-            if action == "prev":
-                # Back to the item last left: this one is given back, not skipped (it comes
-                # again in its turn).
-                if skipped:
-                    request.session[f"review-prefer-{q.pk}"] = skipped[-1]
-                    rest = skipped[:-1]
-            elif item is not None:
-                rest = [*rest, item][-SKIPS_KEPT:]
-            request.session[skipped_key] = rest
+        if action in MOVES:
+            way.move(
+                action, claim_id=claim_id, item=_int(request.POST.get("item", request.POST.get("trajectory")))
+            )
             return redirect(request.path)
         form = _review_form(q, claim_id, request.POST)
         if form.is_valid():
@@ -90,11 +84,7 @@ def review(request: HttpRequest, queue: str | None = None) -> HttpResponse:
             else:
                 messages.success(request, "Feedback recorded. Here is the next item.")
                 return redirect(request.path)
-    prefer = request.session.pop(f"review-prefer-{q.pk}", None)
-    exclude = [i for i in skipped if i != prefer]
-    claim = services.review_claim_next(queue=q, user_id=request.user.pk, exclude=exclude, prefer=prefer)
-    if prefer is not None:
-        request.session[skipped_key] = exclude
+    claim = way.claim()
     if form is None or claim is None or form.data.get("claim") != str(claim.pk):
         form = _review_form(q, claim.pk if claim else None, None)
     timeline = group = None
@@ -117,7 +107,7 @@ def review(request: HttpRequest, queue: str | None = None) -> HttpResponse:
             "progress": progress,
             "reviewers": review_reviewers(q, total=progress["total"]),
             "agreement": review_agreement(q) if q.reviews_per_item > 1 else None,
-            "skipped": len(skipped),
+            "skipped": len(way.skipped),
             "page": "review",
         },
         status=400 if form.errors else 200,
@@ -137,9 +127,9 @@ def _review_submit(request: HttpRequest, q: Any, form: ReviewForm | GroupReviewF
     d = form.cleaned_data
     who = {"claim_id": d["claim"], "user_id": request.user.pk, "author": request.user.get_username()}
     if isinstance(form, GroupReviewForm):
-        services.review_submit_group(**who, ranking=form.ranking(), comment=d["comment"])
+        review_submit_group(**who, ranking=form.ranking(), comment=d["comment"])
         return
-    services.review_submit(
+    review_submit(
         **who,
         rating=d["rating"],
         labels=form.labels(),
@@ -154,7 +144,7 @@ def review_queues(request: HttpRequest) -> HttpResponse:
     """Every queue with its progress; operators create queues here, and edit one with
     ``?edit=<name>`` (its words, guidelines, scope and reviews per item). The scope is
     chosen with the dataset builder's filter fields (QueueFilterForm, as on /curation/)."""
-    services.review_queue_default()  # listed even before anyone reviewed
+    review_queue_default()  # listed even before anyone reviewed
     datasets = [(d.id, d.name) for d in datasets_list()]
     editing = review_queue_get(request.GET["edit"]) if request.GET.get("edit") else None
     if request.GET.get("edit") and editing is None:
@@ -181,9 +171,9 @@ def review_queues(request: HttpRequest) -> HttpResponse:
             try:
                 spec_filters = filters.filters()
                 if editing is not None:
-                    q = services.review_queue_update(queue_id=editing.id, **form.update_kwargs(spec_filters))
+                    q = review_queue_update(queue_id=editing.id, **form.update_kwargs(spec_filters))
                 else:
-                    q = services.review_queue_create(**form.queue_kwargs(spec_filters))
+                    q = review_queue_create(**form.queue_kwargs(spec_filters))
             except PoolError as exc:
                 field = exc.field if exc.field in form.fields else None
                 form.add_error(
