@@ -125,7 +125,7 @@ class WPool:
         )
 
     def steps(self, g: Group, *, prefix: str = "wp") -> list:
-        from pool.services import StepIn
+        from pool.ingest.contract import StepIn
 
         shared = self.ids(PROMPT)
         out = []
@@ -151,9 +151,9 @@ class WPool:
 # --- building ---------------------------------------------------------------------------------
 def pool_grow(gen: WPool, n_groups: int, *, prefix: str = "wp") -> list[Group]:
     """Store ``n_groups`` more groups through the services; returns their shapes."""
-    from curation.services import steps_label
+    from curation.services.labels import steps_label
+    from pool.ingest.pipeline import steps_ingest
     from pool.models import Step
-    from pool.services import steps_ingest
     from pool.services.groups import group_upsert
 
     groups: list[Group] = []
@@ -307,9 +307,11 @@ def measure_readiness(gen: WPool, n_steps: int, result: dict, *, batch: int = RE
     from django.db import connection, transaction
 
     from pool.flags import READY
+    from pool.ingest.pipeline import steps_ingest
     from pool.models import Step
-    from pool.services import CompletionIn, RewardIn, rewards_apply, steps_ingest, trajectories_complete
     from pool.services.groups import group_upsert
+    from pool.services.rewards import RewardIn, rewards_apply
+    from pool.services.trajectories import CompletionIn, trajectories_complete
 
     n_groups = n_steps // GROUP_STEPS
     prefix = "rd"
@@ -411,7 +413,7 @@ def run(args: argparse.Namespace) -> dict:
 
     django.setup()
     call_command("migrate", verbosity=0)
-    from pool.services import policy_version_set
+    from pool.services.policy import policy_version_set
 
     for v in range(1, VERSIONS + 1):
         policy_version_set(version=v)

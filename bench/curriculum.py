@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> dict:
     from django.test import Client
 
     from pool.models import Scope
-    from pool.services import api_key_create
+    from pool.services.api_keys import api_key_create
 
     key = api_key_create(name="bench-driver", scopes=[Scope.INGEST])[1]
     client = Client(HTTP_AUTHORIZATION=f"Bearer {key}")
@@ -266,9 +266,9 @@ def pull_latency(pulls: int, *, label: str = "") -> dict[str, float]:
     from django.test import Client
 
     from curation.models import Dataset
-    from curation.services import dataset_create
+    from curation.services.datasets import dataset_create
     from pool.models import Scope
-    from pool.services import api_key_create
+    from pool.services.api_keys import api_key_create
 
     for name, serving in PULL_ORDERS.items():
         if not Dataset.objects.filter(name=f"w-tasks-{name}").exists():

@@ -130,7 +130,7 @@ class GrowthGen(WPool):
     step's prompt + response (see the module docstring)."""
 
     def steps(self, g: Group, *, prefix: str = "wg") -> list:
-        from pool.services import StepIn
+        from pool.ingest.contract import StepIn
 
         shared = self.ids(PROMPT)
         out = []
@@ -287,9 +287,10 @@ def setup_pool() -> dict:
     superuser: what the measurements use."""
     from django.contrib.auth import get_user_model
 
-    from curation.services import dataset_create
+    from curation.services.datasets import dataset_create
     from pool.models import Scope
-    from pool.services import api_key_create, policy_version_set
+    from pool.services.api_keys import api_key_create
+    from pool.services.policy import policy_version_set
 
     for v in range(1, VERSIONS + 1):
         policy_version_set(version=v)
@@ -350,9 +351,11 @@ def measure_readiness(gen: GrowthGen, label: str, n_steps: int) -> float:
     """bench.curation's readiness upkeep on W-growth steps: ready steps / time in
     rewards_apply + trajectories_complete, batches of READINESS_BATCH steps."""
     from pool.flags import READY
+    from pool.ingest.pipeline import steps_ingest
     from pool.models import Step
-    from pool.services import CompletionIn, RewardIn, rewards_apply, steps_ingest, trajectories_complete
     from pool.services.groups import group_upsert
+    from pool.services.rewards import RewardIn, rewards_apply
+    from pool.services.trajectories import CompletionIn, trajectories_complete
 
     prefix = f"rd{label}"
     stored = []

@@ -37,7 +37,7 @@ from examples.learning.policy_server import PolicyServer
 from tests.live import live_server
 
 KEYS = """
-from pool.services import api_key_create
+from pool.services.api_keys import api_key_create
 for name, scopes in (("agent-run", ["ingest"]), ("agent-control", ["ingest"]),
                      ("trainer", ["consume", "policy"]), ("admin", ["admin"])):
     print(api_key_create(name=name, scopes=scopes)[1])

@@ -317,7 +317,7 @@ def _session(server: LiveServer) -> tuple[str, list[tuple[str, str]]]:
     code = (
         "from django.contrib.auth import get_user_model, SESSION_KEY, BACKEND_SESSION_KEY, HASH_SESSION_KEY;"
         "from django.contrib.sessions.backends.db import SessionStore;"
-        "from pool.services import api_key_create;"
+        "from pool.services.api_keys import api_key_create;"
         "U = get_user_model();"
         "u = U.objects.create_superuser('bench', 'bench@example.com', 'pw-bench');"
         "s = SessionStore();"

@@ -58,9 +58,10 @@ def run(args: argparse.Namespace) -> dict:
 
     django.setup()
     call_command("migrate", verbosity=0)
-    from curation.services import dataset_create
+    from curation.services.datasets import dataset_create
     from pool.models import Scope
-    from pool.services import api_key_create, policy_version_set
+    from pool.services.api_keys import api_key_create
+    from pool.services.policy import policy_version_set
 
     for v in range(1, VERSIONS + 1):
         policy_version_set(version=v)

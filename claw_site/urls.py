@@ -3,7 +3,7 @@ from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from gateway.apis import healthz
+from gateway.apis.stats import healthz
 
 from .ops import metrics_view, readyz
 

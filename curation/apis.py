@@ -35,7 +35,6 @@ from pool.selectors.steps import step_ids_by_uid
 from pool.selectors.trajectories import trajectory_ids_by_uid
 
 from . import serializers as cs
-from . import services
 from .models import Dataset, Lease, Snapshot
 from .selectors.consumption import (
     consumer_of,
@@ -47,6 +46,8 @@ from .selectors.consumption import (
 )
 from .selectors.specs import dataset_get, dataset_preview, datasets_list
 from .services import consume, snapshots
+from .services.datasets import dataset_create, dataset_update
+from .services.labels import steps_label, trajectories_label
 from .specs import spec_parse
 
 DATASET_FIELDS = {"name", "description", "filters", "grouping", "serving"}
@@ -145,7 +146,7 @@ class DatasetListCreateApi(KnownQueryParams, APIView):
     )
     def post(self, request):
         data = _body(request, DATASET_FIELDS)
-        ds = services.dataset_create(
+        ds = dataset_create(
             name=data.get("name"),  # type: ignore[arg-type]
             spec=_spec_of(data),
             description=data.get("description") or "",
@@ -180,9 +181,7 @@ class DatasetDetailApi(KnownQueryParams, APIView):
                 for part in ("filters", "grouping", "serving")
                 if part in data or base.get(part) is not None
             }
-        ds = services.dataset_update(
-            name=name, spec=spec, description=data.get("description"), actor=_actor(request)
-        )
+        ds = dataset_update(name=name, spec=spec, description=data.get("description"), actor=_actor(request))
         return Response(dataset_render(ds, versions=True))
 
     @extend_schema(
@@ -192,7 +191,7 @@ class DatasetDetailApi(KnownQueryParams, APIView):
     )
     def put(self, request, name: str):
         data = _body(request, DATASET_FIELDS - {"name"})
-        ds = services.dataset_update(
+        ds = dataset_update(
             name=name, spec=_spec_of(data), description=data.get("description"), actor=_actor(request)
         )
         return Response(dataset_render(ds, versions=True))
@@ -269,9 +268,9 @@ class LabelApi(APIView):
             note=data.get("note"),
         )
         if key == "step_uids":
-            changed = services.steps_label(step_ids=found.values(), **change)
+            changed = steps_label(step_ids=found.values(), **change)
         else:
-            changed = services.trajectories_label(trajectory_ids=found.values(), **change)
+            changed = trajectories_label(trajectory_ids=found.values(), **change)
         return Response({"changed": changed})
 
 

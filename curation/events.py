@@ -1,8 +1,8 @@
 """Curation's events (snapshots, leases) and their live effects.
 
 A curation service emits one of these through the pool's one effects registry
-(pool/ingest/effects.py); the effects below publish the live dashboard's ``snapshot`` and
-``lease`` events (typed in pool/events.py), and curation/tasks.py enqueues a requested
+(the bus, pool/bus.py); the effects below publish the live dashboard's ``snapshot`` and
+``lease`` events (typed in pool/live_payloads.py), and curation/tasks.py enqueues a requested
 build. All are registered in curation/apps.py.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pool import live
-from pool.events import LeaseItem
+from pool.live_payloads import LeaseItem
 
 from .models import Snapshot
 

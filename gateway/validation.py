@@ -22,8 +22,7 @@ from rest_framework.exceptions import ParseError
 
 from claw_kit.web import body
 from pool.errors import InvalidInput
-from pool.ingest import StepIn
-from pool.ingest.contract import PackedStepBatchWire, StepBatchWire, steps_from_wire
+from pool.ingest.contract import PackedStepBatchWire, StepBatchWire, StepIn, steps_from_wire
 
 _decoder = msgspec.json.Decoder(StepBatchWire)
 _msgpack_decoder = msgspec.msgpack.Decoder(PackedStepBatchWire)

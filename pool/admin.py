@@ -25,7 +25,7 @@ from .models import (
 from .replica import ReplicaChangelist
 from .rewards.base import RewardError
 from .rewards.registry import load
-from .services import api_key_revoke
+from .services.api_keys import api_key_revoke
 
 
 @admin.register(Source)

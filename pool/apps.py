@@ -7,10 +7,9 @@ class PoolConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        """Register the pool's effects (pool/ingest/effects.py), once, in the order they run."""
-        from . import live, tasks
-        from .ingest import effects
-        from .ingest.effects import (
+        """Register the pool's effects on the bus (pool/bus.py), once, in the order they run."""
+        from . import bus, live, tasks
+        from .bus import (
             FeedbackRecorded,
             GroupMergeRequested,
             GroupsCompleted,
@@ -21,6 +20,7 @@ class PoolConfig(AppConfig):
             StepsWritten,
             TrajectoriesEnded,
         )
+        from .ingest import effects
         from .services import groups, readiness, rewards, trajectories
 
         # Stored steps. None of these queries after a fused append (quiet_on_append).
@@ -33,20 +33,20 @@ class PoolConfig(AppConfig):
             live.steps_written,
             trajectories.steps_written_ended,
         ):
-            effects.register(effect, StepsWritten, quiet_on_append=True)
+            bus.register(effect, StepsWritten, quiet_on_append=True)
         # Ended trajectories: their computed reward, then the live event.
-        effects.register(tasks.trajectories_ended_enqueue, TrajectoriesEnded)
-        effects.register(live.trajectories_ended, TrajectoriesEnded)
+        bus.register(tasks.trajectories_ended_enqueue, TrajectoriesEnded)
+        bus.register(live.trajectories_ended, TrajectoriesEnded)
         # Completed groups: their rollouts' readiness, then their merge and computed rewards.
-        effects.register(readiness.groups_completed_settle, GroupsCompleted)
-        effects.register(tasks.groups_completed_enqueue, GroupsCompleted)
-        effects.register(live.groups_ready, GroupsReady)
-        effects.register(live.rewards_set, RewardsSet)
-        effects.register(live.feedback_recorded, FeedbackRecorded)
-        effects.register(live.merge_done, MergeDone)
-        effects.register(tasks.group_merge_enqueue, GroupMergeRequested)
-        effects.register(tasks.steps_merge_enqueue, StepsMergeRequested)
+        bus.register(readiness.groups_completed_settle, GroupsCompleted)
+        bus.register(tasks.groups_completed_enqueue, GroupsCompleted)
+        bus.register(live.groups_ready, GroupsReady)
+        bus.register(live.rewards_set, RewardsSet)
+        bus.register(live.feedback_recorded, FeedbackRecorded)
+        bus.register(live.merge_done, MergeDone)
+        bus.register(tasks.group_merge_enqueue, GroupMergeRequested)
+        bus.register(tasks.steps_merge_enqueue, StepsMergeRequested)
         # Ready groups: the statistics of the tasks they rolled out (counted once per group).
         from .services import task_stats
 
-        effects.register(task_stats.groups_ready_task_stats, GroupsReady)
+        bus.register(task_stats.groups_ready_task_stats, GroupsReady)

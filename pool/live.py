@@ -1,6 +1,6 @@
 """Live events: the one notifier behind the dashboard's websocket (curation/consumers.py).
 
-Events are typed (pool/events.py) and sent only by effects registered for the pool's
+Events are typed (pool/live_payloads.py) and sent only by effects registered for the pool's
 writes (the builders at the end of this module, registered in pool/apps.py; curation's in
 curation/events.py): ``send(event, topics=...)``, or ``publish(kind, data, topics=...)``
 under it. Inside a transaction an event waits for the commit with
@@ -36,8 +36,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Sum
 
-from .events import LiveEvent, MergeItem, StepItem, TrajectoryItem
-from .ingest.effects import (
+from .bus import (
     FeedbackRecorded,
     GroupsReady,
     MergeDone,
@@ -45,6 +44,7 @@ from .ingest.effects import (
     StepsWritten,
     TrajectoriesEnded,
 )
+from .live_payloads import LiveEvent, MergeItem, StepItem, TrajectoryItem
 from .models import PromptGroup, Source, Trajectory
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def publish(kind: str, data: dict[str, Any], *, topics: tuple[str, ...] | None =
 
 
 def send(event: LiveEvent, *, topics: tuple[str, ...] | None = None) -> None:
-    """``publish`` a typed event (pool/events.py)."""
+    """``publish`` a typed event (pool/live_payloads.py)."""
     publish(event["kind"], event["data"], topics=topics)  # type: ignore[arg-type]
 
 

@@ -1,7 +1,7 @@
 """Celery tasks of the pool. Thin and idempotent: ids in, one service call.
 
 Tasks import services; services never import tasks. A service emits an event
-(pool/ingest/effects.py) and the enqueueing of the tasks it makes necessary is an effect of
+(the bus, pool/bus.py) and the enqueueing of the tasks it makes necessary is an effect of
 that event, defined here and registered in pool/apps.py: it stores an outbox row in the
 write's transaction and publishes the task after the commit (``enqueue_on_commit``).
 Database hiccups (a lost connection, a failover) are retried with exponential backoff
@@ -16,8 +16,8 @@ from typing import Any
 from celery import shared_task
 from django.db import InterfaceError, OperationalError, transaction
 
+from .bus import GroupMergeRequested, GroupsCompleted, StepsMergeRequested, TrajectoriesEnded
 from .errors import NotFound
-from .ingest.effects import GroupMergeRequested, GroupsCompleted, StepsMergeRequested, TrajectoriesEnded
 from .models import OutboxTask
 from .services import merge, outbox, readiness, reward_compute
 

@@ -10,7 +10,7 @@ from _pytest.nodeid import coerce_node_id
 from rest_framework.test import APIClient
 
 from pool.models import Scope
-from pool.services import api_key_create
+from pool.services.api_keys import api_key_create
 from tests import durations
 
 # CI runs the suite twice, on SQLite and on PostgreSQL + Redis (.ci/run). Its second pass sets

@@ -9,8 +9,8 @@ import random
 
 from PIL import Image, ImageDraw
 
+from pool.media import media_store
 from pool.models import Step, StepMedia
-from pool.services.media import media_store
 
 
 def png(seed: int, size: tuple[int, int] = (64, 40)) -> bytes:

@@ -28,10 +28,11 @@ from curation.models import (
     Snapshot,
     StepVerdict,
 )
-from curation.services import dataset_create
 from curation.services.consume import PullIn, consumer_pull, lease_ack, lease_nack
+from curation.services.datasets import dataset_create
+from pool.ingest.pipeline import steps_ingest
 from pool.models import ApiKey, AuditEvent, Media, MergeResult, StepMedia
-from pool.services import api_key_create, steps_ingest
+from pool.services.api_keys import api_key_create
 from tests.pool.factories import pool_counts, step_in
 
 pytestmark = pytest.mark.django_db

@@ -8,7 +8,7 @@ import pytest
 
 from bench import curation
 from pool.models import Step
-from pool.services import policy_version_set
+from pool.services.policy import policy_version_set
 
 
 @pytest.mark.django_db

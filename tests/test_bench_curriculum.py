@@ -11,7 +11,7 @@ from django.test import Client
 
 from bench import curriculum
 from pool.models import Scope, Task
-from pool.services import api_key_create
+from pool.services.api_keys import api_key_create
 
 
 @pytest.mark.django_db

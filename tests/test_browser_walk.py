@@ -58,9 +58,10 @@ TOOLS = [
 
 # Users (one per role), review queues (item and group mode), a dataset; the keys last.
 SETUP = """
-from curation.services import dataset_create, review_queue_create
+from curation.services.datasets import dataset_create
+from curation.services.review import review_queue_create
 from curation.services.users import user_create
-from pool.services import api_key_create
+from pool.services.api_keys import api_key_create
 for role, name in (("reviewer", "rev"), ("operator", "ope"), ("admin", "adm")):
     user_create(username=name, role=role, password=PASSWORD)
 review_queue_create(name="walk-items", filters={"readiness": "any"}, label_choices=["correct", "wrong"],
@@ -213,7 +214,7 @@ def _populate(srv: LiveServer, agent_key: str, trainer_key: str) -> Pool:
     srv.manage(
         "shell",
         "-c",
-        "from pool.services import policy_version_set\npolicy_version_set(version=1, run='walk-run')",
+        "from pool.services.policy import policy_version_set\npolicy_version_set(version=1, run='walk-run')",
     )
     step_id = int(
         srv.manage(

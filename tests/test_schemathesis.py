@@ -28,7 +28,7 @@ from django.db import close_old_connections
 from hypothesis import HealthCheck, Phase, settings
 
 from pool.models import Scope
-from pool.services import api_key_create
+from pool.services.api_keys import api_key_create
 from tests.gateway.conftest import start_upstream
 from tests.live import live_server, stop_process
 

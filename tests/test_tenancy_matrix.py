@@ -23,12 +23,13 @@ from django.db.models import Q, Sum
 from django.urls import URLResolver, get_resolver, resolve
 
 from curation.models import Snapshot
-from curation.services import dataset_create
 from curation.services.consume import Actor, PullIn, consumer_pull, lease_ack
+from curation.services.datasets import dataset_create
 from curation.services.lineage import RunIn, run_open
 from curation.services.snapshots import snapshot_build, snapshot_create
+from pool.ingest.pipeline import steps_ingest
 from pool.models import Event, Feedback, Media, PromptGroup, RewardEvent, Scope, Source, Step, Trajectory
-from pool.services import api_key_create, steps_ingest
+from pool.services.api_keys import api_key_create
 from tests.conftest import client_for, make_step, post_steps
 from tests.media_support import attach, png
 from tests.pool.factories import step_in

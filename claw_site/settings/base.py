@@ -561,7 +561,7 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 
-# --- Media: images in steps (pool/services/media.py) -------------------------------------------
+# --- Media: images in steps (pool/media.py) -------------------------------------------
 # Images are stored once by sha256 in STORAGES["default"] (above: the filesystem under
 # MEDIA_ROOT, var/media by default; for an S3-compatible store install django-storages and set
 # STORAGES["default"] = {"BACKEND": "storages.backends.s3.S3Storage", "OPTIONS": {"bucket_name":

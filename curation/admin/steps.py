@@ -3,7 +3,7 @@
 Lists filter on every curation signal (curation/admin/filters.py) at a fixed number of queries
 per page: the heavy columns are deferred and related rows come in the same query. Pages
 are read-only; every change goes through a bulk action that calls a service
-(curation.services.steps_label / trajectories_label, pool.services.rewards_apply), so each
+(curation.services.labels.steps_label / trajectories_label, pool.services.rewards.rewards_apply), so each
 one is audited as a LabelEvent or a RewardEvent.
 """
 
@@ -34,10 +34,10 @@ from pool.errors import PoolError
 from pool.flags import QUALITY_NAMES, READINESS_NAMES, READY, names, quality_text, readiness_text
 from pool.models import PromptGroup, RewardEvent, Step, Trajectory
 from pool.replica import ReplicaChangelist
-from pool.services import RewardIn, rewards_apply
+from pool.services.rewards import RewardIn, rewards_apply
 
 from ..models import LabelEvent, StepTag
-from ..services import steps_label, trajectories_label
+from ..services.labels import steps_label, trajectories_label
 from .filters import FeedbackFilter, GroupReadyFilter, LabelFilter, QualityFilter, ReadinessFilter, TagFilter
 
 # Longest tag (curation.services.labels.MAX_TAG_LEN; curation imports pool, not the reverse).

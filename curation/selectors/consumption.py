@@ -4,6 +4,7 @@ the recent leases and snapshots, and a lease's batch as first served."""
 from __future__ import annotations
 
 import uuid
+from collections import defaultdict
 from typing import Any
 
 from django.db.models import Count, Exists, Max, OuterRef, Q, Sum
@@ -56,60 +57,10 @@ def consumer_status(name: str, *, source_id: int | None) -> dict[str, Any] | Non
     consumer = consumer_of(name, source_id=source_id)
     if consumer is None:
         return None
-    datasets: dict[int, dict[str, Any]] = {}
-
-    def entry(dataset_id: int) -> dict[str, Any]:
-        return datasets.setdefault(
-            dataset_id,
-            {
-                "leases": {s.value: 0 for s in Lease.Status},
-                "delivered_units": 0,
-                "deliveries": 0,
-                "dropped": {r.label: 0 for r in Skip.Reason},
-                "dropped_steps": {r.label: 0 for r in Skip.Reason},
-                "stale_drops": {},
-            },
-        )
-
-    leases = (
-        Lease.objects.filter(consumer=consumer)
-        .values_list("dataset_version__dataset_id", "status")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    for dataset_id, status, n in leases:
-        entry(dataset_id)["leases"][status] = n
-    # A unit delivered at all has its use 0 row (acked uses are 0..n-1, specs.Serving.reuse):
-    # delivered_units counts units, deliveries every use of them (the same without reuse).
-    delivered = (
-        Delivery.objects.filter(consumer=consumer)
-        .values_list("dataset_id")
-        .annotate(n=Count("id", filter=Q(use_index=0)), uses=Count("id"))
-        .order_by()
-    )
-    for dataset_id, n, uses in delivered:
-        entry(dataset_id)["delivered_units"] = n
-        entry(dataset_id)["deliveries"] = uses
-    served = Delivery.objects.filter(
-        consumer=consumer,
-        dataset_id=OuterRef("dataset_version__dataset_id"),
-        kind=OuterRef("kind"),
-        key=OuterRef("key"),
-    )
-    skips = list(
-        Skip.objects.filter(consumer=consumer)
-        .annotate(served=Exists(served))
-        .values_list(
-            "dataset_version__dataset_id",
-            "dataset_version_id",
-            "dataset_version__version",
-            "reason",
-            "policy_version",
-            "served",
-        )
-        .annotate(n=Count("id"), steps=Coalesce(Sum("steps"), 0))
-        .order_by()
-    )
+    datasets: dict[int, dict[str, Any]] = defaultdict(_blank_progress)
+    _count_leases(consumer, datasets)
+    _count_deliveries(consumer, datasets)
+    skips = _skip_counts(consumer)
     now_current = PolicyVersion.objects.filter(is_current=True).values_list("version", flat=True).first()
     catalogue = {
         d.id: d
@@ -123,9 +74,105 @@ def consumer_status(name: str, *, source_id: int | None) -> dict[str, Any] | Non
         i: d.current is not None and spec_parse(d.current.spec).filters.max_staleness is not None
         for i, d in catalogue.items()
     }
+    current_skips = _tally_skips(skips, datasets, catalogue, now_current, fresh_filter)
+    names = {i: d.name for i, d in catalogue.items()}
+    out = []
+    for dataset_id, e in sorted(datasets.items(), key=lambda kv: names.get(kv[0], "")):
+        ds = catalogue.get(dataset_id)
+        unit, pending = _pending_units(
+            consumer,
+            dataset_id,
+            ds,
+            skipped=bool(current_skips.get(dataset_id)),
+            now_current=now_current,
+            fresh_filter=fresh_filter.get(dataset_id, False),
+        )
+        e["pending_unit"] = unit
+        e["stale_drops"] = [
+            e["stale_drops"][k]
+            for k in sorted(e["stale_drops"], key=lambda k: (k[0], -1 if k[1] is None else k[1]))
+        ]
+        out.append({"dataset": names.get(dataset_id), **e, "pending_units": pending})
+    return {"name": consumer.name, "created_at": consumer.created_at, "datasets": out}
+
+
+def _blank_progress() -> dict[str, Any]:
+    """One dataset's progress for a consumer, before anything is counted."""
+    return {
+        "leases": {s.value: 0 for s in Lease.Status},
+        "delivered_units": 0,
+        "deliveries": 0,
+        "dropped": {r.label: 0 for r in Skip.Reason},
+        "dropped_steps": {r.label: 0 for r in Skip.Reason},
+        "stale_drops": {},
+    }
+
+
+def _count_leases(consumer: Consumer, datasets: dict[int, dict[str, Any]]) -> None:
+    """The consumer's leases per dataset, by status: one grouped count."""
+    leases = (
+        Lease.objects.filter(consumer=consumer)
+        .values_list("dataset_version__dataset_id", "status")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    for dataset_id, status, n in leases:
+        datasets[dataset_id]["leases"][status] = n
+
+
+def _count_deliveries(consumer: Consumer, datasets: dict[int, dict[str, Any]]) -> None:
+    """Units delivered per dataset, and every use of them. A unit delivered at all has its
+    use 0 row (acked uses are 0..n-1, specs.Serving.reuse): delivered_units counts units,
+    deliveries every use of them (the same without reuse)."""
+    delivered = (
+        Delivery.objects.filter(consumer=consumer)
+        .values_list("dataset_id")
+        .annotate(n=Count("id", filter=Q(use_index=0)), uses=Count("id"))
+        .order_by()
+    )
+    for dataset_id, n, uses in delivered:
+        datasets[dataset_id]["delivered_units"] = n
+        datasets[dataset_id]["deliveries"] = uses
+
+
+def _skip_counts(consumer: Consumer) -> list[tuple]:
+    """The units dropped for the consumer, grouped by dataset, version, reason and the policy
+    version they were dropped under, with whether each was served since: one grouped count."""
+    served = Delivery.objects.filter(
+        consumer=consumer,
+        dataset_id=OuterRef("dataset_version__dataset_id"),
+        kind=OuterRef("kind"),
+        key=OuterRef("key"),
+    )
+    return list(
+        Skip.objects.filter(consumer=consumer)
+        .annotate(served=Exists(served))
+        .values_list(
+            "dataset_version__dataset_id",
+            "dataset_version_id",
+            "dataset_version__version",
+            "reason",
+            "policy_version",
+            "served",
+        )
+        .annotate(n=Count("id"), steps=Coalesce(Sum("steps"), 0))
+        .order_by()
+    )
+
+
+def _tally_skips(
+    skips: list[tuple],
+    datasets: dict[int, dict[str, Any]],
+    catalogue: dict[int, Dataset],
+    now_current: int | None,
+    fresh_filter: dict[int, bool],
+) -> dict[int, int]:
+    """The drops into each dataset's progress (by reason, and the stale ones by the policy
+    version they were made under); returns the drops per dataset that still hold under its
+    current version."""
     current_skips: dict[int, int] = {}
     for dataset_id, version_id, version, reason, at, was_served, n, steps in skips:
-        e = entry(dataset_id)
+        e = datasets[dataset_id]
         label = Skip.Reason(reason).label
         e["dropped"][label] += n
         e["dropped_steps"][label] += steps
@@ -149,35 +196,36 @@ def consumer_status(name: str, *, source_id: int | None) -> dict[str, Any] | Non
             row["units"] += n
             row["steps"] += steps
             row["served_since" if was_served else "held" if holds else "deliverable_again"] += n
-    names = {i: d.name for i, d in catalogue.items()}
-    out = []
-    for dataset_id, e in sorted(datasets.items(), key=lambda kv: names.get(kv[0], "")):
-        # What a pull of this dataset could still offer this consumer: the units its current
-        # version admits now (groups and lone trajectories, or steps for a steps-unit
-        # dataset), less those delivered to it and those dropped for it for good.
-        unit, admitted = _admitted_units(catalogue.get(dataset_id))
-        gone = set(
-            Delivery.objects.filter(consumer=consumer, dataset_id=dataset_id, use_index=0).values_list(
-                "kind", "key"
-            )
+    return current_skips
+
+
+def _pending_units(
+    consumer: Consumer,
+    dataset_id: int,
+    ds: Dataset | None,
+    *,
+    skipped: bool,
+    now_current: int | None,
+    fresh_filter: bool,
+) -> tuple[str, int]:
+    """What a pull of this dataset could still offer this consumer: the units its current
+    version admits now (groups and lone trajectories, or steps for a steps-unit dataset),
+    less those delivered to it and those dropped for it for good. (unit, count)"""
+    unit, admitted = _admitted_units(ds)
+    gone = set(
+        Delivery.objects.filter(consumer=consumer, dataset_id=dataset_id, use_index=0).values_list(
+            "kind", "key"
         )
-        ds = catalogue.get(dataset_id)
-        if ds is not None and current_skips.get(dataset_id):
-            gone |= {
-                (kind, key)
-                for kind, key, reason, at in Skip.objects.filter(
-                    consumer=consumer, dataset_version_id=ds.current_id
-                ).values_list("kind", "key", "reason", "policy_version")
-                if _holds(reason, at, now_current, max_staleness=fresh_filter.get(dataset_id, False))
-            }
-        pending = sum(1 for k in admitted if _delivery_key(unit, k) not in gone)
-        e["pending_unit"] = unit
-        e["stale_drops"] = [
-            e["stale_drops"][k]
-            for k in sorted(e["stale_drops"], key=lambda k: (k[0], -1 if k[1] is None else k[1]))
-        ]
-        out.append({"dataset": names.get(dataset_id), **e, "pending_units": pending})
-    return {"name": consumer.name, "created_at": consumer.created_at, "datasets": out}
+    )
+    if ds is not None and skipped:
+        gone |= {
+            (kind, key)
+            for kind, key, reason, at in Skip.objects.filter(
+                consumer=consumer, dataset_version_id=ds.current_id
+            ).values_list("kind", "key", "reason", "policy_version")
+            if _holds(reason, at, now_current, max_staleness=fresh_filter)
+        }
+    return unit, sum(1 for k in admitted if _delivery_key(unit, k) not in gone)
 
 
 def _admitted_units(dataset: Dataset | None) -> tuple[str, list[int]]:

@@ -57,7 +57,7 @@ from django.db.models.functions import Coalesce
 from pool.flags import QUALITY_NAMES, READY, Readiness
 from pool.models import Feedback, PromptGroup, Source, Step, Trajectory
 from pool.replica import read_connection
-from pool.selectors.events import policy_current_version
+from pool.selectors.policy import policy_current_version
 from pool.tenancy import Sources
 from pool.tenancy import q as of_sources
 

@@ -53,10 +53,10 @@ from django.utils import timezone
 from claw_kit.web import guard
 from claw_kit.web.renderers import dumps
 from pool import sql, tokens
+from pool.bus import GroupsReady, emit
 from pool.errors import Conflict, InvalidInput, NotFound
-from pool.ingest.effects import GroupsReady, emit
 from pool.models import AuditEvent, PromptGroup, Step, Trajectory
-from pool.selectors.events import policy_current_version
+from pool.selectors.policy import policy_current_version
 from pool.selectors.steps import steps_render
 from pool.services import effective_reward
 from pool.services.audit import audit_record

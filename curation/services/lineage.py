@@ -38,8 +38,8 @@ from django.utils import timezone
 
 from claw_kit.web import guard
 from pool import tenancy
+from pool.bus import PolicyPublished
 from pool.errors import Conflict, InvalidInput, NotFound, UidTaken
-from pool.ingest.effects import PolicyPublished
 from pool.models import Step
 from pool.services.policy import policy_check_name
 

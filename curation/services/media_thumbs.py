@@ -17,8 +17,8 @@ from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 from PIL import Image
 
+from pool.media import media_file
 from pool.models import Media
-from pool.services.media import media_file
 
 # The longest side of a thumbnail, in pixels (the pages show them at up to 160 px; 2x for
 # dense screens). WebP at quality 80: a 1280x800 screenshot gives about 5-15 KB.

@@ -56,8 +56,9 @@ from django.db.models import Max, Q, Sum
 from django.utils import timezone
 
 from pool import tokens
-from pool.ingest import StepIn, steps_ingest
+from pool.ingest.contract import StepIn
 from pool.ingest.media import ImageIn
+from pool.ingest.pipeline import steps_ingest
 from pool.models import PromptGroup, Source, Step, StepMedia, Trajectory
 from pool.services.groups import group_upsert
 from pool.services.purge import groups_purge

@@ -26,7 +26,8 @@ from django.utils import timezone
 from pool.errors import Conflict, InvalidInput, NotFound
 from pool.ingest import rules
 from pool.models import Feedback, Step, Trajectory
-from pool.services import RewardIn, feedback_create, rewards_apply
+from pool.services.rewards import RewardIn, rewards_apply
+from pool.services.service_events import feedback_create
 
 from ..models import GROUP_REWARDS, MODE_GROUP, MODE_TRAJECTORY, MODES, ReviewClaim, ReviewQueue
 from ..selectors.review import review_candidates, review_rollouts

@@ -37,14 +37,14 @@ from django.utils import timezone
 
 from claw_client.integrations import trl
 from pool import flags, tokens
+from pool.bus import emit
 from pool.errors import InvalidInput, NotFound
-from pool.ingest.effects import emit
+from pool.media import media_file
 from pool.models import Feedback, Media, Step, Trajectory
 from pool.replica import replica_caught_up, replica_reads
 from pool.selectors.steps import step_images
 from pool.services import effective_reward
 from pool.services.delivery import trajectories_delivered_mark
-from pool.services.media import media_file
 
 from ..events import SnapshotChanged, SnapshotRequested
 from ..models import Dataset, Snapshot, StepTag

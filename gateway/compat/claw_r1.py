@@ -54,13 +54,13 @@ from claw_kit.llm import upstream
 from claw_kit.web.body import json_object
 from claw_kit.web.errors import HttpError
 from pool.errors import PoolError
+from pool.generation_texts import generation_text_remember
 from pool.ingest import rules
+from pool.ingest.pipeline import steps_ingest
 from pool.rewards import RewardSample
 from pool.selectors.steps import generation_texts
-from pool.services import steps_ingest, trajectory_complete, trajectory_register
 from pool.services.api_keys import VerifiedKey
 from pool.services.capabilities import trajectory_init
-from pool.services.generation_texts import generation_text_remember
 from pool.services.groups import group_upsert
 from pool.services.reward_compute import (
     ground_truth_in,
@@ -68,6 +68,7 @@ from pool.services.reward_compute import (
     reward_function_for,
     sample_score,
 )
+from pool.services.trajectories import trajectory_complete, trajectory_register
 
 from ..proxy import limits, runner
 from ..proxy.db import run_db

@@ -2,7 +2,7 @@
 
 Agents point their OpenAI base URL at ``/v1`` (or the scoped ``/t/<trajectory>/<group>/v1``).
 Each call is forwarded to CLAW_UPSTREAM_URL with httpx, asking the inference server for the
-exact token ids it used, and recorded as steps (pool.ingest.steps_append) before the agent gets
+exact token ids it used, and recorded as steps (pool.ingest.pipeline.steps_append) before the agent gets
 its answer. Modules: views (the OpenAI endpoints), doors/ (each protocol's translation),
 envelope (the request envelope every endpoint shares), runner (the one upstream call:
 send, retry, relay or stream, record), faults (Events of failed calls, and recording),

@@ -19,8 +19,8 @@ from django.db import DatabaseError
 from claw_kit.llm import upstream
 from claw_kit.web.errors import HttpError
 from pool.errors import PoolError
-from pool.services import gateway_event_record
 from pool.services.api_keys import VerifiedKey
+from pool.services.service_events import gateway_event_record
 
 from .db import GroupWriter, run_db
 from .recording import Identity, Outcome, RecordJob, groupable, record_answer, record_group

@@ -4,7 +4,7 @@ Every door translates to a chat body (the Messages door turns Anthropic ``image`
 Responses door ``input_image`` parts into ``image_url`` parts), so a call's images are read
 here, from the chat form, in order: ``message_index`` / ``part_index`` name the part in the
 chat messages the step stores. ``data:`` URLs (base64) are decoded, checked and stored once
-by content (pool.services.media); an ``http(s)`` URL is passed to the upstream as the agent
+by content (pool.media); an ``http(s)`` URL is passed to the upstream as the agent
 sent it and kept as a reference only: the gateway never fetches an address an agent chose.
 
 ``check_chat_images`` runs before the call goes upstream (gateway/proxy/runner.py), so a
@@ -20,8 +20,8 @@ from typing import Any
 
 from pool.errors import InvalidInput
 from pool.ingest.media import ImageIn, check_count
+from pool.media import media_check, media_decode_data_url
 from pool.selectors.steps import media_path
-from pool.services.media import media_check, media_decode_data_url
 
 
 def chat_images(messages: Any) -> tuple[list[ImageIn], Any]:

@@ -3,7 +3,7 @@
 ``record_answer`` runs on a database thread (gateway/proxy/db.py): it turns the agent's
 request and the upstream's (whole or accumulated) answer into a ProxiedCall, one choice per
 step, and appends it to its trajectory through the pool's one write pipeline
-(pool.ingest.steps_append). OpenAI notions stay here: choices, n, and drift against the
+(pool.ingest.pipeline.steps_append). OpenAI notions stay here: choices, n, and drift against the
 previous call (the trajectory's tail, which the pipeline hands to ``_steps_of``).
 
 Branches (gateway/proxy/branches.py): a chat call whose messages do not extend any earlier
@@ -37,14 +37,20 @@ from django.db import DatabaseError
 from claw_kit.llm import tokenizer
 from pool import tokens
 from pool.errors import InvalidInput
-from pool.ingest import AppendTarget, StepIn, steps_append
 from pool.ingest.claim import Tail
+from pool.ingest.contract import StepIn
 from pool.ingest.media import ImageIn
-from pool.ingest.pipeline import AppendRequest, append_groupable, steps_append_group
+from pool.ingest.pipeline import (
+    AppendRequest,
+    AppendTarget,
+    append_groupable,
+    steps_append,
+    steps_append_group,
+)
 from pool.ingest.plan import Stored
 from pool.models import Step
-from pool.services import gateway_event_record
 from pool.services.groups import group_upsert
+from pool.services.service_events import gateway_event_record
 from pool.tenancy import OWN
 
 from . import branches
@@ -183,7 +189,7 @@ def groupable(endpoint: str, ident: Identity, request: dict[str, Any], answer: d
 
 def record_group(jobs: list[RecordJob]) -> list[Outcome | None]:
     """Record the calls of ``jobs`` as :func:`record_answer` does, their steps committed
-    together (pool.ingest.steps_append_group; the proxied calls' writer thread,
+    together (pool.ingest.pipeline.steps_append_group; the proxied calls' writer thread,
     gateway/proxy/db.py). None for a call that did not join (anything but a plain fused
     append, or a database error that rolled the group back): the caller records it alone,
     with record_answer, which decides and answers for it."""
@@ -222,7 +228,7 @@ def record_group(jobs: list[RecordJob]) -> list[Outcome | None]:
 def record_call(
     *, call: ProxiedCall, source_id: int | None, sources: frozenset[int] | None | object = OWN
 ) -> list[RecordedStep]:
-    """Append one step per choice of ``call`` to its trajectory (pool.ingest.steps_append):
+    """Append one step per choice of ``call`` to its trajectory (pool.ingest.pipeline.steps_append):
     atomic, committed before the agent gets its answer; not idempotent (every call is a new
     generation). ``sources``: the writer's (pool/tenancy.py; None: any). Raises Conflict
     when the trajectory has ended or belongs to another group (UidTaken: another source),

@@ -6,7 +6,7 @@ a remote http(s) URL the agent chose, which is kept as a reference and never fet
 White-box steps carry them in Claw-R1's ``multi_modal_data`` (``images_from_multi_modal_data``).
 
 The pipeline (pipeline.py) calls ``media_prepare`` inside the write's transaction before the
-step rows go in (the images are checked and stored by pool.services.media.media_store, so a
+step rows go in (the images are checked and stored by pool.media.media_store, so a
 bad image refuses the whole write before any step row), and ``media_link`` right after them
 (one bulk_create of StepMedia rows for the whole write). Both do nothing, and query nothing,
 for a write without images.
@@ -26,8 +26,7 @@ from django.conf import settings
 
 from .. import sql
 from ..errors import InvalidInput
-from ..models import Media, StepMedia
-from ..services.media import (
+from ..media import (
     max_per_step,
     media_data_url_parts,
     media_decode_base64,
@@ -35,6 +34,7 @@ from ..services.media import (
     media_resolve,
     media_store_many,
 )
+from ..models import Media, StepMedia
 from ..tenancy import Sources
 
 # The functions below take contract.StepIns (typed Any here: contract.py imports this module).
@@ -149,7 +149,7 @@ def check_count(n: int, where: str) -> None:
 def media_prepare(steps: Sequence[StepIn], *, sources: Sources = None) -> dict[str, Media]:
     """Check and store the images of ``steps`` (inside the write's transaction): the Media of
     each sha256 they name. Bytes seen twice in the write are checked and stored once, those
-    stored already are found in one query (pool.services.media.media_store_many); sha256
+    stored already are found in one query (pool.media.media_store_many); sha256
     references are resolved in one query, among the images the writer's ``sources`` may see
     (an image only another source holds answers as an unknown hash: its bytes must be sent).
     Raises InvalidInput naming the image's field."""
@@ -182,7 +182,7 @@ def media_link(
     """The StepMedia rows of the written steps (``row_ids`` in the order of ``steps``), one
     bulk_create; each image's placeholder span from its step's prompt ids when they show one
     run of placeholder ids per image (CLAW_MEDIA_PLACEHOLDER_TOKEN_IDS). Then the steps'
-    source holds their stored images (pool.services.media.media_hold: one more statement)."""
+    source holds their stored images (pool.media.media_hold: one more statement)."""
     rows = []
     for s, step_id in zip(steps, row_ids, strict=True):
         if not s.images:

@@ -18,7 +18,7 @@ Stages:
   trajectory's latest append is checked by the claim itself, never trusted blindly;
 * **write** (pool/sql.py): binary COPY for batches and a fused claim+insert statement for a
   proxied call on PostgreSQL, bulk_create elsewhere;
-* **effects** (effects.py): the effects registered for ``StepsWritten``, the pool's first
+* **effects** (pool/bus.py): the effects registered for ``StepsWritten``, the pool's first
   (pool/apps.py: counters and status, anchors, rewards, readiness, group completion, the
   live event, trajectory ending), then those other apps registered.
 """
@@ -32,16 +32,16 @@ from dataclasses import dataclass
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from .. import sql, tokens
+from .. import bus, sql, tokens
+from ..bus import StepsWritten, WrittenStep, WrittenTrajectory
 from ..errors import Conflict, InvalidInput, UidTaken
 from ..flags import Readiness
 from ..models import Channel, PolicyVersion, PromptGroup, Step, Trajectory
 from ..sql import TRAJ_COLS, FusedClaim
 from ..tenancy import OWN, Sources, allowed, owns
-from . import effects, rules
+from . import rules
 from .claim import EMPTY, Tail, recent, tail_load
 from .contract import StepIn, default_uid
-from .effects import StepsWritten, WrittenStep, WrittenTrajectory
 from .media import media_link, media_prepare
 from .plan import Candidate, Packed, Planned, Stored, build_rows, choose_parents, pack, step_row
 
@@ -128,7 +128,43 @@ def _check_batch(steps: Sequence[StepIn]) -> None:
 def _ingest(
     steps: Sequence[StepIn], packed: list[Packed], *, source_id: int | None, channel: str, mine: Sources
 ) -> IngestResult:
-    # 1. Idempotency: classify uids that already exist (a uid of another source is taken).
+    """A batch's stages, each named below: the uids already stored; the context (groups,
+    policy versions, trajectories); the neighbours already stored; the parent candidates;
+    then the write with its images and its effects."""
+    duplicates, new = _classify(steps, packed, mine)
+    if not new:
+        return IngestResult(created=[], duplicates=duplicates)
+    # Parents sort before children within a trajectory; the first step 0 of a group (in this
+    # order) is the batch's anchor for the others.
+    new.sort(key=lambda x: (x[0].trajectory_uid, x[0].step_index))
+    new_steps = [s for s, _ in new]
+    groups, trajs = _context(new_steps, source_id=source_id, channel=channel, mine=mine)
+    neighbours = _neighbours(new_steps, trajs)
+    candidates = _candidates(new_steps, trajs, groups, neighbours)
+    # Images checked and stored (a bad one refuses the write: nothing of it stays); the steps
+    # written, parents before children, with their images' rows; then the effects.
+    media = media_prepare(new_steps, sources=mine)
+    planned = choose_parents(new_steps, [h for _, h in new], candidates)
+    rows = build_rows(
+        planned,
+        trajectory_id_of=lambda s: trajs[s.trajectory_uid].id,
+        source_id=source_id,
+        insert=sql.backend().insert_steps,
+        readiness_of=_known_readiness(new_steps, trajs, groups),
+        outcome_of=_known_outcomes(new_steps, trajs),
+    )
+    media_link(new_steps, [r.id for r in rows], media, source_id=source_id)
+    bus.apply(
+        _written(rows, [_trajectory_written(t) for t in trajs.values()], source_id=source_id, channel=channel)
+    )
+    return IngestResult(created=rows, duplicates=duplicates)
+
+
+def _classify(
+    steps: Sequence[StepIn], packed: list[Packed], mine: Sources
+) -> tuple[list[str], list[tuple[StepIn, Packed]]]:
+    """Idempotency: the uids stored already with the same content (duplicates) and the new
+    steps; a uid of another source is taken, the same uid with other content a conflict."""
     existing = {
         uid: (h, owner)
         for uid, h, owner in Step.objects.filter(uid__in=[s.uid for s in steps]).values_list(
@@ -147,14 +183,14 @@ def _ingest(
             duplicates.append(s.uid)
         else:
             raise Conflict(f"step {s.uid!r} exists with different content", field=s.at("uid"))
-    if not new:
-        return IngestResult(created=[], duplicates=duplicates)
-    # Parents sort before children within a trajectory; the first step 0 of a group (in this
-    # order) is the batch's anchor for the others.
-    new.sort(key=lambda x: (x[0].trajectory_uid, x[0].step_index))
-    new_steps = [s for s, _ in new]
+    return duplicates, new
 
-    # 2. Context: groups, policy versions, trajectories (created on first sight).
+
+def _context(
+    new_steps: list[StepIn], *, source_id: int | None, channel: str, mine: Sources
+) -> tuple[dict[str, PromptGroup], dict[str, TrajectoryRow]]:
+    """Groups, policy versions and trajectories of the new steps (created on first sight); an
+    ended trajectory takes no step past its end."""
     groups = groups_ensure(
         {s.prompt_group_uid for s in new_steps if s.prompt_group_uid}, source_id=source_id, sources=mine
     )
@@ -185,9 +221,15 @@ def _ingest(
                 f"step_index {s.step_index} is past its end",
                 field=s.at("step_index"),
             )
+    return groups, trajs
 
-    # 3. Neighbours already stored: index collisions and parent candidates. Trajectories this
-    # batch just created have none, so only older ones are queried.
+
+def _neighbours(
+    new_steps: list[StepIn], trajs: dict[str, TrajectoryRow]
+) -> dict[tuple[int, int], tuple[int, str, int]]:
+    """The steps already stored at the new steps' indexes (a collision) and just before them
+    (a parent candidate): (trajectory id, index) -> (id, uid, depth). Trajectories this batch
+    just created have none, so only older ones are queried."""
     old = {t.id for t in trajs.values() if not t.created}
     neighbours: dict[tuple[int, int], tuple[int, str, int]] = {}
     if old:
@@ -209,9 +251,17 @@ def _ingest(
                 f"trajectory {s.trajectory_uid!r} already has step_index {s.step_index} (uid {taken[1]!r})",
                 field=s.at("step_index"),
             )
+    return neighbours
 
-    # 4. Parent candidates: the previous step (in the batch or stored), and for a first step
-    # the group anchor (stored, or the batch's first step 0 of that group).
+
+def _candidates(
+    new_steps: list[StepIn],
+    trajs: dict[str, TrajectoryRow],
+    groups: dict[str, PromptGroup],
+    neighbours: dict[tuple[int, int], tuple[int, str, int]],
+) -> list[list[Candidate]]:
+    """Each new step's parent candidates: the previous step (in the batch or stored), and for
+    a first step the group anchor (stored, or the batch's first step 0 of that group)."""
     anchor_of = {g.id: g.anchor_step_id for g in groups.values() if g.anchor_step_id}
     position = {(s.trajectory_uid, s.step_index): i for i, s in enumerate(new_steps)}
     batch_anchor: dict[int, int] = {}
@@ -238,28 +288,10 @@ def _ingest(
                 parents.append(batch_anchor[t.group_id])
         refs.append(parents)
     loaded = _load_stored({r[1] for parents in refs for r in parents if isinstance(r, tuple)}, depth_of)
-    candidates: list[list[Candidate]] = [
+    return [
         [r if isinstance(r, int) else loaded[r[1]] for r in parents if isinstance(r, int) or r[1] in loaded]
         for parents in refs
     ]
-
-    # 5. Images checked and stored (a bad one refuses the write: nothing of it stays); the
-    # steps written, parents before children, with their images' rows; then the effects.
-    media = media_prepare(new_steps, sources=mine)
-    planned = choose_parents(new_steps, [h for _, h in new], candidates)
-    rows = build_rows(
-        planned,
-        trajectory_id_of=lambda s: trajs[s.trajectory_uid].id,
-        source_id=source_id,
-        insert=sql.backend().insert_steps,
-        readiness_of=_known_readiness(new_steps, trajs, groups),
-        outcome_of=_known_outcomes(new_steps, trajs),
-    )
-    media_link(new_steps, [r.id for r in rows], media, source_id=source_id)
-    effects.apply(
-        _written(rows, [_trajectory_written(t) for t in trajs.values()], source_id=source_id, channel=channel)
-    )
-    return IngestResult(created=rows, duplicates=duplicates)
 
 
 def _known_readiness(
@@ -423,7 +455,7 @@ def steps_append_group(requests: Sequence[AppendRequest]) -> list[list[StepIn] |
     )
     # A group of one is a plain fused append: one statement in autocommit, as steps_append's.
     alone = len(order) == 1
-    with transaction.atomic() if not alone or effects.any_registered() else nullcontext():
+    with transaction.atomic() if not alone or bus.any_registered() else nullcontext():
         for i in order:
             fused = prepared[i]
             assert fused is not None
@@ -473,7 +505,7 @@ def _append_fused(
     fused = _fused_prepare(target, count, tail, build, source_id, mine)
     # One statement in autocommit when nothing follows it; inside a transaction when
     # registered effects, or the step's images, must commit or roll back with the steps.
-    with transaction.atomic() if effects.any_registered() or fused.has_media else nullcontext():
+    with transaction.atomic() if bus.any_registered() or fused.has_media else nullcontext():
         got = sql.backend().append(fused.claim, fused.rows)
         if got is None:
             return None
@@ -530,7 +562,7 @@ def _fused_written(fused: _Fused, got: sql.Appended) -> list[StepIn]:
         if row.policy_version_id is None:  # stamped by the statement: the trajectory's
             row.policy_version_id = s.policy_version = got.policy_version_id
     written = WrittenTrajectory(traj_id, target.trajectory_uid, group_id, target.new, ended=False)
-    effects.apply(
+    bus.apply(
         _written(
             rows,
             [written],
@@ -608,7 +640,7 @@ def _append_general(
                 field="trajectory_uid",
             ) from None
         media_link(steps, [r.id for r in rows], media_prepare(steps, sources=mine), source_id=source_id)
-        effects.apply(
+        bus.apply(
             _written(
                 rows,
                 [_trajectory_written(traj)],

@@ -13,7 +13,7 @@ from ..flags import READY, Readiness
 from ..models import MergeResult, PolicyVersion, Step
 from ..tenancy import Sources
 from ..tenancy import q as of_sources
-from .events import events_listed, feedback_listed
+from .service_events import events_listed, feedback_listed
 from .trajectories import groups_listed, trajectories_listed
 
 # Readiness values without a final effective reward.

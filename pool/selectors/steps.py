@@ -12,8 +12,8 @@ from django.db.models import Max, QuerySet
 
 from .. import flags, tokens
 from ..flags import READY, Readiness
+from ..generation_texts import response_ids_hash
 from ..models import GenerationText, Step, StepMedia
-from ..services.generation_texts import response_ids_hash
 from ..tenancy import Sources
 from ..tenancy import q as of_sources
 

@@ -9,9 +9,9 @@ from django.db import transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
+from ..bus import GroupsCompleted, StepsWritten, emit
 from ..errors import UidTaken
 from ..ingest import rules
-from ..ingest.effects import GroupsCompleted, StepsWritten, emit
 from ..models import PromptGroup, Trajectory
 from ..tenancy import OWN, allowed
 from .task_catalog import group_task_set

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from django.db.models import F
 
-from ..ingest.effects import LabelsSet, emit
+from ..bus import LabelsSet, emit
 from ..models import Step
 
 

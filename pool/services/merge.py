@@ -36,8 +36,8 @@ from django.db import transaction
 from claw_client import PrefixTree, build_prefix_tree
 
 from .. import tokens
+from ..bus import GroupMergeRequested, MergeDone, StepsMergeRequested, emit
 from ..errors import NotFound
-from ..ingest.effects import GroupMergeRequested, MergeDone, StepsMergeRequested, emit
 from ..models import MergeResult, PromptGroup, Step
 
 log = logging.getLogger(__name__)

@@ -21,8 +21,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from ..bus import PolicyPublished, emit
 from ..errors import Conflict, InvalidInput, NotFound, PoolError
-from ..ingest.effects import PolicyPublished, emit
 from ..models import AuditEvent, Policy, PolicyOwner, PolicyVersion
 from ..tenancy import Sources
 from .audit import audit_record

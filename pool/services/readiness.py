@@ -32,8 +32,8 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from ..bus import GroupsCompleted, GroupsReady, StepsWritten, emit
 from ..flags import GROUP_QUALITY, Quality, Readiness
-from ..ingest.effects import GroupsCompleted, GroupsReady, StepsWritten, emit
 from ..models import PromptGroup, Step, Trajectory
 from . import effective_reward
 from .groups import groups_check_complete

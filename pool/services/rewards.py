@@ -9,10 +9,10 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from .. import sql
+from ..bus import RewardsSet, StepsWritten, emit
 from ..deadlocks import retry_on_deadlock
 from ..errors import InvalidInput, NotFound, RewardDelivered
 from ..ingest import rules
-from ..ingest.effects import RewardsSet, StepsWritten, emit
 from ..models import RewardEvent, Step, Trajectory
 from ..tenancy import OWN, allowed
 from ..tenancy import q as of_sources

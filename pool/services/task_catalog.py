@@ -25,9 +25,9 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Q
 
+from ..bus import GroupsReady, emit
 from ..errors import Conflict, InvalidInput
 from ..ingest import rules
-from ..ingest.effects import GroupsReady, emit
 from ..models import PromptGroup, Task, TaskSampleRecord, TaskSet
 from ..selectors.task_sampler import DEFAULTS, STRATEGIES, tasks_pick
 from ..selectors.tasks import tasks_filtered, tasks_listed

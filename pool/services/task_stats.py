@@ -39,7 +39,7 @@ from django.db.models import F, FloatField, Value
 from django.db.models.functions import Coalesce, Greatest, NullIf, Power
 from django.utils import timezone
 
-from ..ingest.effects import GroupsReady
+from ..bus import GroupsReady
 from ..models import Step, Task, TaskSet, Trajectory
 from ..sql import groups_task_claim
 

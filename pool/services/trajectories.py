@@ -4,16 +4,18 @@ and completion (with an optional final reward)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.db import transaction
 from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
 from .. import sql
+from ..bus import EndedTrajectory, StepsWritten, TrajectoriesEnded, emit
 from ..deadlocks import retry_on_deadlock
 from ..errors import Conflict, InvalidInput, NotFound
-from ..ingest import TrajectorySpec, policy_versions_ensure, rules, trajectory_ensure
-from ..ingest.effects import EndedTrajectory, StepsWritten, TrajectoriesEnded, emit
+from ..ingest import rules
+from ..ingest.pipeline import TrajectorySpec, policy_versions_ensure, trajectory_ensure
 from ..models import Channel, RewardEvent, Step, Trajectory
 from ..tenancy import OWN, allowed
 from ..tenancy import q as of_sources
@@ -121,6 +123,37 @@ def trajectories_complete(
     unknown one (or one outside ``sources``: pool/tenancy.py) NotFound, another reward for one
     already delivered (leased or in a snapshot) RewardDelivered (409), each naming the item."""
     mine = allowed(source_id, sources)
+    _completions_check(completions)
+    # Locked in primary-key order, so concurrent completers cannot deadlock.
+    trajs = {
+        t.uid: t
+        for t in Trajectory.objects.select_for_update()
+        .filter(uid__in=[c.uid for c in completions])
+        .filter(of_sources("source_id", mine))
+        .order_by("id")
+    }
+    now = timezone.now()
+    ending, changed, events = _completions_apply(completions, trajs, now=now, source_id=source_id)
+    if ending:
+        _last_steps_mark(ending, now)
+    rows = [(t.id, t.status, t.id in set(ending), t.reward, t.reward_source) for t in changed.values()]
+    for i in range(0, len(rows), 1000):  # 5 parameters a row: within SQLite's limit
+        sql.trajectories_end(rows[i : i + 1000], now)
+    sql.rows_insert(events)
+    if ending:
+        # Before the groups: a trajectory's own reward task is enqueued before its group's.
+        emit(_ended_event([changed[i] for i in ending]))
+    if changed:
+        # Groups first: a group these completions fill settles all its rollouts at once, so
+        # each step's readiness is rewritten once, not once for its trajectory and again for
+        # its group; only the other trajectories are settled after.
+        filled = set(groups_check_complete(group_ids={t.group_id for t in changed.values() if t.group_id}))
+        trajectories_settle(trajectory_ids=[t.id for t in changed.values() if t.group_id not in filled])
+    return [trajs[c.uid] for c in completions]
+
+
+def _completions_check(completions: list[CompletionIn]) -> None:
+    """Each completion's reward, status and reward source, before anything is read."""
     for c in completions:
         rules.check_reward(c.reward, f"{c.field_prefix}reward")
         if c.status not in ENDED:
@@ -133,15 +166,13 @@ def trajectories_complete(
                 f"reward_source must be one of {Step.RewardSource.values}",
                 field=f"{c.field_prefix}reward_source",
             )
-    # Locked in primary-key order, so concurrent completers cannot deadlock.
-    trajs = {
-        t.uid: t
-        for t in Trajectory.objects.select_for_update()
-        .filter(uid__in=[c.uid for c in completions])
-        .filter(of_sources("source_id", mine))
-        .order_by("id")
-    }
-    now = timezone.now()
+
+
+def _completions_apply(
+    completions: list[CompletionIn], trajs: dict[str, Trajectory], *, now: datetime, source_id: int | None
+) -> tuple[list[int], dict[int, Trajectory], list[RewardEvent]]:
+    """The completions on the locked rows, in memory: the trajectories they end, those they
+    change (ended or rewarded), and the reward changes' audit rows. Raises before any write."""
     ending: list[int] = []
     changed: dict[int, Trajectory] = {}
     events: list[RewardEvent] = []
@@ -170,65 +201,52 @@ def trajectories_complete(
             )
             traj.reward, traj.reward_source = c.reward, c.reward_source
             changed[traj.id] = traj
-    if ending:
-        # The last stored step of each ending trajectory becomes its is_last step.
-        last_index = Step.objects.filter(trajectory_id=OuterRef("trajectory_id")).order_by("-step_index")
-        Step.objects.filter(trajectory_id__in=ending, is_last=True).exclude(
-            step_index=Subquery(last_index.values("step_index")[:1])
-        ).update(is_last=False)
-        Step.objects.filter(
-            trajectory_id__in=ending, is_last=False, step_index=Subquery(last_index.values("step_index")[:1])
-        ).update(is_last=True, updated_at=now)
-    rows = [(t.id, t.status, t.id in set(ending), t.reward, t.reward_source) for t in changed.values()]
-    for i in range(0, len(rows), 1000):  # 5 parameters a row: within SQLite's limit
-        sql.trajectories_end(rows[i : i + 1000], now)
-    sql.rows_insert(events)
-    if ending:
-        # A reward function of its data source may score a completed trajectory without a
-        # reward (pool/services/reward_compute.py), unless its last step has a final reward
-        # already (the task would skip it): one read instead of an outbox row and a task
-        # per such trajectory.
-        unscored = [
-            t.id
-            for t in (changed[i] for i in ending)
-            if t.status == Trajectory.Status.COMPLETED and t.reward is None
-        ]
-        scored = (
-            set(
-                Step.objects.filter(
-                    trajectory_id__in=unscored, is_last=True, reward_status=Step.RewardStatus.FINAL
-                ).values_list("trajectory_id", flat=True)
-            )
-            if unscored
-            else set()
+    return ending, changed, events
+
+
+def _last_steps_mark(ending: list[int], now: datetime) -> None:
+    """The last stored step of each ending trajectory becomes its is_last step (and only it)."""
+    last_index = Step.objects.filter(trajectory_id=OuterRef("trajectory_id")).order_by("-step_index")
+    Step.objects.filter(trajectory_id__in=ending, is_last=True).exclude(
+        step_index=Subquery(last_index.values("step_index")[:1])
+    ).update(is_last=False)
+    Step.objects.filter(
+        trajectory_id__in=ending, is_last=False, step_index=Subquery(last_index.values("step_index")[:1])
+    ).update(is_last=True, updated_at=now)
+
+
+def _ended_event(ended: list[Trajectory]) -> TrajectoriesEnded:
+    """The bus event of trajectories just ended. A reward function of its data source may
+    score a completed trajectory without a reward (pool/services/reward_compute.py), unless
+    its last step has a final reward already (the task would skip it): one read instead of
+    an outbox row and a task per such trajectory."""
+    unscored = [t.id for t in ended if t.status == Trajectory.Status.COMPLETED and t.reward is None]
+    scored = (
+        set(
+            Step.objects.filter(
+                trajectory_id__in=unscored, is_last=True, reward_status=Step.RewardStatus.FINAL
+            ).values_list("trajectory_id", flat=True)
         )
-        # Before the groups: a trajectory's own reward task is enqueued before its group's.
-        emit(
-            TrajectoriesEnded(
-                trajectories=tuple(
-                    EndedTrajectory(
-                        id=t.id,
-                        uid=t.uid,
-                        source_id=t.source_id,
-                        channel=t.channel,
-                        status=t.status,
-                        step_count=t.step_count,
-                        group_id=t.group_id,
-                        reward_pending=t.status == Trajectory.Status.COMPLETED
-                        and t.reward is None
-                        and t.id not in scored,
-                    )
-                    for t in (changed[i] for i in ending)
-                )
+        if unscored
+        else set()
+    )
+    return TrajectoriesEnded(
+        trajectories=tuple(
+            EndedTrajectory(
+                id=t.id,
+                uid=t.uid,
+                source_id=t.source_id,
+                channel=t.channel,
+                status=t.status,
+                step_count=t.step_count,
+                group_id=t.group_id,
+                reward_pending=t.status == Trajectory.Status.COMPLETED
+                and t.reward is None
+                and t.id not in scored,
             )
+            for t in ended
         )
-    if changed:
-        # Groups first: a group these completions fill settles all its rollouts at once, so
-        # each step's readiness is rewritten once, not once for its trajectory and again for
-        # its group; only the other trajectories are settled after.
-        filled = set(groups_check_complete(group_ids={t.group_id for t in changed.values() if t.group_id}))
-        trajectories_settle(trajectory_ids=[t.id for t in changed.values() if t.group_id not in filled])
-    return [trajs[c.uid] for c in completions]
+    )
 
 
 def steps_written_ended(written: StepsWritten) -> None:

@@ -28,7 +28,7 @@ from tests.media_support import png
 pytestmark = pytest.mark.live
 
 KEYS = """
-from pool.services import api_key_create
+from pool.services.api_keys import api_key_create
 for name, scopes in (("agent", ["ingest"]), ("trainer", ["consume"]), ("admin", ["admin"])):
     print(api_key_create(name=name, scopes=scopes)[1])
 """

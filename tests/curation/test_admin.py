@@ -10,10 +10,12 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from curation.models import LabelEvent, StepTag
-from curation.services import steps_label, user_create
+from curation.services.labels import steps_label
+from curation.services.users import user_create
+from pool.ingest.pipeline import steps_ingest
 from pool.models import RewardEvent, Step
-from pool.services import feedback_create, steps_ingest
 from pool.services.groups import group_upsert
+from pool.services.service_events import feedback_create
 from tests.pool.factories import step_in, trajectory_with_steps
 
 pytestmark = pytest.mark.django_db
@@ -179,7 +181,7 @@ def populate(start: int, n: int) -> None:
         steps_label(step_ids=[s.id for s in steps], label="accepted", tags_add=["math"], actor="test")
         feedback_create(step_uid=steps[0].uid, rating=1.0)
         feedback_create(trajectory_uid=f"t{i}", rating=1.0)
-        from pool.services import RewardIn, rewards_apply
+        from pool.services.rewards import RewardIn, rewards_apply
 
         rewards_apply(rewards=[RewardIn(reward=0.5, step_uid=steps[1].uid)])
 
@@ -235,7 +237,7 @@ def test_trajectory_page_with_its_steps_costs_the_same_queries_for_n_and_3n_step
 
 
 def test_curation_pages_render(admin_client_):
-    from curation.services import dataset_create, dataset_update
+    from curation.services.datasets import dataset_create, dataset_update
 
     dataset_create(name="math", spec={"filters": {"labels": ["accepted"]}}, actor="ada")
     dataset_update(name="math", spec={"filters": {"labels": ["accepted"], "tags": ["x"]}}, actor="ada")

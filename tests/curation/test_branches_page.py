@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from django.test import Client
 
-from curation.services import user_create
+from curation.services.users import user_create
 from gateway.proxy import branches
 from gateway.proxy.recording import ProxiedCall, ProxiedChoice, record_call
 from pool.ingest.claim import recent
@@ -93,7 +93,7 @@ def test_the_trajectory_page_draws_each_branch_and_where_it_forked(django_captur
 
 
 def test_a_trajectory_of_one_branch_draws_no_branches():
-    from pool.services import steps_ingest
+    from pool.ingest.pipeline import steps_ingest
 
     steps_ingest(
         steps=[

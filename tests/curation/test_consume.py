@@ -20,10 +20,11 @@ from django.db import connection, connections
 from django.utils import timezone
 
 from curation.models import Delivery, Lease
-from curation.services import dataset_create
 from curation.services.consume import PullIn, consumer_pull, lease_ack, leases_expire
-from pool.services import policy_version_set, steps_ingest
+from curation.services.datasets import dataset_create
+from pool.ingest.pipeline import steps_ingest
 from pool.services.groups import group_upsert
+from pool.services.policy import policy_version_set
 from tests.conftest import client_for
 from tests.pool.factories import step_in
 
@@ -218,7 +219,7 @@ def test_concurrent_pullers_of_one_consumer_never_share_a_unit():
 def test_a_batch_fills_past_ready_groups_the_dataset_does_not_admit(trainer):
     # given ready groups, the oldest ones labelled rejected (so the dataset skips them)
     from curation.models import Skip
-    from curation.services import steps_label
+    from curation.services.labels import steps_label
     from pool.models import Step
 
     dataset_create(name="all")

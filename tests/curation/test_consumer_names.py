@@ -8,9 +8,9 @@ import pytest
 from rest_framework.test import APIClient
 
 from curation.models import Consumer, Lease
-from curation.services import dataset_create
+from curation.services.datasets import dataset_create
 from pool.models import Scope
-from pool.services import api_key_create
+from pool.services.api_keys import api_key_create
 from tests.conftest import client_for
 from tests.curation.test_consume import ready_group
 

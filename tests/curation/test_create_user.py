@@ -7,7 +7,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management import CommandError, call_command
 
-from curation.services import roles_ensure
+from curation.services.users import roles_ensure
 
 pytestmark = pytest.mark.django_db
 

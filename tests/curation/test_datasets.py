@@ -6,13 +6,17 @@ from __future__ import annotations
 import pytest
 
 from curation.selectors.specs import dataset_admitted, dataset_preview
-from curation.services import dataset_create, dataset_update, steps_label
+from curation.services.datasets import dataset_create, dataset_update
+from curation.services.labels import steps_label
 from curation.specs import spec_parse
 from pool.errors import Conflict, InvalidInput
 from pool.flags import Quality
+from pool.ingest.pipeline import steps_ingest
 from pool.models import PromptGroup, Step
-from pool.services import RewardIn, policy_version_set, rewards_apply, steps_ingest, trajectory_complete
 from pool.services.groups import group_upsert
+from pool.services.policy import policy_version_set
+from pool.services.rewards import RewardIn, rewards_apply
+from pool.services.trajectories import trajectory_complete
 from tests.pool.factories import step_in
 
 pytestmark = pytest.mark.django_db

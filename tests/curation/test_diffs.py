@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from curation.services import dataset_create, dataset_update, steps_label
+from curation.services.datasets import dataset_create, dataset_update
+from curation.services.labels import steps_label
 from curation.services.snapshots import snapshot_build, snapshot_create
 from pool.flags import Quality
 from pool.models import Scope, Step

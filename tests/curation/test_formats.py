@@ -14,8 +14,8 @@ import orjson
 import pytest
 
 from curation import formats
-from curation.services import dataset_create
-from pool.services import steps_ingest
+from curation.services.datasets import dataset_create
+from pool.ingest.pipeline import steps_ingest
 from pool.services.groups import group_upsert
 from tests.conftest import client_for
 from tests.pool.factories import step_in

@@ -7,7 +7,7 @@ import pytest
 
 from curation.selectors.optimization import optimization_overview
 from curation.selectors.pages import steps_browse, trajectories_browse
-from pool.services import steps_ingest
+from pool.ingest.pipeline import steps_ingest
 from pool.services.groups import group_upsert
 from tests.pool.factories import step_in
 

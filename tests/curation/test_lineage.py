@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from curation.models import Checkpoint, CheckpointStep, Lease
-from curation.services import dataset_create
+from curation.services.datasets import dataset_create
 from curation.services.lineage import checkpoints_index_pending
 from pool.models import Scope, Step
 from tests.conftest import client_for

@@ -1,4 +1,4 @@
-"""The lineage pages (curation/views.py) through Django's test client on a real database: a
+"""The lineage pages (curation/views/consumption.py) through Django's test client on a real database: a
 run's page draws its checkpoints on a server-rendered timeline with the mean reward of the
 data behind each and lists its sources and tasks; a checkpoint's page lists its leases and
 steps and compares with another checkpoint; a step's page lists the checkpoints it trained
@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from curation.services import dataset_create, dataset_update
+from curation.services.datasets import dataset_create, dataset_update
 from curation.services.snapshots import snapshot_build, snapshot_create
 from pool.models import Step
 from tests.conftest import client_for

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from curation.services import dataset_create
+from curation.services.datasets import dataset_create
 from curation.services.snapshots import snapshot_build
 from pool.models import Scope
 from tests.conftest import client_for

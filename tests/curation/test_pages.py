@@ -1,4 +1,4 @@
-"""The pages for people (curation/views.py) through Django's test client on a real database:
+"""The pages for people (curation/views/) through Django's test client on a real database:
 who may open what, what the trajectory page shows, the builder's live preview, datasets and
 their versions, CSRF, and the review loop (claim, submit, next; skip; rewards from ratings)."""
 
@@ -14,10 +14,12 @@ from django.test.utils import CaptureQueriesContext
 
 from curation.models import Dataset, ReviewClaim
 from curation.selectors.specs import dataset_preview
-from curation.services import dataset_create, user_create
+from curation.services.datasets import dataset_create
+from curation.services.users import user_create
 from curation.specs import spec_parse
+from pool.ingest.pipeline import steps_ingest
 from pool.models import Feedback, RewardEvent, Step, Trajectory
-from pool.services import steps_ingest, trajectory_complete
+from pool.services.trajectories import trajectory_complete
 from tests.pool.factories import step_in
 
 pytestmark = pytest.mark.django_db

@@ -37,7 +37,7 @@ pytestmark = [
 
 SETUP = """
 from django.contrib.auth import get_user_model
-from pool.services import api_key_create
+from pool.services.api_keys import api_key_create
 get_user_model().objects.create_superuser("op", "op@example.com", "browser-pw-1")
 print(api_key_create(name="browser-agent", scopes=["ingest"])[1])
 """

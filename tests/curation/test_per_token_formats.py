@@ -18,11 +18,11 @@ import pytest
 from django.core.files.storage import default_storage
 
 from curation.models import Snapshot
-from curation.services import dataset_create
+from curation.services.datasets import dataset_create
 from curation.services.snapshots import snapshot_build, snapshot_create
 from pool.models import Scope
-from pool.services import policy_version_set
 from pool.services.groups import group_upsert
+from pool.services.policy import policy_version_set
 from tests.conftest import client_for
 
 pytestmark = pytest.mark.django_db

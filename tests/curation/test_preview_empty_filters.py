@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pool.services import steps_ingest
+from pool.ingest.pipeline import steps_ingest
 from tests.conftest import client_for
 from tests.pool.factories import step_in
 

@@ -30,13 +30,17 @@ from django.utils import timezone
 from curation import tasks as curation_tasks
 from curation.models import Delivery, Lease, Skip
 from curation.selectors.specs import dataset_preview
-from curation.services import consume, steps_label
+from curation.services import consume
+from curation.services.labels import steps_label
 from curation.services.snapshots import snapshot_build
 from curation.specs import spec_parse
+from pool.ingest.pipeline import steps_ingest
 from pool.models import Scope, Source, Step
-from pool.services import RewardIn, api_key_create, policy_version_set, rewards_apply, steps_ingest
-from pool.services.events import feedback_create
+from pool.services.api_keys import api_key_create
 from pool.services.groups import group_upsert
+from pool.services.policy import policy_version_set
+from pool.services.rewards import RewardIn, rewards_apply
+from pool.services.service_events import feedback_create
 from tests.conftest import client_for
 from tests.curation.test_consume import ready_group
 from tests.live import ROOT
@@ -567,7 +571,7 @@ def test_reward_assignment_each_step_last_step_and_discounted_return(trainer, ad
     write("example", [(0, None), (0, None), (0, 1.0)])
     write("forked", [(0, None), (0, 0.3), (0, None), (1, None), (1, None)], end=False, seed=1)
     rewards_apply(rewards=[RewardIn(trajectory_uid="forked", reward=1.0)])
-    from pool.services import trajectory_complete
+    from pool.services.trajectories import trajectory_complete
 
     trajectory_complete(uid="forked")
     # (until issue 18, forked:1's process reward 0.3 was taken for branch 0's and served to
@@ -874,7 +878,7 @@ def filter_world() -> str:
     lone("rated")
     lone("rated-low")
     lone("by-trajectory", 2, reward=None, end=False)
-    from pool.services import trajectory_complete
+    from pool.services.trajectories import trajectory_complete
 
     trajectory_complete(uid="by-trajectory", reward=0.25)
     steps_label(

@@ -37,7 +37,7 @@ from curation.models import (
 )
 from curation.services import retention
 from pool import tokens
-from pool.ingest import steps_ingest
+from pool.ingest.pipeline import steps_ingest
 from pool.models import PromptGroup, Source, Step, Trajectory
 from pool.selectors.steps import steps_render
 from pool.services.purge import groups_purge
@@ -374,7 +374,7 @@ def test_the_admin_shows_the_dry_run_before_anything_goes(source, pool, admin_cl
 def test_consumed_groups_go_once_every_consumer_of_every_dataset_admitting_them_acked_them(
     source, settings, make_key
 ):
-    from curation.services import dataset_create
+    from curation.services.datasets import dataset_create
     from pool.models import Scope
     from tests.conftest import client_for
 

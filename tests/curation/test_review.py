@@ -13,19 +13,20 @@ from django.utils import timezone
 
 from curation.models import ReviewClaim
 from curation.selectors.review import review_agreement, review_progress, review_reviewers
-from curation.services import (
+from curation.services.review import (
     review_claim_next,
     review_queue_create,
     review_queue_default,
     review_release,
     review_submit,
     review_submit_group,
-    user_create,
 )
+from curation.services.users import user_create
 from pool.errors import Conflict, InvalidInput
+from pool.ingest.pipeline import steps_ingest
 from pool.models import Feedback, RewardEvent, Step, Trajectory
-from pool.services import steps_ingest, trajectory_complete
 from pool.services.groups import group_upsert
+from pool.services.trajectories import trajectory_complete
 from tests.pool.factories import step_in
 
 PASSWORD = "a-long-review-password-1"

@@ -24,7 +24,8 @@ PASSWORD = "reviewer-browser-pw-1"
 
 # One completed trajectory with text: the default queue's only item.
 SETUP = """
-from pool.services import steps_ingest, trajectory_complete
+from pool.ingest.pipeline import steps_ingest
+from pool.services.trajectories import trajectory_complete
 from tests.pool.factories import step_in
 steps_ingest(steps=[
     step_in("rb-t", 0, prompt=[1, 2, 3], response=[4, 5], reward=1.0, is_last=True,
@@ -90,9 +91,10 @@ def test_a_reviewer_signs_in_reviews_and_sees_the_feedback(server, browser_page)
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "var" / "screenshots"
 RATINGS = [5, 3, 1, 4, 2, 5, 4, 3, 2, 1]  # pressed for the ten items, in order
 WORKBENCH = """
-from pool.services import steps_ingest, trajectory_complete
+from pool.ingest.pipeline import steps_ingest
+from pool.services.trajectories import trajectory_complete
 from pool.services.groups import group_upsert
-from curation.services import review_queue_create
+from curation.services.review import review_queue_create
 from tests.pool.factories import step_in
 for i in range(10):
     steps_ingest(steps=[step_in(f"kb-{i}", 0, prompt=[1, 2, i], response=[4, 5], is_last=True,

@@ -36,11 +36,12 @@ from django.db import connection, connections
 from django.utils import timezone
 
 from curation.models import Delivery, GroupScore, Lease
-from curation.services import dataset_create
 from curation.services.consume import PullIn, consumer_pull, lease_ack, lease_nack, leases_expire
+from curation.services.datasets import dataset_create
+from pool.ingest.pipeline import steps_ingest
 from pool.models import PromptGroup, Scope
-from pool.services import policy_version_set, steps_ingest
 from pool.services.groups import group_upsert
+from pool.services.policy import policy_version_set
 from tests.conftest import client_for
 from tests.pool.factories import step_in
 
@@ -416,7 +417,7 @@ def test_concurrent_pullers_never_exceed_max_uses_and_lose_nothing():
 def test_a_version_stored_before_the_order_existed_is_the_same_spec_with_its_defaults():
     # given a dataset version stored before serving.order and reuse existed
     from curation.models import Dataset
-    from curation.services import dataset_update
+    from curation.services.datasets import dataset_update
 
     ds = dataset_create(name="d", spec={"serving": {"stale_after": 2}})
     old = {**ds.current.spec, "serving": {"stale_after": 2, "capacity": None}}

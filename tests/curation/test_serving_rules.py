@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from curation.models import Skip
-from curation.services import dataset_create
+from curation.services.datasets import dataset_create
 from pool.models import Scope, Step, Trajectory
-from pool.services import policy_version_set
+from pool.services.policy import policy_version_set
 from tests.conftest import client_for
 from tests.curation.test_consume import pull, ready_group
 
@@ -193,7 +193,7 @@ def test_capacity_on_step_units(trainer):
 
 
 def test_filtered_units_are_counted_too(trainer):
-    from curation.services import steps_label
+    from curation.services.labels import steps_label
 
     dataset_create(name="all")
     ready_group("g0")

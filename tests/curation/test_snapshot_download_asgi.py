@@ -68,7 +68,7 @@ def test_an_asgi_download_streams_the_file_in_async_chunks_without_a_warning(
 
 def test_an_image_download_served_by_asgi_streams_without_a_warning(make_key, monkeypatch):
     # given a stored image and a consumer's key (consumers read every image a dataset serves)
-    from pool.services.media import media_store
+    from pool.media import media_store
     from tests.media_support import png
 
     data = png(7, (400, 300))

@@ -18,11 +18,12 @@ import pytest
 from django.core.files.storage import default_storage
 
 from curation.models import Snapshot
-from curation.services import dataset_create, steps_label
+from curation.services.datasets import dataset_create
+from curation.services.labels import steps_label
 from curation.services.snapshots import COLUMNS, snapshot_build, snapshot_create
 from pool.models import Scope, Step
 from pool.selectors.steps import steps_render
-from pool.services.events import feedback_create
+from pool.services.service_events import feedback_create
 from tests.conftest import client_for
 from tests.curation.test_consume import ready_group
 

@@ -18,7 +18,7 @@ from claw_site.demo.toy_tokenizer import END, canonical_tool_calls, compact_json
 from curation.selectors.readiness_explain import Facts, explain
 from pool.flags import READY, Readiness
 from pool.models import Scope, Step
-from pool.services import api_key_create
+from pool.services.api_keys import api_key_create
 from tests.conftest import client_for
 from tests.curation.test_pages import signed_in
 
@@ -309,8 +309,8 @@ ACCEPT_BROWSER = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.
 def test_lease_replay_is_a_page_for_browsers_and_json_otherwise(query, accept, page):
     # given: a served lease
     from curation.models import Lease
-    from curation.services import dataset_create
     from curation.services.consume import PullIn, consumer_pull
+    from curation.services.datasets import dataset_create
     from tests.curation.test_pages import finished
 
     finished("t1")

@@ -13,7 +13,7 @@ import pytest
 from claw_client import Batch
 from claw_client.integrations.trl import rollouts, to_dpo_pairs, to_sft_rows
 from curation.models import Snapshot
-from curation.services import dataset_create
+from curation.services.datasets import dataset_create
 from curation.services.snapshots import snapshot_build
 from pool.models import Scope
 from tests.client.chat_rollouts import GROUPS, ROLLOUTS, steps

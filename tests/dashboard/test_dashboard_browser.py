@@ -34,8 +34,8 @@ needs_live = pytest.mark.skipif(not HAS_LIVE, reason="the live websocket (static
 
 SETUP = """
 from django.contrib.auth import get_user_model
-from curation.services import dataset_create
-from pool.services import api_key_create
+from curation.services.datasets import dataset_create
+from pool.services.api_keys import api_key_create
 get_user_model().objects.create_superuser("op", "op@example.com", "browser-pw-1")
 dataset_create(name="all", spec={"filters": {"readiness": "any"}, "grouping": {"keep_groups_whole": False}}, actor="op")
 print(api_key_create(name="dash-agent", scopes=["ingest"])[1])
@@ -378,8 +378,8 @@ def test_the_overviews_numbers_after_live_updates_are_the_apis(server, browser):
 
 
 WRITE_WHILE_DOWN = """
-from pool.ingest import StepIn
-from pool.services import steps_ingest
+from pool.ingest.contract import StepIn
+from pool.ingest.pipeline import steps_ingest
 import numpy as np
 ids = lambda *v: np.array(v, dtype=np.int32)
 steps_ingest(steps=[StepIn(trajectory_uid="offline", step_index=i, prompt_ids=ids(1, 2, i), response_ids=ids(3)) for i in range(2)])

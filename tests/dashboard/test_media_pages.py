@@ -15,9 +15,10 @@ from django.core.files.storage import default_storage
 from django.test import Client
 from PIL import Image
 
+from pool.ingest.pipeline import steps_ingest
+from pool.media import media_store
 from pool.models import Media, Step, StepMedia
-from pool.services import steps_ingest, trajectory_complete
-from pool.services.media import media_store
+from pool.services.trajectories import trajectory_complete
 from tests.curation.test_pages import finished, signed_in
 from tests.media_support import attach, attach_url, png, sha
 from tests.pool.factories import step_in

@@ -15,10 +15,10 @@ from django.utils import timezone
 
 from curation import charts
 from curation.models import Lease, Snapshot
-from curation.services import dataset_create
 from curation.services.consume import PullIn, consumer_pull
+from curation.services.datasets import dataset_create
+from pool.ingest.pipeline import steps_ingest
 from pool.models import Event, Source, Step
-from pool.services import steps_ingest
 from tests.curation.test_pages import finished, signed_in
 from tests.pool.factories import step_in
 

@@ -9,8 +9,9 @@ import re
 
 import pytest
 
+from pool.ingest.pipeline import steps_ingest
 from pool.models import Step
-from pool.services import CompletionIn, steps_ingest, trajectories_complete
+from pool.services.trajectories import CompletionIn, trajectories_complete
 from tests.curation.test_pages import signed_in
 from tests.pool.factories import step_in
 

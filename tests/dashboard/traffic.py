@@ -18,11 +18,11 @@ from django.utils import timezone
 
 from curation.models import Consumer, Lease
 from curation.selectors.live import RATES_WINDOW
-from curation.services import dataset_create
+from curation.services.datasets import dataset_create
 from curation.services.labels import steps_label
-from pool.ingest import StepIn
+from pool.ingest.contract import StepIn
+from pool.ingest.pipeline import steps_ingest
 from pool.models import Event, MergeResult, PromptGroup, Step
-from pool.services import steps_ingest
 from pool.services.merge import group_merge_compute
 from tests.conftest import make_step, post_steps
 

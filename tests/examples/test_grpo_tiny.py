@@ -36,7 +36,7 @@ from tests.live import LiveServer, live_server  # noqa: E402
 pytestmark = pytest.mark.live
 
 KEYS = """
-from pool.services import api_key_create
+from pool.services.api_keys import api_key_create
 for name, scopes in (("agent", ["ingest"]), ("trainer", ["consume", "policy"]), ("admin", ["admin"])):
     print(api_key_create(name=name, scopes=scopes)[1])
 """

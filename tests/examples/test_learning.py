@@ -22,7 +22,7 @@ from tests.live import LiveServer, live_server  # noqa: E402
 STEPS = 200
 WINDOW = 10  # steps averaged at each end of the curve
 KEYS = """
-from pool.services import api_key_create
+from pool.services.api_keys import api_key_create
 for name, scopes in (("agent-loop", ["ingest"]), ("trainer", ["consume", "policy"]), ("admin", ["admin"])):
     print(api_key_create(name=name, scopes=scopes)[1])
 """

@@ -13,10 +13,11 @@ import pytest
 from rest_framework.test import APIClient
 
 from curation.models import Dataset, DatasetVersion, LabelEvent, Lease, Snapshot
-from curation.services import dataset_create
 from curation.services.consume import Actor, PullIn, consumer_pull
+from curation.services.datasets import dataset_create
+from pool.ingest.pipeline import steps_ingest
 from pool.models import Scope, Source, Step
-from pool.services import api_key_create, steps_ingest
+from pool.services.api_keys import api_key_create
 from tests.conftest import client_for, make_step
 from tests.pool.factories import pool_counts, step_in
 

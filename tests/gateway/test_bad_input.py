@@ -13,8 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
+from pool.ingest.pipeline import steps_ingest
 from pool.models import Scope, Source, Step, Trajectory
-from pool.services import api_key_create, steps_ingest
+from pool.services.api_keys import api_key_create
 from tests.conftest import client_for, make_step
 from tests.live import live_server
 from tests.pool.factories import pool_counts, step_in

@@ -183,7 +183,7 @@ from datetime import timedelta
 from django.db.models import F
 from django.utils import timezone
 from curation.selectors.review import review_candidates, review_progress
-from curation.services import review_queue_default
+from curation.services.review import review_queue_default
 from pool.flags import QUALITY_NAMES, READY, names
 from pool.models import PromptGroup, RewardEvent, Step, Task, TaskSampleRecord, Trajectory
 

@@ -12,8 +12,9 @@ from django.utils import timezone
 
 from curation.selectors.specs import dataset_admitted
 from curation.specs import spec_parse
+from pool.ingest.pipeline import steps_ingest
 from pool.models import Policy, PolicyOwner, PolicyVersion, Scope
-from pool.services import api_key_create, steps_ingest
+from pool.services.api_keys import api_key_create
 from pool.services.groups import group_upsert
 from tests.conftest import client_for
 from tests.pool.factories import step_in

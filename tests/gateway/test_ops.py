@@ -20,8 +20,8 @@ from claw_kit.jsonlog import JsonFormatter
 from claw_site.management.commands import serve
 from claw_site.requestlog import RequestLogMiddleware
 from curation.models import Lease
+from pool.ingest.pipeline import steps_ingest
 from pool.models import Step
-from pool.services import steps_ingest
 from tests.pool.factories import step_in
 
 pytestmark = pytest.mark.django_db

@@ -417,8 +417,8 @@ def test_feedback_from_an_operator_session_records_the_user(operator):
     # given an operator signed in (session) and a stored step
     from rest_framework.test import APIClient
 
+    from pool.ingest.pipeline import steps_ingest
     from pool.models import Feedback
-    from pool.services import steps_ingest
     from tests.pool.factories import step_in
 
     steps_ingest(steps=[step_in("fb-t", 0, prompt=[1, 2, 3], response=[4])])

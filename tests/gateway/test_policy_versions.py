@@ -15,7 +15,7 @@ from django.conf import settings
 from rest_framework.test import APIClient
 
 from pool.models import AuditEvent, PolicyVersion, Scope
-from pool.services import policy_version_set
+from pool.services.policy import policy_version_set
 from tests.conftest import client_for
 
 pytestmark = pytest.mark.django_db

@@ -1,4 +1,4 @@
-"""gateway.proxy.recording.record_call through the pool's pipeline (pool.ingest.steps_append),
+"""gateway.proxy.recording.record_call through the pool's pipeline (pool.ingest.pipeline.steps_append),
 in process on the test database: step indexes, drift against the previous call (from the
 in-process hint or from the pool), the fused fast path and its fallback."""
 
@@ -11,11 +11,12 @@ from gateway.proxy import branches
 from gateway.proxy.recording import ProxiedCall, ProxiedChoice
 from gateway.proxy.recording import record_call as _record_call
 from pool.errors import Conflict, InvalidInput
-from pool.ingest import StepIn
 from pool.ingest.claim import recent
+from pool.ingest.contract import StepIn
+from pool.ingest.pipeline import steps_ingest
 from pool.models import Step, Trajectory
-from pool.services import steps_ingest, trajectory_complete
 from pool.services.rewards import RewardIn, rewards_apply
+from pool.services.trajectories import trajectory_complete
 
 pytestmark = pytest.mark.django_db
 

@@ -13,10 +13,10 @@ from drf_spectacular.validation import validate_schema
 from rest_framework.test import APIClient
 
 from gateway import serializers as s
-from pool import selectors
 from pool.ingest.contract import STEP_FIELDS
+from pool.ingest.pipeline import steps_ingest
 from pool.models import Step
-from pool.services import steps_ingest
+from pool.selectors.steps import steps_render
 from tests.pool.factories import step_in
 
 pytestmark = pytest.mark.django_db
@@ -102,7 +102,7 @@ def test_step_read_serializer_matches_what_reads_return():
     # given a stored step
     steps_ingest(steps=[step_in("doc", 0, prompt=[1, 2], response=[3])])
     # when it is rendered as the API does
-    rendered = selectors.steps_render(list(Step.objects.with_context()))[0]
+    rendered = steps_render(list(Step.objects.with_context()))[0]
     # then the documented read fields are exactly the keys returned, and include every write field
     assert set(s.StepReadSerializer().fields) == set(rendered)
     assert set(STEP_FIELDS) <= set(rendered)

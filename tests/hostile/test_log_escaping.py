@@ -13,7 +13,7 @@ import pytest
 from django.conf import settings
 
 from pool.models import Scope
-from pool.services import api_key_create
+from pool.services.api_keys import api_key_create
 from tests.hostile.test_walk import asgi_request
 
 

@@ -12,9 +12,10 @@ import msgspec
 import pytest
 from django.test import Client
 
-from curation.services import dataset_create
+from curation.services.datasets import dataset_create
+from pool.ingest.pipeline import steps_ingest
 from pool.models import Scope
-from pool.services import api_key_create, steps_ingest
+from pool.services.api_keys import api_key_create
 from tests.hostile.test_walk import every_count
 from tests.pool.factories import step_in
 

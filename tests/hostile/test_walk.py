@@ -26,9 +26,10 @@ from django.test import Client
 from django.urls import Resolver404, URLPattern, URLResolver, get_resolver, resolve
 
 from curation.models import Consumer, Dataset, DatasetVersion, LabelEvent, Lease, Snapshot
-from curation.services import dataset_create
+from curation.services.datasets import dataset_create
+from pool.ingest.pipeline import steps_ingest
 from pool.models import ApiKey, AuditEvent, Media, MergeResult, Scope
-from pool.services import api_key_create, steps_ingest
+from pool.services.api_keys import api_key_create
 from tests.pool.factories import pool_counts, step_in
 
 BAD = {"NUL": "a\x00b", "CRLF": "a\r\nX-Evil: 1", "U+2028": "a\u2028b"}

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.live
 
 CLAW_R1_SRC = os.environ.get("CLAW_R1_SRC")
 KEYS = """
-from pool.services import api_key_create
+from pool.services.api_keys import api_key_create
 for name, scopes in (("pool", ["ingest", "consume"]), ("admin", ["admin"])):
     print(api_key_create(name=name, scopes=scopes)[1])
 """

@@ -32,7 +32,7 @@ from tests.live import ROOT, LiveServer, live_server  # noqa: E402
 pytestmark = pytest.mark.live
 
 KEYS = """
-from pool.services import api_key_create
+from pool.services.api_keys import api_key_create
 for name, scope in (("agent", "ingest"), ("trainer", "consume"), ("admin", "admin")):
     print(api_key_create(name=name, scopes=[scope])[1])
 """

@@ -16,13 +16,13 @@ from django.contrib.auth.models import Permission
 from django.db import connection
 
 from curation import consumers
-from curation.services import dataset_create
 from curation.services.consume import PullIn, consumer_pull, lease_ack
+from curation.services.datasets import dataset_create
 from curation.services.snapshots import snapshot_build, snapshot_create
 from pool.models import PromptGroup
-from pool.services import feedback_create, rewards_apply
 from pool.services.merge import group_merge_compute
-from pool.services.rewards import RewardIn
+from pool.services.rewards import RewardIn, rewards_apply
+from pool.services.service_events import feedback_create
 from tests.conftest import client_for, make_step, post_steps
 from tests.curation.test_consume import ready_group
 from tests.live_events.conftest import DEADLINE, socket, total, until

@@ -1,10 +1,11 @@
-"""The live events' types (pool/events.py): one TypedDict per kind, with a Literal kind."""
+"""The live events' types (pool/live_payloads.py): one TypedDict per kind, with a Literal kind."""
 
 from __future__ import annotations
 
 from typing import get_args, get_type_hints
 
-from pool import events, live
+from pool import live
+from pool import live_payloads as events
 
 
 def test_every_kind_the_notifier_routes_has_one_typed_event():

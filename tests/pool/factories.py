@@ -11,8 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from pool.ingest.contract import StepIn
+from pool.ingest.pipeline import steps_ingest
 from pool.models import Event, Feedback, PolicyVersion, PromptGroup, RewardEvent, Step, Trajectory
-from pool.services import StepIn, steps_ingest
 
 
 def ids(values: list[int] | np.ndarray) -> np.ndarray:

@@ -8,10 +8,10 @@ import io
 import pytest
 from django.core.management import CommandError, call_command
 
-from curation.services import dataset_create, dataset_update
+from curation.services.datasets import dataset_create, dataset_update
 from pool.errors import Conflict, NotFound
 from pool.models import ApiKey, AuditEvent, Scope
-from pool.services import api_key_create, api_key_revoke, api_key_rotate, api_key_verify
+from pool.services.api_keys import api_key_create, api_key_revoke, api_key_rotate, api_key_verify
 from tests.conftest import client_for
 
 pytestmark = pytest.mark.django_db

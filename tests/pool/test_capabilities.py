@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from pool.errors import Conflict, InvalidInput
 from pool.models import ApiKey, Scope, Trajectory, TrajectoryCapability
-from pool.services import api_key_create, trajectory_complete, trajectory_create
+from pool.services.api_keys import api_key_create
 from pool.services.capabilities import (
     CapabilityMisused,
     CapabilityRefused,
@@ -20,6 +20,7 @@ from pool.services.capabilities import (
     trajectory_create_with_capability,
     trajectory_init,
 )
+from pool.services.trajectories import trajectory_complete, trajectory_create
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,7 @@ from django.db import connection, connections, transaction
 
 from pool.deadlocks import retry_on_deadlock
 from pool.models import Trajectory
-from pool.services import trajectory_create
+from pool.services.trajectories import trajectory_create
 from tests.pool.test_services import _lock_waiters, _wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,4 +1,4 @@
-"""The one effects registry (pool/ingest/effects.py): filled by the apps' ready(), the only
+"""The one effects registry, the bus (pool/bus.py): filled by the apps' ready(), the only
 place live events and follow-up tasks come from, one home for a trajectory's ending."""
 
 from __future__ import annotations
@@ -12,12 +12,14 @@ import pytest
 
 from curation import events as curation_events
 from curation import tasks as curation_tasks
-from curation.services import steps_label
-from pool import live, tasks
+from curation.services.labels import steps_label
+from pool import bus, live, tasks
+from pool.bus import LabelsSet, StepsWritten, TrajectoriesEnded
 from pool.ingest import effects
-from pool.ingest.effects import LabelsSet, StepsWritten, TrajectoriesEnded
+from pool.ingest.pipeline import steps_ingest
 from pool.models import Step
-from pool.services import groups, readiness, rewards, steps_ingest, trajectories, trajectory_complete
+from pool.services import groups, readiness, rewards, trajectories
+from pool.services.trajectories import trajectory_complete
 from tests.pool.factories import step_in
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,17 +30,17 @@ PROMPT = list(range(100, 140))
 def seen(event_type: type) -> Iterator[list]:
     """The events of ``event_type`` emitted meanwhile (a registered effect records them)."""
     got: list = []
-    effects.register(got.append, event_type)
+    bus.register(got.append, event_type)
     try:
         yield got
     finally:
-        effects.unregister(got.append)
+        bus.unregister(got.append)
 
 
 def test_the_apps_ready_register_every_effect_once_in_order():
     # given: Django set up (the apps' ready() ran)
     # then: the pool's effects of stored steps, in the order the docstring numbers them
-    assert effects._registry[StepsWritten][:7] == [
+    assert bus._registry[StepsWritten][:7] == [
         effects.trajectory_counters,
         effects.group_anchors,
         rewards.steps_written_rewards,
@@ -48,16 +50,16 @@ def test_the_apps_ready_register_every_effect_once_in_order():
         trajectories.steps_written_ended,
     ]
     # and the follow-ups of the other events, each from its own app
-    assert effects._registry[TrajectoriesEnded] == [tasks.trajectories_ended_enqueue, live.trajectories_ended]
-    assert effects._registry[effects.GroupsCompleted] == [
+    assert bus._registry[TrajectoriesEnded] == [tasks.trajectories_ended_enqueue, live.trajectories_ended]
+    assert bus._registry[bus.GroupsCompleted] == [
         readiness.groups_completed_settle,
         tasks.groups_completed_enqueue,
     ]
-    assert effects._registry[curation_events.SnapshotRequested] == [curation_tasks.snapshot_build_enqueue]
-    assert effects._registry[curation_events.SnapshotChanged] == [curation_events.snapshot_live]
-    assert effects._registry[curation_events.LeaseChanged] == [curation_events.lease_live]
+    assert bus._registry[curation_events.SnapshotRequested] == [curation_tasks.snapshot_build_enqueue]
+    assert bus._registry[curation_events.SnapshotChanged] == [curation_events.snapshot_live]
+    assert bus._registry[curation_events.LeaseChanged] == [curation_events.lease_live]
     # and none of the pool's own effects makes a fused append open a transaction
-    assert not effects.any_registered()
+    assert not bus.any_registered()
 
 
 def _imports(path: Path) -> set[str]:
@@ -108,7 +110,8 @@ def test_services_tasks_and_effects_import_in_no_circle():
         m
         for m in graph
         if m.startswith(("pool.services", "curation.services"))
-        or m in {"pool.tasks", "curation.tasks", "pool.ingest.effects", "pool.live", "curation.events"}
+        or m
+        in {"pool.tasks", "curation.tasks", "pool.bus", "pool.ingest.effects", "pool.live", "curation.events"}
     ]
     # then: none of them reaches itself again
     for start in mine:
@@ -123,11 +126,14 @@ def test_services_tasks_and_effects_import_in_no_circle():
 
 
 def test_the_registry_imports_no_service_task_or_notifier():
+    # the bus imports nothing of the pool; the ingest's own effects only the bus, models, SQL
+    assert {m for m in _imports(ROOT / "pool/bus.py") if m.startswith("pool")} == set()
     imported = _imports(ROOT / "pool/ingest/effects.py")
     assert {m for m in imported if m.startswith("pool.")} <= {
+        "pool.bus",
+        "pool.bus.StepsWritten",
         "pool.models",
         "pool.models.PromptGroup",
-        "pool.ingest",
         "pool.sql",
     }
 

@@ -11,19 +11,19 @@ import numpy as np
 import pytest
 
 from gateway import serializers as s
-from pool import selectors
-from pool.ingest import StepIn
 from pool.ingest.contract import (
     CONTENT_FIELDS,
     READ_FIELDS,
     REQUIRED_FIELDS,
     STEP_FIELDS,
+    StepIn,
     StepWire,
 )
 from pool.ingest.media import ImageIn
+from pool.ingest.pipeline import steps_ingest
 from pool.ingest.plan import pack
 from pool.models import Step
-from pool.services import steps_ingest
+from pool.selectors.steps import steps_render
 from tests.pool.factories import step_in
 
 # How each wire type is held once validated (arrays become numpy).
@@ -79,7 +79,7 @@ def test_stepin_holds_every_wire_field_with_its_type():
 @pytest.mark.django_db
 def test_reads_return_exactly_the_read_fields():
     steps_ingest(steps=[step_in("doc", 0, prompt=[1, 2], response=[3])])
-    rendered = selectors.steps_render(list(Step.objects.with_context()))[0]
+    rendered = steps_render(list(Step.objects.with_context()))[0]
     assert tuple(rendered) == READ_FIELDS
 
 

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from gateway.proxy.recording import ProxiedCall, ProxiedChoice, record_call
-from pool import ingest
+from pool import bus
 from pool.ingest.claim import recent
+from pool.ingest.pipeline import steps_ingest
 from pool.models import PromptGroup, Step, Trajectory
-from pool.services import steps_ingest
 from tests.pool.factories import step_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -21,21 +21,21 @@ PROMPT = list(range(100, 140))
 @pytest.fixture
 def seen():
     """A registered effect that records each write it sees (and can be told to fail)."""
-    calls: list[ingest.StepsWritten] = []
+    calls: list[bus.StepsWritten] = []
     fail: list[bool] = [False]
 
-    def effect(written: ingest.StepsWritten) -> None:
+    def effect(written: bus.StepsWritten) -> None:
         calls.append(written)
         if fail[0]:
             raise RuntimeError("effect failed")
 
-    ingest.register(effect)
-    ingest.register(effect)  # registering twice is once
+    bus.register(effect)
+    bus.register(effect)  # registering twice is once
     recent.clear()
     try:
         yield calls, fail
     finally:
-        ingest.effects.unregister(effect)
+        bus.unregister(effect)
         recent.clear()
 
 

@@ -17,9 +17,15 @@ import pytest
 from django.db import DatabaseError, connection
 
 from pool import tokens
-from pool.ingest import AppendTarget, StepIn, steps_append
 from pool.ingest.claim import Tail, recent
-from pool.ingest.pipeline import AppendRequest, append_groupable, steps_append_group
+from pool.ingest.contract import StepIn
+from pool.ingest.pipeline import (
+    AppendRequest,
+    AppendTarget,
+    append_groupable,
+    steps_append,
+    steps_append_group,
+)
 from pool.models import Source, Step, Trajectory
 from tests.pool.statements import sql_statements
 

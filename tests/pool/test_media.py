@@ -1,4 +1,4 @@
-"""Images stored once by content (pool/services/media.py, pool/ingest/media.py): dedup, the
+"""Images stored once by content (pool/media.py, pool/ingest/media.py): dedup, the
 hostile cases refused whole with their field named, placeholder spans, uploads and downloads,
 and the images each batch format carries."""
 
@@ -16,9 +16,9 @@ from PIL import Image
 from rest_framework.test import APIClient
 
 from curation.formats import padded, steps
+from pool.media import media_store
 from pool.models import Media, Scope, Step, StepMedia
 from pool.selectors.steps import steps_render
-from pool.services.media import media_store
 from tests.conftest import make_step
 
 pytestmark = pytest.mark.django_db

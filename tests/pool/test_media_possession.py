@@ -1,4 +1,4 @@
-"""Images by possession (pool.selectors.media, pool.services.media, pool.models.MediaSource):
+"""Images by possession (pool.selectors.media, pool.media, pool.models.MediaSource):
 a source references an image by sha256, and reads it back, only when it holds it (uploaded
 the bytes, or a step of it carried them). Everywhere else an image another source holds
 answers exactly as an unknown hash does, and an upload answers 201 whether or not the bytes

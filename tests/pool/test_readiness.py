@@ -11,11 +11,13 @@ import pytest
 from django.utils import timezone
 
 from pool.flags import READY, Quality, Readiness
+from pool.ingest.pipeline import steps_ingest
 from pool.models import PromptGroup, Step, Trajectory
 from pool.quality import is_repetitive
-from pool.services import CompletionIn, RewardIn, rewards_apply, steps_ingest, trajectories_complete
 from pool.services.groups import group_upsert
 from pool.services.readiness import readiness_sweep
+from pool.services.rewards import RewardIn, rewards_apply
+from pool.services.trajectories import CompletionIn, trajectories_complete
 from tests.pool.factories import step_in
 
 pytestmark = pytest.mark.django_db

@@ -25,6 +25,7 @@ from django.db import connections
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from pool.ingest.pipeline import steps_ingest
 from pool.models import Scope, Step
 from pool.replica import (
     REPLICA,
@@ -34,7 +35,7 @@ from pool.replica import (
     replica_lag,
     replica_reads,
 )
-from pool.services import api_key_create, steps_ingest
+from pool.services.api_keys import api_key_create
 from pool.services.groups import group_upsert
 from tests.live import ROOT
 
@@ -164,8 +165,8 @@ def ready_group(uid: str, *, rollouts: int = 2, turns: int = 2, seed: int = 0) -
 def pool(replica_port, operator):
     """Two ready groups, a dataset, an event, keys and a leased batch, committed and
     replayed on the replica."""
-    from curation.services import dataset_create
-    from pool.services.events import EventIn, event_record
+    from curation.services.datasets import dataset_create
+    from pool.services.service_events import EventIn, event_record
 
     ready_group("rg-a", seed=1)
     ready_group("rg-b", seed=2)

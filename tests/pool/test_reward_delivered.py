@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from curation.services import dataset_create
+from curation.services.datasets import dataset_create
 from curation.services.snapshots import snapshot_build, snapshot_create
 from pool import tasks
+from pool.ingest.pipeline import steps_ingest
 from pool.models import ApiKey, RewardEvent, Scope, Step, Trajectory
-from pool.services import steps_ingest
 from pool.services.groups import group_upsert
 from tests.conftest import client_for
 from tests.pool.factories import step_in

@@ -12,12 +12,13 @@ from claw_site.demo import upstream as demo
 from pool import tasks
 from pool.errors import Unprocessable
 from pool.flags import READY, Readiness
+from pool.generation_texts import generation_text_remember
+from pool.ingest.pipeline import steps_ingest
 from pool.models import PromptGroup, RewardEvent, RewardFailure, RewardFunction, Step, Trajectory
 from pool.rewards import RewardError, RewardSample, builtin, judge
-from pool.services import steps_ingest, trajectory_complete
-from pool.services.generation_texts import generation_text_remember
 from pool.services.groups import group_upsert
 from pool.services.reward_compute import sample_reward_compute
+from pool.services.trajectories import trajectory_complete
 from tests.gateway.conftest import demo_upstream  # noqa: F401 - the session fixture
 from tests.live import refused_port
 from tests.pool.factories import step_in

@@ -19,9 +19,11 @@ from dataclasses import dataclass
 import pytest
 
 from pool.flags import Readiness
+from pool.ingest.pipeline import steps_ingest
 from pool.models import Step
-from pool.services import CompletionIn, RewardIn, rewards_apply, steps_ingest, trajectories_complete
 from pool.services.readiness import readiness_sweep
+from pool.services.rewards import RewardIn, rewards_apply
+from pool.services.trajectories import CompletionIn, trajectories_complete
 from tests.pool.factories import random_ids, step_in
 
 pytestmark = pytest.mark.django_db

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from pool import tasks
 from pool.errors import Conflict, InvalidInput, NotFound
+from pool.ingest.pipeline import steps_ingest
 from pool.models import (
     ApiKey,
     Event,
@@ -27,22 +28,12 @@ from pool.models import (
     Step,
     Trajectory,
 )
-from pool.services import (
-    RewardIn,
-    api_key_create,
-    api_key_verify,
-    event_record,
-    feedback_create,
-    gateway_event_record,
-    policy_version_set,
-    rewards_apply,
-    steps_ingest,
-    trajectory_complete,
-    trajectory_create,
-    trajectory_register,
-)
-from pool.services.events import EventIn
+from pool.services.api_keys import api_key_create, api_key_verify
 from pool.services.groups import group_upsert
+from pool.services.policy import policy_version_set
+from pool.services.rewards import RewardIn, rewards_apply
+from pool.services.service_events import EventIn, event_record, feedback_create, gateway_event_record
+from pool.services.trajectories import trajectory_complete, trajectory_create, trajectory_register
 from tests.conftest import client_for
 from tests.pool.factories import pool_counts, step_in, trajectory_with_steps
 
@@ -411,7 +402,7 @@ def test_concurrent_policy_switches_leave_exactly_one_current():
     from django.db import connection, connections
 
     from pool.models import PolicyVersion
-    from pool.services import policy_version_set
+    from pool.services.policy import policy_version_set
 
     if connection.vendor != "postgresql":
         pytest.skip("concurrent writers need PostgreSQL")

@@ -209,6 +209,6 @@ def test_scopes_and_tenancy(make_key):
 
 
 def _key(*scopes: str) -> str:
-    from pool.services import api_key_create
+    from pool.services.api_keys import api_key_create
 
     return api_key_create(name="k", scopes=list(scopes))[1]

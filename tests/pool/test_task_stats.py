@@ -10,10 +10,10 @@ import threading
 import pytest
 from django.db import connection, connections
 
-from pool.ingest import effects
-from pool.ingest.effects import GroupsReady
+from pool import bus
+from pool.bus import GroupsReady
+from pool.ingest.pipeline import steps_ingest
 from pool.models import PromptGroup, RewardFunction, Task, TaskSet
-from pool.services import steps_ingest
 from pool.services import task_stats as stats_module
 from pool.services.groups import group_upsert
 from pool.services.readiness import groups_settle, readiness_sweep
@@ -236,7 +236,7 @@ def test_failed_rollouts_count_as_attempted_and_failed_not_rewarded(agent_key):
 
 @pytest.mark.django_db
 def test_the_effect_is_registered_once_for_ready_groups():
-    assert effects._registry[GroupsReady].count(stats_module.groups_ready_task_stats) == 1
+    assert bus._registry[GroupsReady].count(stats_module.groups_ready_task_stats) == 1
 
 
 @pytest.mark.django_db(transaction=True)

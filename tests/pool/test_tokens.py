@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from django.db import connection, connections
 
-from pool import selectors, tokens
+from pool import tokens
+from pool.ingest.pipeline import steps_ingest
 from pool.models import Step
-from pool.services import steps_ingest
+from pool.selectors.steps import steps_render
 from tests.pool.factories import random_ids, step_in
 
 pytestmark = pytest.mark.django_db
@@ -28,7 +29,7 @@ def stored_token_bytes() -> int:
 def read_back(uids: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """(prompt_ids, response_ids) of each step, through the selector the API uses."""
     steps = list(Step.objects.with_context().filter(uid__in=uids))
-    return {r["uid"]: (r["prompt_ids"], r["response_ids"]) for r in selectors.steps_render(steps)}
+    return {r["uid"]: (r["prompt_ids"], r["response_ids"]) for r in steps_render(steps)}
 
 
 def assert_exact(written: dict[str, tuple[list[int], list[int]]]) -> None:
@@ -124,7 +125,7 @@ def test_logprobs_round_trip_bit_exact():
         steps=[step_in("lp", 0, prompt=[1, 2], response=list(range(len(values))), rollout_logprobs=values)]
     )
     # when read back
-    got = selectors.steps_render(list(Step.objects.with_context()))[0]["rollout_logprobs"]
+    got = steps_render(list(Step.objects.with_context()))[0]["rollout_logprobs"]
     # then the float64 bits are identical
     assert np.asarray(got, dtype="<f8").tobytes() == np.asarray(values, dtype="<f8").tobytes()
 

@@ -15,7 +15,7 @@ from django.core.management.base import BaseCommand, CommandError
 from pool.errors import PoolError
 
 from ...roles import ROLES
-from ...services import user_create
+from ...services.users import user_create
 
 
 class Command(BaseCommand):

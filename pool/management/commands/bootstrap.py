@@ -21,8 +21,7 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 
 from pool.models import ApiKey, Scope, Source
-from pool.services import api_key_create
-from pool.services.api_keys import api_key_verify
+from pool.services.api_keys import api_key_create, api_key_verify
 
 # (environment variable, key name, file under VAR_DIR, scopes, source, source kind)
 STORED_KEYS = (

@@ -4,7 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from pool.errors import PoolError
 from pool.models import Scope, Source
-from pool.services import api_key_create
+from pool.services.api_keys import api_key_create
 
 
 class Command(BaseCommand):

@@ -3,7 +3,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from pool.errors import PoolError
-from pool.services import api_key_rotate
+from pool.services.api_keys import api_key_rotate
 
 
 class Command(BaseCommand):

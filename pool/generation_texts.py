@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .. import tokens
-from ..models import GenerationText
+from . import tokens
+from .models import GenerationText
 
 
 def response_ids_hash(ids: Sequence[int] | np.ndarray) -> bytes:

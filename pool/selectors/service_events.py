@@ -1,5 +1,5 @@
-"""Reads of service events, feedback and policy versions: listed for the API's pages, and
-their API representations."""
+"""Reads of what black-box services tell the pool: their events and feedback, listed for the
+API's pages, and their API representations."""
 
 from __future__ import annotations
 
@@ -7,12 +7,9 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from ..models import Event, Feedback, Policy, PolicyVersion
+from ..models import Event, Feedback
 from ..tenancy import Sources
 from ..tenancy import q as of_sources
-
-# Policy versions ``GET /api/v1/policy-versions`` returns at most, newest first.
-POLICY_VERSIONS_SHOWN = 1000
 
 
 def events_listed(sources: Sources = None) -> QuerySet[Event]:
@@ -63,25 +60,3 @@ def feedback_render(f: Feedback) -> dict[str, Any]:
         "author": f.author,
         "created_at": f.created_at,
     }
-
-
-def policy_versions_listed() -> QuerySet[PolicyVersion]:
-    """Every policy version, newest first."""
-    return PolicyVersion.objects.order_by("-version")
-
-
-def policy_versions_list(limit: int = POLICY_VERSIONS_SHOWN) -> list[PolicyVersion]:
-    """The newest ``limit`` policy versions, newest first."""
-    return list(policy_versions_listed()[:limit])
-
-
-def policy_version_render(p: PolicyVersion) -> dict[str, Any]:
-    return {"version": p.version, "is_current": p.is_current, "metadata": p.metadata}
-
-
-def policy_current_version(name: str) -> int | None:
-    """The current version of policy ``name`` (pool.models.Policy), None when it has none
-    or does not exist. ``default``'s is PolicyVersion.is_current's. One query."""
-    if name == Policy.DEFAULT:
-        return PolicyVersion.objects.filter(is_current=True).values_list("version", flat=True).first()
-    return Policy.objects.filter(name=name).values_list("current_version", flat=True).first()

@@ -37,10 +37,10 @@ from django.core.files.storage import default_storage
 from django.db import transaction
 from PIL import Image, UnidentifiedImageError
 
-from ..errors import InvalidInput, PoolError
-from ..models import Media, MediaSource
-from ..selectors.media import media_by_sha
-from ..tenancy import Sources
+from .errors import InvalidInput, PoolError
+from .models import Media, MediaSource
+from .selectors.media import media_by_sha
+from .tenancy import Sources
 
 # Pillow's format name -> the media type we store and serve.
 MEDIA_TYPES = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif"}

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from django.db import transaction
 from django.utils import timezone
 
+from ..bus import FeedbackRecorded, emit
 from ..errors import InvalidInput, NotFound
 from ..ingest import rules
-from ..ingest.effects import FeedbackRecorded, emit
 from ..models import Event, Feedback, Step, Trajectory
 from ..tenancy import OWN, allowed
 from ..tenancy import q as of_sources
