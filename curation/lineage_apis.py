@@ -30,7 +30,7 @@ from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
 from claw_kit.web.files import stream_download
-from claw_kit.web.query import KnownQueryParams
+from claw_kit.web.query import KnownQueryParams, decimal
 from pool.access.auth import ConsumeScope, ReadScope, read_sources_of, served_sources_of
 from pool.errors import Conflict, InvalidInput, NotFound
 
@@ -56,9 +56,10 @@ def _page_args(request) -> tuple[Any, int]:
     raw = request.query_params.get("page_size")
     size = DEFAULT_PAGE
     if raw is not None:
-        if not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE:
+        n = decimal(raw)
+        if n is None or not 1 <= n <= MAX_PAGE:
             raise InvalidInput(f"page_size must be an integer in [1, {MAX_PAGE}]", field="page_size")
-        size = int(raw)
+        size = n
     cursor = request.query_params.get("cursor")
     if cursor is None:
         return None, size
@@ -310,11 +311,11 @@ class CheckpointDiffApi(KnownQueryParams, APIView):
     def get(self, request, uid: str, version: int):
         run = _run(request, uid)
         a = _checkpoint(run, version)
-        raw = request.query_params.get("to")
-        if raw is None or not raw.isdigit():
+        to = decimal(request.query_params.get("to"))
+        if to is None:
             raise InvalidInput("to must be a checkpoint's version", field="to")
         other = _run(request, request.query_params["to_run"]) if "to_run" in request.query_params else run
-        b = _checkpoint(other, int(raw), field="to")
+        b = _checkpoint(other, to, field="to")
         side = request.query_params.get("side", "added")
         if side not in sel.DIFF_SIDES:
             raise InvalidInput(f"side must be one of {list(sel.DIFF_SIDES)}", field="side")
@@ -449,10 +450,10 @@ def _side(request, sides: tuple[str, ...]) -> str:
 
 
 def _version_number(request, name: str) -> int:
-    raw = request.query_params.get(name)
-    if raw is None or not raw.isdigit():
+    number = decimal(request.query_params.get(name))
+    if number is None:
         raise InvalidInput(f"{name} must be a version number of the dataset", field=name)
-    return int(raw)
+    return number
 
 
 class DatasetDiffApi(KnownQueryParams, APIView):

@@ -26,6 +26,7 @@ from tests.live import LiveServer, live_server, stop_process
 pytestmark = pytest.mark.live
 
 COUNTED = ("steps", "trajectories", "groups", "events", "feedback")
+LISTED = ("runs", "datasets")  # counted by their list (GET /api/v1/<name>)
 
 
 @dataclass
@@ -40,8 +41,13 @@ class Site:
         r.raise_for_status()
         stats = r.json()
         versions = self.http.get("/api/v1/policy-versions").json()
+        listed = {}
+        for name in LISTED:
+            page = self.http.get(f"/api/v1/{name}" + ("?page_size=1000" if name == "runs" else "")).json()
+            listed[name] = len(page if isinstance(page, list) else page["results"])
         return {
             **{k: stats[k] for k in COUNTED},
+            **listed,
             "policy_versions": len(versions if isinstance(versions, list) else versions["results"]),
         }
 
@@ -55,6 +61,8 @@ class Site:
         headers.update({k: v.format(key=self.key) for k, v in case.headers.items()})
         # The path goes as written (percent escapes included): httpx would not re-quote it.
         url = httpx.URL(self.server.url + case.path.format(key=self.key))
+        if case.method == "GET":
+            return self.http.get(url, headers=headers)
         return self.http.post(url, content=case.body, headers=headers)
 
 
@@ -95,6 +103,9 @@ def test_the_corpus_covers_every_door_with_at_least_120_cases():
         "/api/v1/events",
         "/api/v1/feedback",
         "/api/v1/policy-versions",
+        "/api/v1/runs",
+        "/api/v1/datasets",
+        "/api/v1/labels",
         *(door[2] for door in PROXY_DOORS),
         *(
             f"/compat/claw-r1/k/{{key}}/{e}"
@@ -104,6 +115,7 @@ def test_the_corpus_covers_every_door_with_at_least_120_cases():
         assert needed in paths, needed
     assert any(c.content_type == "application/msgpack" for c in CASES)
     assert any(c.path.startswith("/t/") for c in CASES)
+    assert any(c.method == "GET" and "/diff?" in c.path for c in CASES)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

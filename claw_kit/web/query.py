@@ -102,3 +102,12 @@ def _schema(view: Any, method: str) -> list[str]:
         for p in schema.get_override_parameters()
         if isinstance(p, OpenApiParameter) and p.location == OpenApiParameter.QUERY
     ]
+
+
+def decimal(raw: str | None, *, max_digits: int = 18) -> int | None:
+    """``raw`` as a non-negative integer when it is ASCII digits only (at most ``max_digits``),
+    else None. ``str.isdigit`` is not enough: it holds for "²" and "٣", which ``int`` refuses
+    (a 500), and for a 5,000-digit number, which ``int`` refuses past its digit limit."""
+    if raw is None or not (0 < len(raw) <= max_digits) or not raw.isascii() or not raw.isdigit():
+        return None
+    return int(raw)

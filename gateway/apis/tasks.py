@@ -7,7 +7,7 @@ from rest_framework import generics, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from claw_kit.web.query import KnownQueryParams
+from claw_kit.web.query import KnownQueryParams, decimal
 from pool.access.auth import (
     ReadScope,
     key_id_of,
@@ -110,11 +110,11 @@ class TaskListCreateApi(KnownQueryParams, APIView):
         params = request.query_params
         filters = {k: v for k, v in params.items() if k not in ("sort", "cursor", "page_size", "format")}
         qs = tasks_filtered(tasks_listed(read_sources_of(request)), filters, field="query")
-        size = params.get("page_size", "100")
-        if not size.isdigit() or not 1 <= int(size) <= 1000:
+        size = decimal(params.get("page_size", "100"))
+        if size is None or not 1 <= size <= 1000:
             raise InvalidInput("page_size must be an integer from 1 to 1000", field="page_size")
         rows, cursor = tasks_page(
-            qs, sort=params.get("sort", "created"), cursor=params.get("cursor"), size=int(size)
+            qs, sort=params.get("sort", "created"), cursor=params.get("cursor"), size=size
         )
         nxt = None
         if cursor:

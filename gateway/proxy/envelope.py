@@ -17,6 +17,7 @@ from claw_kit.uids import uuid4_hex
 from claw_kit.web import guard
 from claw_kit.web.body import check_length, json_object
 from claw_kit.web.errors import HttpError, error_response
+from claw_kit.web.query import decimal
 from pool.errors import PoolError
 from pool.ingest import rules
 from pool.services.api_keys import VerifiedKey
@@ -49,7 +50,7 @@ class Call:
         within the call's size limits (limits.py: token ids, characters of text), so nothing
         goes upstream that could never be a step."""
         length = self.request.META.get("CONTENT_LENGTH")
-        check_length(int(length) if length and length.isdigit() else None)
+        check_length(decimal(length, max_digits=30))
         body = json_object(self.request.body)
         found = rules.value_problem(body)
         if found:

@@ -31,6 +31,7 @@ class Case:
     body: bytes
     content_type: str = JSON
     headers: dict[str, str] = field(default_factory=dict)
+    method: str = "POST"  # a GET's hostile part is its query string (``path``)
 
 
 # --- hostile values ------------------------------------------------------------------------------
@@ -253,6 +254,41 @@ REST_BODIES: list[tuple[str, str, dict[str, Any], str]] = [
     ("rewards", f"{A}/rewards", {"step_uid": "hostile-seed:0", "reward": 1.0, "metadata": 0}, "metadata"),
     ("events", f"{A}/events", {"type": "note", "payload": 0}, "payload"),
     ("policy-versions", f"{A}/policy-versions", {"version": 7, "metadata": 0}, "metadata"),
+    # curation and lineage writes (a trainer's and an operator's)
+    ("runs", f"{A}/runs", {"consumer": "hostile-c", "dataset": "hostile-ds", "config": 0}, "config"),
+    (
+        "verdicts",
+        f"{A}/leases/00000000-0000-4000-8000-000000000001/verdicts",
+        {"steps": [{"uid": "hostile-seed:0", "tokens": 0}]},
+        "steps.0.tokens",
+    ),
+    ("datasets", f"{A}/datasets", {"name": "hostile-ds2", "filters": 0}, "filters"),
+    ("dataset preview", f"{A}/datasets/preview", {"filters": 0}, "filters"),
+    ("labels", f"{A}/labels", {"step_uids": ["hostile-seed:0"], "tags_add": 0}, "tags_add"),
+]
+
+# GET query strings a reader may send (the dataset, checkpoint and snapshot diffs, page sizes):
+# digits that are not ASCII ("²", "٣": str.isdigit holds, int refuses), numbers past int's
+# digit limit, NUL and control characters, cursors that decode to nonsense.
+DIFF = f"{A}/datasets/hostile-ds/diff"
+QUERY_CASES: list[tuple[str, str]] = [
+    ("dataset diff: a superscript digit in from", f"{DIFF}?from=%C2%B2&to=1"),
+    ("dataset diff: an Arabic-Indic digit in to", f"{DIFF}?from=1&to=%D9%A3"),
+    ("dataset diff: a 5,000-digit version", f"{DIFF}?from=1&to=" + "9" * 5000),
+    ("dataset diff: a negative version", f"{DIFF}?from=-1&to=1"),
+    ("dataset diff: NUL in side", f"{DIFF}?from=1&to=1&side=a%00b"),
+    ("dataset diff: a superscript page size", f"{DIFF}?from=1&to=1&page_size=%C2%B2"),
+    ("dataset diff: a 40-digit page size", f"{DIFF}?from=1&to=1&page_size=" + "9" * 40),
+    ("dataset diff: a cursor of nested arrays", f"{DIFF}?from=1&to=1&cursor=W1tbWzFdXV1d"),
+    ("dataset diff: a cursor that is not base64", f"{DIFF}?from=1&to=1&cursor=%FF%FE"),
+    (
+        "snapshot diff: to that is no id",
+        f"{A}/snapshots/00000000-0000-4000-8000-000000000001/diff?to=%00",
+    ),
+    ("tasks: a superscript page size", f"{A}/tasks?page_size=%C2%B2"),
+    ("tasks: a 5,000-digit page size", f"{A}/tasks?page_size=" + "9" * 5000),
+    ("runs: a 5,000-digit page size", f"{A}/runs?page_size=" + "9" * 5000),
+    ("steps: NUL in a filter", f"{A}/steps?trajectory_uid=a%00b"),
 ]
 
 
@@ -275,6 +311,7 @@ def rest_cases() -> list[Case]:
                 b'{"a":' * 1100 + b"NaN" + b"}" * 1100,
             )
         )
+    out += [Case(name, "openai", path, b"", method="GET") for name, path in QUERY_CASES]
     out.append(Case("feedback: the body nested 2,000 deep", "openai", f"{A}/feedback", deep_object(2000)))
     out.append(
         Case(
