@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from . import padding
+
 
 def collate_steps(batch: Any, *, pad_id: int = 0) -> dict[str, Any]:
     """Tensors of the steps of ``batch`` (a client Batch, a pull answer or its ``{"steps": [...]}``
@@ -28,30 +32,27 @@ def collate_steps(batch: Any, *, pad_id: int = 0) -> dict[str, Any]:
     import torch
 
     steps = _steps_of(batch)
-    n = len(steps)
-    p = max((len(s["prompt_ids"]) for s in steps), default=0)
-    r = max((len(s["response_ids"]) for s in steps), default=0)
-    prompts = torch.full((n, p), pad_id, dtype=torch.long)
-    responses = torch.full((n, r), pad_id, dtype=torch.long)
-    prompt_mask = torch.zeros((n, p), dtype=torch.bool)
-    response_mask = torch.zeros((n, r), dtype=torch.bool)
-    logprobs = torch.zeros((n, r), dtype=torch.float32)
-    for i, s in enumerate(steps):
-        prompt = torch.as_tensor(_ints(s["prompt_ids"]), dtype=torch.long)
-        response = torch.as_tensor(_ints(s["response_ids"]), dtype=torch.long)
-        if len(prompt):
-            prompts[i, p - len(prompt) :] = prompt
-            prompt_mask[i, p - len(prompt) :] = True
-        responses[i, : len(response)] = response
-        response_mask[i, : len(response)] = not s.get("mask", False)
-        if s.get("rollout_logprobs") is not None:
-            lp = torch.as_tensor(_floats(s["rollout_logprobs"]), dtype=torch.float32)
-            logprobs[i, : len(lp)] = lp
-    response_real = torch.arange(r)[None, :] < torch.tensor([len(s["response_ids"]) for s in steps]).reshape(
-        n, 1
+    lay = padding.layout(
+        [_ints(s["prompt_ids"]) for s in steps], [_ints(s["response_ids"]) for s in steps], pad_id=pad_id
     )
-    attention_mask = torch.cat([prompt_mask, response_real], dim=1)
-    position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+    w = lay.response_width
+    unmasked = np.array([not s.get("mask", False) for s in steps], dtype=bool)
+    logprobs = padding.right(
+        [
+            _floats(s["rollout_logprobs"])
+            if s.get("rollout_logprobs") is not None
+            else np.zeros(0, np.float32)
+            for s in steps
+        ],
+        w,
+        fill=0.0,
+        dtype=np.float32,
+    )
+    prompts, responses = torch.from_numpy(lay.prompts), torch.from_numpy(lay.responses)
+    response_mask = torch.from_numpy(lay.response_real & unmasked.reshape(-1, 1))
+    attention_mask = torch.from_numpy(lay.attention_mask.astype(bool))
+    position_ids = torch.from_numpy(lay.position_ids)
+    logprobs = torch.from_numpy(logprobs)
     rewards = [s.get("reward") for s in steps]
     return {
         "prompts": prompts,
@@ -79,12 +80,8 @@ def _steps_of(batch: Any) -> list[dict[str, Any]]:
 
 
 def _ints(x: Any) -> Any:
-    import numpy as np
-
     return np.asarray(x, dtype=np.int64)
 
 
 def _floats(x: Any) -> Any:
-    import numpy as np
-
     return np.asarray(x, dtype=np.float32)

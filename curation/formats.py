@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from claw_client import build_prefix_tree
+from claw_client import build_prefix_tree, padding
 
 PAD_TOKEN_ID = 0
 TOKEN_DTYPE = np.int32  # ids, masks, positions and packed indices
@@ -74,37 +74,34 @@ def padded(rows: Sequence[Row]) -> dict[str, Any]:
     ordered image references, ``{sha256, media_type, width, height, url, ...}``).
     """
     n = len(rows)
-    plen = np.fromiter((len(r["prompt_ids"]) for r in rows), dtype=np.int64, count=n)
-    rlen = np.fromiter((len(r["response_ids"]) for r in rows), dtype=np.int64, count=n)
-    p = int(plen.max(initial=0))
-    w = int(rlen.max(initial=0))
-    prompts = np.full((n, p), PAD_TOKEN_ID, dtype=TOKEN_DTYPE)
-    responses = np.full((n, w), PAD_TOKEN_ID, dtype=TOKEN_DTYPE)
-    logprobs = np.zeros((n, w), dtype=FLOAT_DTYPE)
-    rewards = np.zeros((n, w), dtype=FLOAT_DTYPE)
-    behind = np.full((n, w), -1, dtype=VERSION_DTYPE)
-    for i, r in enumerate(rows):
-        lp, lr = int(plen[i]), int(rlen[i])
-        prompts[i, p - lp :] = r["prompt_ids"]
-        responses[i, :lr] = r["response_ids"]
-        if r["rollout_logprobs"] is not None:
-            logprobs[i, :lr] = r["rollout_logprobs"]
-        rewards[i, :lr] = token_level_rewards(r)
-        behind[i, :lr] = token_versions_behind(r)
-    cols_p, cols_r = np.arange(p), np.arange(w)
-    prompt_mask = cols_p[None, :] >= (p - plen)[:, None]
-    response_real = cols_r[None, :] < rlen[:, None]
-    attention_mask = np.concatenate([prompt_mask, response_real], axis=1).astype(TOKEN_DTYPE)
+    lay = padding.layout(
+        [r["prompt_ids"] for r in rows],
+        [r["response_ids"] for r in rows],
+        pad_id=PAD_TOKEN_ID,
+        dtype=TOKEN_DTYPE,
+    )
+    w = lay.response_width
+    zeros = [np.zeros(k, dtype=FLOAT_DTYPE) for k in lay.response_lengths]
+    logprobs = padding.right(
+        [
+            r["rollout_logprobs"] if r["rollout_logprobs"] is not None else zeros[i]
+            for i, r in enumerate(rows)
+        ],
+        w,
+        fill=0.0,
+        dtype=FLOAT_DTYPE,
+    )
+    rewards = padding.right([token_level_rewards(r) for r in rows], w, fill=0.0, dtype=FLOAT_DTYPE)
+    behind = padding.right([token_versions_behind(r) for r in rows], w, fill=-1, dtype=VERSION_DTYPE)
     unmasked = ~np.fromiter((bool(r["mask"]) for r in rows), dtype=bool, count=n)
-    position_ids = np.maximum(np.cumsum(attention_mask, axis=1, dtype=TOKEN_DTYPE) - 1, 0).astype(TOKEN_DTYPE)
     return {
         "pad_token_id": PAD_TOKEN_ID,
-        "input_ids": np.concatenate([prompts, responses], axis=1),
-        "attention_mask": attention_mask,
-        "response_mask": (response_real & unmasked[:, None]).astype(TOKEN_DTYPE),
-        "position_ids": position_ids,
-        "prompts": prompts,
-        "responses": responses,
+        "input_ids": lay.input_ids,
+        "attention_mask": lay.attention_mask,
+        "response_mask": (lay.response_real & unmasked[:, None]).astype(TOKEN_DTYPE),
+        "position_ids": lay.position_ids,
+        "prompts": lay.prompts,
+        "responses": lay.responses,
         "rollout_logprobs": logprobs,
         "token_level_rewards": rewards,
         "token_versions_behind": behind,

@@ -62,6 +62,7 @@ import torch
 from tensordict import TensorDict
 from verl.protocol import DataProto
 
+from claw_client import padding
 from claw_client.formats import padded_steps
 
 __all__ = ["batch_rows", "open_run", "post_verdicts", "to_dataproto", "verdicts_of"]
@@ -90,45 +91,41 @@ def to_dataproto(
         media = info.get("client")
     if not rows:
         raise ValueError("the batch has no steps: nothing to convert (an empty pull is falsy)")
-    n = len(rows)
-    plen = [len(r["prompt_ids"]) for r in rows]
-    rlen = [len(r["response_ids"]) for r in rows]
-    p = _width(plen, prompt_length, "prompt")
-    w = _width(rlen, response_length, "response")
-    prompts = torch.full((n, p), pad_token_id, dtype=torch.int64)
-    responses = torch.full((n, w), pad_token_id, dtype=torch.int64)
-    attention_mask = torch.zeros((n, p + w), dtype=torch.int64)
-    response_mask = torch.zeros((n, w), dtype=torch.int64)
-    logprobs = torch.zeros((n, w), dtype=torch.float32)
-    scores = torch.zeros((n, w), dtype=torch.float32)
-    for i, r in enumerate(rows):
-        lp, lr = plen[i], rlen[i]
-        if lp:
-            prompts[i, p - lp :] = torch.as_tensor(np.asarray(r["prompt_ids"], dtype=np.int64))
-            attention_mask[i, p - lp : p] = 1
-        if lr:
-            responses[i, :lr] = torch.as_tensor(np.asarray(r["response_ids"], dtype=np.int64))
-            attention_mask[i, p : p + lr] = 1
-            if not r.get("mask", False):
-                response_mask[i, :lr] = 1
-            if r.get("reward") is not None:
-                scores[i, lr - 1] = float(r["reward"])
-        if r.get("rollout_logprobs") is not None and lr:
-            logprobs[i, :lr] = torch.as_tensor(np.asarray(r["rollout_logprobs"], dtype=np.float32))
+    lay = padding.layout(
+        [r["prompt_ids"] for r in rows],
+        [r["response_ids"] for r in rows],
+        prompt_width=prompt_length,
+        response_width=response_length,
+        pad_id=pad_token_id,
+    )
+    n, w = len(rows), lay.response_width
+    rlen = lay.response_lengths
+    unmasked = np.array([not r.get("mask", False) for r in rows], dtype=bool)
+    logprobs = padding.right(
+        [r["rollout_logprobs"] if r.get("rollout_logprobs") is not None else () for r in rows],
+        w,
+        fill=0.0,
+        dtype=np.float32,
+    )
+    # A step's reward at its last response token (none for a step without response tokens).
+    scores = np.zeros((n, w), dtype=np.float32)
+    rewarded = [i for i, r in enumerate(rows) if r.get("reward") is not None and rlen[i]]
+    scores[rewarded, rlen[rewarded] - 1] = [float(rows[i]["reward"]) for i in rewarded]
+    scores_t = torch.from_numpy(scores)
     tensors = {
-        "prompts": prompts,
-        "responses": responses,
-        "input_ids": torch.cat([prompts, responses], dim=1),
-        "attention_mask": attention_mask,
-        "position_ids": torch.clip(torch.cumsum(attention_mask, dim=-1) - 1, min=0),
-        "response_mask": response_mask,
-        "token_level_scores": scores,
-        "token_level_rewards": scores.clone(),
-        "rm_scores": scores.clone(),
+        "prompts": torch.from_numpy(lay.prompts),
+        "responses": torch.from_numpy(lay.responses),
+        "input_ids": torch.from_numpy(lay.input_ids),
+        "attention_mask": torch.from_numpy(lay.attention_mask),
+        "position_ids": torch.from_numpy(lay.position_ids),
+        "response_mask": torch.from_numpy((lay.response_real & unmasked[:, None]).astype(np.int64)),
+        "token_level_scores": scores_t,
+        "token_level_rewards": scores_t.clone(),
+        "rm_scores": scores_t.clone(),
     }
     has_logprobs = [r.get("rollout_logprobs") is not None for r in rows]
     if all(h or r.get("mask", False) for h, r in zip(has_logprobs, rows, strict=True)):
-        tensors["rollout_log_probs"] = logprobs
+        tensors["rollout_log_probs"] = torch.from_numpy(logprobs)
     non_tensors = {
         "uid": _objects(r.get("prompt_group_uid") or r["trajectory_uid"] for r in rows),
         "prompt_uids": _objects(r.get("prompt_group_uid") for r in rows),
@@ -324,15 +321,6 @@ def _multi_modal_data(rows: list[dict[str, Any]], media: Any) -> np.ndarray | No
         else:
             out.append(None)
     return _objects(out)
-
-
-def _width(lengths: list[int], fixed: int | None, what: str) -> int:
-    longest = max(lengths, default=0)
-    if fixed is None:
-        return longest
-    if longest > fixed:
-        raise ValueError(f"a {what} of {longest} tokens is longer than {what}_length={fixed}")
-    return fixed
 
 
 def _objects(values: Iterable[Any]) -> np.ndarray:

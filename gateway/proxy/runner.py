@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,6 +28,7 @@ import httpx
 import orjson
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
+from django.views.decorators.csrf import csrf_exempt
 
 from claw_kit.llm import upstream
 from claw_kit.llm.sse import StreamAccumulator, sse_data
@@ -187,6 +188,26 @@ COMPLETIONS_SENDER = ChatSender(COMPLETIONS)
 
 
 # --- the runner -------------------------------------------------------------------------------
+def door_view(door: Callable[[], Door], summary: str) -> Callable[..., Any]:
+    """The view of a door, the same for each: its route's trajectory and group (a scoped or
+    capability base URL), the key or capability token its URL carries, then ``serve`` with
+    the door ``door()`` names for this call (a setting may choose it at call time)."""
+
+    @csrf_exempt
+    async def view(
+        request: HttpRequest,
+        trajectory_uid: str | None = None,
+        prompt_group_uid: str | None = None,
+        *,
+        api_key: str | None = None,
+        capability: str | None = None,
+    ) -> HttpResponseBase:
+        return await serve(door(), request, trajectory_uid, prompt_group_uid, api_key, capability)
+
+    view.__doc__ = summary
+    return view
+
+
 async def serve(
     door: Door,
     request: HttpRequest,

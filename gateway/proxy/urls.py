@@ -13,25 +13,20 @@ app_name = "proxy"
 _SCOPED = "t/<str:trajectory_uid>/<str:prompt_group_uid>/v1/"
 _CAPABILITY = "t/c/<str:capability>/<str:trajectory_uid>/<str:prompt_group_uid>/v1/"
 
+# Each door once: (its path under a base URL, its view, its route name). The three base URLs
+# (plain, scoped, capability) give each door its three routes.
+DOORS = [
+    ("chat/completions", views.chat_completions, "chat_completions"),
+    ("completions", views.completions, "completions"),
+    ("models", views.models, "models"),
+    ("messages", anthropic.messages, "messages"),
+    ("messages/count_tokens", anthropic.count_tokens, "count_tokens"),
+    ("responses", responses.responses, "responses"),
+]
+BASES = [("v1/", ""), (_SCOPED, "scoped_"), (_CAPABILITY, "capability_")]
+
 urlpatterns = [
-    path("v1/chat/completions", views.chat_completions, name="chat_completions"),
-    path("v1/completions", views.completions, name="completions"),
-    path("v1/models", views.models, name="models"),
-    path("v1/messages", anthropic.messages, name="messages"),
-    path("v1/messages/count_tokens", anthropic.count_tokens, name="count_tokens"),
-    path("v1/responses", responses.responses, name="responses"),
-    path(_SCOPED + "chat/completions", views.chat_completions, name="scoped_chat_completions"),
-    path(_SCOPED + "completions", views.completions, name="scoped_completions"),
-    path(_SCOPED + "models", views.models, name="scoped_models"),
-    path(_SCOPED + "messages", anthropic.messages, name="scoped_messages"),
-    path(_SCOPED + "messages/count_tokens", anthropic.count_tokens, name="scoped_count_tokens"),
-    path(_SCOPED + "responses", responses.responses, name="scoped_responses"),
-    path(_CAPABILITY + "chat/completions", views.chat_completions, name="capability_chat_completions"),
-    path(_CAPABILITY + "completions", views.completions, name="capability_completions"),
-    path(_CAPABILITY + "models", views.models, name="capability_models"),
-    path(_CAPABILITY + "messages", anthropic.messages, name="capability_messages"),
-    path(_CAPABILITY + "messages/count_tokens", anthropic.count_tokens, name="capability_count_tokens"),
-    path(_CAPABILITY + "responses", responses.responses, name="capability_responses"),
+    *(path(base + route, view, name=prefix + name) for base, prefix in BASES for route, view, name in DOORS),
     # Anything else under a gateway base URL: an OpenAI-shaped 404, not an HTML page.
     re_path(r"^(?:t/[^/]+/[^/]+/)?v1/", views.unknown_endpoint, name="unknown"),
     re_path(r"^t/c/", views.unknown_endpoint, name="capability_unknown"),

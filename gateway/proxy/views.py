@@ -35,37 +35,19 @@ from . import envelope
 from .access import authorise
 from .doors.chat import CHAT_DOOR, COMPLETIONS_DOOR, passthrough_error
 from .faults import fault_event
-from .runner import serve
+from .runner import door_view
 
 TRAJECTORY_HEADER = envelope.TRAJECTORY_HEADER
 
 __all__ = ["TRAJECTORY_HEADER", "chat_completions", "completions", "models", "unknown_endpoint"]
 
 
-@csrf_exempt
-async def chat_completions(
-    request: HttpRequest,
-    trajectory_uid: str | None = None,
-    prompt_group_uid: str | None = None,
-    *,
-    api_key: str | None = None,
-    capability: str | None = None,
-) -> HttpResponseBase:
-    """``POST /v1/chat/completions`` (streamed or not), recorded as one step per choice."""
-    return await serve(CHAT_DOOR, request, trajectory_uid, prompt_group_uid, api_key, capability)
-
-
-@csrf_exempt
-async def completions(
-    request: HttpRequest,
-    trajectory_uid: str | None = None,
-    prompt_group_uid: str | None = None,
-    *,
-    api_key: str | None = None,
-    capability: str | None = None,
-) -> HttpResponseBase:
-    """``POST /v1/completions`` (streamed or not), recorded as one step per choice."""
-    return await serve(COMPLETIONS_DOOR, request, trajectory_uid, prompt_group_uid, api_key, capability)
+chat_completions = door_view(
+    lambda: CHAT_DOOR, "``POST /v1/chat/completions`` (streamed or not), recorded as one step per choice."
+)
+completions = door_view(
+    lambda: COMPLETIONS_DOOR, "``POST /v1/completions`` (streamed or not), recorded as one step per choice."
+)
 
 
 @csrf_exempt

@@ -48,7 +48,7 @@ from pool.services.api_keys import VerifiedKey
 
 from ..envelope import Call, receive
 from ..recording import Identity
-from ..runner import Prepared, serve
+from ..runner import Door, Prepared, door_view
 from . import passthrough
 from .base import DoorInputError, Translator, first_choice, new_id, sse, token_counts
 
@@ -74,18 +74,12 @@ _STOP_REASONS = {
 }
 
 
-@csrf_exempt
-async def messages(
-    request: HttpRequest,
-    trajectory_uid: str | None = None,
-    prompt_group_uid: str | None = None,
-    *,
-    api_key: str | None = None,
-    capability: str | None = None,
-) -> HttpResponseBase:
-    """``POST /v1/messages`` (streamed or not), recorded as one step."""
-    door = PASSTHROUGH if settings.CLAW_MESSAGES_UPSTREAM_MODE == "passthrough" else DOOR
-    return await serve(door, request, trajectory_uid, prompt_group_uid, api_key, capability)
+def _messages_door() -> Door:
+    """The Messages door the settings choose, read per call (tests switch it)."""
+    return PASSTHROUGH if settings.CLAW_MESSAGES_UPSTREAM_MODE == "passthrough" else DOOR
+
+
+messages = door_view(_messages_door, "``POST /v1/messages`` (streamed or not), recorded as one step.")
 
 
 @csrf_exempt

@@ -32,9 +32,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse
-from django.http.response import HttpResponseBase
-from django.views.decorators.csrf import csrf_exempt
+from django.http import HttpResponse
 
 from claw_kit.web.errors import error_response
 from pool.selectors.steps import step_by_response_id
@@ -42,24 +40,14 @@ from pool.services.api_keys import VerifiedKey
 
 from ..db import run_db
 from ..recording import Identity
-from ..runner import serve
+from ..runner import door_view
 from .base import DoorInputError, Prepared, Translator, first_choice, new_id, sse, token_counts
 
 PROTOCOL = "openai-responses"
 _NONCE = 24  # hex characters of a response id's random part
 
 
-@csrf_exempt
-async def responses(
-    request: HttpRequest,
-    trajectory_uid: str | None = None,
-    prompt_group_uid: str | None = None,
-    *,
-    api_key: str | None = None,
-    capability: str | None = None,
-) -> HttpResponseBase:
-    """``POST /v1/responses`` (streamed or not), recorded as one step."""
-    return await serve(DOOR, request, trajectory_uid, prompt_group_uid, api_key, capability)
+responses = door_view(lambda: DOOR, "``POST /v1/responses`` (streamed or not), recorded as one step.")
 
 
 class ResponsesDoor(Translator):
