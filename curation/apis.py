@@ -275,8 +275,6 @@ class LabelApi(APIView):
 
 
 # --- consumption ------------------------------------------------------------------------------
-PULL_FIELDS = {"dataset", "batch_size", "unit", "format", "lease_seconds", "wait"}
-MAX_WAIT_SECONDS = 30.0
 # Long-poll re-check period: a pull is one indexed query when nothing is ready.
 WAIT_POLL_SECONDS = 0.25
 EMPTY_PULL = b'{"lease_id":null,"manifest":null,"batch":null}'
@@ -291,19 +289,9 @@ class PullApi(APIView):
         responses=cs.PullResultSerializer,
     )
     def post(self, request, name: str):
-        data = _body(request, PULL_FIELDS)
-        wait = data.get("wait", 0)
-        if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= MAX_WAIT_SECONDS:
-            raise InvalidInput(f"wait must be a number of seconds in [0, {MAX_WAIT_SECONDS:g}]", field="wait")
-        pull = consume.PullIn(
-            dataset=data.get("dataset"),  # type: ignore[arg-type]
-            batch_size=data.get("batch_size", 64),
-            unit=data.get("unit", "groups"),
-            format=data.get("format", "steps"),
-            lease_seconds=data.get("lease_seconds", 300),
-        )
+        pull = consume.pull_parse(request.data)
         actor = _consumer_actor(request)
-        deadline = time.monotonic() + wait
+        deadline = time.monotonic() + pull.wait
         while True:
             lease = consume.consumer_pull(consumer=name, pull=pull, actor=actor)
             if lease is not None:

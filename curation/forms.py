@@ -17,6 +17,7 @@ from pool.flags import QUALITY_NAMES
 from pool.models import Channel, Step, Trajectory
 
 from .models import GROUP_REWARDS, MODE_TRAJECTORY, MODES, ReviewQueue
+from .services import consume
 
 _BLANK = [("", "any")]
 _LABELS = [
@@ -487,12 +488,13 @@ class BatchForm(forms.Form):
     """A trainer's batch configuration: what ``POST /api/v1/consumers/<name>/pull`` would
     ask for, plus a freshness bound (max policy staleness) previewed over the dataset's spec."""
 
-    FORMATS = [("steps", "steps"), ("padded", "padded"), ("tree", "tree (prefix-packed)")]
-    UNITS = [("", "the dataset's (groups if kept whole)"), ("groups", "groups"), ("steps", "steps")]
+    # The pull contract's choices (curation/services/consume.py PullIn), labelled.
+    FORMATS = [(f, "tree (prefix-packed)" if f == "tree" else f) for f in consume.FORMATS]
+    UNITS = [("", "the dataset's (groups if kept whole)"), *((u, u) for u in consume.UNITS)]
 
     dataset = forms.ChoiceField(choices=[], required=False)
     batch_size = forms.IntegerField(
-        min_value=1, max_value=4096, initial=64, required=False, label="Batch size"
+        min_value=1, max_value=consume.MAX_BATCH, initial=64, required=False, label="Batch size"
     )
     unit = forms.ChoiceField(choices=UNITS, required=False)
     format = forms.ChoiceField(choices=FORMATS, required=False)

@@ -8,6 +8,7 @@ from rest_framework import serializers
 from claw_kit.web.serializers import StrictSerializer, struct_serializer
 from pool.models import Step
 
+from .services.consume import PullIn
 from .specs import Filters, Grouping, Serving
 
 DatasetFiltersSerializer = struct_serializer(Filters, "DatasetFilters")
@@ -70,21 +71,7 @@ class LabelSerializer(StrictSerializer):
     note = serializers.CharField(required=False, allow_blank=True, allow_null=True)
 
 
-class PullSerializer(StrictSerializer):
-    dataset = serializers.CharField(help_text="the dataset's name; its current version is served")
-    batch_size = serializers.IntegerField(
-        min_value=1, max_value=4096, default=64, help_text="units per batch"
-    )
-    unit = serializers.ChoiceField(choices=["groups", "steps"], default="groups")
-    format = serializers.ChoiceField(
-        choices=["steps", "padded", "tree"],
-        default="steps",
-        help_text="steps: the rows as read; padded: verl-style 2-D arrays; tree: packed prefix tree",
-    )
-    lease_seconds = serializers.IntegerField(min_value=1, max_value=86400, default=300)
-    wait = serializers.FloatField(
-        min_value=0, max_value=30, default=0, help_text="long-poll: seconds to wait for a batch"
-    )
+PullSerializer = struct_serializer(PullIn, "Pull")
 
 
 class ManifestSerializer(serializers.Serializer):

@@ -19,6 +19,7 @@ import msgspec
 
 from pool.errors import InvalidInput
 from pool.flags import QUALITY_NAMES
+from pool.ingest.rules import check_json
 from pool.models import Step
 from pool.services.policy import policy_check_name
 
@@ -238,6 +239,19 @@ def serving_summary(serving: Serving) -> list[str]:
 def spec_dump(spec: Spec) -> dict[str, Any]:
     """The normalised JSON form (every field, defaults included) stored on a version."""
     return msgspec.to_builtins(spec)
+
+
+def struct_parse(raw: Any, cls: type[msgspec.Struct], *, field: str = "", what: str = "body") -> Any:
+    """``raw`` (JSON-shaped) as a ``cls``, or InvalidInput naming the bad field (``what`` when
+    the whole value is wrong): the one way curation reads a request's body into its
+    contract. Its text must be storable as it is (no NUL: pool.ingest.rules.check_json)."""
+    check_json(raw, field)
+    try:
+        return msgspec.convert(raw, cls)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        at = _field_of(message, field)
+        raise InvalidInput(message, field=what if at == "spec" and not field else at) from None
 
 
 def _field_of(message: str, prefix: str) -> str:

@@ -77,7 +77,7 @@ def _field_for(tp: Any, **kwargs: Any) -> serializers.Field:
     if isinstance(tp, i.IntType):
         return serializers.IntegerField(min_value=tp.ge, max_value=tp.le, **kwargs)
     if isinstance(tp, i.FloatType):
-        return FiniteFloatField(**kwargs)
+        return FiniteFloatField(min_value=tp.ge, max_value=tp.le, **kwargs)
     if isinstance(tp, i.BoolType):
         return serializers.BooleanField(**kwargs)
     if isinstance(tp, i.DateTimeType):

@@ -32,7 +32,9 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Annotated, Any, Literal
 
+import msgspec
 from django.db import connection, transaction
 from django.db.models import (
     BigIntegerField,
@@ -67,12 +69,11 @@ from ..formats import RENDERERS
 from ..models import Consumer, Dataset, Delivery, GroupScore, Lease, Skip
 from ..selectors.consumption import consumer_of
 from ..selectors.specs import Compiled, dataset_steps, spec_compile, units_admitted
-from ..specs import spec_parse
+from ..specs import spec_parse, struct_parse
 
-UNITS = ("groups", "steps")
-FORMATS = tuple(RENDERERS)  # steps, padded, tree: see curation/formats.py
 MAX_BATCH = 4096
 MAX_LEASE_SECONDS = 24 * 3600
+MAX_WAIT_SECONDS = 30.0
 # Candidate units read per round (a multiple of the batch: some are not admitted, some go
 # to another puller of the same consumer first).
 CANDIDATE_FACTOR = 4
@@ -94,36 +95,46 @@ class Actor:
         return self.admin or (self.source_id is not None and source_id == self.source_id)
 
 
-@dataclass(slots=True)
-class PullIn:
-    dataset: str
-    batch_size: int = 64
-    unit: str = "groups"
-    format: str = "steps"
-    lease_seconds: int = 300
+class PullIn(msgspec.Struct, forbid_unknown_fields=True):
+    """What a trainer asks of ``POST /api/v1/consumers/<name>/pull``: the one pull contract.
+    The API's schema (curation/serializers.py), the fields it accepts, the dashboard's batch
+    form's choices and every check derive from it (``pull_parse``, ``pull_validate``)."""
+
+    dataset: Annotated[
+        str, msgspec.Meta(min_length=1, description="the dataset's name; its current version is served")
+    ]
+    batch_size: Annotated[int, msgspec.Meta(ge=1, le=MAX_BATCH, description="units per batch")] = 64
+    unit: Literal["groups", "steps"] = "groups"
+    format: Annotated[
+        Literal["steps", "padded", "tree"],
+        msgspec.Meta(
+            description="steps: the rows as read; padded: verl-style 2-D arrays; tree: packed prefix tree"
+        ),
+    ] = "steps"
+    lease_seconds: Annotated[int, msgspec.Meta(ge=1, le=MAX_LEASE_SECONDS)] = 300
+    wait: Annotated[
+        float, msgspec.Meta(ge=0, le=MAX_WAIT_SECONDS, description="long-poll: seconds to wait for a batch")
+    ] = 0.0
+
+
+def _choices(name: str) -> tuple[str, ...]:
+    """The values a Literal field of PullIn takes."""
+    tp = next(f.type for f in msgspec.inspect.type_info(PullIn).fields if f.name == name)  # type: ignore[attr-defined]
+    return tuple((tp.type if isinstance(tp, msgspec.inspect.Metadata) else tp).values)
+
+
+UNITS, FORMATS = _choices("unit"), _choices("format")
+assert set(FORMATS) == set(RENDERERS), "every pull format has a renderer (curation/formats.py)"
+
+
+def pull_parse(raw: Any) -> PullIn:
+    """A pull's JSON body as a PullIn, or InvalidInput naming the field."""
+    return struct_parse(raw, PullIn)
 
 
 def pull_validate(p: PullIn) -> None:
-    if not isinstance(p.dataset, str) or not p.dataset:
-        raise InvalidInput("dataset: the name of a dataset", field="dataset")
-    if (
-        not isinstance(p.batch_size, int)
-        or isinstance(p.batch_size, bool)
-        or not 1 <= p.batch_size <= MAX_BATCH
-    ):
-        raise InvalidInput(f"batch_size must be an integer in [1, {MAX_BATCH}]", field="batch_size")
-    if p.unit not in UNITS:
-        raise InvalidInput(f"unit must be one of {list(UNITS)}", field="unit")
-    if p.format not in FORMATS:
-        raise InvalidInput(f"format must be one of {list(FORMATS)}", field="format")
-    if (
-        not isinstance(p.lease_seconds, int)
-        or isinstance(p.lease_seconds, bool)
-        or not 1 <= p.lease_seconds <= MAX_LEASE_SECONDS
-    ):
-        raise InvalidInput(
-            f"lease_seconds must be an integer in [1, {MAX_LEASE_SECONDS}]", field="lease_seconds"
-        )
+    """A PullIn built in code (its constructor checks no bound) checked as the API's would be."""
+    struct_parse(msgspec.structs.asdict(p), PullIn)
 
 
 def consumer_pull(*, consumer: str, pull: PullIn, actor: Actor | None = None) -> Lease | None:
