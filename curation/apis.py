@@ -476,7 +476,7 @@ class SnapshotDownloadApi(KnownQueryParams, APIView):
             OpenApiParameter(
                 "format",
                 str,
-                enum=[*snapshots.FORMATS, *snapshots.EXPORTS, *snapshots.ARCHIVES],
+                enum=list(snapshots.CONTENT_TYPES),
                 description=(
                     "jsonl (default) or parquet; sft or dpo for a snapshot built with that TRL export;"
                     " tar (snapshot.jsonl plus media/<sha256>.<ext>) for a snapshot with images"
@@ -487,7 +487,7 @@ class SnapshotDownloadApi(KnownQueryParams, APIView):
     )
     def get(self, request, snapshot_id):
         fmt = request.query_params.get("format", "jsonl")
-        known = [*snapshots.FORMATS, *snapshots.EXPORTS, *snapshots.ARCHIVES]
+        known = list(snapshots.CONTENT_TYPES)
         if fmt not in known:
             raise InvalidInput(f"format must be one of {known}", field="format")
         snap = _snapshot(request, snapshot_id)

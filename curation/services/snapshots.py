@@ -14,20 +14,17 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import io
 import logging
 import math
-import tarfile
 import tempfile
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
 import orjson
-import pyarrow as pa
-import pyarrow.parquet as pq
 from django.conf import settings
 from django.core.files import File
 from django.core.files.storage import default_storage
@@ -49,9 +46,13 @@ from pool.services.delivery import trajectories_delivered_mark
 from ..events import SnapshotChanged, SnapshotRequested
 from ..models import Dataset, Snapshot, StepTag
 from ..selectors.specs import dataset_admitted
+from ..snapshot_files import registry
+from ..snapshot_files.base import Chunk, media_name
+from ..snapshot_files.jsonl import JsonlFile
+from ..snapshot_files.parquet import ParquetFile
+from ..snapshot_files.tar import TarFile
 from ..specs import Grouping, spec_parse
 
-FORMATS = ("jsonl", "parquet")
 # TRL exports a snapshot may also hold (``format`` at creation; claw_client.integrations.trl):
 # a JSONL file of conversational SFT rows or of preference pairs, built from the rollouts'
 # final admitted steps. Their options are kept in the manifest's ``export``.
@@ -60,92 +61,10 @@ EXPORTS = ("sft", "dpo")
 # 1,000). 1,000 steps of ~2k tokens: ~60 ms of reads and rendering and ~20 MB of rows in
 # memory; progress is recorded after each chunk.
 ROOT = "snapshots"
-# The columns of both files, in this order (the JSONL lines have sorted keys).
-COLUMNS = (
-    "uid",
-    "trajectory_uid",
-    "prompt_group_uid",
-    "step_index",
-    "prompt_ids",
-    "response_ids",
-    "rollout_logprobs",
-    "token_rewards",
-    "token_versions",
-    "reward",
-    "reward_source",
-    "reward_scope",
-    "outcome_reward",
-    "process_reward",
-    "policy_version",
-    "token_source",
-    "drift",
-    "quality_flags",
-    "readiness",
-    "label",
-    "tags",
-    "feedback",
-    "mask",
-    "metadata",
-    "images",
-)
-FEEDBACK_TYPE = pa.struct(
-    [("rating", pa.float64()), ("label", pa.string()), ("correction", pa.string()), ("comment", pa.string())]
-)
-IMAGE_TYPE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
-# The Parquet schema's "huggingface" metadata: the features datasets reads (only the images
-# column needs one; the others are read from their Arrow types). "Sequence" of "Image" reads
-# as a list of images in datasets 3 and later.
-HF_FEATURES = {"info": {"features": {"images": {"_type": "Sequence", "feature": {"_type": "Image"}}}}}
-# The JSONL with its images: snapshot.jsonl and media/<sha256>.<ext>, each image once, in one
-# uncompressed tar (the images are compressed already). Built only for a snapshot with images.
-ARCHIVES = ("tar",)
-# metadata is free-form JSON: a JSON string column in Parquet (an object in the JSONL).
-PARQUET_SCHEMA = pa.schema(
-    [
-        ("uid", pa.string()),
-        ("trajectory_uid", pa.string()),
-        ("prompt_group_uid", pa.string()),
-        ("step_index", pa.int32()),
-        ("prompt_ids", pa.list_(pa.int32())),
-        ("response_ids", pa.list_(pa.int32())),
-        ("rollout_logprobs", pa.list_(pa.float64())),
-        # Per response token, as sent: the step's token_rewards, and its policy versions
-        # (token_policy_versions' runs expanded, one version per response id); null for a
-        # step without them.
-        ("token_rewards", pa.list_(pa.float64())),
-        ("token_versions", pa.list_(pa.int64())),
-        ("reward", pa.float64()),
-        ("reward_source", pa.string()),
-        ("reward_scope", pa.string()),
-        ("outcome_reward", pa.float64()),
-        ("process_reward", pa.float64()),
-        ("policy_version", pa.int64()),
-        ("token_source", pa.string()),
-        ("drift", pa.bool_()),
-        ("quality_flags", pa.list_(pa.string())),
-        ("readiness", pa.list_(pa.string())),
-        ("label", pa.string()),
-        ("tags", pa.list_(pa.string())),
-        ("feedback", pa.list_(FEEDBACK_TYPE)),
-        ("mask", pa.bool_()),
-        ("metadata", pa.string()),
-        # A step's images in order, as Hugging Face datasets' Image feature stores them
-        # (struct {bytes, path}; the schema's "huggingface" metadata below names the feature,
-        # so datasets.load_dataset("parquet", ...) gives PIL images). ``path`` is
-        # "<sha256>.<ext>", the bytes inline. A remote image (passed through, never fetched)
-        # has no bytes here and is left out of this column; the JSONL keeps its reference.
-        ("images", pa.list_(IMAGE_TYPE)),
-    ],
-    metadata={b"huggingface": orjson.dumps(HF_FEATURES)},
-)
 log = logging.getLogger(__name__)
-CONTENT_TYPES = {
-    "jsonl": "application/x-ndjson",
-    "parquet": "application/vnd.apache.parquet",
-    "sft": "application/x-ndjson",
-    "dpo": "application/x-ndjson",
-    "tar": "application/x-tar",
-}
+# What a snapshot may be downloaded as: its files (curation/snapshot_files/registry.py) and
+# its TRL export, by name.
+CONTENT_TYPES = {**registry.CONTENT_TYPES, **dict.fromkeys(EXPORTS, "application/x-ndjson")}
 
 
 def snapshot_create(
@@ -328,53 +247,46 @@ def _write(
     POSIX), so a build killed mid-way leaves nothing on the worker's disk: the kernel frees
     them with the process. Everything reads and writes them through their handles."""
     masked = set(snap.masked_ids or [])
-    digest = hashlib.sha256()
     stats = _Stats()
     export = (snap.manifest or {}).get("export")
     finals = _Finals() if export else None
     sources: set[int | None] = set()
-    with (
-        tempfile.TemporaryFile() as jsonl,
-        tempfile.TemporaryFile() as parquet,
-        tempfile.TemporaryFile() as archive_file,
-    ):
-        writer = pq.ParquetWriter(parquet, PARQUET_SCHEMA)  # leaves the handle open
-        archive = _Archive(archive_file)
-        try:
-            chunks = _chunks(snap.step_ids or [], masked, chunk_size, _assignment(snap))
-            # Read from the replica once it has replayed the frozen ids (pool/replica.py); a
-            # replica still behind after the wait (or none) leaves the reads on the primary.
-            if replica_caught_up(timeout=settings.CLAW_REPLICA_WAIT_SECONDS):
-                chunks = _on_replica(chunks)
-            for n, chunk in enumerate(chunks, start=1):
-                for row in chunk.rows:
-                    line = orjson.dumps(row, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY) + b"\n"
-                    jsonl.write(line)
-                    digest.update(line)
-                    stats.add(row)
-                sources |= chunk.source_ids
-                writer.write_table(_table(chunk))
-                archive.add_media(chunk)
-                if finals is not None:
-                    finals.add(chunk)
-                Snapshot.objects.filter(id=snap.id, attempt=snap.attempt).update(
-                    steps_done=stats.steps, updated_at=timezone.now()
-                )
-                snapshot_changed(snap.id, Snapshot.Status.BUILDING, stats.steps, snap.steps_total)
-                if on_chunk is not None:
-                    on_chunk(n)
-        finally:
-            writer.close()
+    with ExitStack() as stack:
+        tmps = {f.name: stack.enter_context(tempfile.TemporaryFile()) for f in registry.FILES}
+        writers = [f(tmps[f.name]) for f in registry.FILES]
+        parquet = next(w for w in writers if isinstance(w, ParquetFile))
+        stack.callback(parquet.close)  # a failed build closes its writer too
+        chunks = _chunks(snap.step_ids or [], masked, chunk_size, _assignment(snap))
+        # Read from the replica once it has replayed the frozen ids (pool/replica.py); a
+        # replica still behind after the wait (or none) leaves the reads on the primary.
+        if replica_caught_up(timeout=settings.CLAW_REPLICA_WAIT_SECONDS):
+            chunks = _on_replica(chunks)
+        for n, chunk in enumerate(chunks, start=1):
+            for w in writers:
+                w.add(chunk)
+            for row in chunk.rows:
+                stats.add(row)
+            sources |= chunk.source_ids
+            if finals is not None:
+                finals.add(chunk)
+            Snapshot.objects.filter(id=snap.id, attempt=snap.attempt).update(
+                steps_done=stats.steps, updated_at=timezone.now()
+            )
+            snapshot_changed(snap.id, Snapshot.Status.BUILDING, stats.steps, snap.steps_total)
+            if on_chunk is not None:
+                on_chunk(n)
         files = {}
-        outputs = [("jsonl", jsonl), ("parquet", parquet)]
-        if archive.close(jsonl):  # only a snapshot with images has the tar
-            outputs.append(("tar", archive_file))
-        for fmt, tmp in outputs:
+        # Each writer completes its file (the tar adds the JSONL last), then each is stored.
+        kept = [w for w in writers if w.finish(tmps)]
+        for w in kept:
+            tmp = tmps[w.name]
             tmp.flush()
             tmp.seek(0)
-            name = default_storage.save(f"{folder}/snapshot.{fmt}", File(tmp, name=f"snapshot.{fmt}"))
+            name = default_storage.save(f"{folder}/snapshot.{w.name}", File(tmp, name=f"snapshot.{w.name}"))
             stored.append(name)
-            files[fmt] = name
+            files[w.name] = name
+        jsonl = next(w for w in writers if isinstance(w, JsonlFile))
+        tar = next(w for w in writers if isinstance(w, TarFile))
     if finals is not None:
         export = {**export, **_write_export(export, finals, folder, stored, files)}
     version = snap.dataset_version
@@ -384,8 +296,8 @@ def _write(
         "dataset_version": version.version,
         "spec": version.spec,
         **stats.summary(),
-        "media": archive.summary(),
-        "content_hash": digest.hexdigest(),
+        "media": tar.summary(),
+        "content_hash": jsonl.digest.hexdigest(),
         **({"export": export} if export else {}),
         "formats": {fmt: {"bytes": default_storage.size(name)} for fmt, name in files.items()},
         "created_at": snap.created_at.isoformat(),
@@ -427,7 +339,7 @@ class _Finals:
     def __init__(self) -> None:
         self.last: dict[tuple[str, int], tuple[int, int, dict[str, Any]]] = {}
 
-    def add(self, chunk: _Chunk) -> None:
+    def add(self, chunk: Chunk) -> None:
         for sid, branch, row in zip(chunk.ids, chunk.branches, chunk.rows, strict=True):
             key = (row["trajectory_uid"], branch)
             seen = self.last.get(key)
@@ -498,39 +410,7 @@ def _assignment(snap: Snapshot) -> Grouping:
     return spec_parse(snap.dataset_version.spec).grouping
 
 
-class _Chunk:
-    """One chunk of rendered steps: the JSONL rows (token columns as numpy arrays, which
-    orjson writes exactly as the lists they hold) and the raw token bytes per row, from
-    which the Parquet list columns are built in bulk."""
-
-    __slots__ = (
-        "rows",
-        "prompts",
-        "responses",
-        "logprobs",
-        "token_rewards",
-        "token_versions",
-        "ids",
-        "branches",
-        "media",
-        "source_ids",
-    )
-
-    def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
-        self.ids: list[int] = []
-        self.branches: list[int] = []
-        self.prompts: list[bytes] = []
-        self.responses: list[bytes] = []
-        self.logprobs: list[bytes | None] = []
-        self.token_rewards: list[bytes | None] = []
-        self.token_versions: list[bytes | None] = []  # one little-endian int64 per response id
-        self.source_ids: set[int | None] = set()  # of the chunk's trajectories (Snapshot.source_ids)
-        # The stored bytes of each image the chunk's rows reference (sha256 -> bytes), read once.
-        self.media: dict[str, bytes] = {}
-
-
-def _on_replica(chunks: Iterator[_Chunk]) -> Iterator[_Chunk]:
+def _on_replica(chunks: Iterator[Chunk]) -> Iterator[Chunk]:
     """``chunks``, each read inside ``replica_reads()`` (the writes between them, progress
     and files, stay on the primary)."""
     while True:
@@ -541,7 +421,7 @@ def _on_replica(chunks: Iterator[_Chunk]) -> Iterator[_Chunk]:
         yield chunk
 
 
-def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: Grouping) -> Iterator[_Chunk]:
+def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: Grouping) -> Iterator[Chunk]:
     """The frozen steps, rendered, ``size`` at a time in id order (keyset: id > the last).
 
     Each row holds exactly what pool.selectors.steps_render gives for the written fields
@@ -579,7 +459,7 @@ def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: Groupi
             sid, tid = f.pop("step_id"), f.pop("trajectory_id")
             feedback.setdefault(("s", sid) if sid is not None else ("t", tid), []).append(f)
         full = tokens.load_sequences(ids)
-        chunk = _Chunk()
+        chunk = Chunk()
         chunk.source_ids = chunk_sources
         images = step_images(ids)
         chunk.media = _media_bytes(images)
@@ -676,57 +556,13 @@ def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: Groupi
         last = ids[-1]
 
 
-def _list_column(parts: list[bytes | None], dtype: np.dtype, value_type: pa.DataType) -> pa.Array:
-    """A list column from each row's raw little-endian values (None: a null list), built
-    from one buffer and its offsets instead of a Python list per row."""
-    lengths = np.fromiter(
-        (len(p) // dtype.itemsize if p is not None else 0 for p in parts), dtype=np.int32, count=len(parts)
-    )
-    offsets = np.zeros(len(parts) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    values = pa.array(
-        np.frombuffer(b"".join(p for p in parts if p is not None), dtype=dtype), type=value_type
-    )
-    nulls = [p is None for p in parts]
-    mask = pa.array(nulls, type=pa.bool_()) if any(nulls) else None
-    return pa.ListArray.from_arrays(pa.array(offsets), values, type=pa.list_(value_type), mask=mask)
-
-
-def _table(chunk: _Chunk) -> pa.Table:
-    rows = chunk.rows
-    vectors = {
-        "prompt_ids": _list_column(chunk.prompts, tokens.TOKEN_DTYPE, pa.int32()),
-        "response_ids": _list_column(chunk.responses, tokens.TOKEN_DTYPE, pa.int32()),
-        "rollout_logprobs": _list_column(chunk.logprobs, tokens.LOGPROB_DTYPE, pa.float64()),
-        "token_rewards": _list_column(chunk.token_rewards, tokens.LOGPROB_DTYPE, pa.float64()),
-        "token_versions": _list_column(chunk.token_versions, tokens.VERSION_DTYPE, pa.int64()),
-    }
-    arrays = []
-    for field in PARQUET_SCHEMA:
-        c = field.name
-        if c in vectors:
-            arrays.append(vectors[c])
-        elif c == "metadata":
-            arrays.append(pa.array([orjson.dumps(r[c]).decode() for r in rows], type=field.type))
-        elif c == "images":
-            arrays.append(_images_column(rows, chunk.media))
-        else:
-            arrays.append(pa.array([r[c] for r in rows], type=field.type))
-    return pa.Table.from_arrays(arrays, schema=PARQUET_SCHEMA)
-
-
 # --- images (issue 24) ----------------------------------------------------------------------
-def _media_name(sha256: str, media_type: str) -> str:
-    """An image's file name in the tar's media/ folder and its Parquet ``path``."""
-    return f"{sha256}.{media_type.split('/')[-1]}"
-
-
 def _image_ref(image: dict[str, Any]) -> dict[str, Any]:
     """A step's image as a snapshot row holds it: the reads' reference (sha256, type, size,
     place in the prompt; ``url`` the API download) plus ``file``, its path in the tar
     (``media/<sha256>.<ext>``; null for a remote image, whose ``url`` is its address)."""
     ref = dict(image)
-    ref["file"] = f"media/{_media_name(image['sha256'], image['media_type'])}" if image["sha256"] else None
+    ref["file"] = f"media/{media_name(image['sha256'], image['media_type'])}" if image["sha256"] else None
     return ref
 
 
@@ -740,66 +576,6 @@ def _media_bytes(images: dict[int, list[dict[str, Any]]]) -> dict[str, bytes]:
         with media_file(m) as fh:
             out[m.sha256] = fh.read()
     return out
-
-
-def _images_column(rows: list[dict[str, Any]], media: dict[str, bytes]) -> pa.Array:
-    values = []
-    for r in rows:
-        values.append(
-            [
-                {"bytes": media[i["sha256"]], "path": _media_name(i["sha256"], i["media_type"])}
-                for i in r["images"]
-                if i["sha256"]
-            ]
-        )
-    return pa.array(values, type=pa.list_(IMAGE_TYPE))
-
-
-class _Archive:
-    """The tar of the JSONL and its images: each image the snapshot references added once
-    (media/<sha256>.<ext>) as chunks come, snapshot.jsonl last. Opened at the first image."""
-
-    def __init__(self, fileobj) -> None:
-        self.fileobj = fileobj
-        self.tar: tarfile.TarFile | None = None
-        self.seen: set[str] = set()
-        self.bytes = self.references = 0
-
-    def add_media(self, chunk: _Chunk) -> None:
-        for row in chunk.rows:
-            for image in row["images"]:
-                sha = image["sha256"]
-                if not sha:
-                    continue
-                self.references += 1
-                if sha in self.seen:
-                    continue
-                self.seen.add(sha)
-                data = chunk.media[sha]
-                self.bytes += len(data)
-                if self.tar is None:
-                    self.tar = tarfile.open(fileobj=self.fileobj, mode="w", format=tarfile.PAX_FORMAT)
-                self._add(image["file"], len(data), io.BytesIO(data))
-
-    def close(self, jsonl) -> bool:
-        """Add snapshot.jsonl and close; False (nothing written) for a snapshot without images."""
-        if self.tar is None:
-            return False
-        jsonl.flush()
-        size = jsonl.tell()
-        jsonl.seek(0)
-        self._add("snapshot.jsonl", size, jsonl)
-        self.tar.close()  # the fileobj stays open
-        return True
-
-    def summary(self) -> dict[str, int]:
-        return {"images": len(self.seen), "references": self.references, "bytes": self.bytes}
-
-    def _add(self, name: str, size: int, fileobj) -> None:
-        info = tarfile.TarInfo(name)
-        info.size, info.mode, info.mtime = size, 0o644, 0  # fixed: the same content, the same tar
-        assert self.tar is not None
-        self.tar.addfile(info, fileobj)
 
 
 class _Stats:

@@ -20,7 +20,8 @@ from django.core.files.storage import default_storage
 from curation.models import Snapshot
 from curation.services.datasets import dataset_create
 from curation.services.labels import steps_label
-from curation.services.snapshots import COLUMNS, snapshot_build, snapshot_create
+from curation.services.snapshots import snapshot_build, snapshot_create
+from curation.snapshot_files.parquet import COLUMNS
 from pool.models import Scope, Step
 from pool.selectors.steps import steps_render
 from pool.services.service_events import feedback_create
