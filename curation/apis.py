@@ -28,7 +28,6 @@ from pool.access.auth import (
     user_id_of,
 )
 from pool.errors import Conflict, InvalidInput, NotFound
-from pool.ingest.rules import check_json
 from pool.models import Scope
 from pool.replica import replica_handler, replica_reads
 from pool.selectors.steps import step_ids_by_uid
@@ -47,11 +46,8 @@ from .selectors.consumption import (
 from .selectors.specs import dataset_get, dataset_preview, datasets_list
 from .services import consume, snapshots
 from .services.datasets import dataset_create, dataset_update
-from .services.labels import steps_label, trajectories_label
-from .specs import spec_parse
-
-DATASET_FIELDS = {"name", "description", "filters", "grouping", "serving"}
-MAX_LABEL_TARGETS = 10_000
+from .services.labels import label_parse, steps_label, trajectories_label
+from .specs import DatasetIn, PreviewIn, given, spec_parse, struct_parse
 
 
 class CurateScope(ScopePermission):
@@ -81,14 +77,11 @@ def _owner(request) -> int | None:
     return None if actor.admin else actor.source_id
 
 
-def _body(request, allowed: set[str]) -> dict[str, Any]:
-    data = request.data
-    if not isinstance(data, dict):
-        raise InvalidInput("the body must be a JSON object", field="body")
-    unknown = sorted(set(data) - allowed)
-    if unknown:
-        raise InvalidInput(f"unknown field {unknown[0]!r}", field=unknown[0])
-    check_json(data, "")  # no NUL in a description, a note or a tag, before anything is written
+def _dataset_edit(raw: Any) -> dict[str, Any]:
+    """A PUT or PATCH body: a DatasetIn without its name (the path names the dataset)."""
+    data = given(struct_parse(raw, DatasetIn))
+    if "name" in data:
+        raise InvalidInput("unknown field 'name': the path names the dataset", field="name")
     return data
 
 
@@ -145,7 +138,7 @@ class DatasetListCreateApi(KnownQueryParams, APIView):
         responses={201: cs.DatasetSerializer},
     )
     def post(self, request):
-        data = _body(request, DATASET_FIELDS)
+        data = given(struct_parse(request.data, DatasetIn))
         ds = dataset_create(
             name=data.get("name"),  # type: ignore[arg-type]
             spec=_spec_of(data),
@@ -169,7 +162,7 @@ class DatasetDetailApi(KnownQueryParams, APIView):
         responses=cs.DatasetSerializer,
     )
     def patch(self, request, name: str):
-        data = _body(request, DATASET_FIELDS - {"name"})
+        data = _dataset_edit(request.data)
         spec = None
         if "filters" in data or "grouping" in data or "serving" in data:
             current = _dataset(request, name).current
@@ -190,7 +183,7 @@ class DatasetDetailApi(KnownQueryParams, APIView):
         responses=cs.DatasetSerializer,
     )
     def put(self, request, name: str):
-        data = _body(request, DATASET_FIELDS - {"name"})
+        data = _dataset_edit(request.data)
         ds = dataset_update(
             name=name, spec=_spec_of(data), description=data.get("description"), actor=_actor(request)
         )
@@ -221,7 +214,7 @@ class SpecPreviewApi(APIView):
         responses=cs.PreviewSerializer,
     )
     def post(self, request):
-        data = _body(request, {"filters", "grouping"})
+        data = given(struct_parse(request.data, PreviewIn))
         with replica_reads():  # a read-only POST: the spec travels in the body
             return Response(dataset_preview(spec_parse(_spec_of(data)), served_sources_of(request)))
 
@@ -231,21 +224,13 @@ class LabelApi(APIView):
 
     @extend_schema(
         summary="Operator labels: {step_uids | trajectory_uids, label, tags_add, tags_remove, note}",
-        request=cs.LabelSerializer,
+        request=cs.LabelSerializer,  # derived from LabelIn
         responses=inline_serializer("LabelResult", {"changed": serializers.IntegerField()}),
     )
     def post(self, request):
-        data = _body(request, {"step_uids", "trajectory_uids", "label", "tags_add", "tags_remove", "note"})
-        if ("step_uids" in data) == ("trajectory_uids" in data):
-            raise InvalidInput("give exactly one of step_uids or trajectory_uids", field="step_uids")
-        key = "step_uids" if "step_uids" in data else "trajectory_uids"
-        uids = data[key]
-        if (
-            not isinstance(uids, list)
-            or not all(isinstance(u, str) for u in uids)
-            or len(uids) > MAX_LABEL_TARGETS
-        ):
-            raise InvalidInput(f"{key} must be a list of at most {MAX_LABEL_TARGETS} uids", field=key)
+        change_in = label_parse(request.data)
+        key = "step_uids" if change_in.step_uids is not None else "trajectory_uids"
+        uids: list[str] = getattr(change_in, key)
         found = (step_ids_by_uid if key == "step_uids" else trajectory_ids_by_uid)(uids)
         missing = [u for u in uids if u not in found]
         if missing:
@@ -253,19 +238,13 @@ class LabelApi(APIView):
                 f"{'step' if key == 'step_uids' else 'trajectory'} {missing[0]!r} does not exist",
                 field=f"{key}[{uids.index(missing[0])}]",
             )
-        for name in ("tags_add", "tags_remove"):
-            if not isinstance(data.get(name, []), list):
-                raise InvalidInput(f"{name} must be a list of tags", field=name)
-        for name in ("label", "note"):
-            if data.get(name) is not None and not isinstance(data[name], str):
-                raise InvalidInput(f"{name} must be a string", field=name)
         change = dict(
             actor=_actor(request),
             user_id=user_id_of(request),
-            label=data.get("label"),
-            tags_add=data.get("tags_add", []),
-            tags_remove=data.get("tags_remove", []),
-            note=data.get("note"),
+            label=change_in.label,
+            tags_add=change_in.tags_add,
+            tags_remove=change_in.tags_remove,
+            note=change_in.note,
         )
         if key == "step_uids":
             changed = steps_label(step_ids=found.values(), **change)
@@ -433,13 +412,13 @@ class SnapshotCreateApi(APIView):
         responses={202: cs.SnapshotSerializer},
     )
     def post(self, request):
-        data = _body(request, {"dataset", "format", "min_reward", "margin"})
+        asked = snapshots.snapshot_parse(request.data)
         snap = snapshots.snapshot_create(
-            dataset=data.get("dataset"),  # type: ignore[arg-type]
+            dataset=asked.dataset,
             actor=_actor(request),
-            format=data.get("format"),
-            min_reward=data.get("min_reward"),
-            margin=data.get("margin"),
+            format=asked.format,
+            min_reward=asked.min_reward,
+            margin=asked.margin,
         )
         snap = _snapshot(request, snap.id)
         return Response(snapshot_render(snap), status=status.HTTP_202_ACCEPTED)

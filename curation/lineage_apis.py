@@ -31,17 +31,19 @@ from rest_framework.views import APIView
 
 from claw_kit.web.files import stream_download
 from claw_kit.web.query import KnownQueryParams, decimal
+from claw_kit.web.serializers import struct_serializer
 from pool.access.auth import ConsumeScope, ReadScope, read_sources_of, served_sources_of
 from pool.errors import Conflict, InvalidInput, NotFound
 
-from .apis import _body, _consumer_actor, _dataset, _owner, _snapshot
+from .apis import _consumer_actor, _dataset, _owner, _snapshot
 from .models import Checkpoint, Run, Snapshot
 from .selectors import diffs
 from .selectors import lineage as sel
 from .services import lineage, verdicts
 
 DEFAULT_PAGE, MAX_PAGE = 100, 1000
-RUN_FIELDS = {"uid", "name", "consumer", "dataset", "config", "code_version", "policy"}
+RUN_SERIALIZER = struct_serializer(lineage.RunIn, "RunIn")
+VERDICTS_SERIALIZER = struct_serializer(verdicts.VerdictsIn, "VerdictsIn")
 PAGED = [
     OpenApiParameter("cursor", str, description="the ``next`` link's cursor"),
     OpenApiParameter(
@@ -140,34 +142,11 @@ class RunListCreateApi(KnownQueryParams, APIView):
     @extend_schema(
         summary='Open a training run: {"consumer", "dataset", "name", "config", "code_version"}; '
         'its uid is what "run" names when publishing a policy version as a checkpoint',
-        request=inline_serializer(
-            "RunIn",
-            {
-                "consumer": serializers.CharField(),
-                "dataset": serializers.CharField(),
-                "name": serializers.CharField(required=False),
-                "config": serializers.DictField(required=False),
-                "code_version": serializers.CharField(required=False),
-                "policy": serializers.CharField(required=False, help_text='default: "default"'),
-                "uid": serializers.CharField(required=False, help_text="idempotency: minted when absent"),
-            },
-        ),
+        request=RUN_SERIALIZER,
         responses={201: OpenApiTypes.OBJECT, 200: OpenApiTypes.OBJECT},
     )
     def post(self, request):
-        data = _body(request, RUN_FIELDS)
-        run, created = lineage.run_open(
-            run=lineage.RunIn(
-                consumer=data.get("consumer"),
-                dataset=data.get("dataset"),
-                name=data.get("name", ""),
-                config=data.get("config"),
-                code_version=data.get("code_version", ""),
-                policy=data.get("policy", "default"),
-                uid=data.get("uid"),
-            ),
-            actor=_consumer_actor(request),
-        )
+        run, created = lineage.run_open(run=lineage.run_parse(request.data), actor=_consumer_actor(request))
         run = sel.run_get(run.uid, sources=None)
         assert run is not None
         return Response(run_render(run), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
@@ -360,16 +339,7 @@ class LeaseVerdictsApi(APIView):
         summary="A trainer's verdicts on a lease's steps: per step importance_ratio, logprob_kl, "
         "advantage, clipped_fraction, optionally per token; flags policy_mismatch over the "
         "dataset's serving.policy_mismatch_kl",
-        request=inline_serializer(
-            "VerdictsIn",
-            {
-                "steps": serializers.ListField(
-                    child=serializers.DictField(),
-                    help_text='[{"uid", "importance_ratio", "logprob_kl", "advantage", "clipped_fraction", '
-                    '"tokens": {name: [one per response token]}}]',
-                )
-            },
-        ),
+        request=VERDICTS_SERIALIZER,
         responses=inline_serializer(
             "VerdictsOut",
             {
@@ -380,11 +350,9 @@ class LeaseVerdictsApi(APIView):
         ),
     )
     def post(self, request, lease_id):
-        data = _body(request, {"steps"})
+        asked = verdicts.verdicts_parse(request.data)
         return Response(
-            verdicts.lease_verdicts_post(
-                lease_id=lease_id, steps=data.get("steps"), actor=_consumer_actor(request)
-            )
+            verdicts.lease_verdicts_post(lease_id=lease_id, steps=asked.steps, actor=_consumer_actor(request))
         )
 
 

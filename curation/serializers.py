@@ -6,9 +6,10 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from claw_kit.web.serializers import StrictSerializer, struct_serializer
-from pool.models import Step
 
 from .services.consume import PullIn
+from .services.labels import LabelIn
+from .services.snapshots import SnapshotIn
 from .specs import Filters, Grouping, Serving
 
 DatasetFiltersSerializer = struct_serializer(Filters, "DatasetFilters")
@@ -60,17 +61,7 @@ class PreviewSerializer(serializers.Serializer):
     current_policy_version = serializers.IntegerField(allow_null=True)
 
 
-class LabelSerializer(StrictSerializer):
-    step_uids = serializers.ListField(child=serializers.CharField(), required=False)
-    trajectory_uids = serializers.ListField(child=serializers.CharField(), required=False)
-    label = serializers.ChoiceField(
-        choices=Step.Label.values, required=False, allow_null=True, help_text='"" clears the label'
-    )
-    tags_add = serializers.ListField(child=serializers.CharField(max_length=64), required=False)
-    tags_remove = serializers.ListField(child=serializers.CharField(max_length=64), required=False)
-    note = serializers.CharField(required=False, allow_blank=True, allow_null=True)
-
-
+LabelSerializer = struct_serializer(LabelIn, "Label")
 PullSerializer = struct_serializer(PullIn, "Pull")
 
 
@@ -121,19 +112,7 @@ class LeaseSerializer(serializers.Serializer):
     acked_at = serializers.DateTimeField(allow_null=True)
 
 
-class SnapshotCreateSerializer(StrictSerializer):
-    dataset = serializers.CharField(help_text="the dataset's name; its current version is frozen")
-    format = serializers.ChoiceField(
-        choices=["sft", "dpo"],
-        required=False,
-        help_text="also write this TRL export (claw_client.integrations.trl), downloadable as ?format=",
-    )
-    min_reward = serializers.FloatField(
-        required=False, help_text="sft: every rollout with at least this reward (default: the best per group)"
-    )
-    margin = serializers.FloatField(
-        required=False, min_value=0, help_text="dpo: the least reward difference of a pair (default 0)"
-    )
+SnapshotCreateSerializer = struct_serializer(SnapshotIn, "SnapshotCreate")
 
 
 class SnapshotSerializer(serializers.Serializer):

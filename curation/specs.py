@@ -128,11 +128,36 @@ class Spec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaul
     serving: Serving = msgspec.field(default_factory=Serving)
 
 
+class DatasetIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """What the dataset writes take (POST /api/v1/datasets, PUT and PATCH of one): its name and
+    words, and the spec's parts as given (each parsed by ``spec_parse``; the schema documents
+    them with the Spec structs). A part absent from a PATCH keeps the current version's:
+    absence (UNSET) is kept apart from null."""
+
+    name: str | msgspec.UnsetType = msgspec.UNSET
+    description: str | None | msgspec.UnsetType = msgspec.UNSET
+    filters: dict[str, Any] | None | msgspec.UnsetType = msgspec.UNSET
+    grouping: dict[str, Any] | None | msgspec.UnsetType = msgspec.UNSET
+    serving: dict[str, Any] | None | msgspec.UnsetType = msgspec.UNSET
+
+
+class PreviewIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """What ``POST /api/v1/datasets/preview`` takes: an unsaved spec's filters and grouping."""
+
+    filters: dict[str, Any] | None = None
+    grouping: dict[str, Any] | None = None
+
+
+def given(struct: msgspec.Struct) -> dict[str, Any]:
+    """The fields a request gave (UNSET ones left out), as a dict."""
+    return {k: v for k, v in msgspec.structs.asdict(struct).items() if v is not msgspec.UNSET}
+
+
 # The most uses a reuse budget may grant one consumer per unit.
 MAX_USES = 1000
 
 _AT = re.compile(r" - at `\$\.?(.*)`$")
-_UNKNOWN = re.compile(r"Object contains unknown field `([^`]*)`")
+_UNKNOWN = re.compile(r"Object (?:contains unknown|missing required) field `([^`]*)`")
 
 
 def spec_parse(raw: Any, *, field: str = "") -> Spec:

@@ -74,6 +74,12 @@ def struct_serializer(struct: type[msgspec.Struct], name: str) -> type[serialize
 
 def _field_for(tp: Any, **kwargs: Any) -> serializers.Field:
     i = msgspec.inspect
+    if isinstance(tp, i.Metadata):  # bounds inside a union (``Annotated[str, Meta(...)] | None``)
+        if not kwargs.get("help_text"):
+            kwargs["help_text"] = (tp.extra_json_schema or {}).get("description")
+        return _field_for(tp.type, **kwargs)
+    if isinstance(tp, i.AnyType):
+        return serializers.JSONField(**kwargs)
     if isinstance(tp, i.IntType):
         return serializers.IntegerField(min_value=tp.ge, max_value=tp.le, **kwargs)
     if isinstance(tp, i.FloatType):

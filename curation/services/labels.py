@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Annotated, Any
 
+import msgspec
 from django.db import transaction
 
 from pool import sql
@@ -13,10 +15,37 @@ from pool.models import Step
 from pool.services.labels import steps_label_set, steps_note_set
 
 from ..models import LabelEvent, StepTag
+from ..specs import struct_parse
 
 MAX_TAG_LEN = 64
 # Steps per bulk statement (SQLite caps parameters; ~10 ms per chunk on PostgreSQL).
 CHUNK = 500
+
+
+MAX_LABEL_TARGETS = 10_000
+
+
+class LabelIn(msgspec.Struct, forbid_unknown_fields=True):
+    """What ``POST /api/v1/labels`` takes (exactly one of step_uids and trajectory_uids): the
+    label contract the API parses with and its schema is derived from."""
+
+    step_uids: Annotated[list[str], msgspec.Meta(max_length=MAX_LABEL_TARGETS)] | None = None
+    trajectory_uids: Annotated[list[str], msgspec.Meta(max_length=MAX_LABEL_TARGETS)] | None = None
+    label: (
+        Annotated[str, msgspec.Meta(description='accepted, rejected, quarantined; "" clears the label')]
+        | None
+    ) = None
+    tags_add: list[Annotated[str, msgspec.Meta(max_length=MAX_TAG_LEN)]] = []
+    tags_remove: list[Annotated[str, msgspec.Meta(max_length=MAX_TAG_LEN)]] = []
+    note: str | None = None
+
+
+def label_parse(raw: Any) -> LabelIn:
+    """A label request's JSON body as a LabelIn, or InvalidInput naming the field."""
+    change = struct_parse(raw, LabelIn)
+    if (change.step_uids is None) == (change.trajectory_uids is None):
+        raise InvalidInput("give exactly one of step_uids or trajectory_uids", field="step_uids")
+    return change
 
 
 @transaction.atomic

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import re
 import uuid
-from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
 import orjson
 from django.db import IntegrityError, transaction
 from django.db.models import F
@@ -44,6 +44,7 @@ from pool.models import Step
 from pool.services.policy import policy_check_name
 
 from ..models import Checkpoint, CheckpointStep, Dataset, DatasetVersion, Lease, Run
+from ..specs import struct_parse
 from .consume import Actor, _consumer
 
 # A run uid travels in URL paths: letters, digits and ``.``, ``_``, ``:``, ``-``.
@@ -60,19 +61,34 @@ ROW_CHUNK = 2000
 INDEX_ON_READ = 200
 
 
-@dataclass(slots=True)
-class RunIn:
-    consumer: Any
-    dataset: Any
-    name: Any = ""
-    config: Any = None
-    code_version: Any = ""
-    policy: Any = "default"
-    uid: Any = None
+class RunIn(msgspec.Struct, forbid_unknown_fields=True):
+    """What ``POST /api/v1/runs`` takes: the run contract (the API parses with it, its schema is
+    derived from it, ``run_validate`` checks what a type cannot say)."""
+
+    consumer: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    dataset: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    name: Annotated[str, msgspec.Meta(max_length=MAX_NAME)] = ""
+    config: dict[str, Any] | None = None
+    code_version: Annotated[str, msgspec.Meta(max_length=MAX_CODE_VERSION)] = ""
+    policy: Annotated[str, msgspec.Meta(description='default: "default"')] = "default"
+    uid: (
+        Annotated[
+            str,
+            msgspec.Meta(pattern=r"^[A-Za-z0-9._:-]{1,128}$", description="idempotency: minted when absent"),
+        ]
+        | None
+    ) = None
+
+
+def run_parse(raw: Any) -> RunIn:
+    """A run's JSON body as a RunIn (run_open checks the rest), or InvalidInput naming the field."""
+    return struct_parse(raw, RunIn)
 
 
 def run_validate(r: RunIn) -> None:
-    """InvalidInput naming the first bad field of a run to open."""
+    """InvalidInput naming the first bad field of a run to open (built in code: its
+    constructor checks no bound)."""
+    struct_parse(msgspec.structs.asdict(r), RunIn)
     _text(r.consumer, "consumer", 64, required=True)
     _text(r.dataset, "dataset", 64, required=True)
     _text(r.name, "name", MAX_NAME)

@@ -21,8 +21,9 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import msgspec
 import numpy as np
 import orjson
 from django.conf import settings
@@ -51,7 +52,7 @@ from ..snapshot_files.base import Chunk, media_name
 from ..snapshot_files.jsonl import JsonlFile
 from ..snapshot_files.parquet import ParquetFile
 from ..snapshot_files.tar import TarFile
-from ..specs import Grouping, spec_parse
+from ..specs import Grouping, spec_parse, struct_parse
 
 # TRL exports a snapshot may also hold (``format`` at creation; claw_client.integrations.trl):
 # a JSONL file of conversational SFT rows or of preference pairs, built from the rollouts'
@@ -65,6 +66,44 @@ log = logging.getLogger(__name__)
 # What a snapshot may be downloaded as: its files (curation/snapshot_files/registry.py) and
 # its TRL export, by name.
 CONTENT_TYPES = {**registry.CONTENT_TYPES, **dict.fromkeys(EXPORTS, "application/x-ndjson")}
+
+
+class SnapshotIn(msgspec.Struct, forbid_unknown_fields=True):
+    """What ``POST /api/v1/snapshots`` takes: the snapshot request contract (the API parses with
+    it, its schema is derived from it; ``snapshot_create`` checks the export's options)."""
+
+    dataset: Annotated[
+        str, msgspec.Meta(min_length=1, description="the dataset's name; its current version is frozen")
+    ]
+    format: (
+        Annotated[
+            Literal["sft", "dpo"],
+            msgspec.Meta(
+                description="also write this TRL export (claw_client.integrations.trl), downloadable as ?format="
+            ),
+        ]
+        | None
+    ) = None
+    min_reward: (
+        Annotated[
+            float,
+            msgspec.Meta(
+                description="sft: every rollout with at least this reward (default: the best per group)"
+            ),
+        ]
+        | None
+    ) = None
+    margin: (
+        Annotated[
+            float, msgspec.Meta(ge=0, description="dpo: the least reward difference of a pair (default 0)")
+        ]
+        | None
+    ) = None
+
+
+def snapshot_parse(raw: Any) -> SnapshotIn:
+    """A snapshot request's JSON body as a SnapshotIn, or InvalidInput naming the field."""
+    return struct_parse(raw, SnapshotIn)
 
 
 def snapshot_create(

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import math
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
 import numpy as np
 from django.db import transaction
 from django.utils import timezone
@@ -31,12 +32,32 @@ from pool.models import Step
 from pool.services.labels import steps_quality_flag_set
 
 from ..models import Consumer, Lease, StepVerdict
-from ..specs import spec_parse
+from ..specs import spec_parse, struct_parse
 from .consume import MAX_BATCH, Actor
 from .lineage import _manifest
 
 STATS = ("importance_ratio", "logprob_kl", "advantage", "clipped_fraction")
 ITEM_FIELDS = {"uid", "tokens", *STATS}
+
+
+class VerdictsIn(msgspec.Struct, forbid_unknown_fields=True):
+    """What ``POST /api/v1/leases/<id>/verdicts`` takes: the verdicts contract (the API parses
+    with it, its schema is derived from it; ``lease_verdicts_post`` checks each verdict)."""
+
+    steps: Annotated[
+        list[dict[str, Any]],
+        msgspec.Meta(
+            min_length=1,
+            max_length=MAX_BATCH,
+            description='[{"uid", "importance_ratio", "logprob_kl", "advantage", "clipped_fraction", '
+            '"tokens": {name: [one per response token]}}]',
+        ),
+    ]
+
+
+def verdicts_parse(raw: Any) -> VerdictsIn:
+    """A verdicts body as a VerdictsIn, or InvalidInput naming the field."""
+    return struct_parse(raw, VerdictsIn)
 
 
 def lease_verdicts_post(*, lease_id: uuid.UUID, steps: Any, actor: Actor | None = None) -> dict[str, Any]:
