@@ -66,6 +66,7 @@ from pool.services.trajectories import CompletionIn, trajectories_complete
 
 from ..models import Archive, Delivery, Lease, RetentionPolicy, Snapshot
 from ..selectors.specs import spec_compile, units_admitted
+from ..snapshot_files import parquet
 from ..specs import spec_parse
 
 log = logging.getLogger(__name__)
@@ -348,27 +349,30 @@ def _consumed(units: list[Unit], policy: RetentionPolicy) -> set[Unit]:
 
 
 # --- archives ---------------------------------------------------------------------------------------
+# The snapshot writer's step columns, taken from its schema (the step's own reward, as stored;
+# metadata as JSON), then the images by reference and what a restore needs besides.
+SNAPSHOT_COLUMNS = (
+    "uid",
+    "trajectory_uid",
+    "prompt_group_uid",
+    "step_index",
+    "prompt_ids",
+    "response_ids",
+    "rollout_logprobs",
+    "token_rewards",
+    "token_versions",
+    "reward",
+    "reward_source",
+    "policy_version",
+    "token_source",
+    "drift",
+    "label",
+    "metadata",
+)
 ARCHIVE_SCHEMA = pa.schema(
     [
-        # The snapshot writer's step columns (curation/services/snapshots.py)...
-        ("uid", pa.string()),
-        ("trajectory_uid", pa.string()),
-        ("prompt_group_uid", pa.string()),
-        ("step_index", pa.int32()),
-        ("prompt_ids", pa.list_(pa.int32())),
-        ("response_ids", pa.list_(pa.int32())),
-        ("rollout_logprobs", pa.list_(pa.float64())),
-        ("token_rewards", pa.list_(pa.float64())),
-        ("token_versions", pa.list_(pa.int64())),
-        ("reward", pa.float64()),  # the step's own reward, as stored
-        ("reward_source", pa.string()),
-        ("policy_version", pa.int64()),
-        ("token_source", pa.string()),
-        ("drift", pa.bool_()),
-        ("label", pa.string()),
-        ("metadata", pa.string()),  # JSON
+        *(parquet.PARQUET_SCHEMA.field(name) for name in SNAPSHOT_COLUMNS),
         ("images", pa.list_(pa.string())),  # by reference, in order: "sha256:<hex>" or "url:<address>"
-        # ... and what a restore needs besides.
         ("is_last", pa.bool_()),
         ("finish_reason", pa.string()),
         ("drift_offset", pa.int64()),
