@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import httpx
 import orjson
@@ -188,10 +188,21 @@ COMPLETIONS_SENDER = ChatSender(COMPLETIONS)
 
 
 # --- the runner -------------------------------------------------------------------------------
-def door_view(door: Callable[[], Door], summary: str) -> Callable[..., Any]:
-    """The view of a door, the same for each: its route's trajectory and group (a scoped or
-    capability base URL), the key or capability token its URL carries, then ``serve`` with
-    the door ``door()`` names for this call (a setting may choose it at call time)."""
+class Route(NamedTuple):
+    """What a gateway URL says of a call: the trajectory and group of a scoped or capability
+    base URL, the key or capability token it carries (None each where it says nothing)."""
+
+    trajectory_uid: str | None
+    prompt_group_uid: str | None
+    api_key: str | None
+    capability: str | None
+
+
+def route_view(
+    handler: Callable[[HttpRequest, Route], Awaitable[HttpResponseBase]], summary: str
+) -> Callable[..., Any]:
+    """The view of one gateway endpoint under every base URL (plain, scoped, capability): the
+    route's parts as one Route, then ``handler``. The one place the views' signature is written."""
 
     @csrf_exempt
     async def view(
@@ -202,10 +213,20 @@ def door_view(door: Callable[[], Door], summary: str) -> Callable[..., Any]:
         api_key: str | None = None,
         capability: str | None = None,
     ) -> HttpResponseBase:
-        return await serve(door(), request, trajectory_uid, prompt_group_uid, api_key, capability)
+        return await handler(request, Route(trajectory_uid, prompt_group_uid, api_key, capability))
 
     view.__doc__ = summary
     return view
+
+
+def door_view(door: Callable[[], Door], summary: str) -> Callable[..., Any]:
+    """The view of a door: ``serve`` with the door ``door()`` names for this call (a setting
+    may choose it at call time)."""
+
+    async def handle(request: HttpRequest, r: Route) -> HttpResponseBase:
+        return await serve(door(), request, r.trajectory_uid, r.prompt_group_uid, r.api_key, r.capability)
+
+    return route_view(handle, summary)
 
 
 async def serve(

@@ -35,7 +35,7 @@ from . import envelope
 from .access import authorise
 from .doors.chat import CHAT_DOOR, COMPLETIONS_DOOR, passthrough_error
 from .faults import fault_event
-from .runner import door_view
+from .runner import Route, door_view, route_view
 
 TRAJECTORY_HEADER = envelope.TRAJECTORY_HEADER
 
@@ -50,20 +50,13 @@ completions = door_view(
 )
 
 
-@csrf_exempt
-async def models(
-    request: HttpRequest,
-    trajectory_uid: str | None = None,
-    prompt_group_uid: str | None = None,
-    *,
-    api_key: str | None = None,
-    capability: str | None = None,
-) -> HttpResponseBase:
-    """``GET /v1/models``: the upstream's model list, passed through."""
+async def _models(request: HttpRequest, route: Route) -> HttpResponseBase:
     if request.method != "GET":
         return error_response(405, f"method {request.method} not allowed; use GET", code="method_not_allowed")
     try:
-        key = await authorise(request, api_key=api_key, capability=capability, trajectory_uid=trajectory_uid)
+        key = await authorise(
+            request, api_key=route.api_key, capability=route.capability, trajectory_uid=route.trajectory_uid
+        )
     except HttpError as e:
         return error_response(e.status, e.message, code=e.code, param=e.param)
     try:
@@ -79,6 +72,9 @@ async def models(
         )
         return passthrough_error(resp.status_code, resp.content)
     return HttpResponse(resp.content, status=resp.status_code, content_type="application/json")
+
+
+models = route_view(_models, "``GET /v1/models``: the upstream's model list, passed through.")
 
 
 @csrf_exempt

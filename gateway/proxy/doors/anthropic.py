@@ -40,7 +40,6 @@ from cachetools import LRUCache
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
-from django.views.decorators.csrf import csrf_exempt
 
 from claw_kit.llm import tokenizer, upstream
 from claw_kit.web.errors import HttpError
@@ -48,7 +47,7 @@ from pool.services.api_keys import VerifiedKey
 
 from ..envelope import Call, receive
 from ..recording import Identity
-from ..runner import Door, Prepared, door_view
+from ..runner import Door, Prepared, Route, door_view, route_view
 from . import passthrough
 from .base import DoorInputError, Translator, first_choice, new_id, sse, token_counts
 
@@ -82,18 +81,7 @@ def _messages_door() -> Door:
 messages = door_view(_messages_door, "``POST /v1/messages`` (streamed or not), recorded as one step.")
 
 
-@csrf_exempt
-async def count_tokens(
-    request: HttpRequest,
-    trajectory_uid: str | None = None,
-    prompt_group_uid: str | None = None,
-    *,
-    api_key: str | None = None,
-    capability: str | None = None,
-) -> HttpResponseBase:
-    """``POST /v1/messages/count_tokens`` -> ``{"input_tokens": n}``: the translated prompt
-    counted by the upstream's /tokenize (vLLM), else by CLAW_TOKENIZER, else 501. Nothing is
-    recorded."""
+async def _count_tokens(request: HttpRequest, route: Route) -> HttpResponseBase:
 
     async def handle(call: Call) -> HttpResponse:
         chat = to_chat(call.body(), counting=True)
@@ -105,12 +93,19 @@ async def count_tokens(
         request,
         handle,
         errors=DOOR.error_response,
-        path_trajectory=trajectory_uid,
-        path_group=prompt_group_uid,
-        api_key=api_key,
-        capability=capability,
+        path_trajectory=route.trajectory_uid,
+        path_group=route.prompt_group_uid,
+        api_key=route.api_key,
+        capability=route.capability,
         name_minted=False,
     )
+
+
+count_tokens = route_view(
+    _count_tokens,
+    '``POST /v1/messages/count_tokens`` -> ``{"input_tokens": n}``: the translated prompt counted by '
+    "the upstream's /tokenize (vLLM), else by CLAW_TOKENIZER, else 501. Nothing is recorded.",
+)
 
 
 async def _count(request: HttpRequest, chat: dict[str, Any]) -> int:
