@@ -1,1 +1,2 @@
-"""Curation: operator pages, review forms and the live dashboard."""
+"""Curation and consumption: what trainers may get (datasets, leases, snapshots, lineage,
+retention) and what people see (the pages, review, the admin and the live dashboard)."""

@@ -1,1 +1,3 @@
-"""The data pool: durable step-level MDP records, token storage and the prefix tree."""
+"""The data pool: durable step-level MDP records with prefix-delta token storage, the one
+step-write pipeline (ingest/), the bus of what follows a write, and the services and selectors
+every door and page go through."""
