@@ -168,6 +168,9 @@ class LiveServer:
             CLAW_DEMO="0",
             CLAW_API_KEY_CACHE_SECONDS="0",
             PYTHONUNBUFFERED="1",
+            # Its own channel layer keys: no other process on this Redis (a bench's servers, a
+            # server of another test) reaches its dashboards; its Celery workers take its env.
+            CLAW_CHANNEL_PREFIX=f"claw-live-{uuid.uuid4().hex[:12]}",
         )
         base = os.environ.get("DATABASE_URL")
         if base:

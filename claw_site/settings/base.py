@@ -186,8 +186,14 @@ REDIS_URL = os.environ.get("REDIS_URL", "")
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     CELERY_TASK_ALWAYS_EAGER = False
+    # CLAW_CHANNEL_PREFIX: the layer's key prefix (channels_redis' default "asgi"). Two
+    # deployments sharing one Redis database give each its own, or each dashboard shows the
+    # other's events.
     CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": os.environ.get("CLAW_CHANNEL_PREFIX") or "asgi"},
+        }
     }
 else:
     # Embedded mode: no broker. Tasks run in-process at enqueue time (which is always
