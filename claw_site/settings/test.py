@@ -18,11 +18,15 @@ _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ...; unset 
 if _WORKER:
     _n = int(_WORKER.removeprefix("gw"))
     os.environ["CLAW_VAR_DIR"] = str(Path(__file__).resolve().parents[2] / "var" / f"test-{_WORKER}")
-    if os.environ.get("REDIS_URL"):
+    # Once per worker: a subprocess that inherits the worker's environment and imports these
+    # settings again (a bench run by a test: DJANGO_SETTINGS_MODULE and PYTEST_XDIST_WORKER
+    # inherited) must keep the worker's database, not shift again onto the next worker's.
+    if os.environ.get("REDIS_URL") and os.environ.get("CLAW_TEST_REDIS_WORKER") != _WORKER:
         # Database base+1+N: two suites on one Redis (REDIS_URL .../0 and .../8) stay apart.
         _redis = urlparse(os.environ["REDIS_URL"])
         _base = int(_redis.path.strip("/") or 0)
         os.environ["REDIS_URL"] = urlunparse(_redis._replace(path=f"/{(_base + 1 + _n) % 16}"))
+        os.environ["CLAW_TEST_REDIS_WORKER"] = _WORKER
 
 from .base import *  # noqa: E402, F403
 from .base import REDIS_URL, env_float  # noqa: E402
