@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import stat
 
+import pytest
+
 from claw_site.sqlite.base import DatabaseWrapper
+
+pytestmark = pytest.mark.backend_independent  # a SQLite file, whatever DATABASE_URL says
 
 
 def test_the_sqlite_file_is_created_readable_by_its_owner_only(tmp_path):

@@ -528,6 +528,8 @@ SHOT_PAGES = [
 ]
 
 
+# Layout only (widths and screenshots): CI's PostgreSQL pass skips it (backend_independent).
+@pytest.mark.backend_independent
 @pytest.mark.parametrize("width", [1440, 390])
 def test_every_page_fits_the_width_and_is_screenshotted(server, browser, width):
     from playwright.sync_api import expect
