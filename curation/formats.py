@@ -81,12 +81,9 @@ def padded(rows: Sequence[Row]) -> dict[str, Any]:
         dtype=TOKEN_DTYPE,
     )
     w = lay.response_width
-    zeros = [np.zeros(k, dtype=FLOAT_DTYPE) for k in lay.response_lengths]
+    # A step without logprobs is an empty row: the fill (0.0) covers its columns.
     logprobs = padding.right(
-        [
-            r["rollout_logprobs"] if r["rollout_logprobs"] is not None else zeros[i]
-            for i, r in enumerate(rows)
-        ],
+        [r["rollout_logprobs"] if r["rollout_logprobs"] is not None else () for r in rows],
         w,
         fill=0.0,
         dtype=FLOAT_DTYPE,
