@@ -16,7 +16,7 @@ from claw_kit.llm.tokenizer import get_tokenizer, token_texts
 from pool.flags import QUALITY_NAMES, READINESS_NAMES
 from pool.flags import names as flag_names
 from pool.models import Feedback, RewardEvent, Step, Trajectory
-from pool.selectors.steps import steps_render
+from pool.selectors.steps import steps_read
 
 from ..models import LabelEvent, StepTag
 from .lineage import step_verdicts
@@ -208,8 +208,7 @@ def _decode_unknown(views: list[StepView], turns: list[Any]) -> None:
     tok = get_tokenizer() if unknown else None
     if tok is None:
         return
-    steps = list(Step.objects.select_related("trajectory__group").filter(id__in=[v.step.id for v in unknown]))
-    rendered = {r["uid"]: r for r in steps_render(steps)}
+    rendered = {r["uid"]: r for r in steps_read([v.step.id for v in unknown], texts=False).rows}
     name = _tokenizer_name(tok)
     for v in unknown:
         r = rendered.get(v.step.uid)
@@ -239,10 +238,10 @@ def step_token_ids(step_id: int) -> dict[str, Any] | None:
     """One step's exact token ids (rebuilt by steps_render), as plain lists, or None; with
     each id's text when a tokenizer is configured (CLAW_TOKENIZER; else null) and the
     response's rollout logprobs (null when none were recorded)."""
-    step = Step.objects.select_related("trajectory__group").filter(id=step_id).first()
-    if step is None:
+    read = steps_read([step_id], texts=False).rows
+    if not read:
         return None
-    r = steps_render([step])[0]
+    r = read[0]
     prompt, response = r["prompt_ids"].tolist(), r["response_ids"].tolist()
     tok = get_tokenizer()
     lp = r["rollout_logprobs"]
@@ -324,6 +323,5 @@ def _decode(step: Step) -> tuple[str, str] | None:
     tok = get_tokenizer()
     if tok is None:
         return None
-    step = Step.objects.select_related("trajectory__group").get(id=step.id)
-    r = steps_render([step])[0]
+    r = steps_read([step.id], texts=False).rows[0]
     return tok.decode(r["prompt_ids"].tolist()), tok.decode(r["response_ids"].tolist())

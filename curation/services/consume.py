@@ -59,7 +59,7 @@ from pool.bus import GroupsReady, emit
 from pool.errors import Conflict, InvalidInput, NotFound
 from pool.models import AuditEvent, PromptGroup, Step, Trajectory
 from pool.selectors.policy import policy_current_version
-from pool.selectors.steps import steps_render
+from pool.selectors.steps import steps_read
 from pool.services import effective_reward
 from pool.services.audit import audit_record
 from pool.services.delivery import trajectories_delivered_mark
@@ -753,27 +753,22 @@ def _insert(
 def _render(lease: Lease, ds: Dataset, who: Consumer, c: Compiled, taken: dict[int, bool]) -> None:
     """The batch in the lease's format (curation/formats.py), with its manifest, as the
     exact bytes served."""
-    steps = list(
-        Step.objects.with_context().filter(id__in=list(taken)).order_by("trajectory_id", "step_index")
-    )
+    read = steps_read(list(taken), order=("trajectory_id", "step_index"))
     current = c.current_version
     if current is None:
         current = policy_current_version(c.spec.filters.policy)  # moved since the compile
-    rows = steps_render(steps)
+    rows = read.rows
     assignment = c.spec.grouping.reward_assignment
     effective_reward.assign(
-        rows, mode=assignment, gamma=c.spec.grouping.gamma, trajectory_ids={s.trajectory_id for s in steps}
+        rows, mode=assignment, gamma=c.spec.grouping.gamma, trajectory_ids=set(read.trajectory_ids)
     )
     versions: Counter[int | None] = Counter()
     drops = _Drops(c, who, lease.dataset_version_id)
     stale_steps = 0
-    for s, row in zip(steps, rows, strict=True):
-        row["mask"] = taken[s.id]
-        row["staleness"] = (
-            (current - s.policy_version_id)
-            if current is not None and s.policy_version_id is not None
-            else None
-        )
+    for sid, row in zip(read.ids, rows, strict=True):
+        version = row["policy_version"]
+        row["mask"] = taken[sid]
+        row["staleness"] = (current - version) if current is not None and version is not None else None
         # The same, under the name the per-token field shares (token_versions_behind: per
         # response token, from the step's token_policy_versions; None without them).
         row["versions_behind"] = row["staleness"]
@@ -781,8 +776,9 @@ def _render(lease: Lease, ds: Dataset, who: Consumer, c: Compiled, taken: dict[i
         row["token_versions_behind"] = (
             current - tokens.runs_expand(runs) if current is not None and runs is not None else None
         )
-        versions[s.policy_version_id] += 1
-        stale_steps += drops.stale(s.policy_version_id)
+        versions[version] += 1
+        stale_steps += drops.stale(version)
+    uids = [r["uid"] for r in rows]  # before the format renders the rows
     payload = dumps(RENDERERS[lease.format](rows))
     staleness = [r["staleness"] for r in rows if r["staleness"] is not None]
     manifest = {
@@ -793,8 +789,8 @@ def _render(lease: Lease, ds: Dataset, who: Consumer, c: Compiled, taken: dict[i
         "unit": lease.unit,
         "format": lease.format,
         "units": lease.n_units,
-        "step_uids": [s.uid for s in steps],
-        "masked_steps": sum(1 for s in steps if taken[s.id]),
+        "step_uids": uids,
+        "masked_steps": sum(1 for sid in read.ids if taken[sid]),
         # Units this pull dropped for the consumer, by reason (specs.Serving; Skip.Reason).
         "dropped": {r.label: getattr(lease, "dropped", {}).get(r.label, 0) for r in Skip.Reason},
         # Steps per policy version (JSON keys are strings); steps without one are counted
@@ -813,8 +809,8 @@ def _render(lease: Lease, ds: Dataset, who: Consumer, c: Compiled, taken: dict[i
     if _Order.of(c).reuse:
         # serving.reuse: the use index of each step's unit, beside step_uids (absent without
         # reuse, where every use is 0: the manifest stays as it was).
-        manifest["use_indexes"] = [getattr(lease, "uses", {}).get(s.id, 0) for s in steps]
-    lease.n_steps = len(steps)
+        manifest["use_indexes"] = [getattr(lease, "uses", {}).get(sid, 0) for sid in read.ids]
+    lease.n_steps = len(read.ids)
     lease.content_hash = manifest["content_hash"]
     # The body: manifest, then the batch payload spliced in as is (hashed bytes = served bytes).
     lease.body = dumps({"lease_id": str(lease.id), "manifest": manifest})[:-1] + b',"batch":' + payload + b"}"

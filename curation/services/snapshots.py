@@ -24,7 +24,6 @@ from contextlib import ExitStack
 from typing import Annotated, Any, Literal
 
 import msgspec
-import numpy as np
 import orjson
 from django.conf import settings
 from django.core.files import File
@@ -34,13 +33,13 @@ from django.db.models import Q
 from django.utils import timezone
 
 from claw_client.integrations import trl
-from pool import flags, tokens
+from pool import tokens
 from pool.bus import emit
 from pool.errors import InvalidInput, NotFound
 from pool.media import media_file
 from pool.models import Feedback, Media, Step, Trajectory
 from pool.replica import replica_caught_up, replica_reads
-from pool.selectors.steps import step_images
+from pool.selectors.steps import steps_read
 from pool.services import effective_reward
 from pool.services.delivery import trajectories_delivered_mark
 
@@ -416,34 +415,6 @@ class _Finals:
         return out
 
 
-# The step fields a row is built from, read as tuples (no model instances, no datetimes).
-_STEP_FIELDS = (
-    "id",
-    "uid",
-    "trajectory_id",
-    "trajectory__uid",
-    "trajectory__group__uid",
-    "step_index",
-    "prompt_len",
-    "rollout_logprobs",
-    "token_rewards",
-    "token_versions",
-    "effective_reward",
-    "effective_reward_source",
-    "reward_scope",
-    "outcome_reward",
-    "process_reward",
-    "branch",
-    "policy_version_id",
-    "token_source",
-    "drift",
-    "quality_flags",
-    "readiness",
-    "label",
-    "metadata",
-)
-
-
 def _assignment(snap: Snapshot) -> Grouping:
     """The snapshot's dataset version's grouping (its ``reward_assignment`` and ``gamma``)."""
     return spec_parse(snap.dataset_version.spec).grouping
@@ -461,22 +432,19 @@ def _on_replica(chunks: Iterator[Chunk]) -> Iterator[Chunk]:
 
 
 def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: Grouping) -> Iterator[Chunk]:
-    """The frozen steps, rendered, ``size`` at a time in id order (keyset: id > the last).
-
-    Each row holds exactly what pool.selectors.steps_render gives for the written fields
-    (tests/curation/test_snapshots.py compares them), read as plain tuples: no Step,
-    Trajectory and PromptGroup instances nor their timestamps are built."""
+    """The frozen steps, ``size`` at a time in id order (keyset: id > the last), each row
+    read by the one step reader (pool.selectors.steps.steps_read, without the texts) and
+    given what a snapshot adds: its tags, its feedback, its mask, the per-token policy
+    versions expanded, the images' file names and the dataset's reward assignment."""
     last = 0
-    readiness_names, quality_names = flags.READINESS_NAMES, flags.QUALITY_NAMES
-    names = flags.names
     while True:
         start = bisect.bisect_right(step_ids, last)  # the first id after the last chunk's
         ids = step_ids[start : start + size]
         if not ids:
             return
-        steps = list(Step.objects.filter(id__in=ids).order_by("id").values_list(*_STEP_FIELDS))
-        if len(steps) != len(ids):
-            gone = sorted(set(ids) - {s[0] for s in steps})
+        read = steps_read(ids, texts=False)
+        if len(read.ids) != len(ids):
+            gone = sorted(set(ids) - set(read.ids))
             raise NotFound(
                 f"step id {gone[0]} was deleted after the snapshot was requested", field="snapshot"
             )
@@ -485,10 +453,7 @@ def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: Groupi
             StepTag.objects.filter(step_id__in=ids).order_by("step_id", "tag").values_list("step_id", "tag")
         ):
             tags.setdefault(sid, []).append(tag)
-        trajs = {s[2] for s in steps}
-        chunk_sources = set(
-            Trajectory.objects.filter(id__in=sorted(trajs)).values_list("source_id", flat=True).distinct()
-        )
+        trajs = set(read.trajectory_ids)
         feedback: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for f in (
             Feedback.objects.filter(Q(step_id__in=ids) | Q(trajectory_id__in=trajs, step__isnull=True))
@@ -497,99 +462,58 @@ def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: Groupi
         ):
             sid, tid = f.pop("step_id"), f.pop("trajectory_id")
             feedback.setdefault(("s", sid) if sid is not None else ("t", tid), []).append(f)
-        full = tokens.load_sequences(ids)
         chunk = Chunk()
-        chunk.source_ids = chunk_sources
-        images = step_images(ids)
-        chunk.media = _media_bytes(images)
-        branches = chunk.branches
-        for (
-            sid,
-            uid,
-            traj_id,
-            traj_uid,
-            group_uid,
-            step_index,
-            prompt_len,
-            lp,
-            token_rewards,
-            token_runs,
-            reward,
-            reward_source,
-            reward_scope,
-            outcome_reward,
-            process_reward,
-            branch,
-            policy_version,
-            token_source,
-            drift,
-            quality,
-            readiness,
-            label,
-            metadata,
-        ) in steps:
-            seq = full[sid]
-            cut = prompt_len * tokens.TOKEN_BYTES
-            prompt, response = seq[:cut], seq[cut:]
-            lp = bytes(lp) if lp is not None else None
-            chunk.prompts.append(prompt)
-            chunk.responses.append(response)
-            chunk.logprobs.append(lp)
-            token_rewards = bytes(token_rewards) if token_rewards is not None else None
-            chunk.token_rewards.append(token_rewards)
-            versions = (
-                tokens.runs_expand(tokens.bytes_to_runs(bytes(token_runs)))
-                if token_runs is not None
-                else None
-            )
+        chunk.source_ids = set(
+            Trajectory.objects.filter(id__in=sorted(trajs)).values_list("source_id", flat=True).distinct()
+        )
+        chunk.media = _media_bytes({sid: r["images"] for sid, r in zip(read.ids, read.rows, strict=True)})
+        chunk.ids, chunk.branches = read.ids, read.branches
+        chunk.prompts, chunk.responses = read.prompts, read.responses
+        chunk.logprobs, chunk.token_rewards = read.logprobs, read.token_rewards
+        for sid, traj_id, r in zip(read.ids, read.trajectory_ids, read.rows, strict=True):
+            runs = r["token_policy_versions"]
+            versions = tokens.runs_expand(runs) if runs is not None else None
             chunk.token_versions.append(
                 versions.astype(tokens.VERSION_DTYPE).tobytes() if versions is not None else None
             )
             chunk.rows.append(
                 {
-                    "uid": uid,
-                    "trajectory_uid": traj_uid,
-                    "prompt_group_uid": group_uid,
-                    "step_index": step_index,
-                    "prompt_ids": np.frombuffer(prompt, dtype=tokens.TOKEN_DTYPE),
-                    "response_ids": np.frombuffer(response, dtype=tokens.TOKEN_DTYPE),
-                    "rollout_logprobs": (
-                        np.frombuffer(lp, dtype=tokens.LOGPROB_DTYPE) if lp is not None else None
-                    ),
-                    "token_rewards": (
-                        np.frombuffer(token_rewards, dtype=tokens.LOGPROB_DTYPE)
-                        if token_rewards is not None
-                        else None
-                    ),
+                    "uid": r["uid"],
+                    "trajectory_uid": r["trajectory_uid"],
+                    "prompt_group_uid": r["prompt_group_uid"],
+                    "step_index": r["step_index"],
+                    "prompt_ids": r["prompt_ids"],
+                    "response_ids": r["response_ids"],
+                    "rollout_logprobs": r["rollout_logprobs"],
+                    "token_rewards": r["token_rewards"],
                     "token_versions": versions,
-                    # The effective reward (pool/services/effective_reward.py).
-                    "reward": reward,
-                    "reward_source": reward_source,
-                    "reward_scope": reward_scope,
-                    "outcome_reward": outcome_reward,
-                    "process_reward": process_reward,
-                    "policy_version": policy_version,
-                    "token_source": token_source,
-                    "drift": drift,
-                    "quality_flags": names(quality, quality_names),
-                    "readiness": names(readiness, readiness_names),
-                    "label": label or None,
+                    # The effective reward (pool/services/effective_reward.py), reassigned
+                    # below by the dataset's reward assignment.
+                    "reward": r["reward"],
+                    "reward_source": r["reward_source"],
+                    "reward_scope": r["reward_scope"],
+                    "outcome_reward": r["outcome_reward"],
+                    "process_reward": r["process_reward"],
+                    "policy_version": r["policy_version"],
+                    "token_source": r["token_source"],
+                    "drift": r["drift"],
+                    "quality_flags": r["quality_flags"],
+                    "readiness": r["readiness"],
+                    "label": r["label"],
                     "tags": tags.get(sid, []),
                     # The step's own feedback, then its trajectory's, each oldest first.
                     "feedback": feedback.get(("s", sid), []) + feedback.get(("t", traj_id), []),
                     "mask": sid in masked,
-                    "metadata": metadata,
-                    "images": [_image_ref(i) for i in images.get(sid, [])],
+                    "metadata": r["metadata"],
+                    "images": [_image_ref(i) for i in r["images"]],
                 }
             )
-            branches.append(branch)
-            chunk.ids.append(sid)
         effective_reward.assign(
             chunk.rows,
             mode=assignment.reward_assignment,
             gamma=assignment.gamma,
             trajectory_ids=trajs,
-            branches=branches,
+            branches=chunk.branches,
         )
         yield chunk
         last = ids[-1]

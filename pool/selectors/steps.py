@@ -5,6 +5,7 @@ answered with."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -20,72 +21,174 @@ from ..tenancy import q as of_sources
 REWARD_FINAL = int(Readiness.REWARD_FINAL)
 
 
-def steps_render(steps: Sequence[Step]) -> list[dict[str, Any]]:
-    """The API representation of steps, token ids rebuilt exactly (one query for all chains).
+# The columns a step row is read from, as plain tuples (no Step, Trajectory or PromptGroup
+# instances are built): every representation of a step (the API's reads, a pull's batch, a
+# snapshot's files, the pages' token views) comes from ``steps_read``.
+_COLUMNS = (
+    "id",
+    "uid",
+    "trajectory_id",
+    "trajectory__uid",
+    "trajectory__group__uid",
+    "step_index",
+    "prompt_len",
+    "rollout_logprobs",
+    "token_rewards",
+    "token_versions",
+    "effective_reward",
+    "effective_reward_source",
+    "policy_version_id",
+    "is_last",
+    "finish_reason",
+    "metadata",
+    "reward_scope",
+    "outcome_reward",
+    "process_reward",
+    "token_source",
+    "drift",
+    "drift_offset",
+    "branch",
+    "parent_step_id",
+    "created_at",
+    "readiness",
+    "quality_flags",
+    "label",
+)
+_TEXT_COLUMNS = ("messages", "response_text")
+_PARENT = _COLUMNS.index("parent_step_id")
 
-    Field names and order are the step contract's (pool.ingest.contract.READ_FIELDS): the
-    write fields, then what the pool sets, so a read returns what was written. Arrays are
-    numpy (the JSON renderer serialises them natively, without a Python list per token).
-    """
-    full = tokens.load_sequences(s.id for s in steps)
-    images = step_images(s.id for s in steps)
-    parents = {s.parent_step_id for s in steps if s.parent_step_id is not None}
+
+@dataclass(slots=True)
+class StepRows:
+    """Steps as read: their rows (the API representation, below) and, row by row, what a
+    file writer builds its columns from without converting the arrays back (the raw token,
+    logprob and per-token reward bytes), with each step's id, trajectory id and branch."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    trajectory_ids: list[int] = field(default_factory=list)
+    branches: list[int] = field(default_factory=list)
+    prompts: list[bytes] = field(default_factory=list)
+    responses: list[bytes] = field(default_factory=list)
+    logprobs: list[bytes | None] = field(default_factory=list)
+    token_rewards: list[bytes | None] = field(default_factory=list)
+
+
+def steps_read(ids: Sequence[int], *, order: Sequence[str] | None = None, texts: bool = True) -> StepRows:
+    """The one reader of steps: each row the API representation, token ids rebuilt exactly
+    (three queries for any number of steps: the rows, the token chains, the images; a fourth
+    for the parent uids of proxied branches).
+
+    Rows come in the order of ``ids``, or the database's ``order`` (field names) when given; an
+    id with no step is left out. Field names and order are the step contract's
+    (pool.ingest.contract.READ_FIELDS): the write fields, then what the pool sets, so a read
+    returns what was written. ``texts=False`` leaves ``messages`` and ``response_text`` out
+    (unread: a snapshot's files do not hold them). Arrays are numpy (the JSON renderer
+    serialises them natively, without a Python list per token)."""
+    if not ids:
+        return StepRows()
+    columns = _COLUMNS + _TEXT_COLUMNS if texts else _COLUMNS
+    qs = Step.objects.filter(id__in=list(ids)).values_list(*columns)
+    if order is not None:
+        read = list(qs.order_by(*order))
+    else:
+        found = {r[0]: r for r in qs}
+        read = [found[i] for i in ids if i in found]
+    return _rows(read, texts=texts)
+
+
+def steps_render(steps: Sequence[Step] | Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The API representation of these steps, in their order: Step instances (only their
+    ids are used: ``steps_read`` reads the rest) or the value rows ``steps_listed`` and
+    ``step_get`` read (built as they are, no second read)."""
+    if steps and isinstance(steps[0], dict):
+        return _rows([tuple(v.values()) for v in steps], texts=True).rows
+    return steps_read([s.id for s in steps]).rows
+
+
+def _rows(read: list[tuple[Any, ...]], *, texts: bool) -> StepRows:
+    """Rows from the columns read (``_COLUMNS``, then ``_TEXT_COLUMNS`` when ``texts``), with
+    their token chains, images and branch parents (a query each, the last only for steps on
+    a proxied branch)."""
+    out = StepRows()
+    if not read:
+        return out
+    step_ids = [r[0] for r in read]
+    full = tokens.load_sequences(step_ids)
+    images = step_images(step_ids)
+    parents = {r[_PARENT] for r in read if r[_PARENT] is not None}
     # Only steps on a branch (proxied chat calls) have a parent: no query for any other page.
     parent_uids = dict(Step.objects.filter(id__in=parents).values_list("id", "uid")) if parents else {}
-    out = []
-    for s in steps:
-        ids = tokens.bytes_to_ids(full[s.id])
-        traj = s.trajectory
-        out.append(
-            {  # contract.READ_FIELDS, in order (tests/pool/test_ingest_contract.py)
-                "trajectory_uid": traj.uid,
-                "prompt_group_uid": traj.group.uid if traj.group_id else None,
-                "step_index": s.step_index,
-                "prompt_ids": ids[: s.prompt_len],
-                "response_ids": ids[s.prompt_len :],
-                "uid": s.uid,
-                "rollout_logprobs": (
-                    np.frombuffer(bytes(s.rollout_logprobs), dtype=tokens.LOGPROB_DTYPE)
-                    if s.rollout_logprobs is not None
-                    else None
-                ),
-                "token_rewards": (
-                    np.frombuffer(bytes(s.token_rewards), dtype=tokens.LOGPROB_DTYPE)
-                    if s.token_rewards is not None
-                    else None
-                ),
-                "token_policy_versions": (
-                    tokens.bytes_to_runs(bytes(s.token_versions)) if s.token_versions is not None else None
-                ),
-                # The effective reward (pool/services/effective_reward.py): its own, else
-                # its branch's outcome; reward_scope says which. The two kinds apart:
-                # outcome_reward and process_reward (after reward_scope).
-                "reward": s.effective_reward,
-                "reward_source": s.effective_reward_source,
-                "policy_version": s.policy_version_id,
-                "is_last": s.is_last,
-                "finish_reason": s.finish_reason,
-                "messages": s.messages,
-                "response_text": s.response_text,
-                "metadata": s.metadata,
-                "multi_modal_data": {"images": images[s.id]} if s.id in images else None,
-                "reward_status": s.effective_reward_status,
-                "reward_scope": s.reward_scope,
-                "outcome_reward": s.outcome_reward,
-                "process_reward": s.process_reward,
-                "token_source": s.token_source,
-                "drift": s.drift,
-                "drift_offset": s.drift_offset,
-                "branch": s.branch,
-                "parent_step_uid": parent_uids.get(s.parent_step_id) if s.parent_step_id else None,
-                "created_at": s.created_at,
-                "ready": s.readiness == READY,
-                "readiness": flags.names(s.readiness, flags.READINESS_NAMES),
-                "quality_flags": flags.names(s.quality_flags, flags.QUALITY_NAMES),
-                "label": s.label or None,
-                "images": images.get(s.id, []),
-            }
-        )
+    readiness_names, quality_names, names = flags.READINESS_NAMES, flags.QUALITY_NAMES, flags.names
+    lp_dtype, token_dtype, token_bytes = tokens.LOGPROB_DTYPE, tokens.TOKEN_DTYPE, tokens.TOKEN_BYTES
+    n = len(_COLUMNS)
+    for r in read:
+        (
+            sid, uid, traj_id, traj_uid, group_uid, step_index, prompt_len, lp, token_rewards,
+            token_runs, reward, reward_source, policy_version, is_last, finish_reason, metadata,
+            reward_scope, outcome_reward, process_reward, token_source, drift, drift_offset,
+            branch, parent_id, created_at, readiness, quality, label,
+        ) = r[:n]  # fmt: skip
+        seq = full[sid]
+        cut = prompt_len * token_bytes
+        prompt, response = seq[:cut], seq[cut:]
+        lp = bytes(lp) if lp is not None else None
+        token_rewards = bytes(token_rewards) if token_rewards is not None else None
+        row = {  # contract.READ_FIELDS, in order (tests/pool/test_ingest_contract.py)
+            "trajectory_uid": traj_uid,
+            "prompt_group_uid": group_uid,
+            "step_index": step_index,
+            "prompt_ids": np.frombuffer(prompt, dtype=token_dtype),
+            "response_ids": np.frombuffer(response, dtype=token_dtype),
+            "uid": uid,
+            "rollout_logprobs": np.frombuffer(lp, dtype=lp_dtype) if lp is not None else None,
+            "token_rewards": np.frombuffer(token_rewards, dtype=lp_dtype)
+            if token_rewards is not None
+            else None,
+            "token_policy_versions": (
+                tokens.bytes_to_runs(bytes(token_runs)) if token_runs is not None else None
+            ),
+            # The effective reward (pool/services/effective_reward.py): its own, else its
+            # branch's outcome; reward_scope says which. The two kinds apart: outcome_reward
+            # and process_reward (after reward_scope).
+            "reward": reward,
+            "reward_source": reward_source,
+            "policy_version": policy_version,
+            "is_last": is_last,
+            "finish_reason": finish_reason,
+        }
+        if texts:
+            row["messages"], row["response_text"] = r[n], r[n + 1]
+        step_images_ = images.get(sid)
+        row |= {
+            "metadata": metadata,
+            "multi_modal_data": {"images": step_images_} if step_images_ is not None else None,
+            "reward_status": "final"
+            if readiness & REWARD_FINAL
+            else "pending",  # Step.effective_reward_status
+            "reward_scope": reward_scope,
+            "outcome_reward": outcome_reward,
+            "process_reward": process_reward,
+            "token_source": token_source,
+            "drift": drift,
+            "drift_offset": drift_offset,
+            "branch": branch,
+            "parent_step_uid": parent_uids.get(parent_id) if parent_id is not None else None,
+            "created_at": created_at,
+            "ready": readiness == READY,
+            "readiness": names(readiness, readiness_names),
+            "quality_flags": names(quality, quality_names),
+            "label": label or None,
+            "images": step_images_ or [],
+        }
+        out.rows.append(row)
+        out.ids.append(sid)
+        out.trajectory_ids.append(traj_id)
+        out.branches.append(branch)
+        out.prompts.append(prompt)
+        out.responses.append(response)
+        out.logprobs.append(lp)
+        out.token_rewards.append(token_rewards)
     return out
 
 
@@ -216,23 +319,18 @@ def step_by_response_id(
 
 def steps_listed(sources: Sources = None) -> QuerySet[Step]:
     """The steps ``GET /api/v1/steps`` pages through (the view applies its filters and
-    cursor): trajectory and group joined for ``steps_render``, the token bytes and content
-    hash left in the database (the render loads the token chains in one query). Only those
+    cursor) as the value rows ``steps_render`` builds from: one query per page. Only those
     of trajectories of ``sources`` (pool/tenancy.py; None: all)."""
-    return (
-        Step.objects.with_context()
-        .filter(of_sources("trajectory__source_id", sources))
-        .defer("seq_delta", "content_hash")
-    )
+    return Step.objects.filter(of_sources("trajectory__source_id", sources)).values(*_COLUMNS, *_TEXT_COLUMNS)
 
 
-def step_get(*, uid: str, sources: Sources = None) -> Step | None:
-    """The step ``uid`` with what ``steps_render`` reads joined, or None (also for a step
-    outside ``sources``)."""
+def step_get(*, uid: str, sources: Sources = None) -> dict[str, Any] | None:
+    """The step ``uid`` as ``steps_render`` builds it from (its value row), or None (also for
+    a step outside ``sources``)."""
     return (
-        Step.objects.with_context()
-        .filter(of_sources("trajectory__source_id", sources))
+        Step.objects.filter(of_sources("trajectory__source_id", sources))
         .filter(uid=uid)
+        .values(*_COLUMNS, *_TEXT_COLUMNS)
         .first()
     )
 

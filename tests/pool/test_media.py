@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 from curation.formats import padded, steps
 from pool.media import media_store
 from pool.models import Media, Scope, Step, StepMedia
-from pool.selectors.steps import steps_render
+from pool.selectors.steps import steps_listed, steps_render
 from tests.conftest import make_step
 
 pytestmark = pytest.mark.django_db
@@ -245,7 +245,7 @@ def test_steps_and_padded_carry_each_rows_images_with_one_query_for_the_batch(
     images = [png(30 + i) for i in range(3)]
     batch = [image_step("f", i, [b64(images[i % 3])] * (i % 3)) for i in range(6)]
     assert agent.post("/api/v1/steps", {"steps": batch}, format="json").status_code == 201
-    rows_qs = list(Step.objects.with_context().order_by("step_index"))
+    rows_qs = list(steps_listed().order_by("step_index"))
     # when: rendered (token chains: one query; images: one query)
     with django_assert_num_queries(2):
         rows = steps_render(rows_qs)
