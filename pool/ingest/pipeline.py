@@ -165,12 +165,17 @@ def _classify(
 ) -> tuple[list[str], list[tuple[StepIn, Packed]]]:
     """Idempotency: the uids stored already with the same content (duplicates) and the new
     steps; a uid of another source is taken, the same uid with other content a conflict."""
-    existing = {
-        uid: (h, owner)
-        for uid, h, owner in Step.objects.filter(uid__in=[s.uid for s in steps]).values_list(
-            "uid", "content_hash", "trajectory__source_id"
-        )
-    }
+    found = list(
+        Step.objects.filter(uid__in=[s.uid for s in steps]).values_list("uid", "content_hash", "trajectory_id")
+    )
+    # The owners in a second lookup by primary key, only for uids stored already (a retry):
+    # joined, PostgreSQL hashed every trajectory once per batch while its statistics lagged.
+    owners = (
+        dict(Trajectory.objects.filter(id__in={t for _, _, t in found}).values_list("id", "source_id"))
+        if found
+        else {}
+    )
+    existing = {uid: (h, owners.get(t)) for uid, h, t in found}
     duplicates: list[str] = []
     new: list[tuple[StepIn, Packed]] = []
     for s, h in zip(steps, packed, strict=True):

@@ -160,21 +160,32 @@ def _outcome_rewards(written: StepsWritten) -> set[int]:
     last = [s.id for s in written.steps if s.is_last and s.reward_final]
     if not last:
         return set()
-    unrewarded = Step.objects.filter(trajectory_id=OuterRef("trajectory_id")).exclude(
+    # Two lookups by primary key, so the plan starts from the few steps written whatever
+    # the statistics say: as one join, a freshly filled pool (its statistics not analysed
+    # yet) had PostgreSQL scan every trajectory once per batch (5.8 ms of a 9.6 ms W-ingest
+    # batch at 600 trajectories, growing with the pool).
+    rewarded: dict[int, tuple[float, str | None, str]] = {}
+    for tid, reward, src, uid in (
+        Step.objects.filter(id__in=last, reward__isnull=False)
+        .order_by("id")
+        .values_list("trajectory_id", "reward", "reward_source", "uid")
+    ):
+        rewarded.setdefault(tid, (reward, src, uid))  # a trajectory's first such step
+    if not rewarded:
+        return set()
+    unrewarded = Step.objects.filter(trajectory_id=OuterRef("id")).exclude(
         reward_status=Step.RewardStatus.FINAL
     )
-    rows = list(
-        # Not for a delivered trajectory: its rewards are frozen (pool/services/delivery.py).
-        Step.objects.filter(
-            id__in=last,
-            trajectory__reward__isnull=True,
-            trajectory__delivered_at__isnull=True,
-            reward__isnull=False,
+    rows = [
+        (t, *rewarded[tid], tid)
+        for tid, t in (
+            # Not for a delivered trajectory: its rewards are frozen (pool/services/delivery.py).
+            Trajectory.objects.filter(id__in=list(rewarded), reward__isnull=True, delivered_at__isnull=True)
+            .filter(Exists(unrewarded))
+            .order_by("id")
+            .values_list("id", "uid")
         )
-        .filter(Exists(unrewarded))
-        .order_by("trajectory_id")
-        .values_list("trajectory__uid", "reward", "reward_source", "uid", "trajectory_id")
-    )
+    ]
     if rows:
         rewards_apply(
             rewards=[
