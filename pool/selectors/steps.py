@@ -97,6 +97,14 @@ def steps_read(ids: Sequence[int], *, order: Sequence[str] | None = None, texts:
     return _rows(read, texts=texts)
 
 
+def _names(cache: dict[int, list[str]], value: int, table: dict[str, int]) -> list[str]:
+    """``flags.names(value, table)`` through ``cache`` (a fresh list per row)."""
+    got = cache.get(value)
+    if got is None:
+        got = cache[value] = flags.names(value, table)
+    return list(got)
+
+
 def steps_render(steps: Sequence[Step] | Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The API representation of these steps, in their order: Step instances (only their
     ids are used: ``steps_read`` reads the rest) or the value rows ``steps_listed`` and
@@ -119,7 +127,9 @@ def _rows(read: list[tuple[Any, ...]], *, texts: bool) -> StepRows:
     parents = {r[_PARENT] for r in read if r[_PARENT] is not None}
     # Only steps on a branch (proxied chat calls) have a parent: no query for any other page.
     parent_uids = dict(Step.objects.filter(id__in=parents).values_list("id", "uid")) if parents else {}
-    readiness_names, quality_names, names = flags.READINESS_NAMES, flags.QUALITY_NAMES, flags.names
+    # The flag names of each bit pattern, computed once per pattern (a batch holds few).
+    readiness_of: dict[int, list[str]] = {}
+    quality_of: dict[int, list[str]] = {}
     lp_dtype, token_dtype, token_bytes = tokens.LOGPROB_DTYPE, tokens.TOKEN_DTYPE, tokens.TOKEN_BYTES
     n = len(_COLUMNS)
     for r in read:
@@ -163,9 +173,8 @@ def _rows(read: list[tuple[Any, ...]], *, texts: bool) -> StepRows:
         row |= {
             "metadata": metadata,
             "multi_modal_data": {"images": step_images_} if step_images_ is not None else None,
-            "reward_status": "final"
-            if readiness & REWARD_FINAL
-            else "pending",  # Step.effective_reward_status
+            # Step.effective_reward_status
+            "reward_status": "final" if readiness & REWARD_FINAL else "pending",
             "reward_scope": reward_scope,
             "outcome_reward": outcome_reward,
             "process_reward": process_reward,
@@ -176,8 +185,8 @@ def _rows(read: list[tuple[Any, ...]], *, texts: bool) -> StepRows:
             "parent_step_uid": parent_uids.get(parent_id) if parent_id is not None else None,
             "created_at": created_at,
             "ready": readiness == READY,
-            "readiness": names(readiness, readiness_names),
-            "quality_flags": names(quality, quality_names),
+            "readiness": _names(readiness_of, readiness, flags.READINESS_NAMES),
+            "quality_flags": _names(quality_of, quality, flags.QUALITY_NAMES),
             "label": label or None,
             "images": step_images_ or [],
         }
