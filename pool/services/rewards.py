@@ -60,12 +60,18 @@ def rewards_apply(
     # first (pool/services/readiness.py), so concurrent reward writers, completions and
     # readiness refreshes cannot deadlock. Read only the reward columns of the steps, as
     # tuples (model instances cost ~70 us each here).
+    # The named steps' trajectories are read first, unlocked (a step never changes
+    # trajectory), so the lock below is by uid and primary key lists: as a subquery inside
+    # the OR, PostgreSQL hashed every trajectory (~30 ms of a 1,000-reward batch).
+    of_steps = (
+        set(Step.objects.filter(uid__in=step_uids).values_list("trajectory_id", flat=True))
+        if step_uids
+        else set()
+    )
     trajs = {
         t.uid: t
         for t in Trajectory.objects.select_for_update()
-        .filter(
-            Q(uid__in=traj_uids) | Q(id__in=Step.objects.filter(uid__in=step_uids).values("trajectory_id"))
-        )
+        .filter(Q(uid__in=traj_uids) | Q(id__in=of_steps))
         .filter(of_sources("source_id", mine))
         .only("id", "uid", "reward", "reward_source", "delivered_at")
         .order_by("id")
