@@ -7,8 +7,11 @@ class PoolConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        """Register the pool's effects on the bus (pool/bus.py), once, in the order they run."""
-        from . import bus, live, tasks
+        """Register the ``__any`` lookup (pool/lookups.py) and the pool's effects on the bus
+        (pool/bus.py), once, in the order they run."""
+        from . import bus, live, lookups, tasks
+
+        lookups.register()
         from .bus import (
             FeedbackRecorded,
             GroupMergeRequested,

@@ -450,13 +450,15 @@ def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: Groupi
             )
         tags: dict[int, list[str]] = {}
         for sid, tag in (
-            StepTag.objects.filter(step_id__in=ids).order_by("step_id", "tag").values_list("step_id", "tag")
+            StepTag.objects.filter(step_id__any=ids).order_by("step_id", "tag").values_list("step_id", "tag")
         ):
             tags.setdefault(sid, []).append(tag)
         trajs = set(read.trajectory_ids)
         feedback: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for f in (
-            Feedback.objects.filter(Q(step_id__in=ids) | Q(trajectory_id__in=trajs, step__isnull=True))
+            Feedback.objects.filter(
+                Q(step_id__any=ids) | Q(trajectory_id__any=list(trajs), step__isnull=True)
+            )
             .order_by("id")
             .values("step_id", "trajectory_id", "rating", "label", "correction", "comment")
         ):
@@ -464,7 +466,7 @@ def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: Groupi
             feedback.setdefault(("s", sid) if sid is not None else ("t", tid), []).append(f)
         chunk = Chunk()
         chunk.source_ids = set(
-            Trajectory.objects.filter(id__in=sorted(trajs)).values_list("source_id", flat=True).distinct()
+            Trajectory.objects.filter(id__any=sorted(trajs)).values_list("source_id", flat=True).distinct()
         )
         chunk.media = _media_bytes({sid: r["images"] for sid, r in zip(read.ids, read.rows, strict=True)})
         chunk.ids, chunk.branches = read.ids, read.branches

@@ -166,7 +166,9 @@ def _classify(
     """Idempotency: the uids stored already with the same content (duplicates) and the new
     steps; a uid of another source is taken, the same uid with other content a conflict."""
     found = list(
-        Step.objects.filter(uid__in=[s.uid for s in steps]).values_list("uid", "content_hash", "trajectory_id")
+        Step.objects.filter(uid__in=[s.uid for s in steps]).values_list(
+            "uid", "content_hash", "trajectory_id"
+        )
     )
     # The owners in a second lookup by primary key, only for uids stored already (a retry):
     # joined, PostgreSQL hashed every trajectory once per batch while its statistics lagged.

@@ -173,9 +173,13 @@ def test_group_rollouts_store_the_shared_prompt_once(split):
     assert_exact(written)
 
 
-def test_loading_many_chains_in_small_chunks(monkeypatch):
-    # given chunked loading forced to 3 ids per query and 5 rollouts of 4 turns in a group
+@pytest.mark.parametrize("read", ["level by level", "one recursive query"])
+def test_loading_many_chains_in_small_chunks(monkeypatch, read):
+    # given chunked loading forced to 3 ids per query, chains read level by level (as a
+    # pull's batch is) or by one recursive query (as a proxied call's parent is), and 5
+    # rollouts of 4 turns in a group
     monkeypatch.setattr(tokens, "_LOAD_CHUNK", 3)
+    monkeypatch.setattr(tokens, "_RECURSIVE_MAX", 0 if read == "level by level" else 100)
     rng = random.Random(3)
     prompt = random_ids(rng, 50)
     written, steps = {}, []
