@@ -26,19 +26,23 @@ CHUNK = 5000
 def trajectories_delivered_mark(*, step_ids: Iterable[int]) -> int:
     """Stamp the trajectories of ``step_ids`` as delivered (those not stamped yet); returns
     how many were stamped now. Idempotent: the first delivery's time is kept. Runs in the
-    caller's transaction (one is opened when there is none). Two statements per CHUNK ids."""
+    caller's transaction (one is opened when there is none). Three statements per CHUNK ids."""
     ids = sorted(set(step_ids))
     now = timezone.now()
     stamped = 0
     with transaction.atomic(savepoint=False):  # inside the caller's: no savepoint round trips
         for i in range(0, len(ids), CHUNK):
-            of_steps = Step.objects.filter(id__in=ids[i : i + CHUNK]).values("trajectory_id")
+            # The steps' trajectories first, then those by primary key (as one statement,
+            # PostgreSQL may hash every trajectory to join them).
+            of_steps = sorted(
+                set(Step.objects.filter(id__any=ids[i : i + CHUNK]).values_list("trajectory_id", flat=True))
+            )
             todo = list(
                 Trajectory.objects.select_for_update()
-                .filter(id__in=of_steps, delivered_at__isnull=True)
+                .filter(id__any=of_steps, delivered_at__isnull=True)
                 .order_by("id")
                 .values_list("id", flat=True)
             )
             if todo:
-                stamped += Trajectory.objects.filter(id__in=todo).update(delivered_at=now)
+                stamped += Trajectory.objects.filter(id__any=todo).update(delivered_at=now)
     return stamped
