@@ -160,7 +160,7 @@ def _outcome_rewards(written: StepsWritten) -> set[int]:
     reward itself, takes that reward as the trajectory's (audited, through rewards_apply)
     when some of its steps have no final reward: the outcome reward of Claw-R1's flows,
     which put the score on the last step only. Without it the earlier steps would never be
-    ready, nor the group. One query, only for a write that holds such a last step; a
+    ready, nor the group. Two lookups by primary key, only for a write that holds such a last step; a
     trajectory whose every step is rewarded (W-ingest) is left as it is. Returns the
     trajectories it rewarded (their effective rewards are refreshed)."""
     last = [s.id for s in written.steps if s.is_last and s.reward_final]
