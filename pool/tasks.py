@@ -19,7 +19,7 @@ from django.db import InterfaceError, OperationalError, transaction
 from .bus import GroupMergeRequested, GroupsCompleted, StepsMergeRequested, TrajectoriesEnded
 from .errors import NotFound
 from .models import OutboxTask
-from .services import merge, outbox, readiness, reward_compute
+from .services import counters, merge, outbox, readiness, reward_compute
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,13 @@ def outbox_relay() -> dict[str, int]:
     """Periodic (celery beat): send the tasks a process could not publish and left behind
     (its broker was down and it stopped before the broker came back)."""
     return outbox.outbox_relay()
+
+
+@shared_task(name="pool.counters_compact", **RETRY)
+def counters_compact() -> dict[str, int]:
+    """Periodic (celery beat): fold the pool's counter rows, one per counter and source
+    (pool/services/counters.py). Idempotent."""
+    return counters.counters_compact()
 
 
 @shared_task(name="pool.readiness_sweep", **RETRY)

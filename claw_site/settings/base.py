@@ -253,7 +253,8 @@ CELERY_ACCEPT_CONTENT = ["json"]
 # interval (claw_site/management/commands/serve.py, beat_schedule). The readiness sweep catches
 # what an effect missed and abandons idle trajectories, so no group waits forever; leases
 # expire; the outbox relay sends the tasks a process could not publish; the steps behind new
-# checkpoints of training runs are indexed (a read that needs them indexes them first).
+# checkpoints of training runs are indexed (a read that needs them indexes them first); the
+# pool's counter rows are folded (pool/services/counters.py).
 CLAW_SWEEP_SECONDS = env_float("CLAW_SWEEP_SECONDS", 60.0)
 # Retention (curation/services/retention.py): how often the enabled policies run, and how long
 # a lease pins what it delivered (its replay window: GET /api/v1/leases/{id}/batch).
@@ -261,6 +262,7 @@ CLAW_RETENTION_SECONDS = env_float("CLAW_RETENTION_SECONDS", 3600.0)
 CLAW_RETENTION_REPLAY_DAYS = env_float("CLAW_RETENTION_REPLAY_DAYS", 7.0)
 CELERY_BEAT_SCHEDULE = {
     "readiness-sweep": {"task": "pool.readiness_sweep", "schedule": CLAW_SWEEP_SECONDS},
+    "counters-compact": {"task": "pool.counters_compact", "schedule": CLAW_SWEEP_SECONDS},
     "leases-expire": {"task": "curation.leases_expire", "schedule": CLAW_SWEEP_SECONDS},
     "outbox-relay": {"task": "pool.outbox_relay", "schedule": CLAW_SWEEP_SECONDS},
     "checkpoints-index": {"task": "curation.checkpoints_index", "schedule": CLAW_SWEEP_SECONDS},

@@ -39,8 +39,12 @@ so no write can land between two counters. The counts are exact, as the API's ar
 steps, ready groups, labelled steps and drift are ranges of partial indexes; the step total,
 the token-source split and awaiting reward are one scan of the step table (on PostgreSQL an
 index-only scan of step_curation, the narrow index holding token_source and readiness);
-trajectories and running one scan of the trajectory table; the rest small tables. The live
-websocket bounds how often a process reads them (curation/consumers.py).
+trajectories and running one scan of the trajectory table; the rest small tables. That is
+how SQLite counts. PostgreSQL keeps the counts themselves (pool/selectors/counters.py):
+triggers append each write's deltas in the write's own transaction, and the same one
+statement sums them, so the read stays one snapshot and no longer grows with the pool;
+only the consumers and the last hour's quality window are still read from their tables.
+The live websocket bounds how often a process reads them (curation/consumers.py).
 """
 
 from __future__ import annotations
@@ -52,8 +56,9 @@ from django.db.models import Count, Max, Q, QuerySet, Sum, Value
 from django.utils import timezone
 
 from pool.flags import READY
-from pool.models import Event, MergeResult, PolicyVersion, PromptGroup, Step, Trajectory
+from pool.models import Counter, Event, MergeResult, PolicyVersion, PromptGroup, Source, Step, Trajectory
 from pool.replica import read_connection
+from pool.selectors.counters import counter, counters_kept, source_counters
 from pool.selectors.stats import AWAITING_REWARD_VALUES
 
 from ..models import Consumer, Lease
@@ -82,21 +87,29 @@ def sections(topics: list[str] | tuple[str, ...]) -> tuple[str, ...]:
     return tuple(name for name in ALL if name in wanted)
 
 
-def live_state(topics: list[str] | tuple[str, ...]) -> dict[str, Any]:
+def live_state(topics: list[str] | tuple[str, ...], *, counted: bool | None = None) -> dict[str, Any]:
     """The counters ``topics`` need, from one consistent read (see the module docstring):
     {"collect", "represent", "curate", "optimize", "consume"} as far as the topics need
     them, and "policy_version". ``collect`` also lists the sources (their steps and when
-    they were last seen; a second statement)."""
+    they were last seen; a second statement). ``counted``: read PostgreSQL's counters
+    (pool/selectors/counters.py; None: where the database keeps them) or count the rows."""
     wanted = sections(topics)
-    scan = {k: v for name in wanted for k, v in _STEP_SCAN.get(name, {}).items()}
     parts = [_row(PolicyVersion.objects.filter(is_current=True), policy_version=Max("version"))]
-    parts += [_row(Step.objects, **scan)] if scan else []
-    parts += [part for name in wanted for part in _PARTS[name]()]
+    if counters_kept(counted):
+        kept = {
+            alias: counter(name) for section in wanted for alias, name in _COUNTED.get(section, {}).items()
+        }
+        parts += [_row(Counter.objects, **kept)] if kept else []
+        parts += [part for name in wanted for part in _UNCOUNTED.get(name, _PARTS[name])()]
+    else:
+        scan = {k: v for name in wanted for k, v in _STEP_SCAN.get(name, {}).items()}
+        parts += [_row(Step.objects, **scan)] if scan else []
+        parts += [part for name in wanted for part in _PARTS[name]()]
     row = _one_read(parts)
     state: dict[str, Any] = {name: _SHAPES[name](row) for name in wanted}
     state["policy_version"] = row["policy_version"]
     if "collect" in state:
-        state["collect"]["sources"] = _sources()
+        state["collect"]["sources"] = _sources(counted)
     return state
 
 
@@ -189,6 +202,33 @@ _PARTS = {
     "quality": _quality,
 }
 
+# Where the database keeps counters: each section's counts read from them (alias: counter
+# name), and what is still read from the tables (consumers are few; the quality window is a
+# range of the step_created and event_type_created indexes, the last hour's rows).
+_COUNTED: dict[str, dict[str, str]] = {
+    "collect": {"steps": "steps", "trajectories": "trajectories", "running": "traj:running"},
+    "represent": {"exact": "exact", "retokenized": "retokenized", "drift": "drift"},
+    "curate": {
+        "ready_steps": "ready",
+        "awaiting_reward": "awaiting_reward",
+        "ready_groups": "ready_groups",
+        "labelled": "labelled",
+    },
+    "optimize": {
+        "merged_groups": "merged_groups",
+        "merge_tokens": "merge:group_total",
+        "merge_unique": "merge:group_unique",
+    },
+    "consume": {"leases_open": "lease:leased", "leases_acked": "lease:acked"},
+}
+_UNCOUNTED = {
+    "collect": list,
+    "represent": list,
+    "curate": list,
+    "optimize": list,
+    "consume": lambda: [_row(Consumer.objects, consumers=Count("id"))],
+}
+
 
 # --- the sections, from the statement's one row ---------------------------------------------------
 def _optimize_shape(row: dict[str, Any]) -> dict[str, Any]:
@@ -233,7 +273,27 @@ _SHAPES = {
 }
 
 
-def _sources() -> list[dict[str, Any]]:
+def _sources(counted: bool | None = None) -> list[dict[str, Any]]:
+    """The sources with trajectories (the trajectories without one: name ""), by name."""
+    if counters_kept(counted):
+        per_source = source_counters()
+        names = dict(Source.objects.filter(id__in=[s for s in per_source if s]).values_list("id", "name"))
+        rows = [
+            (names.get(sid) if sid else None, c)
+            for sid, c in per_source.items()
+            if sid is None or sid in names
+        ]
+        # Ordered as the count below is on PostgreSQL: by name, trajectories without a source last.
+        rows.sort(key=lambda r: (r[0] is None, r[0] or ""))
+        return [
+            {
+                "name": name or "",
+                "trajectories": c["trajectories"],
+                "steps": c["steps"],
+                "last_seen": c["last_seen"].isoformat() if c["last_seen"] else None,
+            }
+            for name, c in rows
+        ]
     return [
         {
             "name": name or "",

@@ -9,7 +9,7 @@ only move it forward.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db.models import Count, Exists, F, Max, OuterRef, Q, QuerySet, Sum
@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from pool.flags import READY, READY_ANY_TOKENS
 from pool.models import Event, PolicyVersion, Source, Step, Trajectory
+from pool.selectors.counters import counters_kept, source_counters
 from pool.selectors.stats import pool_stats
 
 from .live import live_state
@@ -28,6 +29,7 @@ RATE_MINUTES = 30
 # query per page).
 TRAJECTORY_PAGE = 50
 STEP_PAGE = 50
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def overview() -> dict[str, Any]:
@@ -66,11 +68,32 @@ def ingest_rate(*, now: datetime | None = None, minutes: int = RATE_MINUTES) -> 
     ]
 
 
-def sources_health() -> list[dict[str, Any]]:
+def sources_health(*, counted: bool | None = None) -> list[dict[str, Any]]:
     """The data sources (those that wrote trajectories or events; not a trainer's or another
     consumer-only key's source) with their trajectory and step counts and when they were last
-    seen (the newest trajectory's update). Sources are few (one per agent runtime or service)."""
+    seen (the newest trajectory's update). Sources are few (one per agent runtime or service);
+    their counts come from the counters where the database keeps them
+    (pool/selectors/counters.py; ``counted``: None, where it does), else from a count."""
     wrote_events = Exists(Event.objects.filter(source_id=OuterRef("pk")))
+    if counters_kept(counted):
+        per_source = source_counters()
+        listed = Source.objects.filter(Q(id__in=list(per_source)) | Q(wrote_events)).values_list(
+            "id", "name", "kind"
+        )
+        rows = [
+            {
+                "name": name,
+                "kind": kind,
+                "trajectories": per_source.get(sid, {}).get("trajectories", 0),
+                "steps": per_source.get(sid, {}).get("steps", 0),
+                "last_seen": per_source.get(sid, {}).get("last_seen"),
+            }
+            for sid, name, kind in listed
+        ]
+        # The order of the count below: the most recently seen first, never seen last, then by name.
+        return sorted(
+            rows, key=lambda r: (r["last_seen"] is None, -(r["last_seen"] or _EPOCH).timestamp(), r["name"])
+        )
     rows = (
         Source.objects.annotate(
             n_trajectories=Count("trajectories"),

@@ -7,14 +7,15 @@ the house imports them from here too:
   trajectory capabilities;
 * ``rewards``: reward audit, reward functions, failed computations;
 * ``service_events``: black-box services' events and feedback;
-* ``operations``: the task outbox, the audit log, idempotent calls, upstream texts;
+* ``operations``: the task outbox, the audit log, idempotent calls, upstream texts, the
+  pool's counters;
 * ``media``: images stored once by content, and who holds them;
 * ``tasks``: tasks, their statistics and the sampler's audit.
 """
 
 from .access import ApiKey, Scope, Source
 from .media import Media, MediaSource, StepMedia
-from .operations import AuditEvent, GenerationText, IdempotentCall, OutboxTask
+from .operations import AuditEvent, Counter, GenerationText, IdempotentCall, OutboxTask
 from .policy import Policy, PolicyOwner, PolicyVersion
 from .rewards import RewardEvent, RewardFailure, RewardFunction
 from .service_events import Event, Feedback
@@ -25,6 +26,7 @@ __all__ = [
     "ApiKey",
     "AuditEvent",
     "Channel",
+    "Counter",
     "Event",
     "Feedback",
     "GenerationText",

@@ -1,4 +1,4 @@
-"""Bookkeeping of the pool's own work: the task outbox, the audit log, idempotent calls' answers, and upstream texts of generated ids."""
+"""Bookkeeping of the pool's own work: the task outbox, the audit log, idempotent calls' answers, upstream texts of generated ids, and the pool's counters."""
 
 from __future__ import annotations
 
@@ -121,3 +121,24 @@ class GenerationText(models.Model):
 
     def __str__(self) -> str:
         return f"text #{self.pk}"
+
+
+class Counter(models.Model):
+    """A change of one of the pool's counts, kept by PostgreSQL itself: statement-level
+    triggers on the counted tables append one row per counter a statement changed, in the
+    statement's own transaction (pool/migrations/_counters.py). The count is the sum of its
+    rows (``max:`` counters: their maximum), read in the same snapshot as everything else, so
+    the dashboard and ``GET /api/v1/stats`` read a few hundred rows instead of scanning the
+    pool; ``pool.counters_compact`` folds the rows into one per counter and source.
+
+    ``source_id`` is the trajectory's source for the per-source counters, NULL for the
+    pool-wide ones. Not a foreign key: a source's counters follow its trajectories (a deleted
+    source's trajectories are set to NULL, which the trigger counts as a move). SQLite keeps
+    no counters: the readers count there (pool/selectors/counters.py)."""
+
+    name = models.CharField(max_length=32)
+    source_id = models.BigIntegerField(null=True, blank=True)
+    value = models.BigIntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.name}[{self.source_id}] {self.value:+d}"

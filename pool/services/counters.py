@@ -1,0 +1,37 @@
+"""Upkeep of the pool's counters (pool.models.Counter, pool/selectors/counters.py).
+
+The triggers append a row per counter each write statement changed, so the table grows with
+the writes; ``counters_compact`` folds each counter's rows into one (per source), the read
+then sums a few hundred rows. Run by celery beat (``counters-compact``) and safe at any time,
+concurrently with writes and with itself: the DELETE removes only the rows its snapshot
+sees, the INSERT puts back their sum in the same transaction, so a count never changes by a
+compaction, and the rows of writes that commit meanwhile stay as they are for the next one.
+"""
+
+from __future__ import annotations
+
+from django.db import connection, transaction
+
+# Keeps two compactions from doing the same work twice (a second one would find nothing).
+_LOCK = 0x636C6177_0C01
+
+
+def counters_compact() -> dict[str, int]:
+    """Fold the counters' rows into one per counter and source (zero counts dropped).
+    Idempotent. Returns the rows before and after; nothing on a database without counters."""
+    if connection.vendor != "postgresql":
+        return {"rows_before": 0, "rows_after": 0}
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SELECT pg_try_advisory_xact_lock(%s)", [_LOCK])
+        if not cur.fetchone()[0]:
+            return {"rows_before": 0, "rows_after": 0}
+        cur.execute(
+            "WITH gone AS (DELETE FROM pool_counter RETURNING name, source_id, value), "
+            "folded AS (INSERT INTO pool_counter (name, source_id, value) "
+            "SELECT name, source_id, CASE WHEN name LIKE 'max:%%' THEN max(value) ELSE sum(value) END "
+            "FROM gone GROUP BY name, source_id "
+            "HAVING CASE WHEN name LIKE 'max:%%' THEN max(value) ELSE sum(value) END <> 0 RETURNING 1) "
+            "SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM folded)"
+        )
+        before, after = cur.fetchone()
+    return {"rows_before": before, "rows_after": after}
