@@ -176,8 +176,13 @@ def pool_grow(gen: WPool, n_groups: int, *, prefix: str = "wp") -> list[Group]:
 
 
 def vacuum_analyze() -> None:
+    """The state a live server's upkeep reaches after a bulk load: celery beat's fold of the
+    counters' rows (pool.counters_compact), then autovacuum's VACUUM ANALYZE."""
     from django.db import connection
 
+    from pool.services.counters import counters_compact
+
+    counters_compact()
     with connection.cursor() as cur:
         cur.execute("VACUUM ANALYZE")
 
