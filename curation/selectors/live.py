@@ -56,7 +56,7 @@ from django.db.models import Count, Max, Q, QuerySet, Sum, Value
 from django.utils import timezone
 
 from pool.flags import READY
-from pool.models import Counter, Event, MergeResult, PolicyVersion, PromptGroup, Source, Step, Trajectory
+from pool.models import Counter, Event, MergeResult, PolicyVersion, PromptGroup, Step, Trajectory
 from pool.replica import read_connection
 from pool.selectors.counters import counter, counters_kept, source_counters
 from pool.selectors.stats import AWAITING_REWARD_VALUES
@@ -276,13 +276,7 @@ _SHAPES = {
 def _sources(counted: bool | None = None) -> list[dict[str, Any]]:
     """The sources with trajectories (the trajectories without one: name ""), by name."""
     if counters_kept(counted):
-        per_source = source_counters()
-        names = dict(Source.objects.filter(id__in=[s for s in per_source if s]).values_list("id", "name"))
-        rows = [
-            (names.get(sid) if sid else None, c)
-            for sid, c in per_source.items()
-            if sid is None or sid in names
-        ]
+        rows = [(c["name"], c) for c in source_counters().values()]
         # Ordered as the count below is on PostgreSQL: by name, trajectories without a source last.
         rows.sort(key=lambda r: (r[0] is None, r[0] or ""))
         return [

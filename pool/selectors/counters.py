@@ -38,12 +38,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db.models import BigIntegerField, Max, Q, Sum
+from django.db.models import BigIntegerField, Max, OuterRef, Q, Subquery, Sum
 from django.db.models.functions import Cast, Coalesce
 
 from pool.replica import read_connection
 
-from ..models import Counter
+from ..models import Counter, Source
 
 TRAJECTORY_STATUSES = ("running", "completed", "failed", "abandoned")
 GROUP_STATUSES = ("open", "complete")
@@ -68,24 +68,29 @@ def counters_read(names: list[str] | tuple[str, ...]) -> dict[str, int]:
 
 
 def source_counters() -> dict[int | None, dict[str, Any]]:
-    """Per source id (None: trajectories without a source) that has trajectories: their
-    number, their steps and when the source was last seen (an aware datetime, or None)."""
+    """Per source id (None: trajectories without a source) that has trajectories: the
+    source's name (None without one), their number, their steps and when the source was
+    last seen (an aware datetime, or None). One query."""
     rows = (
         Counter.objects.using(read_connection().alias)
         .filter(name__in=["trajectories", "traj_steps", "max:last_seen"])
         .values("source_id")
         .annotate(
-            trajectories=counter("trajectories"), steps=counter("traj_steps"), last=counter("max:last_seen")
+            source_name=Subquery(Source.objects.filter(id=OuterRef("source_id")).values("name")[:1]),
+            trajectories=counter("trajectories"),
+            steps=counter("traj_steps"),
+            last=counter("max:last_seen"),
         )
-        .values_list("source_id", "trajectories", "steps", "last")
+        .values_list("source_id", "source_name", "trajectories", "steps", "last")
         .order_by()
     )
     return {
         source_id: {
+            "name": name,
             "trajectories": trajectories,
             "steps": steps,
             "last_seen": _EPOCH + timedelta(microseconds=last) if last else None,
         }
-        for source_id, trajectories, steps, last in rows
-        if trajectories
+        for source_id, name, trajectories, steps, last in rows
+        if trajectories and (source_id is None or name is not None)
     }
