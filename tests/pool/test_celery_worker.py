@@ -52,7 +52,7 @@ def test_group_completion_is_merged_by_a_real_worker(tmp_path):
             assert merge == {"total_tokens": 2 * 66, "unique_tokens": 64 + 2 * 2}, (
                 tmp_path / "worker.log"
             ).read_text()
-            assert "pool.group_merge" in (tmp_path / "worker.log").read_text()
+            assert "pool.groups_merge" in (tmp_path / "worker.log").read_text()
         finally:
             worker.terminate()
             worker.wait(timeout=30)

@@ -156,9 +156,12 @@ def test_live_events_are_published_only_by_registered_effects():
 def test_every_task_shares_the_one_retry_definition():
     for task in (
         tasks.group_merge,
+        tasks.groups_merge,
         tasks.steps_merge,
         tasks.trajectory_rewards_compute,
         tasks.group_rewards_compute,
+        tasks.groups_rewards_compute,
+        tasks.counters_compact,
         tasks.outbox_relay,
         tasks.readiness_sweep,
         curation_tasks.leases_expire,

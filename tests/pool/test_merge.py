@@ -16,7 +16,7 @@ from claw_client import PrefixTree
 from pool import tasks
 from pool.models import MergeResult, PromptGroup, Step
 from pool.services import merge
-from tests.conftest import client_for, post_steps
+from tests.conftest import client_for, make_step, post_steps
 
 pytestmark = pytest.mark.django_db
 
@@ -75,6 +75,35 @@ class Recorder:
         self.calls.append(tuple(args))
 
 
+def test_a_write_completing_many_groups_sends_their_follow_up_in_chunks(
+    agent, monkeypatch, django_capture_on_commit_callbacks
+):
+    # given 20 groups of one rollout each, declared
+    uids = [f"many{i:02d}" for i in range(20)]
+    for uid in uids:
+        assert (
+            agent.post("/api/v1/groups", {"uid": uid, "expected_rollouts": 1}, format="json").status_code
+            == 200
+        )
+    merges, rewards = Recorder(), Recorder()
+    monkeypatch.setattr(tasks.groups_merge, "apply_async", merges)
+    monkeypatch.setattr(tasks.groups_rewards_compute, "apply_async", rewards)
+    # when one write ends every rollout (each completes its group)
+    steps = [make_step(f"{uid}-r0", 0, group=uid, is_last=True, reward=1.0) for uid in uids]
+    with django_capture_on_commit_callbacks(execute=True):
+        assert post_steps(agent, steps).status_code == 201
+    # then each follow-up task is sent once per FOLLOW_UP_CHUNK groups, every group once, in order
+    ids = [PromptGroup.objects.get(uid=uid).id for uid in uids]
+    assert tasks.FOLLOW_UP_CHUNK == 16
+    assert merges.calls == rewards.calls == [(ids[:16],), (ids[16:],)]
+    # and a worker running them merges every group
+    for call in merges.calls:
+        tasks.groups_merge.apply(args=json.loads(json.dumps(list(call)))).get()
+    assert set(
+        MergeResult.objects.filter(status=MergeResult.Status.DONE).values_list("group_id", flat=True)
+    ) == set(ids)
+
+
 def test_group_completion_enqueues_merge_on_commit_and_task_stores_exact_stats(
     agent, django_capture_on_commit_callbacks, monkeypatch
 ):
@@ -85,7 +114,7 @@ def test_group_completion_enqueues_merge_on_commit_and_task_stores_exact_stats(
     group = PromptGroup.objects.get(uid="gm1")
     assert group.status == PromptGroup.Status.OPEN
     sent = Recorder()
-    monkeypatch.setattr(tasks.group_merge, "apply_async", sent)
+    monkeypatch.setattr(tasks.groups_merge, "apply_async", sent)
     # when the last rollout completes (callbacks held until "commit")
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         assert (
@@ -96,9 +125,9 @@ def test_group_completion_enqueues_merge_on_commit_and_task_stores_exact_stats(
     assert sent.calls == [] and not MergeResult.objects.exists()
     for callback in callbacks:
         callback()
-    assert sent.calls == [(group.id,)]
+    assert sent.calls == [([group.id],)]
     # when a worker runs the task with the (JSON round-tripped) arguments
-    tasks.group_merge.apply(args=json.loads(json.dumps(list(sent.calls[0])))).get()
+    tasks.groups_merge.apply(args=json.loads(json.dumps(list(sent.calls[0])))).get()
     # then the stored result has the exact stats of a brute-force trie
     result = MergeResult.objects.get(key="group:gm1")
     total = sum(len(s["prompt_ids"]) + len(s["response_ids"]) for s in steps)

@@ -90,7 +90,7 @@ def test_a_redis_outage_loses_no_task(tmp_path):
                 assert c.get("/api/v1/steps/during-r1:0").json()["response_ids"] == [2, 3]
                 # (with the reward computations the completion also asks for: one per
                 # rollout without a final reward, one for the group)
-                assert outbox("pool.group_merge") == 1
+                assert outbox("pool.groups_merge") == 1
                 assert outbox() == 4
                 # and once Redis is back, the server's relay sends it and the worker merges it
                 redis = start_redis(port, tmp_path / "redis.log")
@@ -100,4 +100,4 @@ def test_a_redis_outage_loses_no_task(tmp_path):
         if worker is not None:
             stop_process(worker)
         stop_process(redis, kill=True)
-    assert "pool.group_merge" in (tmp_path / "worker.log").read_text()
+    assert "pool.groups_merge" in (tmp_path / "worker.log").read_text()

@@ -173,8 +173,8 @@ def enqueued(monkeypatch):
     """The reward tasks enqueued on commit, recorded instead of sent."""
     sent = {"trajectory": Recorder(), "group": Recorder()}
     monkeypatch.setattr(tasks.trajectory_rewards_compute, "apply_async", sent["trajectory"])
-    monkeypatch.setattr(tasks.group_rewards_compute, "apply_async", sent["group"])
-    monkeypatch.setattr(tasks.group_merge, "apply_async", Recorder())
+    monkeypatch.setattr(tasks.groups_rewards_compute, "apply_async", sent["group"])
+    monkeypatch.setattr(tasks.groups_merge, "apply_async", Recorder())
     return sent
 
 
@@ -323,8 +323,8 @@ def test_a_group_is_judged_together_on_completion_audited_and_ready(
     with django_capture_on_commit_callbacks(execute=True):
         rollout("gj-2", texts["gj-2"], meta={}, group="gj")
     group = PromptGroup.objects.get(uid="gj")
-    assert enqueued["group"].calls == [(group.id,)]
-    [counts] = run(tasks.group_rewards_compute, enqueued["group"].calls)
+    assert enqueued["group"].calls == [([group.id],)]
+    [[counts]] = run(tasks.groups_rewards_compute, enqueued["group"].calls)
     # then every rollout is scored in one judge call, relative to the others, as "model" rewards
     assert counts == {"rewarded": 3, "failed": 0, "skipped": 0}
     rewards = {
@@ -339,7 +339,7 @@ def test_a_group_is_judged_together_on_completion_audited_and_ready(
     assert group.ready_at is not None
     assert set(Step.objects.filter(trajectory__group=group).values_list("readiness", flat=True)) == {READY}
     # when the group task runs again, nothing changes
-    assert run(tasks.group_rewards_compute, enqueued["group"].calls)[0]["rewarded"] == 0
+    assert run(tasks.groups_rewards_compute, enqueued["group"].calls)[0][0]["rewarded"] == 0
 
 
 def test_a_judge_fault_marks_the_group_rollouts_as_failed(
@@ -351,7 +351,7 @@ def test_a_judge_fault_marks_the_group_rollouts_as_failed(
         with django_capture_on_commit_callbacks(execute=True):
             rollout("gf-0", "a", meta={}, group="gf")
             rollout("gf-1", "b", meta={}, group="gf")
-        [counts] = run(tasks.group_rewards_compute, enqueued["group"].calls)
+        [[counts]] = run(tasks.groups_rewards_compute, enqueued["group"].calls)
     assert counts == {"rewarded": 0, "failed": 2, "skipped": 0}
     assert {f.error for f in RewardFailure.objects.all()} == {
         "judge call failed: cannot connect to the upstream inference server"
