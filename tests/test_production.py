@@ -142,10 +142,11 @@ def test_beat_schedule_tasks_are_registered_with_the_worker_app(settings):
     # given the periodic sweeps beat sends (lease expiry; readiness, which also abandons idle
     # trajectories; the outbox relay, which sends tasks a broker outage left behind; retention,
     # which runs the enabled policies; the checkpoint index, which links new checkpoints to
-    # the steps they trained)
+    # the steps they trained; the fold of the pool's counter rows)
     scheduled = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
     assert scheduled == {
         "pool.readiness_sweep",
+        "pool.counters_compact",
         "curation.leases_expire",
         "pool.outbox_relay",
         "curation.retention_sweep",
