@@ -49,7 +49,7 @@ The live websocket bounds how often a process reads them (curation/consumers.py)
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Count, Max, Q, QuerySet, Sum, Value
@@ -58,7 +58,7 @@ from django.utils import timezone
 from pool.flags import READY
 from pool.models import Counter, Event, MergeResult, PolicyVersion, PromptGroup, Step, Trajectory
 from pool.replica import read_connection
-from pool.selectors.counters import counter, counters_kept, source_counters
+from pool.selectors.counters import counter, counters_kept, minute_of, source_counters
 from pool.selectors.stats import AWAITING_REWARD_VALUES
 
 from ..models import Consumer, Lease
@@ -180,8 +180,26 @@ def _consume() -> list[QuerySet]:
     ]
 
 
+def window_start() -> datetime:
+    """The start of the quality window: RATES_WINDOW back from now, at a whole minute (the
+    per-minute counters' granularity; both ways of reading count the same steps)."""
+    return (timezone.now() - RATES_WINDOW).replace(second=0, microsecond=0)
+
+
+def _quality_counted() -> list[QuerySet]:
+    since = window_start()
+    return [
+        _row(
+            Counter.objects.filter(name__in=["minute:steps", "minute:drift"], key__gte=minute_of(since)),
+            recent_steps=counter("minute:steps"),
+            recent_drift=counter("minute:drift"),
+        ),
+        _row(Event.objects.filter(type__in=ERROR_EVENTS, created_at__gte=since), recent_errors=Count("id")),
+    ]
+
+
 def _quality() -> list[QuerySet]:
-    since = timezone.now() - RATES_WINDOW
+    since = window_start()
     return [
         # step_created: a range of the index (the last hour)
         _row(
@@ -203,8 +221,9 @@ _PARTS = {
 }
 
 # Where the database keeps counters: each section's counts read from them (alias: counter
-# name), and what is still read from the tables (consumers are few; the quality window is a
-# range of the step_created and event_type_created indexes, the last hour's rows).
+# name), and the rest of each section's parts (consumers are few and counted; the quality
+# window sums the last hour's per-minute counters, its errors are a range of the
+# event_type_created index).
 _COUNTED: dict[str, dict[str, str]] = {
     "collect": {"steps": "steps", "trajectories": "trajectories", "running": "traj:running"},
     "represent": {"exact": "exact", "retokenized": "retokenized", "drift": "drift"},
@@ -227,6 +246,7 @@ _UNCOUNTED = {
     "curate": list,
     "optimize": list,
     "consume": lambda: [_row(Consumer.objects, consumers=Count("id"))],
+    "quality": _quality_counted,
 }
 
 

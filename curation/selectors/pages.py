@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from pool.flags import READY, READY_ANY_TOKENS
 from pool.models import Event, PolicyVersion, Source, Step, Trajectory
-from pool.selectors.counters import counters_kept, source_counters
+from pool.selectors.counters import counters_kept, minute_of, per_minute, source_counters
 from pool.selectors.stats import pool_stats
 
 from .live import live_state
@@ -48,12 +48,22 @@ def overview() -> dict[str, Any]:
     }
 
 
-def ingest_rate(*, now: datetime | None = None, minutes: int = RATE_MINUTES) -> list[dict[str, Any]]:
+def ingest_rate(
+    *, now: datetime | None = None, minutes: int = RATE_MINUTES, counted: bool | None = None
+) -> list[dict[str, Any]]:
     """Steps stored per minute over the last ``minutes`` minutes, oldest first, zeros
-    included (one GROUP BY on the step_created index range)."""
+    included: the per-minute counters where the database keeps them
+    (pool/selectors/counters.py; ``counted``: None, where it does), else one GROUP BY on the
+    step_created index range."""
     now = now or timezone.now()
     end = now.replace(second=0, microsecond=0)
     start = end - timedelta(minutes=minutes - 1)
+    if counters_kept(counted):
+        first = minute_of(start)
+        kept = per_minute("minute:steps", start)
+        return [
+            {"minute": start + timedelta(minutes=i), "steps": kept.get(first + i, 0)} for i in range(minutes)
+        ]
     counts = {
         m.replace(second=0, microsecond=0): n
         for m, n in Step.objects.filter(created_at__gte=start)

@@ -11,7 +11,8 @@ What each counts (the readers in pool/selectors/counters.py name them):
   ``updated_at`` (microseconds since the epoch);
 * prompt groups: all, by status, ready (ready_at set);
 * merges: done merges' tokens and unique tokens, and those of groups (merged_groups);
-* events and feedback: all.
+* events and feedback: all;
+* steps per minute of ``created_at`` (all, with drift), the last hours only.
 """
 
 from django.db import migrations, models
@@ -46,7 +47,7 @@ TABLES = [
             ("traj_steps", "sum", "r.step_count"),
             ("max:last_seen", "max", "(extract(epoch FROM r.updated_at) * 1000000)::bigint"),
         ),
-        key="source_id",
+        key="r.source_id",
     ),
     Counted(
         "pool_promptgroup",
@@ -77,6 +78,18 @@ TABLES = [
             ),
         ),
     ),
+    # The last hours' steps per minute (the key: minutes since the epoch), for the
+    # overview's ingest rate and quality window: their cost no longer grows with the rate.
+    # The fold drops minutes past pool.services.counters.MINUTES_KEPT.
+    Counted(
+        "pool_step",
+        ("id", "created_at", "drift"),
+        (("minute:steps", "count", "TRUE"), ("minute:drift", "count", "r.drift")),
+        key="floor(extract(epoch FROM r.created_at) / 60)::bigint",
+        name="pool_step_minutes",
+        changed="n.drift IS DISTINCT FROM o.drift OR n.created_at IS DISTINCT FROM o.created_at",
+        since="created_at >= now() - interval '3 hours'",
+    ),
     Counted("pool_event", ("id",), (("events", "count", "TRUE"),)),
     Counted("pool_feedback", ("id",), (("feedback", "count", "TRUE"),)),
 ]
@@ -99,7 +112,7 @@ class Migration(migrations.Migration):
             fields=[
                 ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
                 ("name", models.CharField(max_length=32)),
-                ("source_id", models.BigIntegerField(blank=True, null=True)),
+                ("key", models.BigIntegerField(blank=True, null=True)),
                 ("value", models.BigIntegerField()),
             ],
         ),

@@ -131,14 +131,15 @@ class Counter(models.Model):
     the dashboard and ``GET /api/v1/stats`` read a few hundred rows instead of scanning the
     pool; ``pool.counters_compact`` folds the rows into one per counter and source.
 
-    ``source_id`` is the trajectory's source for the per-source counters, NULL for the
-    pool-wide ones. Not a foreign key: a source's counters follow its trajectories (a deleted
-    source's trajectories are set to NULL, which the trigger counts as a move). SQLite keeps
-    no counters: the readers count there (pool/selectors/counters.py)."""
+    ``key`` is what a counter is kept per: the trajectory's source for the per-source
+    counters (not a foreign key: a source's counters follow its trajectories, and a deleted
+    source's trajectories are set to NULL, which the trigger counts as a move), the minute
+    (since the epoch) for the per-minute ones, NULL for the pool-wide ones. SQLite keeps no
+    counters: the readers count there (pool/selectors/counters.py)."""
 
     name = models.CharField(max_length=32)
-    source_id = models.BigIntegerField(null=True, blank=True)
+    key = models.BigIntegerField(null=True, blank=True)
     value = models.BigIntegerField()
 
     def __str__(self) -> str:
-        return f"{self.name}[{self.source_id}] {self.value:+d}"
+        return f"{self.name}[{self.key}] {self.value:+d}"

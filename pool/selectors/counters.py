@@ -30,6 +30,9 @@ merged_groups, ...
 events, feedback        service events and feedback
 lease:leased,           open and acked leases
 lease:acked
+minute:steps,           steps, and those with drift, per minute of their
+minute:drift            ``created_at`` (the key: minutes since the epoch); the last
+                        MINUTES_KEPT minutes (pool/services/counters.py)
 ======================  ==========================================================
 """
 
@@ -63,7 +66,7 @@ def counter(name: str) -> Any:
 
 
 def counters_read(names: list[str] | tuple[str, ...]) -> dict[str, int]:
-    """The pool-wide value of each counter of ``names`` (summed over sources): one query."""
+    """The pool-wide value of each counter of ``names`` (summed over its keys): one query."""
     return Counter.objects.using(read_connection().alias).aggregate(**{n: counter(n) for n in names})
 
 
@@ -74,14 +77,14 @@ def source_counters() -> dict[int | None, dict[str, Any]]:
     rows = (
         Counter.objects.using(read_connection().alias)
         .filter(name__in=["trajectories", "traj_steps", "max:last_seen"])
-        .values("source_id")
+        .values("key")
         .annotate(
-            source_name=Subquery(Source.objects.filter(id=OuterRef("source_id")).values("name")[:1]),
+            source_name=Subquery(Source.objects.filter(id=OuterRef("key")).values("name")[:1]),
             trajectories=counter("trajectories"),
             steps=counter("traj_steps"),
             last=counter("max:last_seen"),
         )
-        .values_list("source_id", "source_name", "trajectories", "steps", "last")
+        .values_list("key", "source_name", "trajectories", "steps", "last")
         .order_by()
     )
     return {
@@ -94,3 +97,26 @@ def source_counters() -> dict[int | None, dict[str, Any]]:
         for source_id, name, trajectories, steps, last in rows
         if trajectories and (source_id is None or name is not None)
     }
+
+
+def minute_of(moment: datetime) -> int:
+    """The per-minute counters' key of ``moment``: whole minutes since the epoch."""
+    return int((moment - _EPOCH).total_seconds() // 60)
+
+
+def minute_start(minute: int) -> datetime:
+    return _EPOCH + timedelta(minutes=minute)
+
+
+def per_minute(name: str, since: datetime) -> dict[int, int]:
+    """Counter ``name`` per minute from the minute of ``since`` on: {minute: count}, minutes
+    without any left out. One query."""
+    rows = (
+        Counter.objects.using(read_connection().alias)
+        .filter(name=name, key__gte=minute_of(since))
+        .values("key")
+        .annotate(n=counter(name))
+        .values_list("key", "n")
+        .order_by()
+    )
+    return {minute: n for minute, n in rows if n}

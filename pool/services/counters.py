@@ -11,14 +11,20 @@ compaction, and the rows of writes that commit meanwhile stay as they are for th
 from __future__ import annotations
 
 from django.db import connection, transaction
+from django.utils import timezone
+
+from ..selectors.counters import minute_of
 
 # Keeps two compactions from doing the same work twice (a second one would find nothing).
 _LOCK = 0x636C6177_0C01
+# Minutes of per-minute counters kept (the overview reads the last hour); older ones go.
+MINUTES_KEPT = 180
 
 
 def counters_compact() -> dict[str, int]:
-    """Fold the counters' rows into one per counter and source (zero counts dropped).
-    Idempotent. Returns the rows before and after; nothing on a database without counters."""
+    """Fold the counters' rows into one per counter and key (zero counts dropped), and drop
+    the per-minute counters older than MINUTES_KEPT. Idempotent. Returns the rows before and
+    after; nothing on a database without counters."""
     if connection.vendor != "postgresql":
         return {"rows_before": 0, "rows_after": 0}
     with transaction.atomic(), connection.cursor() as cur:
@@ -26,12 +32,13 @@ def counters_compact() -> dict[str, int]:
         if not cur.fetchone()[0]:
             return {"rows_before": 0, "rows_after": 0}
         cur.execute(
-            "WITH gone AS (DELETE FROM pool_counter RETURNING name, source_id, value), "
-            "folded AS (INSERT INTO pool_counter (name, source_id, value) "
-            "SELECT name, source_id, CASE WHEN name LIKE 'max:%%' THEN max(value) ELSE sum(value) END "
-            "FROM gone GROUP BY name, source_id "
+            'WITH gone AS (DELETE FROM pool_counter RETURNING name, "key", value), '
+            'folded AS (INSERT INTO pool_counter (name, "key", value) '
+            "SELECT name, \"key\", CASE WHEN name LIKE 'max:%%' THEN max(value) ELSE sum(value) END "
+            'FROM gone WHERE name NOT LIKE \'minute:%%\' OR "key" >= %s GROUP BY name, "key" '
             "HAVING CASE WHEN name LIKE 'max:%%' THEN max(value) ELSE sum(value) END <> 0 RETURNING 1) "
-            "SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM folded)"
+            "SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM folded)",
+            [minute_of(timezone.now()) - MINUTES_KEPT],
         )
         before, after = cur.fetchone()
     return {"rows_before": before, "rows_after": after}
