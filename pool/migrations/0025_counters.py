@@ -17,12 +17,20 @@ What each counts (the readers in pool/selectors/counters.py name them):
 
 from django.db import migrations, models
 
-from ._counters import Counted, install, uninstall
+from ._counters import Counted, Keyed, install, uninstall
 
 TABLES = [
     Counted(
         "pool_step",
-        ("token_source", "readiness", "drift", "label", "seq_len", "octet_length(seq_delta) AS delta_bytes"),
+        (
+            "token_source",
+            "readiness",
+            "drift",
+            "label",
+            "seq_len",
+            "octet_length(seq_delta) AS delta_bytes",
+            "created_at",
+        ),
         (
             ("steps", "count", "TRUE"),
             ("exact", "count", "r.token_source IN ('client', 'upstream')"),
@@ -33,6 +41,16 @@ TABLES = [
             ("labelled", "count", "r.label <> ''"),
             ("tokens", "sum", "r.seq_len"),
             ("stored_bytes", "sum", "r.delta_bytes"),
+        ),
+        # The last hours' steps per minute (the key: minutes since the epoch), for the
+        # overview's ingest rate and quality window, whose cost then no longer grows with the
+        # ingest rate; the fold drops minutes past pool.services.counters.MINUTES_KEPT.
+        also=(
+            Keyed(
+                "floor(extract(epoch FROM r.created_at) / 60)::bigint",
+                (("minute:steps", "count", "TRUE"), ("minute:drift", "count", "r.drift")),
+                since="created_at >= now() - interval '3 hours'",
+            ),
         ),
     ),
     Counted(
@@ -77,18 +95,6 @@ TABLES = [
                 "CASE WHEN r.status = 'done' AND r.group_id IS NOT NULL THEN r.unique_tokens ELSE 0 END",
             ),
         ),
-    ),
-    # The last hours' steps per minute (the key: minutes since the epoch), for the
-    # overview's ingest rate and quality window: their cost no longer grows with the rate.
-    # The fold drops minutes past pool.services.counters.MINUTES_KEPT.
-    Counted(
-        "pool_step",
-        ("id", "created_at", "drift"),
-        (("minute:steps", "count", "TRUE"), ("minute:drift", "count", "r.drift")),
-        key="floor(extract(epoch FROM r.created_at) / 60)::bigint",
-        name="pool_step_minutes",
-        changed="n.drift IS DISTINCT FROM o.drift OR n.created_at IS DISTINCT FROM o.created_at",
-        since="created_at >= now() - interval '3 hours'",
     ),
     Counted("pool_event", ("id",), (("events", "count", "TRUE"),)),
     Counted("pool_feedback", ("id",), (("feedback", "count", "TRUE"),)),

@@ -24,24 +24,33 @@ Definition = tuple[str, str, str]
 
 
 @dataclass(frozen=True)
+class Keyed:
+    """More counters of the same rows, kept per ``key`` (an SQL expression over the row
+    ``r``, such as its minute), counted by the same statement (GROUPING SETS: one pass over
+    the transition tables); the first count reads only the rows where ``since`` holds (a
+    WHERE over the table; None: all)."""
+
+    key: str
+    definitions: tuple[Definition, ...]
+    since: str | None = None
+
+
+@dataclass(frozen=True)
 class Counted:
     table: str
     columns: tuple[str, ...]  # the columns the definitions read
     definitions: tuple[Definition, ...]
     # What the counters are kept per (``pool_counter.key``), an SQL expression over the row
-    # ``r``: a source id, a minute; None: pool-wide (NULL).
+    # ``r``, such as its source; None: pool-wide (NULL).
     key: str | None = None
-    # The function's name (one per table unless a table has two countings).
-    name: str = ""
-    # UPDATE: count only the rows where this holds, over the old row ``o`` and the new ``n``
-    # joined by id (plain column names only); None: every row of the statement.
-    changed: str | None = None
-    # The rows the first count reads (a WHERE over the table); None: all of them.
-    since: str | None = None
+    also: tuple[Keyed, ...] = ()
 
     @property
     def function(self) -> str:
-        return f"pool_count_{self.name or self.table}"
+        return f"pool_count_{self.table}"
+
+    def sets(self) -> list[tuple[str | None, tuple[Definition, ...]]]:
+        return [(self.key, self.definitions)] + [(k.key, k.definitions) for k in self.also]
 
 
 def _aggregate(kind: str, expr: str) -> str:
@@ -54,17 +63,35 @@ def _aggregate(kind: str, expr: str) -> str:
     raise ValueError(kind)
 
 
-def _statement(counted: Counted, rows: list[str]) -> str:
-    """INSERT the deltas of ``rows`` (SELECTs of a sign and the columns) into pool_counter."""
+def _statement(sets: list[tuple[str | None, tuple[Definition, ...]]], rows: list[str]) -> str:
+    """INSERT the deltas of ``rows`` (SELECTs of a sign and the columns) into pool_counter:
+    each set's definitions per its key, all from one pass over the rows."""
     union = " UNION ALL ".join(rows)
-    key = counted.key or "NULL::bigint"
-    aggs = ", ".join(f"{_aggregate(kind, expr)} AS c{i}" for i, (_n, kind, expr) in enumerate(counted.definitions))
-    values = ", ".join(f"('{name}', a.c{i})" for i, (name, _k, _e) in enumerate(counted.definitions))
-    group = " GROUP BY 1" if counted.key else ""
+    defs = [(i, d) for i, (_key, ds) in enumerate(sets) for d in ds]
+    aggs = ", ".join(f"{_aggregate(kind, expr)} AS c{j}" for j, (_i, (_n, kind, expr)) in enumerate(defs))
+    if len(sets) == 1:
+        key = sets[0][0]
+        source = f"(SELECT {key or 'NULL::bigint'} AS k, {aggs} FROM ({union}) r{' GROUP BY 1' if key else ''})"
+        values = ", ".join(f"('{name}', a.c{j})" for j, (_i, (name, _k, _e)) in enumerate(defs))
+    else:
+        # One key column per set; GROUPING(k<i>) = 0 on the rows of set i.
+        keyed = [i for i, (key, _ds) in enumerate(sets) if key]
+        keys = ", ".join(f"{sets[i][0]} AS k{i}" for i in keyed)
+        grouping = ", ".join(f"(k{i})" if key else "()" for i, (key, _ds) in enumerate(sets))
+        mine = {
+            i: (f"GROUPING(k{i}) = 0" if key else " AND ".join(f"GROUPING(k{x}) = 1" for x in keyed))
+            for i, (key, _ds) in enumerate(sets)
+        }
+        picks = ", ".join(f"CASE WHEN {mine[i]} THEN k{i} END" for i, (key, _ds) in enumerate(sets) if key)
+        source = (
+            f"(SELECT COALESCE({picks}) AS k, "
+            + ", ".join(f"{mine[i]} AS s{i}" for i in range(len(sets)))
+            + f", {aggs} FROM (SELECT r.*, {keys} FROM ({union}) r) r GROUP BY GROUPING SETS ({grouping}))"
+        )
+        values = ", ".join(f"('{name}', CASE WHEN a.s{i} THEN a.c{j} END)" for j, (i, (name, _k, _e)) in enumerate(defs))
     return (
         'INSERT INTO pool_counter (name, "key", value) SELECT c.name, a.k, c.value FROM '
-        f"(SELECT {key} AS k, {aggs} FROM ({union}) r{group}) a "
-        f"CROSS JOIN LATERAL (VALUES {values}) AS c(name, value) WHERE c.value <> 0"
+        f"{source} a CROSS JOIN LATERAL (VALUES {values}) AS c(name, value) WHERE c.value <> 0"
     )
 
 
@@ -73,27 +100,17 @@ def _rows(counted: Counted, relation: str, sign: int, where: str | None = None) 
     return f"SELECT {sign} AS sign, {cols} FROM {relation}" + (f" WHERE {where}" if where else "")
 
 
-def _updated(counted: Counted) -> list[str]:
-    if counted.changed is None:
-        return [_rows(counted, "new_rows", 1), _rows(counted, "old_rows", -1)]
-    joined = f"new_rows n JOIN old_rows o USING (id) WHERE {counted.changed}"
-    return [
-        f"SELECT {sign} AS sign, " + ", ".join(f"{alias}.{c}" for c in counted.columns) + f" FROM {joined}"
-        for alias, sign in (("n", 1), ("o", -1))
-    ]
-
-
 def _function(counted: Counted) -> str:
     name, table = counted.function, counted.table
     return f"""
 CREATE OR REPLACE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $fn$
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        {_statement(counted, [_rows(counted, "new_rows", 1)])};
+        {_statement(counted.sets(), [_rows(counted, "new_rows", 1)])};
     ELSIF TG_OP = 'UPDATE' THEN
-        {_statement(counted, _updated(counted))};
+        {_statement(counted.sets(), [_rows(counted, "new_rows", 1), _rows(counted, "old_rows", -1)])};
     ELSE
-        {_statement(counted, [_rows(counted, "old_rows", -1)])};
+        {_statement(counted.sets(), [_rows(counted, "old_rows", -1)])};
     END IF;
     RETURN NULL;
 END
@@ -121,7 +138,10 @@ def install(schema_editor, tables: list[Counted]) -> None:
     for counted in tables:
         schema_editor.execute(_function(counted))
         schema_editor.execute(f"DELETE FROM pool_counter WHERE name IN ({_names(counted)})")
-        schema_editor.execute(_statement(counted, [_rows(counted, counted.table, 1, counted.since)]))
+        schema_editor.execute(_statement(counted.sets()[:1], [_rows(counted, counted.table, 1)]))
+        for keyed in counted.also:
+            rows = [_rows(counted, counted.table, 1, keyed.since)]
+            schema_editor.execute(_statement([(keyed.key, keyed.definitions)], rows))
 
 
 def uninstall(schema_editor, tables: list[Counted]) -> None:
@@ -135,4 +155,4 @@ def uninstall(schema_editor, tables: list[Counted]) -> None:
 
 
 def _names(counted: Counted) -> str:
-    return ", ".join(f"'{n}'" for n, _k, _e in counted.definitions)
+    return ", ".join(f"'{n}'" for _key, ds in counted.sets() for n, _k, _e in ds)
