@@ -121,12 +121,14 @@ CASES = [pytest.param(s, d, id=f"{s}-{d}") for s in SCENARIOS for d in DOORS]
 # --- fixtures ---------------------------------------------------------------------------------
 @pytest.fixture(autouse=True)
 def enqueued(monkeypatch) -> list[tuple]:
-    """Records pool.tasks.group_merge publications (the broker boundary) instead of sending."""
+    """Records the prefix-tree merges' publications (the broker boundary: pool.tasks.groups_merge,
+    what a completion sends, and pool.tasks.group_merge) instead of sending."""
     calls: list[tuple] = []
-    monkeypatch.setattr(
-        "pool.tasks.group_merge.apply_async",
-        lambda args=(), kwargs=None, **kw: calls.append((tuple(args), kwargs or {})),
-    )
+    for name in ("groups_merge", "group_merge"):
+        monkeypatch.setattr(
+            f"pool.tasks.{name}.apply_async",
+            lambda args=(), kwargs=None, **kw: calls.append((tuple(args), kwargs or {})),
+        )
     return calls
 
 
@@ -309,7 +311,7 @@ def test_group_completes_when_its_rollouts_ended_and_enqueues_one_merge_on_commi
     # then: the group is complete and its merge was enqueued once, on commit
     group.refresh_from_db()
     assert group.status == PromptGroup.Status.COMPLETE and group.completed_at is not None
-    assert enqueued == [((group.id,), {})]
+    assert enqueued == [(([group.id],), {})]
 
 
 @pytest.mark.parametrize("door_name", WHITE_BOX)

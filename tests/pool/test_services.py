@@ -42,13 +42,13 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def enqueued(monkeypatch) -> list[tuple]:
-    """Records pool.tasks.group_merge publications (the broker boundary) instead of sending."""
+    """Records the prefix-tree merges' publications (the broker boundary: tasks.groups_merge,
+    what a completion sends, and tasks.group_merge) instead of sending."""
     calls: list[tuple] = []
-    monkeypatch.setattr(
-        tasks.group_merge,
-        "apply_async",
-        lambda args=(), kwargs=None, **kw: calls.append((tuple(args), kwargs or {})),
-    )
+    for task in (tasks.groups_merge, tasks.group_merge):
+        monkeypatch.setattr(
+            task, "apply_async", lambda args=(), kwargs=None, **kw: calls.append((tuple(args), kwargs or {}))
+        )
     return calls
 
 
@@ -206,10 +206,10 @@ def test_group_completes_when_expected_rollouts_ended_and_enqueues_the_merge(
     # when the second ends (as failed: any end counts)
     with django_capture_on_commit_callbacks(execute=True):
         trajectory_complete(uid="gm-1", status=Trajectory.Status.FAILED)
-    # then the group is complete and group_merge(group id) was enqueued once, on commit, with JSON args
+    # then the group is complete and groups_merge([group id]) was enqueued once, on commit, with JSON args
     g = PromptGroup.objects.get(id=group.id)
     assert g.status == PromptGroup.Status.COMPLETE and g.completed_at is not None
-    assert enqueued == [((group.id,), {})]
+    assert enqueued == [(([group.id],), {})]
     json.dumps(enqueued[0][0])
     # and completing again enqueues nothing more
     with django_capture_on_commit_callbacks(execute=True):
@@ -232,7 +232,7 @@ def test_group_completed_by_is_last_steps_at_ingest_enqueues_the_merge(
         )
     # then the group is complete and its merge enqueued once
     assert PromptGroup.objects.get(id=group.id).status == PromptGroup.Status.COMPLETE
-    assert enqueued == [((group.id,), {})]
+    assert enqueued == [(([group.id],), {})]
 
 
 def test_rolled_back_completion_enqueues_nothing(django_capture_on_commit_callbacks, enqueued):
@@ -260,7 +260,7 @@ def test_group_upsert_with_enough_ended_rollouts_completes_it(django_capture_on_
         group = group_upsert(uid="gu", expected_rollouts=2)
     # then it completes at once
     assert group.status == PromptGroup.Status.COMPLETE
-    assert enqueued == [((group.id,), {})]
+    assert enqueued == [(([group.id],), {})]
 
 
 def test_trajectory_create_is_idempotent():
