@@ -342,6 +342,26 @@ def groups_task_claim(group_ids: Sequence[int], now: Any) -> dict[int, int]:
         return dict(cur.fetchall())
 
 
+def counters_fold(first_minute: int) -> tuple[int, int]:
+    """Fold pool_counter's rows into one per counter and key (PostgreSQL; zero counts and
+    per-minute counts before ``first_minute`` dropped) in one statement: the DELETE removes
+    the rows its snapshot sees and the INSERT puts back their sums, so a count never changes
+    by a fold and rows committed meanwhile stay for the next one. Returns the rows before
+    and after (pool/services/counters.py)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            'WITH gone AS (DELETE FROM pool_counter RETURNING name, "key", value), '
+            'folded AS (INSERT INTO pool_counter (name, "key", value) '
+            "SELECT name, \"key\", CASE WHEN name LIKE 'max:%%' THEN max(value) ELSE sum(value) END "
+            'FROM gone WHERE name NOT LIKE \'minute:%%\' OR "key" >= %s GROUP BY name, "key" '
+            "HAVING CASE WHEN name LIKE 'max:%%' THEN max(value) ELSE sum(value) END <> 0 RETURNING 1) "
+            "SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM folded)",
+            [first_minute],
+        )
+        before, after = cur.fetchone()
+    return before, after
+
+
 def _rows(names: Sequence[str], types: Sequence[str], rows: Sequence[tuple]) -> tuple[str, list[Any]]:
     """A CTE ``v(names)`` holding ``rows``, and its parameters. PostgreSQL: one typed array
     per column through unnest (a few parameters whatever the batch size: client-side

@@ -9,7 +9,7 @@ only move it forward.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Count, Exists, F, Max, OuterRef, Q, QuerySet, Sum
@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from pool.flags import READY, READY_ANY_TOKENS
 from pool.models import Event, PolicyVersion, Source, Step, Trajectory
-from pool.selectors.counters import counters_kept, minute_of, per_minute, source_counters
+from pool.selectors.counters import EPOCH, counters_kept, minute_of, per_minute, source_counters
 from pool.selectors.stats import pool_stats
 
 from .live import live_state
@@ -29,7 +29,6 @@ RATE_MINUTES = 30
 # query per page).
 TRAJECTORY_PAGE = 50
 STEP_PAGE = 50
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def overview() -> dict[str, Any]:
@@ -102,7 +101,7 @@ def sources_health(*, counted: bool | None = None) -> list[dict[str, Any]]:
         ]
         # The order of the count below: the most recently seen first, never seen last, then by name.
         return sorted(
-            rows, key=lambda r: (r["last_seen"] is None, -(r["last_seen"] or _EPOCH).timestamp(), r["name"])
+            rows, key=lambda r: (r["last_seen"] is None, -(r["last_seen"] or EPOCH).timestamp(), r["name"])
         )
     rows = (
         Source.objects.annotate(

@@ -50,7 +50,7 @@ from ..models import Counter, Source
 
 TRAJECTORY_STATUSES = ("running", "completed", "failed", "abandoned")
 GROUP_STATUSES = ("open", "complete")
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)  # the per-minute and "last seen" counters count from here
 
 
 def counters_kept(counted: bool | None = None) -> bool:
@@ -92,7 +92,7 @@ def source_counters() -> dict[int | None, dict[str, Any]]:
             "name": name,
             "trajectories": trajectories,
             "steps": steps,
-            "last_seen": _EPOCH + timedelta(microseconds=last) if last else None,
+            "last_seen": EPOCH + timedelta(microseconds=last) if last else None,
         }
         for source_id, name, trajectories, steps, last in rows
         if trajectories and (source_id is None or name is not None)
@@ -101,11 +101,7 @@ def source_counters() -> dict[int | None, dict[str, Any]]:
 
 def minute_of(moment: datetime) -> int:
     """The per-minute counters' key of ``moment``: whole minutes since the epoch."""
-    return int((moment - _EPOCH).total_seconds() // 60)
-
-
-def minute_start(minute: int) -> datetime:
-    return _EPOCH + timedelta(minutes=minute)
+    return int((moment - EPOCH).total_seconds() // 60)
 
 
 def per_minute(name: str, since: datetime) -> dict[int, int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from django.db import connection, transaction
 from django.utils import timezone
 
+from .. import sql
 from ..selectors.counters import minute_of
 
 # Keeps two compactions from doing the same work twice (a second one would find nothing).
@@ -31,14 +32,5 @@ def counters_compact() -> dict[str, int]:
         cur.execute("SELECT pg_try_advisory_xact_lock(%s)", [_LOCK])
         if not cur.fetchone()[0]:
             return {"rows_before": 0, "rows_after": 0}
-        cur.execute(
-            'WITH gone AS (DELETE FROM pool_counter RETURNING name, "key", value), '
-            'folded AS (INSERT INTO pool_counter (name, "key", value) '
-            "SELECT name, \"key\", CASE WHEN name LIKE 'max:%%' THEN max(value) ELSE sum(value) END "
-            'FROM gone WHERE name NOT LIKE \'minute:%%\' OR "key" >= %s GROUP BY name, "key" '
-            "HAVING CASE WHEN name LIKE 'max:%%' THEN max(value) ELSE sum(value) END <> 0 RETURNING 1) "
-            "SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM folded)",
-            [minute_of(timezone.now()) - MINUTES_KEPT],
-        )
-        before, after = cur.fetchone()
+        before, after = sql.counters_fold(minute_of(timezone.now()) - MINUTES_KEPT)
     return {"rows_before": before, "rows_after": after}
