@@ -47,6 +47,24 @@ def drained():
     yield
 
 
+@pytest.fixture(autouse=True)
+def own_channel_layer():
+    """On Redis, each test's sockets get a channel layer of their own. The Redis layer keeps
+    per-channel asyncio locks across calls, and pytest-asyncio gives each test its own event
+    loop: a lock that a finished test's loop left held (a receive's backup cleaner that never
+    ran because the loop closed first) is bound to that loop, and the next test's receive on
+    the same layer raised "bound to a different event loop" (CI, about one run in four). A
+    server runs one loop for its life and never meets this. The in-memory layer is kept: it
+    holds the messages itself, and the publisher's thread must send into the one the
+    consumers read."""
+    from channels.layers import DEFAULT_CHANNEL_LAYER, InMemoryChannelLayer, channel_layers
+
+    layer = channel_layers.backends.get(DEFAULT_CHANNEL_LAYER)
+    if layer is not None and not isinstance(layer, InMemoryChannelLayer):
+        del channel_layers.backends[DEFAULT_CHANNEL_LAYER]
+    yield
+
+
 def in_thread(fn: Callable) -> Callable:
     """``fn`` on a worker thread (database_sync_to_async), its connection given back when it
     returns. Without this a test-client request keeps its connection (Django disconnects
