@@ -180,7 +180,9 @@ class Step(models.Model):
         RETOKENIZED = "retokenized", "retokenized"  # local tokenizer re-encoded text (may drift)
         NONE = "none", "none"
 
-    uid = models.CharField(max_length=160, unique=True)  # client idempotency key
+    # Client idempotency key. Unique by the constraint pool_step_uid_key (Meta), not unique=True,
+    # which on PostgreSQL adds a second, pattern-ops index nothing uses (migration 0026).
+    uid = models.CharField(max_length=160)
     # No index of its own: "steps of a trajectory" is served by step_traj_index_uniq
     # (trajectory, step_index) and step_curation (trajectory, covering).
     trajectory = models.ForeignKey(Trajectory, on_delete=models.CASCADE, related_name="steps", db_index=False)
@@ -274,6 +276,7 @@ class Step(models.Model):
         constraints = [
             # Trajectory + step_index: the step order. Also serves "steps of a trajectory in order".
             models.UniqueConstraint(fields=["trajectory", "step_index"], name="step_traj_index_uniq"),
+            models.UniqueConstraint(fields=["uid"], name="pool_step_uid_key"),
             models.CheckConstraint(
                 condition=Q(prompt_len__lte=models.F("seq_len")), name="step_prompt_within_seq"
             ),

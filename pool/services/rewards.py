@@ -56,10 +56,12 @@ def rewards_apply(
     step_uids = [r.step_uid for r in rewards if r.step_uid]
     traj_uids = [r.trajectory_uid for r in rewards if r.trajectory_uid]
     # Lock the trajectories (those named and those of the steps named) in primary-key
-    # order, then the steps: every writer of a trajectory's steps locks its trajectory
+    # order: every writer of a trajectory's steps' rewards or readiness locks its trajectory
     # first (pool/services/readiness.py), so concurrent reward writers, completions and
-    # readiness refreshes cannot deadlock. Read only the reward columns of the steps, as
-    # tuples (model instances cost ~70 us each here).
+    # readiness refreshes cannot deadlock, and the steps' reward columns read after the lock
+    # stay as read until this transaction ends. The steps themselves are not locked (that
+    # wrote a row lock into each of them before the UPDATE rewrites them anyway). Read only
+    # the reward columns of the steps, as tuples (model instances cost ~70 us each here).
     # The named steps' trajectories are read first, unlocked (a step never changes
     # trajectory), so the lock below is by uid and primary key lists: as a subquery inside
     # the OR, PostgreSQL hashed every trajectory (~30 ms of a 1,000-reward batch).
@@ -78,10 +80,9 @@ def rewards_apply(
     }
     steps = {
         row[1]: _StepReward(*row)
-        for row in Step.objects.select_for_update()
-        .filter(uid__in=step_uids, trajectory_id__in=[t.id for t in trajs.values()])
-        .order_by("id")
-        .values_list("id", "uid", "trajectory_id", "reward", "reward_status", "reward_source")
+        for row in Step.objects.filter(
+            uid__in=step_uids, trajectory_id__in=[t.id for t in trajs.values()]
+        ).values_list("id", "uid", "trajectory_id", "reward", "reward_status", "reward_source")
     }
     delivered = {t.id: t.delivered_at for t in trajs.values()}
     events: list[RewardEvent] = []

@@ -205,14 +205,10 @@ def _completions_apply(
 
 
 def _last_steps_mark(ending: list[int], now: datetime) -> None:
-    """The last stored step of each ending trajectory becomes its is_last step (and only it)."""
-    last_index = Step.objects.filter(trajectory_id=OuterRef("trajectory_id")).order_by("-step_index")
-    Step.objects.filter(trajectory_id__in=ending, is_last=True).exclude(
-        step_index=Subquery(last_index.values("step_index")[:1])
-    ).update(is_last=False)
-    Step.objects.filter(
-        trajectory_id__in=ending, is_last=False, step_index=Subquery(last_index.values("step_index")[:1])
-    ).update(is_last=True, updated_at=now)
+    """The last stored step of each ending trajectory becomes its is_last step (and only it):
+    one statement per chunk (sql.steps_last_mark)."""
+    for i in range(0, len(ending), 1000):  # within SQLite's limit of parameters
+        sql.steps_last_mark(ending[i : i + 1000], now)
 
 
 def _ended_event(ended: list[Trajectory]) -> TrajectoriesEnded:
