@@ -282,6 +282,35 @@ def pool_bytes() -> int:
         return int(cur.fetchone()[0])
 
 
+def relation_bytes() -> dict[str, int]:
+    """Bytes on disk of each relation of the pool and curation apps: each table's heap,
+    its TOAST (``<table> (toast)``) and each of its indexes, by name."""
+    from django.apps import apps
+    from django.db import connection
+
+    tables = [
+        m._meta.db_table for name in ("pool", "curation") for m in apps.get_app_config(name).get_models()
+    ]
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            SELECT c.relname, pg_relation_size(c.oid),
+                   COALESCE(pg_total_relation_size(NULLIF(c.reltoastrelid, 0)), 0)
+            FROM pg_class c WHERE c.relname = ANY(%s)
+            UNION ALL
+            SELECT i.indexrelid::regclass::text, pg_relation_size(i.indexrelid), 0
+            FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid WHERE c.relname = ANY(%s)
+            """,
+            [tables, tables],
+        )
+        out: dict[str, int] = {}
+        for name, size, toast in cur.fetchall():
+            out[name] = int(size)
+            if toast:
+                out[f"{name} (toast)"] = int(toast)
+        return out
+
+
 def setup_pool() -> dict:
     """Policy versions 1..5 (5 current), the datasets, an ingest and a consume key, a
     superuser: what the measurements use."""
@@ -592,7 +621,8 @@ def _soak_run(args, url: str, keys: dict, gen: GrowthGen, httpx, orjson) -> dict
             windows.append((start, time.monotonic()))
             done["sent"] = sent[0]
             passes.append(done)
-            print(f"  soak {time.monotonic() - t0:5.0f} s: pass {done}", file=sys.stderr)
+            shown = {k: v for k, v in done.items() if k != "relations"}
+            print(f"  soak {time.monotonic() - t0:5.0f} s: pass {shown}", file=sys.stderr)
     finally:
         stop.set()
         for th in threads:
@@ -635,6 +665,12 @@ def _soak_figures(args, elapsed: float, sent: int, passes: list[dict], windows, 
         out["soak_disk_drift_after_turnover"] = round(
             max(abs(d - base) for d in disks[turned[0] :]) / base, 3
         )
+    if len(passes) > 1:
+        # Where the disk went between the first pass and the last: the relations that grew
+        # (or shrank) the most, in bytes.
+        first, last = passes[0].get("relations", {}), passes[-1].get("relations", {})
+        moved = {k: last.get(k, 0) - first.get(k, 0) for k in first.keys() | last.keys()}
+        out["soak_growth_by_relation"] = dict(sorted(moved.items(), key=lambda kv: -abs(kv[1]))[:10])
     ratios = []
     for name, values in samples.items():
         ms = [v for _t, v in values]
@@ -666,6 +702,7 @@ def _retention_worker(pipe, keep_newest: int) -> None:
         autovacuum()
         done["vacuum_seconds"] = round(time.perf_counter() - t, 2)
         done["disk_bytes"] = pool_bytes()
+        done["relations"] = relation_bytes()
         pipe.send(done)
 
 
