@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from django.conf import settings
 from django.core.files.storage import default_storage
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
@@ -27,7 +28,7 @@ from pool.access.auth import (
     source_id_of,
     user_id_of,
 )
-from pool.errors import Conflict, InvalidInput, NotFound
+from pool.errors import Conflict, Gone, InvalidInput, NotFound
 from pool.models import Scope
 from pool.replica import replica_handler, replica_reads
 from pool.selectors.steps import step_ids_by_uid
@@ -325,9 +326,17 @@ class LeaseBatchApi(KnownQueryParams, APIView):
         responses=cs.PullResultSerializer,
     )
     def get(self, request, lease_id):
-        body = lease_body(lease_id, owner=_owner(request))
-        if body is None:
+        found = lease_body(lease_id, owner=_owner(request))
+        if found is None:
             raise NotFound(f"lease {lease_id} does not exist", field="lease")
+        body, dropped_at = found
+        if dropped_at is not None:
+            raise Gone(
+                f"lease {lease_id}'s batch was dropped at {dropped_at.isoformat()}, past its replay "
+                f"window of {settings.CLAW_RETENTION_REPLAY_DAYS:g} days (CLAW_RETENTION_REPLAY_DAYS); "
+                "its manifest is kept (the lease's page in the dashboard shows it)",
+                field="lease",
+            )
         return HttpResponse(body, content_type="application/json")
 
 

@@ -252,6 +252,9 @@ class Lease(models.Model):
     n_steps = models.PositiveIntegerField()
     content_hash = models.CharField(max_length=64)  # sha256 of the batch payload
     body = models.BinaryField()  # the response, byte for byte (replay)
+    # Past its replay window (CLAW_RETENTION_REPLAY_DAYS) the body keeps the manifest and
+    # drops the batch (retention.leases_trim); when that was done.
+    batch_dropped_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField()
     expires_at = models.DateTimeField()
     acked_at = models.DateTimeField(null=True, blank=True)
@@ -271,6 +274,11 @@ class Lease(models.Model):
             ),
             # Consumption page: "leases, newest first".
             models.Index(fields=["created_at"], name="lease_created"),
+            # Retention of the served batches: "leases still holding theirs, oldest first"
+            # (partial: a trimmed lease leaves it, so a sweep never reads past the done ones).
+            models.Index(
+                fields=["created_at"], condition=Q(batch_dropped_at__isnull=True), name="lease_batch_kept"
+            ),
             # Checkpoint: "this consumer's acked leases no checkpoint took yet" (partial: an
             # ack adds its lease, the checkpoint that takes it removes it, so it stays small).
             models.Index(

@@ -38,6 +38,14 @@ class NotFound(PoolError):
     code = "not_found"
 
 
+class Gone(PoolError):
+    """What was asked for existed and was dropped on purpose (a lease's served batch past
+    its replay window: curation/services/retention.py); the message says when and why."""
+
+    status_code = 410
+    code = "gone"
+
+
 class Unprocessable(PoolError):
     """Well-formed input the pool cannot act on (no reward function for its data source,
     response text unknown, a reward function that failed on it)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
+from datetime import datetime
 from typing import Any
 
 from django.db.models import Count, Exists, Max, OuterRef, Q, Sum
@@ -303,14 +304,16 @@ def leases_recent(limit: int = LEASES_SHOWN) -> list[Lease]:
     )
 
 
-def lease_body(lease_id: uuid.UUID, *, owner: int | None = None) -> bytes | None:
-    """A lease's batch exactly as first served (the replay), or None (also when ``owner``,
-    a source id, is given and the lease's consumer is not that source's)."""
+def lease_body(lease_id: uuid.UUID, *, owner: int | None = None) -> tuple[bytes, datetime | None] | None:
+    """A lease's response exactly as first served (the replay) and when its batch was
+    dropped (None: it is whole; else the body holds the manifest and ``"batch": null``,
+    retention.leases_trim), or None (also when ``owner``, a source id, is given and the
+    lease's consumer is not that source's)."""
     found = Lease.objects.filter(id=lease_id)
     if owner is not None:
         found = found.filter(consumer__source_id=owner)
-    body = found.values_list("body", flat=True).first()
-    return bytes(body) if body is not None else None
+    row = found.values_list("body", "batch_dropped_at").first()
+    return (bytes(row[0]), row[1]) if row is not None else None
 
 
 def snapshot_get(snapshot_id: uuid.UUID | str, *, sources: Sources = None) -> Snapshot | None:

@@ -51,8 +51,8 @@ import pyarrow.parquet as pq
 from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import storages
-from django.db import transaction
-from django.db.models import Max, Q, Sum
+from django.db import connection, transaction
+from django.db.models import Exists, Max, OuterRef, Q, Sum
 from django.utils import timezone
 
 from pool import tokens
@@ -64,7 +64,7 @@ from pool.services.groups import group_upsert
 from pool.services.purge import groups_purge
 from pool.services.trajectories import CompletionIn, trajectories_complete
 
-from ..models import Archive, Delivery, Lease, RetentionPolicy, Snapshot
+from ..models import Archive, Delivery, Lease, RetentionPolicy, Run, Snapshot
 from ..selectors.specs import spec_compile, units_admitted
 from ..snapshot_files import parquet
 from ..specs import spec_parse
@@ -173,11 +173,54 @@ def retention_run(
 
 
 def retention_sweep(*, now: dt.datetime | None = None) -> list[Report]:
-    """Every enabled policy, in name order (celery beat, ``manage.py retention_run``)."""
+    """The leases' served batches past their replay window (``leases_trim``), then every
+    enabled policy, in name order (celery beat, ``manage.py retention_run``)."""
+    trimmed = leases_trim(now=now)
+    if trimmed:
+        log.info("retention: %d leases past their replay window kept their manifest only", trimmed)
     return [
         retention_run(policy=p, now=now)
         for p in RetentionPolicy.objects.filter(enabled=True).order_by("name")
     ]
+
+
+# --- leases' served batches -----------------------------------------------------------------------
+# Leases trimmed per transaction, and per run (the next run goes on).
+TRIM_CHUNK = 200
+MAX_TRIM_ROUNDS = 50
+
+
+def leases_trim(*, now: dt.datetime | None = None) -> int:
+    """Past its replay window (CLAW_RETENTION_REPLAY_DAYS from its pull) a lease that is no
+    longer open keeps its manifest (verdicts check their steps against it; the pages show
+    it) and drops its served batch: its body becomes ``{"lease_id", "manifest", "batch":
+    null}``, ``batch_dropped_at`` says when, and the replay (GET /api/v1/leases/{id}/batch)
+    answers 410. Each lease kept the exact bytes it served (about 180 KB for 64 W-growth
+    steps): the soak's disk grew by its leases, not its steps (docs/operations.md). A lease
+    of a consumer with a training run is lineage and keeps its batch whole (the run's replay,
+    GET /api/v1/runs/{uid}/replay, serves it byte for byte). Run by the retention sweep;
+    idempotent, bounded per run; returns how many leases it trimmed."""
+    now = now or timezone.now()
+    cutoff = now - dt.timedelta(days=settings.CLAW_RETENTION_REPLAY_DAYS)
+    trimmed = 0
+    for _ in range(MAX_TRIM_ROUNDS):
+        with transaction.atomic():
+            rows = list(
+                Lease.objects.select_for_update(skip_locked=connection.vendor == "postgresql")
+                .filter(created_at__lt=cutoff, batch_dropped_at__isnull=True)
+                .exclude(status=Lease.Status.LEASED)
+                .exclude(Exists(Run.objects.filter(consumer_id=OuterRef("consumer_id"))))
+                .order_by("created_at")
+                .values_list("id", "body")[:TRIM_CHUNK]
+            )
+            for lease_id, body in rows:
+                doc = orjson.loads(bytes(body))
+                kept = {"lease_id": doc.get("lease_id"), "manifest": doc.get("manifest"), "batch": None}
+                Lease.objects.filter(id=lease_id).update(body=orjson.dumps(kept), batch_dropped_at=now)
+        trimmed += len(rows)
+        if len(rows) < TRIM_CHUNK:
+            break
+    return trimmed
 
 
 # --- which units ------------------------------------------------------------------------------------
@@ -765,6 +808,7 @@ __all__ = [
     "Report",
     "archive_restore",
     "candidates",
+    "leases_trim",
     "pin",
     "pinned_units",
     "retention_run",

@@ -314,9 +314,10 @@ def snapshot_diff(request: HttpRequest, snapshot_id: uuid.UUID) -> HttpResponse:
 def lease_batch(request: HttpRequest, lease_id: uuid.UUID) -> HttpResponse:
     """Replay: a lease's batch exactly as first served (the API's leases/<id>/batch, for
     people signed in to the pages)."""
-    body = lease_body(lease_id)
-    if body is None:
+    found = lease_body(lease_id)
+    if found is None:
         raise Http404("no such lease")
+    body, _dropped = found  # past its replay window: the manifest, "batch": null
     if not _wants_html(request):
         return HttpResponse(body, content_type="application/json")
     # A browser: the same bytes drawn as a formatted tree, with the JSON a link away.

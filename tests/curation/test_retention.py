@@ -406,3 +406,71 @@ def test_consumed_groups_go_once_every_consumer_of_every_dataset_admitting_them_
     report = retention.retention_run(policy=policy)
     assert (report.groups, report.candidates) == (1, 1)
     assert set(PromptGroup.objects.filter(uid__in=groups).values_list("uid", flat=True)) == set(groups[1:])
+
+
+def test_a_lease_past_its_replay_window_keeps_its_manifest_and_drops_its_batch(source, settings, make_key):
+    from curation.services.datasets import dataset_create
+    from pool.models import Scope
+    from pool.services.readiness import readiness_sweep
+    from tests.conftest import client_for
+
+    # given: three ready groups, and a trainer that pulled each one: an old acked lease, a
+    # recent acked one, and an old one still open (leased)
+    settings.CLAW_RETENTION_REPLAY_DAYS = 7
+    groups = [_group(f"l{i}", source, seed=40 + i) for i in range(3)]
+    PromptGroup.objects.filter(uid__in=groups).update(expected_rollouts=ROLLOUTS)
+    readiness_sweep()
+    dataset_create(name="all")
+    trainer = client_for(make_key(Scope.CONSUME, name="trainer"))
+    served = []
+    for _ in groups:
+        resp = trainer.post(
+            "/api/v1/consumers/trainer/pull", {"dataset": "all", "batch_size": 1}, format="json"
+        )
+        assert resp.status_code == 200 and resp.json()["lease_id"], resp.content
+        served.append((resp.json()["lease_id"], resp.content))
+    (old, old_body), (recent, recent_body), (open_, open_body) = served
+    for lease_id in (old, recent):
+        assert trainer.post(f"/api/v1/leases/{lease_id}/ack").status_code == 200
+    # and an old acked lease of a consumer with a training run (lineage: its run's replay)
+    learner = client_for(make_key(Scope.CONSUME, name="learner"))
+    resp = learner.post("/api/v1/consumers/learner/pull", {"dataset": "all", "batch_size": 1}, format="json")
+    lineage, lineage_body = resp.json()["lease_id"], resp.content
+    assert learner.post(f"/api/v1/leases/{lineage}/ack").status_code == 200
+    from curation.models import Consumer, Run
+
+    Run.objects.create(
+        uid="run-1",
+        consumer=Consumer.objects.get(name="learner"),
+        dataset=Dataset.objects.get(name="all"),
+        created_at=timezone.now(),
+    )
+    ten_days_ago = timezone.now() - dt.timedelta(days=10)
+    Lease.objects.filter(id__in=[old, open_, lineage]).update(created_at=ten_days_ago)
+    Lease.objects.filter(id=open_).update(expires_at=timezone.now() + dt.timedelta(minutes=5))
+
+    # when: the retention sweep runs (celery beat's task)
+    from curation.tasks import retention_sweep
+
+    retention_sweep()
+
+    # then: the old acked lease's replay answers 410 naming the lease and the window ...
+    resp = trainer.get(f"/api/v1/leases/{old}/batch")
+    assert resp.status_code == 410, resp.content
+    error = resp.json()["error"]
+    assert error["param"] == "lease" and "replay window of 7 days" in error["message"], error
+    # ... and it kept its manifest field by field (what verdicts check steps against), batch gone
+    import orjson
+
+    before, after = orjson.loads(old_body), orjson.loads(bytes(Lease.objects.get(id=old).body))
+    assert after == {"lease_id": before["lease_id"], "manifest": before["manifest"], "batch": None}
+    assert before["batch"] and Lease.objects.get(id=old).batch_dropped_at is not None
+    # and the recent lease, the open one and the run's replay byte for byte as first served
+    assert trainer.get(f"/api/v1/leases/{recent}/batch").content == recent_body
+    assert trainer.get(f"/api/v1/leases/{open_}/batch").content == open_body
+    assert learner.get(f"/api/v1/leases/{lineage}/batch").content == lineage_body
+    assert list(Lease.objects.filter(batch_dropped_at__isnull=False).values_list("id", flat=True)) == [
+        uuid.UUID(old)
+    ]
+    # and a second sweep trims nothing more (idempotent)
+    assert retention.leases_trim() == 0

@@ -1,5 +1,6 @@
 """``manage.py retention_run [--policy NAME] [--dry-run]``: apply the enabled retention
-policies (or one, enabled or not) now, as celery beat does every CLAW_RETENTION_SECONDS.
+policies (or one, enabled or not) now, as celery beat does every CLAW_RETENTION_SECONDS;
+without ``--policy``, the leases' batches past their replay window first (leases_trim).
 ``--dry-run`` says what would go and removes nothing."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from ...models import RetentionPolicy
-from ...services.retention import Report, retention_run
+from ...services.retention import Report, leases_trim, retention_run
 
 
 class Command(BaseCommand):
@@ -29,6 +30,8 @@ class Command(BaseCommand):
         def progress(r: Report) -> None:
             self.stderr.write(f"  {r.policy}: chunk {r.chunks}, {r.groups} groups, {r.steps} steps so far")
 
+        if not policy and not dry_run:
+            self.stderr.write(f"  leases past their replay window trimmed: {leases_trim()}")
         for p in policies:
             report = retention_run(policy=p, dry_run=dry_run, progress=progress)
             self.stdout.write(json.dumps(report.as_dict()))
