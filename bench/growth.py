@@ -50,7 +50,9 @@ groups and acks every ``--soak-pull-interval`` seconds (a dataset serving the ne
 groups first), and every ``--soak-cycle`` seconds a retention pass (``_retention_pass``: the
 pool's retention service, a policy keeping the newest steps; in
 a process of its own, as a Celery worker's would be) keeps the newest ``--keep-newest``
-steps, followed by a VACUUM (ANALYZE) of the tables. ``soak_disk_drift``: the largest
+steps, followed by a VACUUM (ANALYZE) of the tables. The pass first trims the leases past
+their replay window (``--soak-replay-seconds``, 60: shorter than the kept window, as a
+deployment's 7 days are against the months it keeps), as the retention sweep does. ``soak_disk_drift``: the largest
 departure of the pool's disk size after a pass from its size after the first pass, over the
 latter (and ``soak_disk_drift_after_turnover`` from the first pass after the kept window was
 replaced once); ``soak_p99_over_median``: the larger of ingest's and the pull's p99 over
@@ -502,13 +504,19 @@ def _retention_pass(*, keep_newest: int = 200_000) -> dict:
     deletes everything but the newest groups holding ``keep_newest`` steps: whole groups, in
     chunks of one transaction each, pins (the trainer's open leases) kept."""
     from curation.models import RetentionPolicy
-    from curation.services.retention import retention_run
+    from curation.services.retention import leases_trim, retention_run
 
     policy, _ = RetentionPolicy.objects.update_or_create(
         name="soak", defaults={"keep_newest_steps": keep_newest, "action": RetentionPolicy.Action.DELETE}
     )
+    trimmed = leases_trim()  # what the retention sweep does first
     report = retention_run(policy=policy)
-    return {"deleted_steps": report.steps, "deleted_groups": report.groups, "pinned": report.pinned}
+    return {
+        "deleted_steps": report.steps,
+        "deleted_groups": report.groups,
+        "pinned": report.pinned,
+        "trimmed_leases": trimmed,
+    }
 
 
 def soak(args: argparse.Namespace) -> dict:
@@ -600,6 +608,11 @@ def _soak_run(args, url: str, keys: dict, gen: GrowthGen, httpx, orjson) -> dict
 
     # Retention runs in a process of its own, as a Celery worker's would: never in the
     # threads that time the requests (a pass holding their interpreter would show as stalls).
+    # The replay window the retention process applies (its settings are read from the
+    # environment when it starts): a deployment keeps more than its replay window (30 days
+    # kept, 7 of replay); with the 7-day default here, every unit the soak's trainer pulled
+    # would stay pinned and every lease keep its batch for the whole soak.
+    os.environ["CLAW_RETENTION_REPLAY_DAYS"] = str(args.soak_replay_seconds / 86_400)
     spawn = multiprocessing.get_context("spawn")
     ours, theirs = spawn.Pipe()
     retention = spawn.Process(target=_retention_worker, args=(theirs, args.keep_newest), daemon=True)
@@ -652,6 +665,8 @@ def _soak_figures(args, elapsed: float, sent: int, passes: list[dict], windows, 
         "soak_rate_target": args.soak_rate,
         "soak_rate_achieved": round(sent / elapsed),
         "soak_keep_newest": args.keep_newest,
+        "soak_replay_seconds": args.soak_replay_seconds,
+        "soak_trimmed_leases": sum(p.get("trimmed_leases", 0) for p in passes),
         "soak_passes": len(passes),
         "soak_pass_seconds_max": max((p["seconds"] for p in passes), default=None),
         "soak_vacuum_seconds_max": max((p["vacuum_seconds"] for p in passes), default=None),
@@ -721,6 +736,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--soak-cycle", type=float, default=60, help="seconds between retention passes")
     p.add_argument("--soak-pull-interval", type=float, default=0.5)
     p.add_argument("--soak-workers", type=int, default=2, help="server processes of the soak")
+    p.add_argument(
+        "--soak-replay-seconds",
+        type=float,
+        default=60,
+        help="the replay window of the soak's retention (CLAW_RETENTION_REPLAY_DAYS, in seconds)",
+    )
     p.add_argument("--keep-newest", type=int, default=200_000, help="steps the soak's retention keeps")
     args = p.parse_args(argv)
     args.sizes = sorted(int(s) for s in args.sizes.split(","))

@@ -91,7 +91,13 @@ BENCHES = [
             ),
         ],
         True,
-        ["ingest_steps_per_s_ratio", "overview_p50_ms_ratio", "bytes_per_step_ratio", "soak_disk_drift"],
+        [
+            "ingest_steps_per_s_ratio",
+            "overview_p50_ms_ratio",
+            "bytes_per_step_ratio",
+            "soak_disk_drift",
+            "soak_trimmed_leases",
+        ],
     ),
     ("partitions", ["--steps", "6400", "--partitions", "4", "--lookups", "20"], True, ["detach_speedup"]),
 ]
