@@ -323,6 +323,9 @@ class LeaseBatchApi(KnownQueryParams, APIView):
 
     @extend_schema(
         summary="Replay: the batch exactly as first served, byte for byte (after ack too)",
+        description="Within the replay window (CLAW_RETENTION_REPLAY_DAYS from the pull). Past it, "
+        "a lease that is no longer open keeps its manifest and drops its batch, and this answers "
+        "410 naming the lease; a lease of a consumer with a training run keeps its batch.",
         responses=cs.PullResultSerializer,
     )
     def get(self, request, lease_id):
