@@ -409,6 +409,10 @@ def test_consumed_groups_go_once_every_consumer_of_every_dataset_admitting_them_
 
 
 def test_a_lease_past_its_replay_window_keeps_its_manifest_and_drops_its_batch(source, settings, make_key):
+    """A replay lasts as long as the replay window (CLAW_RETENTION_REPLAY_DAYS, 7 days from the
+    pull): past it, a lease that is no longer open keeps its manifest and drops its batch, and
+    the replay answers 410 naming the lease. A consumer with a training run keeps its leases
+    whole: the run's replay serves them."""
     from curation.services.datasets import dataset_create
     from pool.models import Scope
     from pool.services.readiness import readiness_sweep
