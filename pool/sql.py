@@ -184,6 +184,14 @@ def trajectories_end(rows: Sequence[tuple[int, str, bool, float | None, str | No
         cur.execute(sql, [*params, now, now])
 
 
+def _ids_in(ids: Sequence[int]) -> tuple[str, list[Any]]:
+    """``col <this>`` membership of ``ids`` and its parameters: one array parameter on
+    PostgreSQL, a list of placeholders elsewhere (the caller bounds the ids per call)."""
+    if connection.vendor == "postgresql":
+        return "= ANY(%s)", [list(ids)]
+    return f"IN ({', '.join(['%s'] * len(ids))})", list(ids)
+
+
 def steps_last_mark(trajectory_ids: Sequence[int], now: Any) -> None:
     """The last stored step (highest index) of each of these trajectories becomes its
     ``is_last`` step, and only it, in one statement; the step that becomes it moves its
@@ -191,9 +199,7 @@ def steps_last_mark(trajectory_ids: Sequence[int], now: Any) -> None:
     if not trajectory_ids:
         return
     step = connection.ops.quote_name(Step._meta.db_table)
-    pg = connection.vendor == "postgresql"
-    ids_sql = "= ANY(%s)" if pg else f"IN ({', '.join(['%s'] * len(trajectory_ids))})"
-    ids = [list(trajectory_ids)] if pg else list(trajectory_ids)
+    ids_sql, ids = _ids_in(trajectory_ids)
     sql = f"""
         WITH m AS (
             SELECT trajectory_id AS tid, MAX(step_index) AS mx FROM {step}
@@ -237,7 +243,7 @@ def steps_settle(
     q = connection.ops.quote_name
     step, traj, group = (q(m._meta.db_table) for m in (Step, Trajectory, PromptGroup))
     pg = connection.vendor == "postgresql"
-    ids_sql = "= ANY(%s)" if pg else f"IN ({', '.join(['%s'] * len(trajectory_ids))})"
+    ids_sql, ids_params = _ids_in(trajectory_ids)
     params: list[Any] = []  # in the order of the text: the own rewards' CTE, then the ids
     ctes = []
     if own:
@@ -261,7 +267,7 @@ def steps_settle(
         changed = "o.id IS NOT NULL"
     else:
         own_join, pick, changed = "", "st.{c}", "1 = 0"
-    params += [list(trajectory_ids)] if pg else list(trajectory_ids)
+    params += ids_params
     tc, gc, rf, te = (
         int(Readiness.TRAJECTORY_COMPLETE),
         int(Readiness.GROUP_COMPLETE),

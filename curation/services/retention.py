@@ -68,6 +68,7 @@ from ..models import Archive, Delivery, Lease, RetentionPolicy, Run, Snapshot
 from ..selectors.specs import spec_compile, units_admitted
 from ..snapshot_files import parquet
 from ..specs import spec_parse
+from .cursors import cursors_reset
 
 log = logging.getLogger(__name__)
 
@@ -173,11 +174,15 @@ def retention_run(
 
 
 def retention_sweep(*, now: dt.datetime | None = None) -> list[Report]:
-    """The leases' served batches past their replay window (``leases_trim``), then every
-    enabled policy, in name order (celery beat, ``manage.py retention_run``)."""
+    """The leases' served batches past their replay window (``leases_trim``), the pull
+    cursors back to their queues' heads (``cursors_reset``), then every enabled policy, in
+    name order (celery beat, ``manage.py retention_run``)."""
     trimmed = leases_trim(now=now)
     if trimmed:
         log.info("retention: %d leases past their replay window kept their manifest only", trimmed)
+    # A unit stamped ready by a commit slower than the pull cursors' lag waits one sweep at
+    # most (services.cursors).
+    cursors_reset()
     return [
         retention_run(policy=p, now=now)
         for p in RetentionPolicy.objects.filter(enabled=True).order_by("name")
@@ -213,10 +218,13 @@ def leases_trim(*, now: dt.datetime | None = None) -> int:
                 .order_by("created_at")
                 .values_list("id", "body")[:TRIM_CHUNK]
             )
+            trimmed_rows = []
             for lease_id, body in rows:
                 doc = orjson.loads(bytes(body))
                 kept = {"lease_id": doc.get("lease_id"), "manifest": doc.get("manifest"), "batch": None}
-                Lease.objects.filter(id=lease_id).update(body=orjson.dumps(kept), batch_dropped_at=now)
+                trimmed_rows.append(Lease(id=lease_id, body=orjson.dumps(kept), batch_dropped_at=now))
+            # One UPDATE per chunk, not one per lease.
+            Lease.objects.bulk_update(trimmed_rows, ["body", "batch_dropped_at"])
         trimmed += len(rows)
         if len(rows) < TRIM_CHUNK:
             break
@@ -682,6 +690,8 @@ def archive_restore(*, archive: Archive) -> dict[str, int]:
                 for k, v in counted.items():
                     restored[k] += v
     Archive.objects.filter(id=archive.id).update(restored_at=timezone.now())
+    # Restored lone trajectories keep their old completion times: behind any pull cursor.
+    cursors_reset()
     return restored
 
 
