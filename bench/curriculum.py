@@ -31,7 +31,17 @@ enough for the pulls), so ``pull_oldest_ratio`` = ``pull_oldest_p50_ms`` over
 ``pull_oldest_p50_ms_small`` says whether a pull's cost grows with the ready set (target <=
 1.5); ``pull_ready_groups`` and ``pull_ready_groups_small`` name the two sizes. Before each
 size's pulls the database is ANALYZEd (the statistics autovacuum keeps on a live server;
-this server runs with it off). Prints progress on stderr and one JSON line.
+this server runs with it off).
+
+Then a trainer months in: two consumers each take nine tenths of the ready groups oldest
+first (pulls of up to 1,024 groups, acked), then time the same 8-group pull and ack, taking
+turns: one with its pull cursor (curation/services/cursors.py), one whose cursor never leaves
+the queue's head (its lag set past the oldest group: the pull of before the cursors, which
+re-reads every group it took). ``pull_consumed_p50_ms`` and ``pull_consumed_head_p50_ms``
+are theirs, ``pull_consumed_ratio`` the first over ``pull_oldest_p50_ms`` (a fresh consumer
+at the same size; target <= 1.5: a pull does not cost more for what was taken before it) and
+``pull_consumed_cursor_over_head`` the first over the second. Prints progress on stderr and
+one JSON line.
 """
 
 from __future__ import annotations
@@ -55,7 +65,10 @@ TARGETS = {
     "sampler_ratio": 1.5,
     "pull_oldest_p50_ms": 50.0,
     "pull_oldest_ratio": 1.5,
+    "pull_consumed_ratio": 1.5,
 }
+CONSUMED_SHARE = 0.9  # of the ready groups, taken before the consumed pulls are timed
+TAKE_BATCH = 1024  # groups per pull while taking them
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -123,6 +136,13 @@ def run(args: argparse.Namespace) -> dict:
     result["pull_priority_p50_ms_small"] = small_pulls["priority"]
     result["pull_oldest_p50_ms_small"] = small_pulls["oldest"]
     result["pull_oldest_ratio"] = round(pulls["oldest"] / small_pulls["oldest"], 3)
+    consumed = pull_consumed(args.calls)
+    print(f"  pulls after {consumed['taken']:,} groups taken: {consumed}", file=sys.stderr)
+    result["pull_consumed_taken_groups"] = consumed["taken"]
+    result["pull_consumed_p50_ms"] = consumed["cursor"]
+    result["pull_consumed_head_p50_ms"] = consumed["head"]
+    result["pull_consumed_ratio"] = round(consumed["cursor"] / pulls["oldest"], 3)
+    result["pull_consumed_cursor_over_head"] = round(consumed["cursor"] / consumed["head"], 3)
     targets = {
         f"informative_over_uniform >= {TARGETS['informative_over_uniform']:g}": result[
             "informative_over_uniform"
@@ -142,6 +162,9 @@ def run(args: argparse.Namespace) -> dict:
     )
     targets[f"pull_oldest_ratio <= {TARGETS['pull_oldest_ratio']:g}"] = (
         result["pull_oldest_ratio"] <= TARGETS["pull_oldest_ratio"]
+    )
+    targets[f"pull_consumed_ratio <= {TARGETS['pull_consumed_ratio']:g}"] = (
+        result["pull_consumed_ratio"] <= TARGETS["pull_consumed_ratio"]
     )
     result["targets"] = targets
     return result
@@ -304,6 +327,55 @@ def pull_latency(pulls: int, *, label: str = "") -> dict[str, float]:
             if i >= 2:
                 times[name].append((time.perf_counter() - t) * 1000)
     return {name: round(statistics.median(ts), 2) for name, ts in times.items()}
+
+
+# The consumers of pull_consumed: their pull cursors' lag (None: the setting's).
+CONSUMED = {"cursor": None, "head": 1e10}
+
+
+def pull_consumed(pulls: int) -> dict:
+    """p50 of one pull of 8 groups and its ack after its consumer took CONSUMED_SHARE of the
+    ready groups oldest first, with its pull cursor and with one held at the queue's head;
+    the two take turns (the module's docstring)."""
+    import contextlib
+
+    from django.test import Client, override_settings
+
+    from pool.models import PromptGroup, Scope
+    from pool.services.api_keys import api_key_create
+
+    trainer = Client(
+        HTTP_AUTHORIZATION=f"Bearer {api_key_create(name='bench-consumed', scopes=[Scope.CONSUME])[1]}"
+    )
+    ready = PromptGroup.objects.filter(ready_at__isnull=False).count()
+    take = min(int(ready * CONSUMED_SHARE), ready - PULL_GROUPS * (pulls + 2))
+
+    def pull(name: str, lag: float | None, n: int) -> None:
+        with override_settings(CLAW_PULL_CURSOR_LAG_SECONDS=lag) if lag else contextlib.nullcontext():
+            body = _ok(
+                trainer.post(
+                    f"/api/v1/consumers/consumed-{name}/pull",
+                    {"dataset": "w-tasks-oldest", "batch_size": n},
+                    content_type="application/json",
+                ),
+                200,
+            )
+            assert body["lease_id"] and len(body["manifest"]["step_uids"]) == n * GROUP, body.get("manifest")
+            _ok(trainer.post(f"/api/v1/leases/{body['lease_id']}/ack"), 200)
+
+    for name, lag in CONSUMED.items():
+        left = take
+        while left > 0:
+            pull(name, lag, min(TAKE_BATCH, left))
+            left -= min(TAKE_BATCH, left)
+    times: dict[str, list[float]] = {name: [] for name in CONSUMED}
+    for i in range(pulls + 2):
+        for name, lag in CONSUMED.items():
+            t = time.perf_counter()
+            pull(name, lag, PULL_GROUPS)
+            if i >= 2:
+                times[name].append((time.perf_counter() - t) * 1000)
+    return {"taken": take, **{name: round(statistics.median(ts), 2) for name, ts in times.items()}}
 
 
 def _ok(resp, status: int) -> dict:

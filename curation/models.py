@@ -332,6 +332,38 @@ class Delivery(models.Model):
         return f"{self.get_kind_display()} {self.key} -> consumer {self.consumer_id}"
 
 
+class PullCursor(models.Model):
+    """Where a consumer's oldest-first pull of a dataset starts reading a ready queue
+    (services.cursors): every unit of ``kind`` at or before (``at``, ``key``) in ready order
+    is taken by this consumer (delivered, or dropped by a drop that still holds under
+    ``dataset_version`` and a current policy version of at least ``policy_version``). Without
+    it a consumer that has consumed N units re-reads N index entries per pull. ``epoch`` rises
+    on every rewind (a nack, an expiry, a restore), so a pull that read the queue before a
+    rewind never moves the cursor past what the rewind gave back. ``at`` null: no position
+    yet (the queue is read from its head)."""
+
+    consumer = models.ForeignKey(Consumer, on_delete=models.CASCADE, related_name="+", db_index=False)
+    dataset = models.ForeignKey(Dataset, on_delete=models.CASCADE, related_name="+", db_index=False)
+    kind = models.PositiveSmallIntegerField(choices=Delivery.Kind.choices)
+    dataset_version = models.ForeignKey(
+        DatasetVersion, null=True, blank=True, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
+    policy_version = models.PositiveBigIntegerField(null=True, blank=True)
+    at = models.DateTimeField(null=True, blank=True)
+    key = models.BigIntegerField(default=0)
+    epoch = models.PositiveBigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            # One per consumer, dataset and queue; serves the pull's read of it.
+            models.UniqueConstraint(fields=["consumer", "dataset", "kind"], name="pullcursor_one"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} queue of consumer {self.consumer_id} at {self.at} #{self.key}"
+
+
 class GroupScore(models.Model):
     """A ready prompt group's serving scores (specs.Serving ``order: priority``), written by
     the effect of ``GroupsReady`` (services.consume.group_scores_refresh) each time the

@@ -69,7 +69,7 @@ BENCHES = [
         "curriculum",
         ["--groups", "100", "--calls", "3", "--skip-latency"],
         True,
-        ["informative_over_uniform", "pull_oldest_p50_ms", "pull_oldest_ratio"],
+        ["informative_over_uniform", "pull_oldest_p50_ms", "pull_oldest_ratio", "pull_consumed_ratio"],
     ),
     ("serving", ["--steps", "500", "--pulls", "3"], True, ["pull_oldest_p50_ms", "priority_ratio"]),
     ("live", ["--seconds", "1", "--hello-steps", "5"], True, ["hello_p50_ms_0k"]),

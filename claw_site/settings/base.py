@@ -260,6 +260,12 @@ CLAW_SWEEP_SECONDS = env_float("CLAW_SWEEP_SECONDS", 60.0)
 # a lease pins what it delivered (its replay window: GET /api/v1/leases/{id}/batch).
 CLAW_RETENTION_SECONDS = env_float("CLAW_RETENTION_SECONDS", 3600.0)
 CLAW_RETENTION_REPLAY_DAYS = env_float("CLAW_RETENTION_REPLAY_DAYS", 7.0)
+# A consumer's oldest-first pull starts where its last one found the queue taken
+# (curation/services/cursors.py), but never closer to now than this: a unit made ready by a
+# transaction still in flight carries a ready time from before its commit. Longer is safer
+# (a commit slower than this, or clocks further apart, could leave a unit behind the cursor);
+# what a pull re-reads is what was taken in this window.
+CLAW_PULL_CURSOR_LAG_SECONDS = env_float("CLAW_PULL_CURSOR_LAG_SECONDS", 120.0)
 CELERY_BEAT_SCHEDULE = {
     "readiness-sweep": {"task": "pool.readiness_sweep", "schedule": CLAW_SWEEP_SECONDS},
     "counters-compact": {"task": "pool.counters_compact", "schedule": CLAW_SWEEP_SECONDS},

@@ -70,6 +70,7 @@ from ..models import Consumer, Dataset, Delivery, GroupScore, Lease, Skip
 from ..selectors.consumption import consumer_of
 from ..selectors.specs import Compiled, dataset_steps, spec_compile, units_admitted
 from ..specs import spec_parse, struct_parse
+from .cursors import Cursors, cursors_rewind
 
 MAX_BATCH = 4096
 MAX_LEASE_SECONDS = 24 * 3600
@@ -233,10 +234,17 @@ def _release(lease: Lease) -> bool:
         raise Conflict(f"lease {lease.id} is acked", field="lease")
     if lease.status != Lease.Status.LEASED:
         return False
-    Delivery.objects.filter(lease=lease).delete()
+    _give_back(Delivery.objects.filter(lease=lease))
     lease.status = Lease.Status.RELEASED
     lease.save(update_fields=["status"])
     return True
+
+
+def _give_back(deliveries) -> None:
+    """Delete these Delivery rows (their units are deliverable again) and move the pull
+    cursors that had passed them back (services.cursors)."""
+    cursors_rewind(deliveries.values_list("consumer_id", "dataset_id", "kind", "key"))
+    deliveries.delete()
 
 
 def leases_expire(*, consumer_id: int | None = None, now=None) -> int:
@@ -255,7 +263,7 @@ def leases_expire(*, consumer_id: int | None = None, now=None) -> int:
         )
         if not ids:
             return 0
-        Delivery.objects.filter(lease_id__in=ids).delete()
+        _give_back(Delivery.objects.filter(lease_id__in=ids))
         return Lease.objects.filter(id__in=ids, status=Lease.Status.LEASED).update(
             status=Lease.Status.EXPIRED
         )
@@ -387,6 +395,10 @@ def _claim(c: Compiled, ds: Dataset, who: Consumer, lease: Lease, pull: PullIn) 
     uses: dict[int, int] = {}  # step id -> the use index of its unit
     n_units = 0
     drops = _Drops(c, who, lease.dataset_version_id)
+    if pull.unit == "groups" and not drops.order.reuse and drops.order.order == "oldest_ready":
+        drops.cursors = Cursors(
+            consumer_id=who.id, dataset_id=ds.id, version_id=drops.version_id, current=drops.current
+        )
     if c.spec.serving.capacity is not None:
         _drop_over_capacity(c, ds, who, drops, pull.unit)
     for _ in range(MAX_ROUNDS):
@@ -430,6 +442,8 @@ def _claim(c: Compiled, ds: Dataset, who: Consumer, lease: Lease, pull: PullIn) 
         n_units += len(won)
         if len(candidates) < want * CANDIDATE_FACTOR and len(won) == len(order):
             break  # every ready unit was looked at
+    if drops.cursors is not None:
+        drops.cursors.advance()
     lease.n_units = n_units
     lease.dropped = dict(drops.counts)
     lease.uses = uses
@@ -456,6 +470,8 @@ class _Drops:
         # stale_mode "serve": stale units are served (their steps carry versions_behind).
         self.serve = c.spec.serving.stale_mode == "serve"
         self.holds = skip_holds(current, max_staleness=c.spec.filters.max_staleness is not None)
+        # Where an oldest-first pull of groups reads its queues from (services.cursors).
+        self.cursors: Cursors | None = None
 
     def stale(self, version: int | None) -> bool:
         return self.oldest is not None and (version is None or version < self.oldest)
@@ -648,8 +664,17 @@ def _ready_units(ds: Dataset, who: Consumer, drops: _Drops, limit: int) -> list[
                 Coalesce(F("policy_version_id"), -1, output_field=BigIntegerField()),
             )
     if not o.reuse and o.order == "oldest_ready":  # today's statements and merge
+        cur = drops.cursors
+        if cur is not None:
+            groups, lone = (
+                cur.after(groups, g_at, Delivery.Kind.GROUP),
+                cur.after(lone, l_at, Delivery.Kind.TRAJECTORY),
+            )
         g = list(groups.order_by(g_at, "id").values_list(g_at, "id")[:limit])
         t = list(lone.order_by(l_at, "id").values_list(l_at, "id")[:limit])
+        if cur is not None:
+            cur.found(Delivery.Kind.GROUP, g[0] if g else None)
+            cur.found(Delivery.Kind.TRAJECTORY, t[0] if t else None)
         merged = sorted([(at, k) for at, k in g] + [(at, -k) for at, k in t])
         return [(k, 0) for _, k in merged[:limit]]
     g = o.rank(groups, at=g_at, base=g_base, kind=Delivery.Kind.GROUP, ds=ds, who=who, limit=limit)

@@ -318,12 +318,13 @@ def test_a_pull_costs_the_same_statements_whatever_the_ready_set():
         served = orjson.loads(lease.body)["manifest"]["step_uids"]
         assert served == [f"{g}-r{r}:{i}" for g in groups[:2] for r in range(2) for i in range(2)]
     # and the pull is the same statements whatever the ready set: the dataset, the consumer,
-    # lease expiry, the policy version, the two ready queues, the candidates' rollouts (one
+    # lease expiry, the policy version, the consumer's pull cursors (services/cursors.py),
+    # the two ready queues (read from the cursors), the candidates' rollouts (one
     # read, so the admission reads their trajectories by primary key: a subquery there let
     # PostgreSQL hash a scan of the whole trajectory table at 1M steps, bench.growth), the
     # candidates' admission (one statement), the claim, the delivery stamp (the steps'
     # trajectories, then a locking read and an update of those by primary key: joined in one
     # statement, PostgreSQL may hash the whole trajectory table), the batch's steps, the
-    # policy version again (none is current), their token chains and media, and the lease
-    # row (one INSERT)
-    assert counts[0] == counts[1] == 17, counts
+    # policy version again (none is current), their token chains and media, the cursors'
+    # advance (one UPDATE) and the lease row (one INSERT)
+    assert counts[0] == counts[1] == 19, counts
