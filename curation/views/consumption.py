@@ -7,6 +7,7 @@ import json
 import uuid
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -317,7 +318,7 @@ def lease_batch(request: HttpRequest, lease_id: uuid.UUID) -> HttpResponse:
     found = lease_body(lease_id)
     if found is None:
         raise Http404("no such lease")
-    body, _dropped = found  # past its replay window: the manifest, "batch": null
+    body, dropped = found  # past its replay window: the manifest, "batch": null
     if not _wants_html(request):
         return HttpResponse(body, content_type="application/json")
     # A browser: the same bytes drawn as a formatted tree, with the JSON a link away.
@@ -328,5 +329,12 @@ def lease_batch(request: HttpRequest, lease_id: uuid.UUID) -> HttpResponse:
     return render(
         request,
         "dashboard/lease_batch.html",
-        {"lease_id": lease_id, "batch": parsed, "size": len(body), "page": "consumption"},
+        {
+            "lease_id": lease_id,
+            "batch": parsed,
+            "size": len(body),
+            "dropped": dropped,
+            "replay_days": settings.CLAW_RETENTION_REPLAY_DAYS,
+            "page": "consumption",
+        },
     )

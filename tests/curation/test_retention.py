@@ -476,5 +476,22 @@ def test_a_lease_past_its_replay_window_keeps_its_manifest_and_drops_its_batch(s
     assert list(Lease.objects.filter(batch_dropped_at__isnull=False).values_list("id", flat=True)) == [
         uuid.UUID(old)
     ]
+    # and an operator's replay page says why the batch is gone and still shows the manifest
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    operator = Client()
+    operator.force_login(User.objects.create_superuser("op", "op@example.com", "pw"))
+    from django.urls import reverse
+
+    def replay_page(lease_id: str) -> str:
+        resp = operator.get(reverse("curation:lease_batch", args=[lease_id]), HTTP_ACCEPT="text/html")
+        assert resp.status_code == 200 and resp["Content-Type"].startswith("text/html"), resp
+        return resp.content.decode()
+
+    page = replay_page(old)
+    assert "data-batch-dropped" in page and "replay window (7 days from its pull)" in page, page
+    assert before["manifest"]["step_uids"][0] in page
+    assert "data-batch-dropped" not in replay_page(recent)
     # and a second sweep trims nothing more (idempotent)
     assert retention.leases_trim() == 0

@@ -229,6 +229,10 @@ def _answers(url: str) -> bool:
         return False
 
 
+# Demo mode is the embedded defaults' (`make run`): CI's SQLite pass runs these two; its
+# PostgreSQL pass skips them (what the agents write goes through doors tested on PostgreSQL in
+# tests/gateway/, and starting and reaping children does not depend on the backend).
+@pytest.mark.backend_independent
 def test_serve_runs_demo_upstream_and_agents_then_reaps_them(demo_server: LiveServer, tmp_path: Path):
     # given `manage.py serve` in demo mode with no upstream configured
     reader = demo_server.make_key("read")
@@ -304,6 +308,7 @@ def test_serve_runs_demo_upstream_and_agents_then_reaps_them(demo_server: LiveSe
     assert kids and not any(alive(k) for k in kids)
 
 
+@pytest.mark.backend_independent
 def test_claw_demo_0_starts_neither_upstream_nor_agents(demo_server: LiveServer, tmp_path: Path):
     # given CLAW_DEMO=0
     demo_server.env["CLAW_DEMO"] = "0"
