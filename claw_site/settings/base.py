@@ -263,7 +263,8 @@ CLAW_RETENTION_REPLAY_DAYS = env_float("CLAW_RETENTION_REPLAY_DAYS", 7.0)
 # A consumer's oldest-first pull starts where its last one found the queue taken
 # (curation/services/cursors.py), but never closer to now than this: a unit made ready by a
 # transaction still in flight carries a ready time from before its commit. Longer is safer
-# (a commit slower than this, or clocks further apart, could leave a unit behind the cursor);
+# (a commit slower than this, or clocks further apart, leaves a unit behind the cursor until the
+# next retention sweep moves it back);
 # what a pull re-reads is what was taken in this window.
 CLAW_PULL_CURSOR_LAG_SECONDS = env_float("CLAW_PULL_CURSOR_LAG_SECONDS", 120.0)
 CELERY_BEAT_SCHEDULE = {

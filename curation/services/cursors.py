@@ -17,9 +17,10 @@ gives a unit back moves it back first:
   pull reads from the head, and writes the position it finds);
 * a unit can become ready with a ready time behind the cursor: a transaction in flight
   stamped it before it committed (the cursor stays ``CLAW_PULL_CURSOR_LAG_SECONDS`` behind
-  now), or an archive restore brought a trajectory back with its old completion time
-  (``cursors_reset``, also run by every retention sweep, so a commit slower than the lag
-  delays a unit by one sweep at most, never loses it).
+  now, and every retention sweep moves each cursor back to two sweep intervals before now,
+  ``cursors_rewind_recent``: a commit slower than the lag delays a unit by one sweep at
+  most), or an archive restore brought a trajectory back with its old completion time
+  (``cursors_reset``: every cursor back to the head).
 
 A pull advances a cursor with ``UPDATE ... WHERE epoch = <the epoch it read>``: a rewind that
 committed after the pull read the queue (its snapshot still showed the units taken) bumped
@@ -159,10 +160,30 @@ def cursors_rewind(given_back: Iterable[tuple[int, int, int, int]]) -> None:
         PullCursor.objects.filter(consumer_id=consumer_id, dataset_id=dataset_id, kind=kind).update(**moved)
 
 
+def cursors_rewind_recent(*, now: dt.datetime | None = None) -> int:
+    """Every cursor no later than two retention sweep intervals (plus the lag) before now,
+    and every epoch bumped: run by each retention sweep, so a unit whose readiness committed
+    later than the lag after it was stamped is found by the next pull after the sweep. What
+    a pull re-reads after it is what its consumer took in that window, not its whole queue.
+    Returns the cursors moved."""
+    now = now or timezone.now()
+    since = now - dt.timedelta(
+        seconds=2 * settings.CLAW_RETENTION_SECONDS + settings.CLAW_PULL_CURSOR_LAG_SECONDS
+    )
+    later = Q(at__gt=since)
+    moved = PullCursor.objects.filter(later).count()
+    PullCursor.objects.update(
+        at=Case(When(later, then=Value(since, output_field=DateTimeField())), default=F("at")),
+        key=Case(When(later, then=Value(0, output_field=BigIntegerField())), default=F("key")),
+        epoch=F("epoch") + 1,
+    )
+    return moved
+
+
 def cursors_reset() -> int:
     """Every cursor back to the head of its queue (its next pull reads from the head and
     writes the position it finds): after an archive restore, whose trajectories keep their
-    old completion times, and once per retention sweep. Returns the cursors reset."""
+    old completion times. Returns the cursors reset."""
     # Every row, those without a position too: a pull that read the queue before this
     # committed must not write the position it found.
     return PullCursor.objects.update(at=None, key=0, epoch=F("epoch") + 1)

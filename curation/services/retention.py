@@ -68,7 +68,7 @@ from ..models import Archive, Delivery, Lease, RetentionPolicy, Run, Snapshot
 from ..selectors.specs import spec_compile, units_admitted
 from ..snapshot_files import parquet
 from ..specs import spec_parse
-from .cursors import cursors_reset
+from .cursors import cursors_reset, cursors_rewind_recent
 
 log = logging.getLogger(__name__)
 
@@ -175,14 +175,14 @@ def retention_run(
 
 def retention_sweep(*, now: dt.datetime | None = None) -> list[Report]:
     """The leases' served batches past their replay window (``leases_trim``), the pull
-    cursors back to their queues' heads (``cursors_reset``), then every enabled policy, in
-    name order (celery beat, ``manage.py retention_run``)."""
+    cursors back over the last two sweep intervals (``cursors_rewind_recent``), then every
+    enabled policy, in name order (celery beat, ``manage.py retention_run``)."""
     trimmed = leases_trim(now=now)
     if trimmed:
         log.info("retention: %d leases past their replay window kept their manifest only", trimmed)
     # A unit stamped ready by a commit slower than the pull cursors' lag waits one sweep at
     # most (services.cursors).
-    cursors_reset()
+    cursors_rewind_recent(now=now)
     return [
         retention_run(policy=p, now=now)
         for p in RetentionPolicy.objects.filter(enabled=True).order_by("name")

@@ -9,9 +9,9 @@ that still holds), so an oldest-first pull reads its queue from there instead of
 every unit it ever took. A nack, a release or an expiry moves the cursor back before what it
 gives back first; a new dataset version, or a current policy version moved back, makes the
 pull read from the head again; the cursor stays CLAW_PULL_CURSOR_LAG_SECONDS (120) behind now,
-for readiness still committing, and every retention sweep (and archive restore) rewinds it to
-the head once, so a unit is delayed at most, never lost." (What a pull costs a month in:
-bench.curriculum's pull_consumed_ratio.)"""
+for readiness still committing, every retention sweep moves it back over the last two sweep
+intervals and an archive restore to the head, so a unit is delayed at most, never lost." (What
+a pull costs a month in: bench.curriculum's pull_consumed_ratio.)"""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from curation.models import Delivery, PullCursor
 from curation.services.consume import lease_nack, lease_release, leases_expire
-from curation.services.cursors import Cursors
+from curation.services.cursors import Cursors, cursors_rewind_recent
 from curation.services.datasets import dataset_create, dataset_update
 from curation.services.labels import steps_label
 from curation.services.retention import retention_sweep
@@ -254,3 +254,25 @@ def test_lone_trajectories_have_a_cursor_of_their_own_and_a_nack_moves_it_back(t
 
 def trajectories_of(resp) -> list[str]:
     return sorted({s["trajectory_uid"] for s in resp.json()["batch"]["steps"]})
+
+
+def test_a_retention_sweep_moves_a_cursor_back_over_two_sweep_intervals_only(trainer, settings, no_lag):
+    # given a trainer whose cursor stands just before g3, and hourly retention sweeps
+    settings.CLAW_RETENTION_SECONDS = 3600
+    dataset_create(name="all")
+    for uid in ("g1", "g2", "g3"):
+        ready_group(uid)
+    pull(trainer, batch_size=2)
+    pull(trainer, batch_size=1)
+    at = position_of("g3")
+    assert group_cursor() == at
+    # when a sweep runs more than two intervals after that position
+    assert cursors_rewind_recent(now=at[0] + dt.timedelta(hours=3)) == 0
+    # then the cursor stays (what it passed is older than any commit still in flight) ...
+    assert group_cursor() == at
+    # ... and a sweep within two intervals moves it back to two intervals before it
+    now = at[0] + dt.timedelta(minutes=30)
+    assert cursors_rewind_recent(now=now) == 2  # the groups' and the lone trajectories'
+    assert group_cursor() == (now - dt.timedelta(hours=2), 0)
+    # and the next pull serves what is left, nothing twice
+    assert served(pull(trainer, batch_size=10)) == []
