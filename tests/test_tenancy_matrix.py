@@ -14,6 +14,7 @@ requested by a row here (resolved from the row's path) or carry a reasoned exemp
 
 from __future__ import annotations
 
+import datetime as dt
 from importlib import import_module
 
 import orjson
@@ -21,11 +22,13 @@ import pytest
 from django.apps import apps as django_apps
 from django.db.models import Q, Sum
 from django.urls import URLResolver, get_resolver, resolve
+from django.utils import timezone
 
 from curation.models import Snapshot
 from curation.services.consume import Actor, PullIn, consumer_pull, lease_ack
 from curation.services.datasets import dataset_create
 from curation.services.lineage import RunIn, run_open
+from curation.services.retention import leases_trim
 from curation.services.snapshots import snapshot_build, snapshot_create
 from pool.ingest.pipeline import steps_ingest
 from pool.models import Event, Feedback, Media, PromptGroup, RewardEvent, Scope, Source, Step, Trajectory
@@ -273,6 +276,13 @@ DETAILS = [
     ("A's image", "get", "media/{sha}", None, everyone(SEES, other=HIDDEN)),
     ("A's consumer", "get", "consumers/a-cons", None, CONSUMING),
     ("A's lease batch", "get", "leases/{lease}/batch", None, CONSUMING),
+    (
+        "A's lease batch past its replay window",
+        "get",
+        "leases/{trimmed}/batch",
+        None,
+        everyone(403, admin=(410, "gone"), own_trainer=(410, "gone"), other_trainer=HIDDEN),
+    ),
     ("A's lease ack", "post", "leases/{lease}/ack", None, CONSUMING),
     ("A's lease nack", "post", "leases/{lease}/nack", None, CONSUMING),
     (
@@ -488,6 +498,12 @@ def pool(world, settings, tmp_path):
     trained = consumer_pull(consumer="a-cons2", pull=PullIn(dataset="everyone"), actor=Actor(source_id=a))
     assert trained is not None
     lease_ack(lease_id=trained.id)
+    # an acked lease of A's past its replay window: its batch is trimmed (the replay is 410)
+    old = consumer_pull(consumer="a-cons3", pull=PullIn(dataset="everyone"), actor=Actor(source_id=a))
+    assert old is not None
+    lease_ack(lease_id=old.id)
+    later = timezone.now() + dt.timedelta(days=settings.CLAW_RETENTION_REPLAY_DAYS + 1)
+    assert leases_trim(now=later) == 1
     for actor, uid in (("own", "a-task"), ("other", "b-task")):
         assert (
             world[actor]
@@ -509,13 +525,20 @@ def pool(world, settings, tmp_path):
             .status_code
             == 200
         )
-    ids = {**snaps, "sha": Media.objects.get().sha256, "lease": str(lease.id), "a": a, "b": b}
+    ids = {
+        **snaps,
+        "sha": Media.objects.get().sha256,
+        "lease": str(lease.id),
+        "trimmed": str(old.id),
+        "a": a,
+        "b": b,
+    }
     return clients, ids
 
 
 def unknown_of(path: str, ids: dict) -> tuple[str, str, str]:
     """``path`` with its id swapped for one that does not exist: (path, real id, unknown id)."""
-    for key in ("sa", "sab", "lease"):
+    for key in ("sa", "sab", "lease", "trimmed"):
         if "{" + key + "}" in path:
             return path.replace("{" + key + "}", UNKNOWN_UUID), ids[key], UNKNOWN_UUID
     if "{sha}" in path:
@@ -601,7 +624,13 @@ def matrix_rows() -> dict[str, list[str]]:
     rows: dict[str, list[str]] = {}
     paths = [(w[0], w[1]) for w in WRITES] + [(r[0], r[0]) for r in READS]
     paths += [(d[0], d[2]) for d in DETAILS] + [(c[0], c[2]) for c in COUNTS]
-    fake = {"sa": UNKNOWN_UUID, "sab": UNKNOWN_UUID, "lease": UNKNOWN_UUID, "sha": "0" * 64}
+    fake = {
+        "sa": UNKNOWN_UUID,
+        "sab": UNKNOWN_UUID,
+        "lease": UNKNOWN_UUID,
+        "trimmed": UNKNOWN_UUID,
+        "sha": "0" * 64,
+    }
     for case, path in paths:
         name = resolve("/api/v1/" + path.format(**fake).split("?")[0]).view_name
         rows.setdefault(name, []).append(case)
