@@ -312,18 +312,7 @@ def pull_latency(pulls: int, *, label: str = "") -> dict[str, float]:
     for i in range(pulls + 2):
         for name in PULL_ORDERS:
             t = time.perf_counter()
-            body = _ok(
-                trainer.post(
-                    f"/api/v1/consumers/curriculum-{name}{suffix}/pull",
-                    {"dataset": f"w-tasks-{name}", "batch_size": PULL_GROUPS},
-                    content_type="application/json",
-                ),
-                200,
-            )
-            assert body["lease_id"] and len(body["manifest"]["step_uids"]) == PULL_GROUPS * GROUP, body.get(
-                "manifest"
-            )
-            _ok(trainer.post(f"/api/v1/leases/{body['lease_id']}/ack"), 200)
+            _pull_ack(trainer, f"curriculum-{name}{suffix}", f"w-tasks-{name}", PULL_GROUPS)
             if i >= 2:
                 times[name].append((time.perf_counter() - t) * 1000)
     return {name: round(statistics.median(ts), 2) for name, ts in times.items()}
@@ -352,16 +341,7 @@ def pull_consumed(pulls: int) -> dict:
 
     def pull(name: str, lag: float | None, n: int) -> None:
         with override_settings(CLAW_PULL_CURSOR_LAG_SECONDS=lag) if lag else contextlib.nullcontext():
-            body = _ok(
-                trainer.post(
-                    f"/api/v1/consumers/consumed-{name}/pull",
-                    {"dataset": "w-tasks-oldest", "batch_size": n},
-                    content_type="application/json",
-                ),
-                200,
-            )
-            assert body["lease_id"] and len(body["manifest"]["step_uids"]) == n * GROUP, body.get("manifest")
-            _ok(trainer.post(f"/api/v1/leases/{body['lease_id']}/ack"), 200)
+            _pull_ack(trainer, f"consumed-{name}", "w-tasks-oldest", n)
 
     for name, lag in CONSUMED.items():
         left = take
@@ -382,6 +362,20 @@ def pull_consumed(pulls: int) -> dict:
             if i >= 2:
                 times[name].append((time.perf_counter() - t) * 1000)
     return {"taken": take, **{name: round(statistics.median(ts), 2) for name, ts in times.items()}}
+
+
+def _pull_ack(trainer, consumer: str, dataset: str, groups: int) -> None:
+    """One pull of ``groups`` whole groups through the API, checked full, and its ack."""
+    body = _ok(
+        trainer.post(
+            f"/api/v1/consumers/{consumer}/pull",
+            {"dataset": dataset, "batch_size": groups},
+            content_type="application/json",
+        ),
+        200,
+    )
+    assert body["lease_id"] and len(body["manifest"]["step_uids"]) == groups * GROUP, body.get("manifest")
+    _ok(trainer.post(f"/api/v1/leases/{body['lease_id']}/ack"), 200)
 
 
 def _ok(resp, status: int) -> dict:

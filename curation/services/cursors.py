@@ -133,6 +133,18 @@ class Cursors:
         )
 
 
+def _back_to(at: dt.datetime, key: int) -> dict:
+    """An UPDATE's assignments that move a cursor past (``at``, ``key``) back to it (one
+    already at or before it stays) and bump its epoch, so a pull that read the queue before
+    the move advances nothing: every rewind is this."""
+    past = Q(at__gt=at) | Q(at=at, key__gt=key)
+    return {
+        "at": Case(When(past, then=Value(at, output_field=DateTimeField())), default=F("at")),
+        "key": Case(When(past, then=Value(key, output_field=BigIntegerField())), default=F("key")),
+        "epoch": F("epoch") + 1,
+    }
+
+
 def cursors_rewind(given_back: Iterable[tuple[int, int, int, int]]) -> None:
     """Units given back (consumer id, dataset id, kind, key), their Delivery rows deleted in
     this transaction: each cursor of theirs moves to just before the earliest of them and
@@ -149,14 +161,7 @@ def cursors_rewind(given_back: Iterable[tuple[int, int, int, int]]) -> None:
             .values_list(at, "id")
             .first()
         )
-        moved: dict = {"epoch": F("epoch") + 1}
-        if earliest is not None:
-            e_at, e_key = earliest[0], earliest[1] - 1
-            behind = Q(at__gt=e_at) | Q(at=e_at, key__gt=e_key)  # the cursor is past it
-            moved["at"] = Case(When(behind, then=Value(e_at, output_field=DateTimeField())), default=F("at"))
-            moved["key"] = Case(
-                When(behind, then=Value(e_key, output_field=BigIntegerField())), default=F("key")
-            )
+        moved = _back_to(earliest[0], earliest[1] - 1) if earliest else {"epoch": F("epoch") + 1}
         PullCursor.objects.filter(consumer_id=consumer_id, dataset_id=dataset_id, kind=kind).update(**moved)
 
 
@@ -170,13 +175,8 @@ def cursors_rewind_recent(*, now: dt.datetime | None = None) -> int:
     since = now - dt.timedelta(
         seconds=2 * settings.CLAW_RETENTION_SECONDS + settings.CLAW_PULL_CURSOR_LAG_SECONDS
     )
-    later = Q(at__gt=since)
-    moved = PullCursor.objects.filter(later).count()
-    PullCursor.objects.update(
-        at=Case(When(later, then=Value(since, output_field=DateTimeField())), default=F("at")),
-        key=Case(When(later, then=Value(0, output_field=BigIntegerField())), default=F("key")),
-        epoch=F("epoch") + 1,
-    )
+    moved = PullCursor.objects.filter(Q(at__gt=since) | Q(at=since, key__gt=0)).count()
+    PullCursor.objects.update(**_back_to(since, 0))
     return moved
 
 
