@@ -29,12 +29,12 @@ from typing import Any, Protocol
 
 import orjson
 import psycopg
-from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, models, transaction
 from django.db.models.base import ModelState
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
+from . import prepared
 from .flags import Readiness
 from .models import PromptGroup, Step, Trajectory
 
@@ -126,7 +126,7 @@ def rows_insert_new(
         params = [_param(f, conv, row) for row in rows for f, conv in cols]
         one = f"({', '.join(['%s'] * len(cols))})"
         sql = f"INSERT INTO {q(model._meta.db_table)} ({names}) VALUES {', '.join([one] * len(rows))} {tail}"
-    with connection.cursor() as cur:
+    with prepared.cursor() as cur:
         cur.execute(sql, params)
         return list(cur.fetchall())
 
@@ -140,11 +140,10 @@ def trajectories_after_write(updates: Sequence[tuple[int, int, int, bool]]) -> N
     it); tail_index follows a write that reaches the end; an is_last step completes a
     running trajectory."""
     table = connection.ops.quote_name(Trajectory._meta.db_table)
-    values = ", ".join(["(%s, %s, %s, %s)"] * len(updates))
-    params: list[Any] = [x for row in updates for x in row]
+    cte, params = _rows(("id", "n", "tail", "last"), ("bigint", "integer", "integer", "boolean"), updates)
     now = connection.ops.adapt_datetimefield_value(timezone.now())
     sql = f"""
-        WITH v(id, n, tail, last) AS (VALUES {values})
+        WITH {cte}
         UPDATE {table} SET
             step_count = CASE WHEN {table}.step_count > v.n THEN {table}.step_count ELSE v.n END,
             tail_index = CASE WHEN v.n >= {table}.step_count THEN v.tail ELSE {table}.tail_index END,
@@ -153,7 +152,7 @@ def trajectories_after_write(updates: Sequence[tuple[int, int, int, bool]]) -> N
             updated_at = %s
         FROM v WHERE {table}.id = v.id
     """
-    with connection.cursor() as cur:
+    with prepared.cursor() as cur:
         cur.execute(sql, [*params, now, now])
 
 
@@ -180,7 +179,7 @@ def trajectories_end(rows: Sequence[tuple[int, str, bool, float | None, str | No
         FROM v WHERE {table}.id = v.id
     """
     now = connection.ops.adapt_datetimefield_value(now)
-    with connection.cursor() as cur:
+    with prepared.cursor() as cur:
         cur.execute(sql, [*params, now, now])
 
 
@@ -213,7 +212,7 @@ def steps_last_mark(trajectory_ids: Sequence[int], now: Any) -> None:
     """
     # The ids twice: the UPDATE's own filter lets the planner reach the rows by the
     # trajectory index (joined to the aggregate alone, PostgreSQL scanned the step table).
-    with connection.cursor() as cur:
+    with prepared.cursor() as cur:
         cur.execute(sql, [*ids, connection.ops.adapt_datetimefield_value(now), *ids])
 
 
@@ -347,7 +346,7 @@ def steps_settle(
         WHERE {step}.id = n.id
           AND (n.changed = 1 OR {step}.readiness <> {ready} OR {" OR ".join(moved)})
     """
-    with connection.cursor() as cur:
+    with prepared.cursor() as cur:
         cur.execute(sql, [*params, now])
 
 
@@ -420,7 +419,7 @@ def trajectory_claim(uid: str, n: int, sources: frozenset[int] | None = None) ->
         f"UPDATE {table} SET step_count = step_count + %s, updated_at = %s WHERE uid = %s{owned} "
         f"RETURNING {', '.join(TRAJ_COLS)}"
     )
-    with connection.cursor() as cur:
+    with prepared.cursor() as cur:
         cur.execute(sql, [n, connection.ops.adapt_datetimefield_value(timezone.now()), uid, *(sources or ())])
         return cur.fetchone()
 
@@ -477,9 +476,8 @@ class PostgresBackend:
 
         A claim that matches no row inserts nothing. Parameters are bound server-side (token
         blobs travel as binary bytea, not escaped hex), and the text depends only on the
-        call's shape, so it is prepared once per connection: planning this CTE costs
-        0.3-0.5 ms per call otherwise (measured). Set CLAW_PROXY_PREPARED_STATEMENTS = False
-        behind a pooler that cannot keep prepared statements (pgbouncer before 1.21)."""
+        call's shape, so it is prepared once per connection (pool/prepared.py; off with
+        CLAW_DB_PREPARE=0): planning this CTE costs 0.3-0.5 ms per call otherwise (measured)."""
         conn = connections[DEFAULT_DB_ALIAS]  # once: each `connection.x` is a context-local lookup
         if claim.new is not None:
             shape: tuple = ("new", len(rows), False)
@@ -495,7 +493,7 @@ class PostgresBackend:
         for row in rows:
             params.extend(_values(getters, row))
         conn.ensure_connection()
-        prepare = True if getattr(settings, "CLAW_PROXY_PREPARED_STATEMENTS", True) else None
+        prepare = True if prepared.enabled(conn) else None
         cur = _raw_cursor(conn.connection)
         if not alone:  # a group commit's: an error is the group's (Backend.append)
             with conn.wrap_database_errors:
@@ -786,7 +784,7 @@ def _copy_insert(model: type[models.Model], rows: Sequence[models.Model]) -> Non
     if not rows:
         return
     table, seq, pg_types, getters = _copy_plan(model)
-    with connection.cursor() as cur:
+    with prepared.cursor() as cur:
         # nextval() for n ids at once: the ids are ours even if the transaction aborts.
         cur.execute("SELECT nextval(%s) FROM generate_series(1, %s)", [seq, len(rows)])
         ids = [row[0] for row in cur.fetchall()]

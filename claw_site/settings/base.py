@@ -134,6 +134,15 @@ if DATABASE_URL:
             # during a database outage requests fail fast with 503 and Retry-After.
             "timeout": env_float("CLAW_DB_POOL_TIMEOUT", 5.0),
         }
+    if DATABASES["default"]["ENGINE"].endswith("postgresql") and env_bool(
+        "CLAW_DB_PREPARE", env_bool("CLAW_PROXY_PREPARED_STATEMENTS", True)
+    ):
+        # The pool's hot raw statements are prepared on the server the second time a connection
+        # runs them (pool/prepared.py); Django's own cursors bind client-side and never prepare.
+        # Off (CLAW_DB_PREPARE=0) behind a pooler in transaction mode that cannot keep
+        # prepared statements (PgBouncer before 1.21); CLAW_PROXY_PREPARED_STATEMENTS, its
+        # earlier name (then for the proxy's write alone), is read when it is unset.
+        DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 1
 else:
     # Nothing is created at import: claw_site.sqlite (Django's SQLite backend) creates VAR_DIR
     # when it opens the first connection.
@@ -471,9 +480,6 @@ if CLAW_MESSAGES_UPSTREAM_MODE not in ("translate", "passthrough"):
     )
 # Database threads per process for the async gateway (0 = 8 on PostgreSQL, 1 on SQLite).
 CLAW_PROXY_DB_THREADS = env_int("CLAW_PROXY_DB_THREADS", 0)
-# The proxy's one-statement write is prepared per connection; turn off behind a
-# transaction-mode pooler that cannot keep prepared statements (pgbouncer < 1.21).
-CLAW_PROXY_PREPARED_STATEMENTS = env_bool("CLAW_PROXY_PREPARED_STATEMENTS", True)
 # Proxied calls' steps committed together by one writer thread per process (a group commit);
 # off: each call commits alone on the database threads.
 CLAW_PROXY_GROUP_COMMIT = env_bool("CLAW_PROXY_GROUP_COMMIT", True)
