@@ -179,7 +179,7 @@ def trajectories_end(rows: Sequence[tuple[int, str, bool, float | None, str | No
         FROM v WHERE {table}.id = v.id
     """
     now = connection.ops.adapt_datetimefield_value(now)
-    with prepared.cursor() as cur:
+    with connection.cursor() as cur:  # not prepared (a plan over many ids)
         cur.execute(sql, [*params, now, now])
 
 
@@ -212,7 +212,7 @@ def steps_last_mark(trajectory_ids: Sequence[int], now: Any) -> None:
     """
     # The ids twice: the UPDATE's own filter lets the planner reach the rows by the
     # trajectory index (joined to the aggregate alone, PostgreSQL scanned the step table).
-    with prepared.cursor() as cur:
+    with connection.cursor() as cur:  # not prepared (a plan over many ids)
         cur.execute(sql, [*ids, connection.ops.adapt_datetimefield_value(now), *ids])
 
 
@@ -346,7 +346,7 @@ def steps_settle(
         WHERE {step}.id = n.id
           AND (n.changed = 1 OR {step}.readiness <> {ready} OR {" OR ".join(moved)})
     """
-    with prepared.cursor() as cur:
+    with connection.cursor() as cur:  # not prepared: its generic plan ran a 1,000-id batch 3.5x slower
         cur.execute(sql, [*params, now])
 
 
