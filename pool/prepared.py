@@ -15,6 +15,8 @@ so the generic plan PostgreSQL may settle on after five runs is the one it would
 Not here: a statement whose best plan depends on how many ids it carries. The settle of
 rewards and readiness (``sql.steps_settle``) plans in 1.5 ms for a one-step batch, but its
 generic plan ran W-pool's 1,000-id readiness batches at 633 steps/s against 2,245 unprepared.
+Nor the token-chain reads (pool/tokens.py): a pull or a snapshot reads thousands of chains
+with them, and no benchmark has measured their generic plan.
 Elsewhere (SQLite; CLAW_DB_PREPARE=0) ``cursor()`` is the connection's plain cursor.
 """
 

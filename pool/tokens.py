@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import prepared
 from .models import Step
 from .replica import read_connection
 
@@ -161,7 +160,7 @@ def _fetch_chains(ids: list[int]) -> dict[int, tuple[int | None, int, bytes]]:
         SELECT s.id, s.seq_parent_id, s.seq_shared, s.seq_delta FROM {table} s
         WHERE s.id IN (SELECT id FROM chain)
     """
-    with prepared.cursor(connection) as cur:
+    with connection.cursor() as cur:
         cur.execute(sql, params)
         return {row[0]: (row[1], row[2], bytes(row[3])) for row in cur.fetchall()}
 
@@ -172,7 +171,7 @@ def _fetch_nodes(ids: list[int]) -> dict[int, tuple[int | None, int, bytes]]:
     table = connection.ops.quote_name(Step._meta.db_table)
     members, params = _members(connection, ids)
     sql = f"SELECT id, seq_parent_id, seq_shared, seq_delta FROM {table} WHERE id {members}"
-    with prepared.cursor(connection) as cur:
+    with connection.cursor() as cur:
         cur.execute(sql, params)
         return {row[0]: (row[1], row[2], bytes(row[3])) for row in cur.fetchall()}
 

@@ -44,8 +44,8 @@ def _step(traj: str, index: int, *, last: bool = False) -> StepIn:
 
 
 def _white_box(source: Source, on_commit) -> None:
-    """Three batches into one trajectory: new trajectory, appends after stored steps (the
-    token chain of the previous step is read), the last step with its reward."""
+    """Three batches into one trajectory: new trajectory, appends after stored steps, the
+    last step with its reward."""
     traj = f"prep-{uuid.uuid4().hex[:8]}"
     for index in range(3):
         steps_ingest(steps=[_step(traj, index, last=index == 2)], source_id=source.id)
@@ -85,7 +85,6 @@ CASES = [
         [
             'UPDATE "pool_trajectory" SET\n            step_count',  # trajectories_after_write
             "SELECT nextval(",  # the COPY's ids
-            "WITH RECURSIVE chain(id)",  # the previous step's token chain
         ],
     ),
     ("proxied call (fused append)", _proxied, ['WITH t AS (UPDATE "pool_trajectory"']),
