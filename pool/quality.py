@@ -17,6 +17,18 @@ from .flags import Quality
 REPETITION_NGRAM = 4
 REPETITION_MIN_TOKENS = 32
 REPETITION_MAX_DISTINCT_RATIO = 0.3
+# The bits as plain ints: an IntFlag operator costs microseconds, and this runs per step.
+_EMPTY, _TRUNCATED, _DRIFT, _MISSING_LOGPROBS, _TOO_LONG, _REPETITION = (
+    int(f)
+    for f in (
+        Quality.EMPTY,
+        Quality.TRUNCATED,
+        Quality.DRIFT,
+        Quality.MISSING_LOGPROBS,
+        Quality.TOO_LONG,
+        Quality.REPETITION,
+    )
+)
 
 
 def step_quality(
@@ -30,18 +42,18 @@ def step_quality(
     flags = 0
     n = len(response)
     if n == 0:
-        flags |= Quality.EMPTY
+        flags |= _EMPTY
     if finish_reason == "length":
-        flags |= Quality.TRUNCATED
+        flags |= _TRUNCATED
     if drift:
-        flags |= Quality.DRIFT
+        flags |= _DRIFT
     if not has_logprobs:
-        flags |= Quality.MISSING_LOGPROBS
+        flags |= _MISSING_LOGPROBS
     if n > settings.CLAW_QUALITY_MAX_RESPONSE_TOKENS:
-        flags |= Quality.TOO_LONG
+        flags |= _TOO_LONG
     if is_repetitive(response):
-        flags |= Quality.REPETITION
-    return int(flags)
+        flags |= _REPETITION
+    return flags
 
 
 def is_repetitive(ids: np.ndarray) -> bool:

@@ -281,19 +281,19 @@ def group_scores_refresh(event: GroupsReady) -> None:
         chunk = ids[i : i + SCORE_CHUNK]
         rewards: dict[int, dict[int, float | None]] = {g: {} for g in chunk}
         for tid, gid, reward in Trajectory.objects.filter(
-            group_id__in=chunk, status=Trajectory.Status.COMPLETED
+            group_id__any=chunk, status=Trajectory.Status.COMPLETED
         ).values_list("id", "group_id", "reward"):
             rewards[gid][tid] = reward
         unrewarded = [t for g in rewards.values() for t, r in g.items() if r is None]
         last = dict(
-            Step.objects.filter(trajectory_id__in=unrewarded, is_last=True).values_list(
+            Step.objects.filter(trajectory_id__any=unrewarded, is_last=True).values_list(
                 "trajectory_id", "reward"
             )
         )
         versions = {
             gid: -1 if missing else lowest
             for gid, lowest, missing in Step.objects.filter(
-                trajectory__group_id__in=chunk, trajectory__status=Trajectory.Status.COMPLETED
+                trajectory__group_id__any=chunk, trajectory__status=Trajectory.Status.COMPLETED
             )
             .values_list("trajectory__group_id")
             .annotate(
@@ -302,7 +302,7 @@ def group_scores_refresh(event: GroupsReady) -> None:
             .values_list("trajectory__group_id", "lowest", "missing")
             .order_by()
         }
-        ready = dict(PromptGroup.objects.filter(id__in=chunk).values_list("id", "ready_at"))
+        ready = dict(PromptGroup.objects.filter(id__any=chunk).values_list("id", "ready_at"))
         rows = []
         for gid in chunk:
             values = [r if r is not None else last.get(t) for t, r in rewards[gid].items()]

@@ -166,14 +166,14 @@ def _classify(
     """Idempotency: the uids stored already with the same content (duplicates) and the new
     steps; a uid of another source is taken, the same uid with other content a conflict."""
     found = list(
-        Step.objects.filter(uid__in=[s.uid for s in steps]).values_list(
+        Step.objects.filter(uid__any=[s.uid for s in steps]).values_list(
             "uid", "content_hash", "trajectory_id"
         )
     )
     # The owners in a second lookup by primary key, only for uids stored already (a retry):
     # joined, PostgreSQL hashed every trajectory once per batch while its statistics lagged.
     owners = (
-        dict(Trajectory.objects.filter(id__in={t for _, _, t in found}).values_list("id", "source_id"))
+        dict(Trajectory.objects.filter(id__any={t for _, _, t in found}).values_list("id", "source_id"))
         if found
         else {}
     )
@@ -244,7 +244,7 @@ def _neighbours(
         neighbours = {
             (tid, idx): (sid, uid, depth)
             for sid, tid, idx, uid, depth in Step.objects.filter(
-                trajectory_id__in=old, step_index__in=wanted
+                trajectory_id__any=old, step_index__any=wanted
             ).values_list("id", "trajectory_id", "step_index", "uid", "seq_depth")
         }
     for s in new_steps:
@@ -794,7 +794,8 @@ def _bind_group(traj: TrajectoryRow, group_id: int, field: str) -> None:
 
 def _trajectories_by_uid(uids: Iterable[str]) -> dict[str, TrajectoryRow]:
     return {
-        r[1]: TrajectoryRow(*r) for r in Trajectory.objects.filter(uid__in=list(uids)).values_list(*TRAJ_COLS)
+        r[1]: TrajectoryRow(*r)
+        for r in Trajectory.objects.filter(uid__any=list(uids)).values_list(*TRAJ_COLS)
     }
 
 

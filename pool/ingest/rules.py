@@ -102,8 +102,10 @@ def check_logprobs(values: Any, field: str) -> None:
 
 def check_token_rewards(values: Any, field: str) -> None:
     """Token-level rewards (a float64 array, finite already) within +-CLAW_REWARD_ABS_MAX."""
+    if values is None or not len(values):
+        return
     limit = reward_abs_max()
-    if values is not None and len(values) and float(abs(values).max()) > limit:
+    if float(abs(values).max()) > limit:
         i = int((abs(values) > limit).argmax())
         raise InvalidInput(f"a token reward must lie within [-{limit:g}, {limit:g}]", field=f"{field}[{i}]")
 

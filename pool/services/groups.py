@@ -70,14 +70,14 @@ def groups_check_complete(*, group_ids: Iterable[int]) -> list[int]:
         return []
     ready = list(
         PromptGroup.objects.filter(
-            id__in=ids, status=PromptGroup.Status.OPEN, expected_rollouts__isnull=False
+            id__any=ids, status=PromptGroup.Status.OPEN, expected_rollouts__isnull=False
         )
         .annotate(ended=Count("trajectories", filter=Q(trajectories__status__in=TERMINAL)))
         .filter(ended__gte=F("expected_rollouts"))
         .values_list("id", flat=True)
     )
     if ready:
-        PromptGroup.objects.filter(id__in=ready, status=PromptGroup.Status.OPEN).update(
+        PromptGroup.objects.filter(id__any=ready, status=PromptGroup.Status.OPEN).update(
             status=PromptGroup.Status.COMPLETE, completed_at=timezone.now()
         )
         emit(GroupsCompleted(group_ids=tuple(ready)))

@@ -60,7 +60,7 @@ def groups_completed_settle(event: GroupsCompleted) -> None:
     """The effect of completed groups on readiness: every rollout's steps now have their
     group; then the groups' own readiness."""
     trajectories_settle(
-        trajectory_ids=Trajectory.objects.filter(group_id__in=event.group_ids).values_list("id", flat=True)
+        trajectory_ids=Trajectory.objects.filter(group_id__any=event.group_ids).values_list("id", flat=True)
     )
 
 
@@ -92,7 +92,7 @@ def trajectories_refresh(
         # and the completion that fills the group used to deadlock on PostgreSQL).
         locked = (
             Trajectory.objects.select_for_update(of=("self",))
-            .filter(id__in=chunk)
+            .filter(id__any=chunk)
             .order_by("id")
             .values_list("group_id", "group__status")
         )
@@ -117,7 +117,7 @@ def rewards_settle(
     effective_reward.steps_refresh(trajectory_ids=rest, own=own)
     for chunk in _chunks(rest):
         groups.update(
-            Trajectory.objects.filter(id__in=chunk, group__status=PromptGroup.Status.COMPLETE).values_list(
+            Trajectory.objects.filter(id__any=chunk, group__status=PromptGroup.Status.COMPLETE).values_list(
                 "group_id", flat=True
             )
         )
@@ -130,7 +130,7 @@ def groups_settle(*, group_ids: Iterable[int]) -> None:
     ids = list(set(group_ids))
     now = timezone.now()
     for chunk in _chunks(ids):
-        rows = PromptGroup.objects.filter(id__in=chunk, status=PromptGroup.Status.COMPLETE).values_list(
+        rows = PromptGroup.objects.filter(id__any=chunk, status=PromptGroup.Status.COMPLETE).values_list(
             "id", "task_id", "task_counted_at"
         )
         complete, uncounted = set(), set()
@@ -140,7 +140,7 @@ def groups_settle(*, group_ids: Iterable[int]) -> None:
                 uncounted.add(gid)
         waiting = set(
             Step.objects.filter(
-                trajectory__group_id__in=complete, trajectory__status=Trajectory.Status.COMPLETED
+                trajectory__group_id__any=complete, trajectory__status=Trajectory.Status.COMPLETED
             )
             .annotate(bit=F("readiness").bitand(int(Readiness.REWARD_FINAL)))
             .filter(bit=0)
@@ -151,8 +151,8 @@ def groups_settle(*, group_ids: Iterable[int]) -> None:
         if ready:
             # before ready_at: who is new is told by it
             emit(GroupsReady(group_ids=frozenset(ready), uncounted=frozenset(uncounted & ready)))
-        PromptGroup.objects.filter(id__in=ready, ready_at__isnull=True).update(ready_at=now)
-        PromptGroup.objects.filter(id__in=set(chunk) - ready, ready_at__isnull=False).update(ready_at=None)
+        PromptGroup.objects.filter(id__any=ready, ready_at__isnull=True).update(ready_at=now)
+        PromptGroup.objects.filter(id__any=set(chunk) - ready, ready_at__isnull=False).update(ready_at=None)
         _group_quality(ready)
 
 
@@ -164,11 +164,11 @@ def _group_quality(group_ids: set[int]) -> None:
         return
     rewards: dict[int, dict[int, float | None]] = defaultdict(dict)  # group -> trajectory -> reward
     for tid, gid, reward in Trajectory.objects.filter(
-        group_id__in=group_ids, status=Trajectory.Status.COMPLETED
+        group_id__any=group_ids, status=Trajectory.Status.COMPLETED
     ).values_list("id", "group_id", "reward"):
         rewards[gid][tid] = reward
     steps = list(
-        Step.objects.filter(trajectory__group_id__in=group_ids).values_list(
+        Step.objects.filter(trajectory__group_id__any=group_ids).values_list(
             "id",
             "trajectory_id",
             "trajectory__group_id",
@@ -202,7 +202,7 @@ def _group_quality(group_ids: set[int]) -> None:
             changes[int(new)].append(sid)
     for value, ids in changes.items():
         for chunk in _chunks(ids):
-            Step.objects.filter(id__in=chunk).update(quality_flags=value)
+            Step.objects.filter(id__any=chunk).update(quality_flags=value)
 
 
 def readiness_sweep(*, now=None) -> dict[str, int]:

@@ -66,14 +66,14 @@ def rewards_apply(
     # trajectory), so the lock below is by uid and primary key lists: as a subquery inside
     # the OR, PostgreSQL hashed every trajectory (~30 ms of a 1,000-reward batch).
     of_steps = (
-        set(Step.objects.filter(uid__in=step_uids).values_list("trajectory_id", flat=True))
+        set(Step.objects.filter(uid__any=step_uids).values_list("trajectory_id", flat=True))
         if step_uids
         else set()
     )
     trajs = {
         t.uid: t
         for t in Trajectory.objects.select_for_update()
-        .filter(Q(uid__in=traj_uids) | Q(id__in=of_steps))
+        .filter(Q(uid__any=traj_uids) | Q(id__any=of_steps))
         .filter(of_sources("source_id", mine))
         .only("id", "uid", "reward", "reward_source", "delivered_at")
         .order_by("id")
@@ -81,7 +81,7 @@ def rewards_apply(
     steps = {
         row[1]: _StepReward(*row)
         for row in Step.objects.filter(
-            uid__in=step_uids, trajectory_id__in=[t.id for t in trajs.values()]
+            uid__any=step_uids, trajectory_id__any=[t.id for t in trajs.values()]
         ).values_list("id", "uid", "trajectory_id", "reward", "reward_status", "reward_source")
     }
     delivered = {t.id: t.delivered_at for t in trajs.values()}
@@ -164,7 +164,17 @@ def _outcome_rewards(written: StepsWritten) -> set[int]:
     ready, nor the group. Two lookups by primary key, only for a write that holds such a last step; a
     trajectory whose every step is rewarded (W-ingest) is left as it is. Returns the
     trajectories it rewarded (their effective rewards are refreshed)."""
-    last = [s.id for s in written.steps if s.is_last and s.reward_final]
+    # A trajectory this write created holds no step but the write's own (its row is not
+    # visible to other writers before the commit): when each of them has a final reward,
+    # none waits for the outcome, and no query is needed (W-ingest's whole trajectories).
+    waiting = {s.trajectory_id for s in written.steps if not s.reward_final}
+    last = [
+        s.id
+        for s in written.steps
+        if s.is_last
+        and s.reward_final
+        and (s.trajectory_id in waiting or not written.trajectories[s.trajectory_id].created)
+    ]
     if not last:
         return set()
     # Two lookups by primary key, so the plan starts from the few steps written whatever
@@ -173,7 +183,7 @@ def _outcome_rewards(written: StepsWritten) -> set[int]:
     # batch at 600 trajectories, growing with the pool).
     rewarded: dict[int, tuple[float, str | None, str]] = {}
     for tid, reward, src, uid in (
-        Step.objects.filter(id__in=last, reward__isnull=False)
+        Step.objects.filter(id__any=last, reward__isnull=False)
         .order_by("id")
         .values_list("trajectory_id", "reward", "reward_source", "uid")
     ):
@@ -187,7 +197,7 @@ def _outcome_rewards(written: StepsWritten) -> set[int]:
         (t, *rewarded[tid], tid)
         for tid, t in (
             # Not for a delivered trajectory: its rewards are frozen (pool/services/delivery.py).
-            Trajectory.objects.filter(id__in=list(rewarded), reward__isnull=True, delivered_at__isnull=True)
+            Trajectory.objects.filter(id__any=list(rewarded), reward__isnull=True, delivered_at__isnull=True)
             .filter(Exists(unrewarded))
             .order_by("id")
             .values_list("id", "uid")

@@ -128,7 +128,7 @@ def trajectories_complete(
     trajs = {
         t.uid: t
         for t in Trajectory.objects.select_for_update()
-        .filter(uid__in=[c.uid for c in completions])
+        .filter(uid__any=[c.uid for c in completions])
         .filter(of_sources("source_id", mine))
         .order_by("id")
     }
@@ -220,7 +220,7 @@ def _ended_event(ended: list[Trajectory]) -> TrajectoriesEnded:
     scored = (
         set(
             Step.objects.filter(
-                trajectory_id__in=unscored, is_last=True, reward_status=Step.RewardStatus.FINAL
+                trajectory_id__any=unscored, is_last=True, reward_status=Step.RewardStatus.FINAL
             ).values_list("trajectory_id", flat=True)
         )
         if unscored

@@ -81,3 +81,21 @@ def test_id_lists_empty_repeated_and_unknown():
     assert set(Step.objects.filter(id__any=[first, first]).values_list("uid", flat=True)) == {"rd:0"}
     assert not Step.objects.filter(id__any=[]).exists()
     assert Step.objects.filter(trajectory__any=[Step.objects.get(id=first).trajectory_id]).count() == 2
+
+
+@pytest.mark.parametrize("lookup", ["in", "any"])
+def test_an_empty_id_list_matches_nothing_and_runs_no_statement(lookup):
+    """``__any`` replaces ``__in`` on the write path's long lists (rewards, readiness,
+    completion, ingest): where a list can be empty (no group became ready, no trajectory to
+    refresh) it must cost nothing, as ``__in`` does, on both backends; an exclude of it keeps
+    every row."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    written()
+    with CaptureQueriesContext(connection) as q:
+        assert list(Step.objects.filter(**{f"id__{lookup}": []}).values_list("id", flat=True)) == []
+        assert Step.objects.filter(**{f"uid__{lookup}": set()}).update(reward=1.0) == 0
+    assert q.captured_queries == []
+    assert Step.objects.exclude(**{f"id__{lookup}": []}).count() == 2
+    assert Step.objects.filter(reward=1.0).count() == 0
