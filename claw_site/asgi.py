@@ -1,5 +1,6 @@
 """ASGI entry point: HTTP through Django (static files served in-process, no CDN; gateway
-paths through a lean handler), websockets through Channels; every body within
+paths through a lean handler, the REST API through the synchronous chain in one thread hop:
+claw_site/asgi_api.py), websockets through Channels; every body within
 CLAW_MAX_BODY_BYTES."""
 
 import gc
@@ -17,6 +18,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from claw_kit.web.body_limit import BodyLimitMiddleware  # noqa: E402
+from claw_site.asgi_api import with_api  # noqa: E402
 from claw_site.requestlog import RequestLogMiddleware  # noqa: E402
 from claw_site.url_guard import UrlGuardMiddleware  # noqa: E402
 from curation.routing import websocket_urlpatterns  # noqa: E402
@@ -26,9 +28,12 @@ application = ProtocolTypeRouter(
     {
         # The OpenAI-compatible gateway paths (/v1/, /t/, /compat/claw-r1/) skip Django's
         # middleware chain (see gateway/proxy/asgi.py); everything else is plain Django. Every
-        # URL passes the identifier rule first (claw_site/url_guard.py).
+        # URL passes the identifier rule first (claw_site/url_guard.py). The REST API (/api/)
+        # runs Django's synchronous middleware chain in one thread hop (claw_site/asgi_api.py).
         "http": RequestLogMiddleware(
-            UrlGuardMiddleware(BodyLimitMiddleware(with_gateway(ASGIStaticFilesHandler(django_asgi_app))))
+            UrlGuardMiddleware(
+                BodyLimitMiddleware(with_gateway(with_api(ASGIStaticFilesHandler(django_asgi_app))))
+            )
         ),
         "websocket": UrlGuardMiddleware(
             AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))
