@@ -10,8 +10,12 @@ view whose own work is two thirds.
 
 ``SyncAPIHandler`` is Django's handler with the *synchronous* middleware chain (the one
 WSGI servers and the test client run: the same classes, each request passes every
-middleware as before) run in one call on a worker thread of the event loop's pool: the
-signals, every middleware and the view, then the response is sent from the event loop.
+middleware as before) run in one call on a worker thread of the handler's own pool: the
+signals, every middleware and the view, then the response is sent from the event loop. The
+pool is wide (``THREADS``): a trainer's long-poll pull sleeps on its thread for up to 30 s, so
+a pool as narrow as the event loop's default (cores + 4) would let a few waiting trainers hold
+every other API request; Django's handler had no bound at all (a thread per request). The
+database pool (CLAW_DB_POOL_SIZE) bounds concurrent database work, as before.
 Database connections are per request context (Django's connection handler), so a request's
 connection lives and closes on the one thread that ran it (request_finished runs there, with
 ``response.close()``). Streaming responses (file downloads: claw_kit/web/files.py) iterate
@@ -22,6 +26,7 @@ mid-request cannot stop a synchronous view under either handler; here its answer
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -34,6 +39,7 @@ from django.http import FileResponse
 from django.urls import set_script_prefix
 
 API_PREFIX = "/api/"
+THREADS = 128  # requests served at once by one process (module docstring); idle threads cost nothing
 
 
 class SyncAPIHandler(ASGIHandler):
@@ -43,6 +49,7 @@ class SyncAPIHandler(ASGIHandler):
     def __init__(self) -> None:
         BaseHandler.__init__(self)
         self.load_middleware(is_async=False)
+        self.executor = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="claw-api")
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -53,13 +60,15 @@ class SyncAPIHandler(ASGIHandler):
             return
         try:
             set_script_prefix(get_script_prefix(scope))
-            response = await sync_to_async(self._serve, thread_sensitive=False)(scope, body_file)
+            response = await sync_to_async(self._serve, thread_sensitive=False, executor=self.executor)(
+                scope, body_file
+            )
             try:
                 await self.send_response(response, send)
             except asyncio.CancelledError:
                 pass  # the client went away while we were sending
             if response.streaming:
-                await sync_to_async(response.close, thread_sensitive=False)()
+                await sync_to_async(response.close, thread_sensitive=False, executor=self.executor)()
         finally:
             body_file.close()
 

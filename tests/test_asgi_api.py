@@ -6,6 +6,7 @@ running the whole synchronous chain in one call on one worker thread."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 
 import orjson
@@ -55,13 +56,13 @@ async def _serve(app, method: str, path: str, body: bytes = b"", headers=()) -> 
     return start["status"], {k.lower(): v for k, v in start["headers"]}, content
 
 
-async def _db(fn, *args):
+async def _db(fn, *args, **kwargs):
     """``fn`` on a worker thread, its database connection closed after (no session left
     behind for the test database's teardown)."""
 
     def run():
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         finally:
             connections.close_all()
 
@@ -190,3 +191,63 @@ async def test_the_view_the_middlewares_and_the_signals_run_on_one_worker_thread
     assert [what for what, _ in seen] == ["started", "view", "finished"]
     assert len({thread for _, thread in seen}) == 1
     assert seen[0][1] != threading.get_ident()
+
+
+@pytest.mark.skipif(
+    not os.environ.get("DATABASE_URL", "").startswith("postgres"),
+    reason="needs PostgreSQL: on SQLite these concurrent long-polls answer 503 (database_unavailable)",
+)
+async def test_trainers_long_polling_do_not_hold_up_other_api_requests(make_key, monkeypatch):
+    """A long-poll pull sleeps on its worker thread until its deadline. More of them than
+    the event loop's default pool has threads (cores + 4) must leave room for other API
+    requests: a read is answered while every long-poll is still waiting."""
+    import os
+
+    from curation.services.datasets import dataset_create
+    from pool.models import Scope
+
+    await _db(dataset_create, name="empty")
+    trainer = await _db(make_key, Scope.CONSUME)
+    reader = await _db(make_key, Scope.READ)
+    handler = SyncAPIHandler()
+
+    def poll(wait: int):
+        return _serve(
+            handler,
+            "POST",
+            "/api/v1/consumers/waiting/pull",
+            orjson.dumps({"dataset": "empty", "wait": wait}),
+            [(b"authorization", f"Bearer {trainer}".encode()), (b"content-type", b"application/json")],
+        )
+
+    assert (await poll(0))[0] == 200  # the consumer exists before the long-polls
+    # Which threads are sleeping in a long-poll (curation/apis.py sleeps between re-checks).
+    import time
+
+    import curation.apis as apis
+
+    sleepers: set[int] = set()
+
+    class _Time:
+        monotonic = staticmethod(time.monotonic)
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            sleepers.add(threading.get_ident())
+            time.sleep(seconds)
+
+    monkeypatch.setattr(apis, "time", _Time)
+    n = (os.cpu_count() or 1) + 6
+    polls = [asyncio.ensure_future(poll(10)) for _ in range(n)]
+    deadline = time.monotonic() + 60
+    while len(sleepers) < n:  # every long-poll waiting, each on a thread of its own
+        assert time.monotonic() < deadline, f"{len(sleepers)} of {n} long-polls got a thread"
+        await asyncio.sleep(0.02)
+    status, _, _ = await _serve(
+        handler, "GET", "/api/v1/steps", headers=[(b"authorization", f"Bearer {reader}".encode())]
+    )
+    assert status == 200
+    assert not any(p.done() for p in polls)  # answered while every trainer still waited
+    for status, _, body in await asyncio.gather(*polls):
+        assert status == 200, body
+        assert orjson.loads(body)["lease_id"] is None, body

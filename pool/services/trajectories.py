@@ -109,6 +109,8 @@ class CompletionIn:
 
 
 ENDED = (Trajectory.Status.COMPLETED, Trajectory.Status.FAILED, Trajectory.Status.ABANDONED)
+# Step.RewardSource.values builds a new list on every read (once per completion here).
+_REWARD_SOURCES = frozenset(Step.RewardSource.values)
 
 
 @retry_on_deadlock
@@ -136,7 +138,8 @@ def trajectories_complete(
     ending, changed, events = _completions_apply(completions, trajs, now=now, source_id=source_id)
     if ending:
         _last_steps_mark(ending, now)
-    rows = [(t.id, t.status, t.id in set(ending), t.reward, t.reward_source) for t in changed.values()]
+    ends = set(ending)
+    rows = [(t.id, t.status, t.id in ends, t.reward, t.reward_source) for t in changed.values()]
     for i in range(0, len(rows), 1000):  # 5 parameters a row: within SQLite's limit
         sql.trajectories_end(rows[i : i + 1000], now)
     sql.rows_insert(events)
@@ -161,7 +164,7 @@ def _completions_check(completions: list[CompletionIn]) -> None:
                 f"status must be completed, failed or abandoned; got {c.status!r}",
                 field=f"{c.field_prefix}status",
             )
-        if c.reward_source not in Step.RewardSource.values:
+        if c.reward_source not in _REWARD_SOURCES:
             raise InvalidInput(
                 f"reward_source must be one of {Step.RewardSource.values}",
                 field=f"{c.field_prefix}reward_source",
