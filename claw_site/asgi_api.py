@@ -38,6 +38,8 @@ from django.db import close_old_connections
 from django.http import FileResponse
 from django.urls import set_script_prefix
 
+from claw_kit.web.asgi_routing import by_prefix
+
 API_PREFIX = "/api/"
 THREADS = 128  # requests served at once by one process (module docstring); idle threads cost nothing
 
@@ -91,15 +93,7 @@ class SyncAPIHandler(ASGIHandler):
 
 def with_api(app: Any) -> Any:
     """``app`` with the ``/api/`` paths served by SyncAPIHandler."""
-    api = SyncAPIHandler()
-
-    async def router(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(API_PREFIX):
-            await api(scope, receive, send)
-        else:
-            await app(scope, receive, send)
-
-    return router
+    return by_prefix(API_PREFIX, SyncAPIHandler(), app)
 
 
 __all__ = ["API_PREFIX", "SyncAPIHandler", "with_api"]

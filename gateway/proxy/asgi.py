@@ -28,6 +28,8 @@ from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.exception import convert_exception_to_response
 from django.urls import set_script_prefix, set_urlconf
 
+from claw_kit.web.asgi_routing import by_prefix
+
 ASGIApp = Callable[
     [dict[str, Any], Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]
 ]
@@ -159,15 +161,7 @@ class _Watch:
 
 def with_gateway(app: ASGIApp) -> ASGIApp:
     """``app`` with the gateway paths served by GatewayASGIHandler."""
-    gateway = GatewayASGIHandler()
-
-    async def router(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(GATEWAY_PREFIXES):
-            await gateway(scope, receive, send)
-        else:
-            await app(scope, receive, send)
-
-    return router
+    return by_prefix(GATEWAY_PREFIXES, GatewayASGIHandler(), app)
 
 
 __all__ = ["GATEWAY_PREFIXES", "GatewayASGIHandler", "with_gateway"]
