@@ -30,8 +30,13 @@ VACUUM (ANALYZE) after each retention pass of the soak. At each size, after VACU
   Client: the whole HTTP stack in process, an ingest key): 100 / the median batch's time;
 * ``pull_ack_p50_ms``: ``POST /api/v1/consumers/growth/pull`` of 8 groups from a dataset that
   admits every ready group, and the ack of its lease (one consumer, continuing across sizes);
-* ``preview_p50_ms``: ``dataset_preview`` of bench.curation's SPEC (fresh within 2 versions,
-  not truncated, whole groups);
+* ``preview_p50_ms``: the preview of a saved dataset of bench.curation's SPEC (fresh within 2
+  versions, not truncated, whole groups) as its page and ``GET /api/v1/datasets/{name}/preview``
+  read it (``dataset_version_preview``: its kept count, curation/services/counts.py), checked
+  equal to the live count at each size; ``count_fold_s``: the fold of everything the growth
+  to this size changed into that count (what the periodic sweep does; the first size builds
+  it whole), and ``preview_live_p50_ms``: ``dataset_preview`` of the same spec counted live
+  (an unsaved spec in the builder), which reads every step in scope;
 * ``admin_list_p50_ms``: the admin's step list (bench.curation.ADMIN_STEP_URL) as a superuser;
 * ``readiness_steps_per_s``: ``--readiness-steps`` more steps stored unrewarded in running
   trajectories are made ready by ``rewards_apply`` + ``trajectories_complete`` in batches of
@@ -88,6 +93,7 @@ from bench.curation import (
     PROMPT,
     RESPONSE,
     ROLLOUTS,
+    SPEC,
     TURNS,
     VERSIONS,
     Group,
@@ -112,6 +118,7 @@ FIGURES = {
     "ingest_steps_per_s": True,
     "pull_ack_p50_ms": False,
     "preview_p50_ms": False,
+    "preview_live_p50_ms": False,
     "admin_list_p50_ms": False,
     "readiness_steps_per_s": True,
     "overview_p50_ms": False,
@@ -124,6 +131,7 @@ FLOOR_URL = "/admin/pool/policyversion/"  # five rows, whatever the pool's size
 FILL_AGE = timedelta(days=400)
 ANALYZE_GROUPS = 1_000  # the least a fill grows between two ANALYZEs (32,000 steps)
 PULL_DATASET = "all"  # every ready group, whole (the default spec)
+PREVIEW_DATASET = "fresh-clean"  # bench.curation's SPEC, saved: its count is kept
 SOAK_DATASET = "fresh"  # every ready group, newest ready first (a continuous trainer)
 
 
@@ -327,6 +335,7 @@ def setup_pool() -> dict:
         policy_version_set(version=v)
     dataset_create(name=PULL_DATASET)
     dataset_create(name=SOAK_DATASET, spec={"serving": {"order": "newest_ready"}})
+    dataset_create(name=PREVIEW_DATASET, spec=SPEC)
     user = get_user_model().objects.create_superuser("bench", "bench@example.com", uuid.uuid4().hex)
     return {
         "ingest": api_key_create(name="bench-agent", scopes=[Scope.INGEST])[1],
@@ -423,7 +432,20 @@ def measure_size(gen: GrowthGen, keys: dict, label: str, args: argparse.Namespac
     steps = step_count()
     result[f"steps_{label}"] = steps
     result[f"bytes_per_step_{label}"] = round(pool_bytes() / steps, 1)
-    result[f"preview_p50_ms_{label}"] = p50_ms(preview, args.runs)
+    from curation.models import Dataset
+    from curation.services.counts import dataset_count_build, dataset_version_preview
+
+    version = Dataset.objects.get(name=PREVIEW_DATASET).current
+    t = time.perf_counter()
+    dataset_count_build(version.id)  # built at the first size, folded at the next ones
+    result[f"count_fold_s_{label}"] = round(time.perf_counter() - t, 2)
+    live = preview()
+    if dataset_version_preview(version) != live:
+        raise SystemExit(
+            f"the kept count differs from the live one at {label}: {dataset_version_preview(version)} {live}"
+        )
+    result[f"preview_p50_ms_{label}"] = p50_ms(lambda: dataset_version_preview(version), args.runs)
+    result[f"preview_live_p50_ms_{label}"] = p50_ms(preview, args.runs)
     admin = Client()
     admin.force_login(keys["user"])
 

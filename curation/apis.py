@@ -46,6 +46,7 @@ from .selectors.consumption import (
 )
 from .selectors.specs import dataset_get, dataset_preview, datasets_list
 from .services import consume, snapshots
+from .services.counts import dataset_version_preview
 from .services.datasets import dataset_create, dataset_update
 from .services.labels import label_parse, steps_label, trajectories_label
 from .specs import DatasetIn, PreviewIn, given, spec_parse, struct_parse
@@ -202,7 +203,7 @@ class DatasetPreviewApi(KnownQueryParams, APIView):
         if ds.current is None:
             raise NotFound(f"dataset {name!r} does not exist", field="name")
         with replica_reads():  # the dataset itself was read from the primary: it may be new
-            preview = dataset_preview(spec_parse(ds.current.spec), served_sources_of(request))
+            preview = dataset_version_preview(ds.current, served_sources_of(request))
         return Response({"dataset": ds.name, "version": ds.current.version, **preview})
 
 

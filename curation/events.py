@@ -24,6 +24,14 @@ class SnapshotRequested:
 
 
 @dataclass(slots=True, frozen=True)
+class DatasetVersionCurrent:
+    """A dataset has a new current version (created, or a new spec): its count
+    (services/counts.py) is built after the commit."""
+
+    version_id: int
+
+
+@dataclass(slots=True, frozen=True)
 class SnapshotChanged:
     """A snapshot's status or progress changed: ``steps`` written of ``total`` (None while
     unknown)."""

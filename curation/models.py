@@ -705,3 +705,84 @@ class StepVerdict(models.Model):
 
     def __str__(self) -> str:
         return f"verdict on step {self.step_id} (lease {self.lease_id})"
+
+
+class DatasetCount(models.Model):
+    """What a saved dataset version admits, kept as the pool changes (services/counts.py):
+    the numbers of its preview, so reading them costs what changed since the last read,
+    not the pool's size. One per current version of a dataset whose spec admits ready,
+    whole groups (the others are counted at query time). Per unit (a group, or a
+    trajectory without one) its share is kept in ``DatasetCountUnit``; what changed a unit
+    is a ``DatasetCountChange`` row, written in the changing write's transaction and folded
+    into the totals by the next read or the periodic sweep."""
+
+    version = models.OneToOneField(DatasetVersion, on_delete=models.CASCADE, related_name="count")
+    built = models.BooleanField(default=False)  # False: the first full count has not run
+    # The current policy version (id) of the spec's policy the units were counted against
+    # (freshness, filters.max_staleness); null: none was current.
+    policy_version = models.BigIntegerField(null=True, blank=True)
+    steps = models.BigIntegerField(default=0)
+    masked_steps = models.BigIntegerField(default=0)
+    trajectories = models.BigIntegerField(default=0)
+    groups = models.BigIntegerField(default=0)
+    dropped_groups = models.BigIntegerField(default=0)
+    waiting_units = models.BigIntegerField(default=0)
+    prompt_tokens = models.BigIntegerField(default=0)
+    response_tokens = models.BigIntegerField(default=0)
+    counted_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"count of dataset version {self.version_id}"
+
+
+class DatasetCountUnit(models.Model):
+    """One unit's share of a ``DatasetCount`` (the totals are the sum of these rows), and
+    the current policy version from which it must be counted again (``recount_at``: a step
+    that passed the freshness test fails it from there)."""
+
+    count = models.ForeignKey(DatasetCount, on_delete=models.CASCADE, related_name="+", db_index=False)
+    unit = models.BigIntegerField()  # a group's id, or minus the id of a trajectory without one
+    steps = models.BigIntegerField(default=0)
+    masked_steps = models.BigIntegerField(default=0)
+    trajectories = models.IntegerField(default=0)
+    groups = models.SmallIntegerField(default=0)
+    dropped_groups = models.SmallIntegerField(default=0)
+    waiting_units = models.SmallIntegerField(default=0)
+    prompt_tokens = models.BigIntegerField(default=0)
+    response_tokens = models.BigIntegerField(default=0)
+    recount_at = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # One share per unit; serves the fold's read of the changed units' shares.
+            models.UniqueConstraint(fields=["count", "unit"], name="dcountunit_uniq"),
+        ]
+        indexes = [
+            # The fold after a new policy version: "the units whose freshness changes now".
+            models.Index(
+                fields=["count", "recount_at"],
+                condition=Q(recount_at__isnull=False),
+                name="dcountunit_recount",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"unit {self.unit} of count {self.count_id}"
+
+
+class DatasetCountChange(models.Model):
+    """A unit that changed since its count last read it (services/counts.py). Rows are only
+    ever added by writers and taken by the fold: no unique key, so two writers marking the
+    same unit never wait for each other (a unit marked twice is counted again once)."""
+
+    count = models.ForeignKey(DatasetCount, on_delete=models.CASCADE, related_name="+", db_index=False)
+    unit = models.BigIntegerField()
+
+    class Meta:
+        indexes = [
+            # The fold: "take this count's changes"; and the cascade of a count's deletion.
+            models.Index(fields=["count"], name="dcountchange_count"),
+        ]
+
+    def __str__(self) -> str:
+        return f"unit {self.unit} changed (count {self.count_id})"

@@ -11,8 +11,8 @@ from celery import shared_task
 
 from pool.tasks import RETRY, enqueue_on_commit
 
-from .events import SnapshotRequested
-from .services import consume, lineage, retention, snapshots
+from .events import DatasetVersionCurrent, SnapshotRequested
+from .services import consume, counts, lineage, retention, snapshots
 
 
 @shared_task(name="curation.leases_expire", **RETRY)
@@ -54,7 +54,26 @@ def retention_sweep() -> list[dict]:
     return [r.as_dict() for r in retention.retention_sweep()]
 
 
+@shared_task(name="curation.dataset_count_build", acks_late=True, **RETRY)
+def dataset_count_build(version_id: int) -> None:
+    """Build the count of a dataset's new current version (services/counts.py). Idempotent:
+    a built count is folded, a version no longer current is left alone."""
+    counts.dataset_count_build(version_id)
+
+
+@shared_task(name="curation.dataset_counts_sweep", **RETRY)
+def dataset_counts_sweep() -> int:
+    """Periodic (celery beat): every current version's count created, built and folded;
+    older versions' counts dropped. Idempotent."""
+    return counts.dataset_counts_sweep()
+
+
 # --- effects (registered in curation/apps.py) ---------------------------------------------------
 def snapshot_build_enqueue(event: SnapshotRequested) -> None:
     """A requested snapshot's build, after the commit (through the pool's outbox)."""
     enqueue_on_commit(snapshot_build, event.snapshot_id)
+
+
+def dataset_count_enqueue(event: DatasetVersionCurrent) -> None:
+    """A new current version's count, built after the commit (through the pool's outbox)."""
+    enqueue_on_commit(dataset_count_build, event.version_id)

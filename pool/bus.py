@@ -43,6 +43,7 @@ and no last step), so that append needs no transaction for it (``any_registered`
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
@@ -180,6 +181,18 @@ class LabelsSet:
 
 
 @dataclass(slots=True, frozen=True)
+class UnitsChanged:
+    """Rows that decide what a dataset admits changed outside the events above: steps'
+    tags or quality flags, a group's expected rollouts, groups and trajectories purged.
+    Whoever keeps counts of what datasets admit (curation/services/counts.py) counts these
+    units again."""
+
+    group_ids: tuple[int, ...] = ()
+    trajectory_ids: tuple[int, ...] = ()
+    step_ids: tuple[int, ...] = ()
+
+
+@dataclass(slots=True, frozen=True)
 class PolicyPublished:
     """A trainer published a policy version as a checkpoint of its run
     (``POST /api/v1/policy-versions`` with ``run``; pool/services/policy.py). The pool knows
@@ -202,6 +215,7 @@ E = TypeVar("E")
 Effect = Callable[[Any], None]
 _registry: dict[type, list[Effect]] = {}
 _loud: list[Effect] = []  # StepsWritten effects that may query after a fused append
+_within: ContextVar[tuple[type, ...]] = ContextVar("claw_bus_within", default=())  # events being followed up
 
 
 def register(
@@ -237,8 +251,22 @@ def any_registered() -> bool:
 def emit(event: object) -> None:
     """Run every effect registered for the event's type, in order, in the caller's
     transaction."""
-    for effect in tuple(_registry.get(type(event), ())):
-        effect(event)
+    effects = tuple(_registry.get(type(event), ()))
+    if not effects:
+        return
+    token = _within.set((*_within.get(), type(event)))
+    try:
+        for effect in effects:
+            effect(event)
+    finally:
+        _within.reset(token)
+
+
+def within(event_type: type) -> bool:
+    """Whether an effect of an event of this type is running now (the event being followed
+    up emitted the one at hand): an effect may leave to the outer event's own effect what
+    that one covers."""
+    return event_type in _within.get()
 
 
 def apply(written: StepsWritten) -> None:

@@ -151,6 +151,7 @@ def test_beat_schedule_tasks_are_registered_with_the_worker_app(settings):
         "pool.outbox_relay",
         "curation.retention_sweep",
         "curation.checkpoints_index",
+        "curation.dataset_counts_sweep",
     }
     # then the worker app knows each one by name
     celery_app.loader.import_default_modules()

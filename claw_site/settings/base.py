@@ -263,7 +263,8 @@ CELERY_ACCEPT_CONTENT = ["json"]
 # what an effect missed and abandons idle trajectories, so no group waits forever; leases
 # expire; the outbox relay sends the tasks a process could not publish; the steps behind new
 # checkpoints of training runs are indexed (a read that needs them indexes them first); the
-# pool's counter rows are folded (pool/services/counters.py).
+# pool's counter rows are folded (pool/services/counters.py), and so are the counts kept per
+# saved dataset (curation/services/counts.py).
 CLAW_SWEEP_SECONDS = env_float("CLAW_SWEEP_SECONDS", 60.0)
 # Retention (curation/services/retention.py): how often the enabled policies run, and how long
 # a lease pins what it delivered (its replay window: GET /api/v1/leases/{id}/batch).
@@ -282,6 +283,7 @@ CELERY_BEAT_SCHEDULE = {
     "leases-expire": {"task": "curation.leases_expire", "schedule": CLAW_SWEEP_SECONDS},
     "outbox-relay": {"task": "pool.outbox_relay", "schedule": CLAW_SWEEP_SECONDS},
     "checkpoints-index": {"task": "curation.checkpoints_index", "schedule": CLAW_SWEEP_SECONDS},
+    "dataset-counts": {"task": "curation.dataset_counts_sweep", "schedule": CLAW_SWEEP_SECONDS},
     "retention": {"task": "curation.retention_sweep", "schedule": CLAW_RETENTION_SECONDS},
 }
 # A process whose broker refused a task retries its outbox after this, doubling to 8x.

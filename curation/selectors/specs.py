@@ -39,6 +39,7 @@ from django.core.exceptions import EmptyResultSet
 from django.db import connection, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import (
+    BigIntegerField,
     Case,
     Count,
     Exists,
@@ -182,18 +183,29 @@ def dataset_steps(c: Compiled) -> QuerySet:
     return qs
 
 
-def _per_rollout_sql(c: Compiled, trajectory_ids: list[int] | None = None) -> tuple[str, list[Any]]:
+def _per_rollout_sql(
+    c: Compiled, trajectory_ids: list[int] | None = None, *, fresh_from: int | None = None
+) -> tuple[str, list[Any]]:
     """One row per trajectory in scope: (trajectory id, group id, valid 0/1, steps, prompt
-    tokens, sequence tokens), as SQL to wrap.
+    tokens, sequence tokens), as SQL to wrap; with ``fresh_from``, also ``mv``: the lowest
+    policy version of its steps that is at least that (null: none is).
 
     The steps are aggregated per trajectory on their own columns first (on PostgreSQL an
     index-only scan of step_curation, in trajectory order), and the trajectory's own
     conditions are joined after, on one row per trajectory instead of one per step."""
     ok = Min(Case(When(c.passes, then=Value(1)), default=Value(0), output_field=IntegerField()))
+    more_cols = {}
+    if fresh_from is not None:
+        more_cols["mv"] = Min(
+            Case(
+                When(policy_version_id__gte=fresh_from, then=F("policy_version_id")),
+                output_field=BigIntegerField(),
+            )
+        )
     per_rollout = (
         _aliased(Step.objects.filter(c.step_scope & _of_trajectories(trajectory_ids)), c.spec.filters)
         .values(tid=F("trajectory_id"))
-        .annotate(ok=ok, n=Count("id"), pt=Sum("prompt_len"), st=Sum("seq_len"))
+        .annotate(ok=ok, n=Count("id"), pt=Sum("prompt_len"), st=Sum("seq_len"), **more_cols)
         .order_by()
     )
     try:
@@ -201,7 +213,7 @@ def _per_rollout_sql(c: Compiled, trajectory_ids: list[int] | None = None) -> tu
     except EmptyResultSet:
         # A filter that can match nothing (an empty ``__in`` list, e.g. "sources": []): Django
         # refuses to write its SQL. The same columns, no rows.
-        inner, params = "SELECT 0 AS tid, 0 AS ok, 0 AS n, 0 AS pt, 0 AS st WHERE 1 = 0", []
+        inner, params = "SELECT 0 AS tid, 0 AS ok, 0 AS n, 0 AS pt, 0 AS st, 0 AS mv WHERE 1 = 0", []
     where, more = [], []
     if c.trajectory_status is not None:
         where.append("t.status = %s")
@@ -216,8 +228,9 @@ def _per_rollout_sql(c: Compiled, trajectory_ids: list[int] | None = None) -> tu
         where.append(f"t.id IN ({', '.join(['%s'] * len(trajectory_ids))})" if trajectory_ids else "1 = 0")
         more.extend(trajectory_ids)
     table = connection.ops.quote_name(Trajectory._meta.db_table)
+    mv = ", r.mv AS mv" if fresh_from is not None else ""
     sql = (
-        f"SELECT r.tid AS tid, t.group_id AS gid, r.ok AS ok, r.n AS n, r.pt AS pt, r.st AS st "
+        f"SELECT r.tid AS tid, t.group_id AS gid, r.ok AS ok, r.n AS n, r.pt AS pt, r.st AS st{mv} "
         f"FROM ({inner}) r INNER JOIN {table} t ON t.id = r.tid"
         + (f" WHERE {' AND '.join(where)}" if where else "")
     )
@@ -243,14 +256,21 @@ def _analytic() -> Iterator[BaseDatabaseWrapper]:
 
 
 def _units_sql(
-    c: Compiled, trajectory_ids: list[int] | None = None, *, rollouts: str | None = None
+    c: Compiled,
+    trajectory_ids: list[int] | None = None,
+    *,
+    rollouts: str | None = None,
+    fresh_from: int | None = None,
 ) -> tuple[str, list[Any]]:
     """One row per unit (group, or trajectory without one) with its admission:
     (unit key, group id, admitted 0/1, eligible 0/1, valid rollouts, rollouts, steps,
     valid steps, prompt tokens, sequence tokens). Unit keys: a group's id, or minus the
     trajectory id of a rollout without a group. ``rollouts``: the name of a relation holding
-    ``_per_rollout_sql``'s rows already (a CTE), instead of that query."""
-    inner, params = (rollouts, []) if rollouts is not None else _per_rollout_sql(c, trajectory_ids)
+    ``_per_rollout_sql``'s rows already (a CTE), instead of that query. ``fresh_from``: also
+    ``mv``, the lowest of its rollouts' (``_per_rollout_sql``)."""
+    inner, params = (
+        (rollouts, []) if rollouts is not None else _per_rollout_sql(c, trajectory_ids, fresh_from=fresh_from)
+    )
     source = inner if rollouts is not None else f"({inner})"
     g = c.spec.grouping
     group_table = connection.ops.quote_name(PromptGroup._meta.db_table)
@@ -280,7 +300,7 @@ def _units_sql(
                  THEN 1 ELSE 0 END AS admitted,
             {eligible} AS eligible,
             SUM(u.ok) AS valid, COUNT(*) AS rollouts, SUM(u.n) AS steps, SUM(u.ok * u.n) AS valid_steps,
-            SUM(u.pt) AS pt, SUM(u.st) AS st
+            SUM(u.pt) AS pt, SUM(u.st) AS st{", MIN(u.mv) AS mv" if fresh_from is not None else ""}
         FROM {source} u LEFT JOIN {group_table} g ON g.id = u.gid
         GROUP BY {unit}
     """
@@ -299,7 +319,9 @@ def dataset_preview(spec: Spec, sources: Sources = None) -> dict[str, Any]:
             pt=Coalesce(Sum("prompt_len"), 0),
             st=Coalesce(Sum("seq_len"), 0),
         )
-        return _preview(c, agg["steps"], 0, agg["trajectories"], None, 0, 0, agg["pt"], agg["st"] - agg["pt"])
+        return preview_numbers(
+            c, agg["steps"], 0, agg["trajectories"], None, 0, 0, agg["pt"], agg["st"] - agg["pt"]
+        )
     units, params = _units_sql(c)
     query = f"""
         SELECT
@@ -316,12 +338,48 @@ def dataset_preview(spec: Spec, sources: Sources = None) -> dict[str, Any]:
     with _analytic() as conn, conn.cursor() as cur:
         cur.execute(query, params)
         steps, masked, rollouts, groups, dropped, waiting, pt, rt = cur.fetchone()
-    return _preview(
+    return preview_numbers(
         c, int(steps), int(masked), int(rollouts), int(groups), int(dropped), int(waiting), int(pt), int(rt)
     )
 
 
-def _preview(
+def units_shares(
+    c: Compiled, trajectory_ids: list[int] | None = None
+) -> dict[int, tuple[tuple[int, ...], int | None]]:
+    """Each unit's share of ``dataset_preview``'s numbers, for the units of these
+    trajectories (a caller names whole units; None: every unit in scope): unit key ->
+    ((steps, masked steps, trajectories, groups, dropped groups, waiting units, prompt
+    tokens, response tokens), the lowest policy version at or above the freshness bound of
+    its steps: None without one, or without a bound). The numbers add up to the preview's:
+    curation/services/counts.py keeps them per saved dataset."""
+    s, current = c.spec.filters.max_staleness, c.current_version
+    fresh_from = current - s if s is not None and current is not None else None
+    units, params = _units_sql(c, trajectory_ids, fresh_from=fresh_from)
+    with _analytic() if trajectory_ids is None else nullcontext(connection) as conn, conn.cursor() as cur:
+        cur.execute(units, params)
+        rows = cur.fetchall()
+    out: dict[int, tuple[tuple[int, ...], int | None]] = {}
+    for row in rows:
+        unit, gid, admitted, eligible, _valid, rollouts, steps, valid_steps, pt, st = row[:10]
+        a = int(admitted)
+        grouped = gid is not None
+        out[int(unit)] = (
+            (
+                a * int(steps),
+                a * (int(steps) - int(valid_steps)),
+                a * int(rollouts),
+                int(a == 1 and grouped),
+                int(a == 0 and eligible == 1 and grouped),
+                int(eligible == 0),
+                a * int(pt),
+                a * (int(st) - int(pt)),
+            ),
+            int(row[10]) if fresh_from is not None and row[10] is not None else None,
+        )
+    return out
+
+
+def preview_numbers(
     c: Compiled,
     steps: int,
     masked: int,

@@ -8,10 +8,12 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
+from pool.bus import emit
 from pool.errors import Conflict, InvalidInput, NotFound
 from pool.models import AuditEvent
 from pool.services.audit import audit_record
 
+from ..events import DatasetVersionCurrent
 from ..models import Dataset, DatasetVersion
 from ..specs import spec_dump, spec_parse
 
@@ -45,6 +47,7 @@ def dataset_create(*, name: str, spec: Any = None, description: str = "", actor:
     dataset.current = version
     dataset.save(update_fields=["current", "updated_at"])
     audit_record(action=AuditEvent.Action.DATASET_CREATE, target=name, actor=actor, details={"version": 1})
+    emit(DatasetVersionCurrent(version_id=version.id))  # its count: services/counts.py
     return dataset
 
 
@@ -75,6 +78,7 @@ def dataset_update(
                 actor=actor,
                 details={"version": number},
             )
+            emit(DatasetVersionCurrent(version_id=dataset.current.id))
     if description is not None:
         dataset.description = description
     dataset.save(update_fields=["current", "description", "updated_at"])

@@ -9,6 +9,7 @@ import msgspec
 from django.db import transaction
 
 from pool import sql
+from pool.bus import UnitsChanged, emit
 from pool.errors import InvalidInput
 from pool.ingest import rules
 from pool.models import Step
@@ -94,6 +95,7 @@ def steps_label(
         new_tags: list[StepTag] = []
         label_to: list[int] = []
         note_to: list[int] = []
+        tagged: list[int] = []
         for sid, old_label, old_note in rows:
             change: dict = {}
             if label is not None and label != old_label:
@@ -109,6 +111,8 @@ def steps_label(
                 new_tags.extend(StepTag(step_id=sid, tag=t) for t in added)
             if removed:
                 change["tags_removed"] = removed
+            if added or removed:
+                tagged.append(sid)
             if change:
                 events.append(LabelEvent(step_id=sid, user_id=user_id, actor=actor, changes=change))
         if label_to:
@@ -119,6 +123,8 @@ def steps_label(
             StepTag.objects.filter(step_id__in=chunk, tag__in=remove).delete()
         sql.rows_insert(new_tags)
         sql.rows_insert(events)
+        if tagged:
+            emit(UnitsChanged(step_ids=tuple(tagged)))
         changed += len(events)
     return changed
 

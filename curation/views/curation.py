@@ -17,6 +17,7 @@ from ..forms import (
 )
 from ..selectors.live import live_state
 from ..selectors.specs import dataset_preview, dataset_versions, datasets_list
+from ..services.counts import dataset_version_preview
 from ..services.datasets import dataset_create, dataset_update
 from ..specs import serving_summary, spec_parse
 from .access import CURATE, allowed
@@ -108,7 +109,7 @@ def dataset(request: HttpRequest, name: str) -> HttpResponse:
     if found is None:
         raise Http404("no such dataset")
     ds, versions = found
-    preview = dataset_preview(spec_parse(ds.current.spec)) if ds.current else None
+    preview = dataset_version_preview(ds.current) if ds.current else None
     return render(
         request,
         "curation/dataset.html",

@@ -9,7 +9,7 @@ from django.db import transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
-from ..bus import GroupsCompleted, StepsWritten, emit
+from ..bus import GroupsCompleted, StepsWritten, UnitsChanged, emit
 from ..errors import UidTaken
 from ..ingest import rules
 from ..models import PromptGroup, Trajectory
@@ -55,6 +55,8 @@ def group_upsert(
             changed.append(name)
     if changed:
         group.save(update_fields=changed)
+        if "expected_rollouts" in changed:  # the n a dataset's group needs, by default
+            emit(UnitsChanged(group_ids=(group.id,)))
     groups_check_complete(group_ids=[group.id])
     group.refresh_from_db()
     return group

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from django.db.models import F
 
-from ..bus import LabelsSet, emit
+from ..bus import LabelsSet, UnitsChanged, emit
 from ..models import Step
 
 
@@ -53,4 +53,6 @@ def steps_quality_flag_set(*, step_ids: Sequence[int], flag: int) -> int:
             .exclude(_has=flag)
             .update(quality_flags=F("quality_flags").bitor(flag))
         )
+    if n:
+        emit(UnitsChanged(step_ids=tuple(ids)))
     return n

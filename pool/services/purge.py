@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from django.db import models, transaction
 
 from .. import sql, tokens
+from ..bus import UnitsChanged, emit
 from ..models import PromptGroup, Step, Trajectory
 
 
@@ -40,6 +41,8 @@ def groups_purge(*, group_ids: Sequence[int], trajectory_ids: Sequence[int] = ()
     that hangs on them (module docstring), in one transaction. Idempotent: ids already gone
     are skipped. Kept steps whose token parent goes are re-based first."""
     with transaction.atomic():
+        # Said while the rows are still there to be read (whoever keeps counts reads them).
+        emit(UnitsChanged(group_ids=tuple(group_ids), trajectory_ids=tuple(trajectory_ids)))
         traj_ids = sorted(
             set(Trajectory.objects.filter(group_id__in=group_ids).values_list("id", flat=True))
             | set(

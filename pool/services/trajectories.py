@@ -11,7 +11,7 @@ from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
 from .. import sql
-from ..bus import EndedTrajectory, StepsWritten, TrajectoriesEnded, emit
+from ..bus import EndedTrajectory, StepsWritten, TrajectoriesEnded, UnitsChanged, emit
 from ..deadlocks import retry_on_deadlock
 from ..errors import Conflict, InvalidInput, NotFound
 from ..ingest import rules
@@ -146,6 +146,8 @@ def trajectories_complete(
     if ending:
         # Before the groups: a trajectory's own reward task is enqueued before its group's.
         emit(_ended_event([changed[i] for i in ending]))
+    if again := [i for i in changed if i not in ends]:
+        emit(UnitsChanged(trajectory_ids=tuple(again)))  # ended before: a new reward or status
     if changed:
         # Groups first: a group these completions fill settles all its rollouts at once, so
         # each step's readiness is rewritten once, not once for its trajectory and again for

@@ -12,6 +12,7 @@ import pytest
 
 from curation import events as curation_events
 from curation import tasks as curation_tasks
+from curation.services import counts
 from curation.services.labels import steps_label
 from pool import bus, live, tasks
 from pool.bus import LabelsSet, StepsWritten, TrajectoriesEnded
@@ -50,11 +51,21 @@ def test_the_apps_ready_register_every_effect_once_in_order():
         trajectories.steps_written_ended,
     ]
     # and the follow-ups of the other events, each from its own app
-    assert bus._registry[TrajectoriesEnded] == [tasks.trajectories_ended_enqueue, live.trajectories_ended]
+    assert bus._registry[TrajectoriesEnded] == [
+        tasks.trajectories_ended_enqueue,
+        live.trajectories_ended,
+        counts.trajectories_ended,
+    ]
     assert bus._registry[bus.GroupsCompleted] == [
         readiness.groups_completed_settle,
         tasks.groups_completed_enqueue,
+        counts.groups_completed,
     ]
+    # and the counts kept per saved dataset follow every write that changes what one admits
+    assert bus._registry[StepsWritten][-1] == counts.steps_written
+    for event in (bus.GroupsReady, bus.RewardsSet, LabelsSet, bus.FeedbackRecorded, bus.UnitsChanged):
+        assert bus._registry[event][-1].__module__ == counts.__name__, event
+    assert bus._registry[curation_events.DatasetVersionCurrent] == [curation_tasks.dataset_count_enqueue]
     assert bus._registry[curation_events.SnapshotRequested] == [curation_tasks.snapshot_build_enqueue]
     assert bus._registry[curation_events.SnapshotChanged] == [curation_events.snapshot_live]
     assert bus._registry[curation_events.LeaseChanged] == [curation_events.lease_live]

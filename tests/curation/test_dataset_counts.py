@@ -1,0 +1,286 @@
+"""Counts kept per saved dataset (curation/services/counts.py) against the live count.
+
+One table of datasets (specs that read every kind of column a write can change) and one
+table of writes, each through the pool's own services as a door would make it. After every
+write, each dataset's kept preview (what its page and ``GET /datasets/{name}/preview``
+serve) must equal the live count of the same spec, number by number; and every write must
+change some dataset's numbers, or the row proves nothing. A new kind of write is one row.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from curation.models import DatasetCount, DatasetCountChange, DatasetCountUnit
+from curation.selectors.specs import dataset_preview
+from curation.services.counts import dataset_count_read, dataset_counts_sweep, dataset_version_preview
+from curation.services.datasets import dataset_create, dataset_update
+from curation.services.labels import steps_label
+from curation.specs import spec_parse
+from pool.flags import Quality
+from pool.ingest.pipeline import steps_ingest
+from pool.models import PromptGroup, Step, Trajectory
+from pool.services.groups import group_upsert
+from pool.services.labels import steps_quality_flag_set
+from pool.services.policy import policy_version_set
+from pool.services.purge import groups_purge
+from pool.services.rewards import RewardIn, rewards_apply
+from pool.services.service_events import feedback_create
+from pool.services.trajectories import trajectory_complete
+from tests.curation.test_datasets import rollout
+from tests.pool.factories import step_in
+
+pytestmark = pytest.mark.django_db
+
+DATASETS = {
+    "default": {},
+    "fresh": {"filters": {"max_staleness": 1}},
+    "clean": {"filters": {"exclude_flags": ["truncated", "policy_mismatch"], "exclude_tags": ["bad"]}},
+    "gold": {"filters": {"tags": ["gold"]}},
+    "accepted": {"filters": {"labels": ["accepted"]}},
+    "rated": {"filters": {"feedback": "with", "min_rating": 4}},
+    "high": {"filters": {"reward_min": 0.5}},
+    "masked": {"grouping": {"short_groups": "mask"}},
+    "two": {"grouping": {"min_rollouts": 2}},
+}
+
+
+def ids(prefix: str) -> list[int]:
+    return list(Step.objects.filter(uid__startswith=prefix).values_list("id", flat=True))
+
+
+def gapped() -> None:
+    """A trajectory ended by its last step (2) while step 1 is still on its way."""
+    steps_ingest(
+        steps=[
+            step_in("gap", 0, prompt=[1, 2, 3, 6], response=[7, 8], reward=1.0),
+            step_in("gap", 2, prompt=[1, 2, 3, 6, 7, 8, 9, 9], response=[7, 8], reward=1.0, is_last=True),
+        ]
+    )
+
+
+def late_step() -> None:
+    """Its missing step, stored after the trajectory ended."""
+    steps_ingest(steps=[step_in("gap", 1, prompt=[1, 2, 3, 6, 7, 8], response=[9, 9], reward=1.0)])
+
+
+WRITES = [
+    (
+        "a group of two completes",
+        lambda: [rollout(t, group="g1", seed=s, version=1) for t, s in (("a", 1), ("b", 2))],
+    ),
+    (
+        "trajectories without a group",
+        lambda: (rollout("solo", seed=5, version=1), rollout("one", seed=9, steps=1, version=1)),
+    ),
+    ("a group's first rollout (it waits)", lambda: rollout("c", group="g2", seed=3, version=1)),
+    (
+        "a rollout ended by its completion",
+        lambda: (rollout("d", group="g2", seed=4, reward=None, version=1),),
+    ),
+    ("its reward, applied", lambda: rewards_apply(rewards=[RewardIn(reward=0.75, trajectory_uid="d")])),
+    ("a step's reward changed", lambda: rewards_apply(rewards=[RewardIn(reward=0.0, step_uid="a:0")])),
+    (
+        "a lone trajectory's reward changed",
+        lambda: rewards_apply(rewards=[RewardIn(reward=0.25, step_uid="one:0")]),
+    ),
+    ("a label", lambda: steps_label(step_ids=ids("solo:"), label="accepted", actor="op")),
+    ("a rejection", lambda: steps_label(step_ids=ids("b:"), label="rejected", actor="op")),
+    ("a tag", lambda: steps_label(step_ids=ids("c:") + ids("d:"), tags_add=["gold"], actor="op")),
+    ("a tag that excludes", lambda: steps_label(step_ids=ids("solo:"), tags_add=["bad"], actor="op")),
+    ("that tag removed", lambda: steps_label(step_ids=ids("solo:"), tags_remove=["bad"], actor="op")),
+    ("feedback on a trajectory", lambda: feedback_create(trajectory_uid="solo", rating=5)),
+    ("feedback on a step", lambda: feedback_create(step_uid="one:0", rating=4.5)),
+    ("a quality flag", lambda: steps_quality_flag_set(step_ids=ids("d:"), flag=int(Quality.POLICY_MISMATCH))),
+    ("a group's expected rollouts raised", lambda: group_upsert(uid="g2", expected_rollouts=3)),
+    ("a trajectory with a gap", gapped),
+    ("its missing step, late", late_step),
+    ("a newer policy version (freshness)", lambda: policy_version_set(version=3)),
+    (
+        "a group on the new version",
+        lambda: [rollout(t, group="g3", seed=s, version=3) for t, s in (("e", 6), ("f", 7))],
+    ),
+    (
+        "an explicit completion with a reward",
+        lambda: (rollout("h", seed=8, reward=None, version=3), trajectory_complete(uid="h", reward=1.0)),
+    ),
+    (
+        "an ended trajectory's reward changed by its completion",
+        lambda: trajectory_complete(uid="h", reward=0.0),
+    ),
+    ("a purge", lambda: groups_purge(group_ids=[PromptGroup.objects.get(uid="g2").id])),
+    (
+        "a purge of a lone trajectory",
+        lambda: groups_purge(group_ids=[], trajectory_ids=[Trajectory.objects.get(uid="solo").id]),
+    ),
+]
+
+
+def live(spec: dict) -> dict:
+    return dataset_preview(spec_parse(spec))
+
+
+def kept(name: str) -> dict | None:
+    from curation.models import Dataset
+
+    return dataset_count_read(Dataset.objects.select_related("current").get(name=name).current)
+
+
+def test_every_write_leaves_each_kept_count_equal_to_the_live_one():
+    policy_version_set(version=1)
+    group_upsert(uid="g1", expected_rollouts=2)
+    group_upsert(uid="g2", expected_rollouts=2)
+    group_upsert(uid="g3", expected_rollouts=2)
+    for name, spec in DATASETS.items():
+        dataset_create(name=name, spec=spec)
+    assert dataset_counts_sweep() == len(DATASETS)  # built: an empty pool
+    before = {name: live(spec) for name, spec in DATASETS.items()}
+    for what, write in WRITES:
+        write()
+        now = {}
+        for name, spec in DATASETS.items():
+            got, want = kept(name), live(spec)
+            assert got is not None, (what, name)
+            assert got == want, (what, name)
+            now[name] = want
+        assert now != before, f"{what}: changed no dataset's numbers (the row checks nothing)"
+        before = now
+    # Every unit's share was folded: nothing waits, and the shares add up to the totals.
+    assert not DatasetCountChange.objects.exists()
+    for count in DatasetCount.objects.all():
+        for field in ("steps", "trajectories", "groups", "waiting_units", "response_tokens"):
+            total = sum(DatasetCountUnit.objects.filter(count=count).values_list(field, flat=True))
+            assert getattr(count, field) == total, field
+
+
+def test_a_count_follows_its_dataset_current_version_and_readers_of_some_sources_count_live():
+    policy_version_set(version=1)
+    rollout("a", seed=1, version=1)
+    rollout("b", seed=2, version=1, finish_reason="length")
+    ds = dataset_create(name="d", spec={})
+    dataset_counts_sweep()
+    assert kept("d") == live({}) and kept("d")["steps"] == 4
+    dataset_update(name="d", spec={"filters": {"exclude_flags": ["truncated"]}})
+    dataset_counts_sweep()
+    ds.refresh_from_db()
+    assert DatasetCount.objects.get().version_id == ds.current_id  # the older version's went
+    assert kept("d") == live({"filters": {"exclude_flags": ["truncated"]}}) and kept("d")["steps"] == 2
+    # A spec of another kind keeps no count; a restricted reader counts its sources live.
+    for spec in ({"filters": {"readiness": "any"}}, {"grouping": {"keep_groups_whole": False}}):
+        dataset_update(name="d", spec=spec)
+        dataset_counts_sweep()
+        ds.refresh_from_db()
+        assert not DatasetCount.objects.exists()
+        assert kept("d") is None
+        assert dataset_version_preview(ds.current) == live(spec)
+    assert dataset_version_preview(ds.current, frozenset())["steps"] == 0
+
+
+def test_a_new_current_version_is_counted_by_a_task_after_its_commit(
+    django_capture_on_commit_callbacks, monkeypatch
+):
+    from curation import tasks
+    from curation.services.counts import dataset_count_build
+
+    sent: list[tuple] = []  # tests are not eager: the task's calls, run below
+    monkeypatch.setattr(tasks.dataset_count_build, "apply_async", lambda args, **kw: sent.append(tuple(args)))
+    rollout("a", seed=1)
+    with django_capture_on_commit_callbacks(execute=True):
+        ds = dataset_create(name="d", spec={})
+    assert sent == [(ds.current_id,)]
+    dataset_count_build(*sent[0])
+    count = DatasetCount.objects.get()
+    assert count.built and count.steps == 2
+    assert kept("d") == live({})
+    with django_capture_on_commit_callbacks(execute=True):
+        ds = dataset_update(name="d", spec={"filters": {"reward_min": 2}})
+    assert sent[1:] == [(ds.current_id,)]
+    dataset_count_build(*sent[0])  # the older version's task, late: no longer current, nothing
+    assert DatasetCount.objects.get().version_id == sent[0][0]
+    dataset_count_build(*sent[1])
+    assert list(DatasetCount.objects.values_list("version_id", flat=True)) == [ds.current_id]
+    assert kept("d") == live({"filters": {"reward_min": 2}}) and kept("d")["steps"] == 0
+
+
+def test_a_policy_version_counts_again_only_the_units_it_makes_stale():
+    policy_version_set(version=1)
+    for i in range(6):
+        rollout(f"old{i}", seed=i, version=1)
+    policy_version_set(version=2)
+    for i in range(3):
+        rollout(f"new{i}", seed=10 + i, version=2)
+    dataset_create(name="f", spec={"filters": {"max_staleness": 1}})
+    dataset_counts_sweep()
+    assert kept("f")["trajectories"] == 9
+    policy_version_set(version=3)  # version 1 is now two behind: the six old units change
+    count = DatasetCount.objects.get()
+    stale = set(
+        DatasetCountUnit.objects.filter(count=count, recount_at__lte=3).values_list("unit", flat=True)
+    )
+    assert stale == {
+        -t for t in Trajectory.objects.filter(uid__startswith="old").values_list("id", flat=True)
+    }
+    assert kept("f") == live({"filters": {"max_staleness": 1}}) and kept("f")["trajectories"] == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_count_created_while_a_write_is_in_flight_counts_that_write():
+    """A write marks its units before a count exists and commits after the count was
+    created: the creation waits for it, so the first count sees its rows."""
+    import threading
+    import time
+
+    from django.db import connection, connections, transaction
+
+    from curation.models import Dataset
+    from curation.services.counts import dataset_count_build
+
+    if connection.vendor != "postgresql":
+        pytest.skip("concurrent writers need PostgreSQL (SQLite serialises them)")
+    marked, commit = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            with transaction.atomic():
+                rollout("a", seed=1)  # its end marks its unit (no count exists yet)
+                marked.set()
+                assert commit.wait(timeout=60)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def builder(version_id: int) -> None:
+        try:
+            dataset_count_build(version_id)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    w = threading.Thread(target=writer)
+    w.start()
+    assert marked.wait(timeout=60)
+    version_id = dataset_create(name="d", spec={}).current_id
+    b = threading.Thread(target=builder, args=(version_id,))
+    b.start()
+    # The builder waits on the writer's lock (a condition, with a deadline).
+    deadline = time.monotonic() + 60
+    with connection.cursor() as cur:
+        while True:
+            cur.execute(
+                "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+                "WHERE c.relname = 'curation_datasetcountchange' AND NOT l.granted"
+            )
+            if cur.fetchone()[0]:
+                break
+            assert time.monotonic() < deadline, "the count's creation did not wait for the write"
+            assert b.is_alive(), "the count was built without waiting for the write"
+            time.sleep(0.01)
+    commit.set()
+    w.join(timeout=60)
+    b.join(timeout=60)
+    assert errors == []
+    assert kept("d") == live({}) and kept("d")["steps"] == 2
+    assert Dataset.objects.get(name="d").current.count.steps == 2
