@@ -18,6 +18,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.helpers import ActionForm
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
+from django.db import connections, transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Substr
 from django.forms.models import BaseInlineFormSet
@@ -87,13 +88,25 @@ class CappedCountPaginator(Paginator):
     most; the pool's totals are on the pool page. The cap bounds the count's work by the
     rows it takes to find 1,001 matches, whatever the pool's size: with 10,000 and the list
     ordered, counting the ready truncated steps of a 1M-step pool took 531 ms of the page's
-    805 ms (the whole page took 119 ms at 100k steps; bench/growth.py)."""
+    805 ms (the whole page took 119 ms at 100k steps; bench/growth.py).
+
+    On PostgreSQL the count runs without parallel workers: from about 1M steps the planner
+    took the capped scan for a big one and gathered it over two workers, whose start cost
+    30 ms of the count's 34 ms (the scan itself ~1 ms; bench.growth --explain), the admin
+    list's step from 58 to 83 ms between 100k and 1M steps."""
 
     COUNT_CAP = 1_000
 
     @cached_property
     def count(self) -> int:
-        return self.object_list.order_by()[: self.COUNT_CAP + 1].count()
+        alias = self.object_list.db  # the replica, on a page that reads from one
+        capped = self.object_list.using(alias).order_by()[: self.COUNT_CAP + 1]
+        conn = connections[alias]
+        if conn.vendor != "postgresql":
+            return capped.count()
+        with transaction.atomic(using=alias), conn.cursor() as cur:
+            cur.execute("SET LOCAL max_parallel_workers_per_gather = 0")
+            return capped.count()
 
 
 class StepActionForm(ActionForm):
