@@ -48,7 +48,8 @@ VACUUM (ANALYZE) after each retention pass of the soak. At each size, after VACU
 Each ``<figure>_ratio`` is the largest size's cost over the smallest's (for a throughput, the
 smallest's figure over the largest's): 1.0 is flat, higher is worse; the goal is <= 1.3.
 
-The soak (``--soak-seconds``, 0 skips it), on a new pool: the pool is filled to
+The soak (``--soak-seconds``, 0 skips it), on a new pool: the pool is filled (its groups merged,
+as the soak's own are: ``merge_fill``) to
 ``--keep-newest`` steps, then a real server process (uvicorn, ``--soak-workers``) takes
 W-growth steps at a fixed ``--soak-rate`` (batches of 100 over HTTP), a trainer pulls 8
 groups and acks every ``--soak-pull-interval`` seconds (a dataset serving the newest ready
@@ -541,6 +542,21 @@ def _retention_pass(*, keep_newest: int = 200_000) -> dict:
     }
 
 
+def merge_fill() -> None:
+    """The fill's groups merged, as the soak's own are by the server's follow-up tasks (their
+    prefix-tree layouts): without them the first retention passes replace layout-less groups
+    with groups holding one, and the disk grows by those layouts until the kept window has
+    turned over once (``soak_disk_drift`` measured that, not retention)."""
+    from pool.models import PromptGroup
+    from pool.services.merge import group_merge_compute
+
+    t = time.perf_counter()
+    ids = list(PromptGroup.objects.order_by("id").values_list("id", flat=True))
+    for gid in ids:
+        group_merge_compute(group_id=gid)
+    print(f"soak: merged the fill's {len(ids):,} groups in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+
+
 def soak(args: argparse.Namespace) -> dict:
     import httpx
     import orjson
@@ -554,6 +570,7 @@ def soak(args: argparse.Namespace) -> dict:
     gen = GrowthGen()
     print(f"soak: filling to {args.keep_newest:,} steps", file=sys.stderr)
     grow_by(gen, args.keep_newest // GROUP_STEPS, fill_epoch())
+    merge_fill()
     vacuum_analyze()
     result: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
