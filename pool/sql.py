@@ -867,3 +867,62 @@ def rows_delete(model: type[models.Model], ids: Sequence[int]) -> int:
     with connection.cursor() as cur:
         cur.execute(sql, params)
         return cur.rowcount
+
+
+def _q(name: str) -> str:
+    return connection.ops.quote_name(name)
+
+
+def unit_marks_insert(
+    into: type[models.Model],
+    per: type[models.Model],
+    *,
+    units: Sequence[int],
+    trajectory_ids: Sequence[int],
+    step_ids: Sequence[int],
+) -> None:
+    """PostgreSQL: one row of ``into`` (its foreign key to ``per``, ``unit``) for each row of
+    ``per`` and each unit (a group's id, or minus a lone trajectory's id) named, or of these
+    trajectories and steps, in one statement, run whether or not ``per`` has rows (the
+    INSERT's table lock is what curation/services/counts.py relies on)."""
+    fk = next(f.column for f in into._meta.concrete_fields if f.is_relation and f.related_model is per)
+    traj, step = _q(Trajectory._meta.db_table), _q(Step._meta.db_table)
+    parts, params = [], []
+    if units:
+        parts.append("SELECT unnest(%s::bigint[]) AS unit")
+        params.append(list(units))
+    if trajectory_ids:
+        parts.append(f"SELECT COALESCE(t.group_id, -t.id) AS unit FROM {traj} t WHERE t.id = ANY(%s)")
+        params.append(list(trajectory_ids))
+    if step_ids:
+        parts.append(
+            f"SELECT COALESCE(t.group_id, -t.id) AS unit FROM {step} s JOIN {traj} t ON t.id = s.trajectory_id "
+            "WHERE s.id = ANY(%s)"
+        )
+        params.append(list(step_ids))
+    if not parts:
+        return
+    with connection.cursor() as cur:
+        cur.execute(
+            f"INSERT INTO {_q(into._meta.db_table)} ({_q(fk)}, unit) SELECT p.id, u.unit FROM {_q(per._meta.db_table)} p "
+            f"CROSS JOIN ({' UNION '.join(parts)}) u",
+            params,
+        )
+
+
+def rows_take(model: type[models.Model], column: str, value: Any, returning: str) -> list[Any]:
+    """Delete the rows of ``model`` whose ``column`` is ``value`` and return their
+    ``returning`` column (``DELETE ... RETURNING``: PostgreSQL, SQLite >= 3.35). Rows a
+    transaction still holds uncommitted are not seen, and stay."""
+    with connection.cursor() as cur:
+        cur.execute(
+            f"DELETE FROM {_q(model._meta.db_table)} WHERE {_q(column)} = %s RETURNING {_q(returning)}",
+            [value],
+        )
+        return [r[0] for r in cur.fetchall()]
+
+
+def table_lock(model: type[models.Model], mode: str) -> None:
+    """PostgreSQL: ``LOCK TABLE`` in ``mode`` (e.g. "SHARE"), to the transaction's end."""
+    with connection.cursor() as cur:
+        cur.execute(f"LOCK TABLE {_q(model._meta.db_table)} IN {mode} MODE")

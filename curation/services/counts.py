@@ -40,7 +40,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from pool import bus
+from pool import bus, sql
 from pool.models import Feedback, Step, Trajectory
 from pool.tenancy import Sources
 
@@ -75,29 +75,10 @@ def units_changed(
     units, tids, sids = sorted(set(units)), sorted(set(trajectory_ids)), sorted(set(step_ids))
     if not (units or tids or sids):
         return
-    q = connection.ops.quote_name
-    change, count = q(DatasetCountChange._meta.db_table), q(DatasetCount._meta.db_table)
-    traj, step = q(Trajectory._meta.db_table), q(Step._meta.db_table)
     if connection.vendor == "postgresql":
-        parts, params = [], []
-        if units:
-            parts.append("SELECT unnest(%s::bigint[]) AS unit")
-            params.append(units)
-        if tids:
-            parts.append(f"SELECT COALESCE(t.group_id, -t.id) AS unit FROM {traj} t WHERE t.id = ANY(%s)")
-            params.append(tids)
-        if sids:
-            parts.append(
-                f"SELECT COALESCE(t.group_id, -t.id) AS unit FROM {step} s JOIN {traj} t ON t.id = s.trajectory_id "
-                f"WHERE s.id = ANY(%s)"
-            )
-            params.append(sids)
-        with connection.cursor() as cur:
-            cur.execute(
-                f"INSERT INTO {change} (count_id, unit) SELECT c.id, u.unit FROM {count} c "
-                f"CROSS JOIN ({' UNION '.join(parts)}) u",
-                params,
-            )
+        sql.unit_marks_insert(
+            DatasetCountChange, DatasetCount, units=units, trajectory_ids=tids, step_ids=sids
+        )
         return
     counts = list(DatasetCount.objects.values_list("id", flat=True))
     if not counts:
@@ -200,12 +181,10 @@ def dataset_count_start(version: DatasetVersion) -> DatasetCount:
         return found
     with transaction.atomic():
         if connection.vendor == "postgresql":
-            with connection.cursor() as cur:
-                # Waits for every writer that has marked changes (the INSERT holds ROW
-                # EXCLUSIVE on the table to its commit, rows or none) and holds new ones
-                # back until this count exists.
-                table = connection.ops.quote_name(DatasetCountChange._meta.db_table)
-                cur.execute(f"LOCK TABLE {table} IN SHARE MODE")
+            # Waits for every writer that has marked changes (the INSERT holds ROW EXCLUSIVE
+            # on the table to its commit, rows or none) and holds new ones back until this
+            # count exists.
+            sql.table_lock(DatasetCountChange, "SHARE")
         count, _ = DatasetCount.objects.get_or_create(version=version)
     return count
 
@@ -294,10 +273,7 @@ def dataset_count_fold(count: DatasetCount) -> DatasetCount:
 
 def _changes_take(count: DatasetCount) -> set[int]:
     """The units marked changed for ``count`` (committed marks), their rows removed."""
-    table = connection.ops.quote_name(DatasetCountChange._meta.db_table)
-    with connection.cursor() as cur:
-        cur.execute(f"DELETE FROM {table} WHERE count_id = %s RETURNING unit", [count.id])
-        return {u for (u,) in cur.fetchall()}
+    return set(sql.rows_take(DatasetCountChange, "count_id", count.id, "unit"))
 
 
 def _recount(count: DatasetCount, c: Compiled, units: Sequence[int] | None) -> None:
