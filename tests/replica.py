@@ -10,7 +10,8 @@ replication slot is made: a test that dies leaves nothing on the primary.
 Needs the PostgreSQL server binaries of the primary's major version (pg_basebackup, pg_ctl;
 Debian's postgresql-NN package puts them in /usr/lib/postgresql/NN/bin) and a pg_hba.conf
 line on the primary letting this machine connect for replication, e.g.
-``host replication all 127.0.0.1/32 trust``; without them the tests skip and say which.
+``host replication all 127.0.0.1/32 trust`` (.ci/run adds that line to CI's server); without
+them the tests skip and say which.
 Run as root, the replica runs as the ``postgres`` user (the server refuses to run as root).
 """
 
