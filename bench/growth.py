@@ -56,9 +56,12 @@ groups and acks every ``--soak-pull-interval`` seconds (a dataset serving the ne
 groups first), and every ``--soak-cycle`` seconds a retention pass (``_retention_pass``: the
 pool's retention service, a policy keeping the newest steps; in
 a process of its own, as a Celery worker's would be) keeps the newest ``--keep-newest``
-steps, followed by a VACUUM (ANALYZE) of the tables. The pass first trims the leases past
+steps, followed by a VACUUM (ANALYZE) of the tables; before it, that process runs celery beat's
+other periodic tasks once (``soak_beat_seconds_max``), as a deployment's worker does every minute
+(counters folded, kept dataset counts, the readiness sweep...). The pass first trims the leases past
 their replay window (``--soak-replay-seconds``, 60: shorter than the kept window, as a
-deployment's 7 days are against the months it keeps), as the retention sweep does. ``soak_disk_drift``: the largest
+deployment's 7 days are against the months it keeps) and ends by forgetting the leases whose
+units have all gone (``leases_forget``), as the retention sweep does. ``soak_disk_drift``: the largest
 departure of the pool's disk size after a pass from its size after the first pass, over the
 latter (and ``soak_disk_drift_after_turnover`` from the first pass after the kept window was
 replaced once); ``soak_p99_over_median``: the larger of ingest's and the pull's p99 over
@@ -527,19 +530,28 @@ def _retention_pass(*, keep_newest: int = 200_000) -> dict:
     deletes everything but the newest groups holding ``keep_newest`` steps: whole groups, in
     chunks of one transaction each, pins (the trainer's open leases) kept."""
     from curation.models import RetentionPolicy
-    from curation.services.retention import leases_trim, retention_run
+    from curation.services.retention import leases_forget, leases_trim, retention_run
 
     policy, _ = RetentionPolicy.objects.update_or_create(
         name="soak", defaults={"keep_newest_steps": keep_newest, "action": RetentionPolicy.Action.DELETE}
     )
     trimmed = leases_trim()  # what the retention sweep does first
     report = retention_run(policy=policy)
+    forgotten = leases_forget()  # and what it does last
     return {
         "deleted_steps": report.steps,
         "deleted_groups": report.groups,
         "pinned": report.pinned,
         "trimmed_leases": trimmed,
+        "forgotten_leases": forgotten,
     }
+
+
+def beat_task(name: str) -> None:
+    """One of celery beat's periodic tasks, run in this process by its registered name."""
+    from claw_site.celery import app
+
+    app.tasks[name]()
 
 
 def merge_fill() -> None:
@@ -706,9 +718,11 @@ def _soak_figures(args, elapsed: float, sent: int, passes: list[dict], windows, 
         "soak_keep_newest": args.keep_newest,
         "soak_replay_seconds": args.soak_replay_seconds,
         "soak_trimmed_leases": sum(p.get("trimmed_leases", 0) for p in passes),
+        "soak_forgotten_leases": sum(p.get("forgotten_leases", 0) for p in passes),
         "soak_passes": len(passes),
         "soak_pass_seconds_max": max((p["seconds"] for p in passes), default=None),
         "soak_vacuum_seconds_max": max((p["vacuum_seconds"] for p in passes), default=None),
+        "soak_beat_seconds_max": max((p.get("beat_seconds", 0) for p in passes), default=None),
         "soak_disk_bytes": disks,
         "soak_disk_drift": round(max(abs(d - disks[0]) for d in disks) / disks[0], 3) if disks else None,
         "soak_disk_drift_after_turnover": None,
@@ -743,14 +757,24 @@ def _soak_figures(args, elapsed: float, sent: int, passes: list[dict], windows, 
 
 
 def _retention_worker(pipe, keep_newest: int) -> None:
-    """The soak's retention process: a pass (and its VACUUM) each time it is asked, its
+    """The soak's retention process: each time it is asked, the beat's other periodic tasks
+    (what a deployment's Celery worker runs beside retention: the counters folded, the kept
+    dataset counts, the readiness sweep, leases expired...), then a pass and its VACUUM, its
     figures sent back; None ends it."""
     import django
 
     django.setup()
+    from claw_site.management.commands.serve import beat_schedule
+
+    periodic = [p for p in beat_schedule() if p.name != "retention"]  # the pass is retention's
     while pipe.recv() is not None:
         t = time.perf_counter()
+        for p in periodic:
+            beat_task(p.task)
+        beat_seconds = round(time.perf_counter() - t, 2)
+        t = time.perf_counter()
         done = _retention_pass(keep_newest=keep_newest)
+        done["beat_seconds"] = beat_seconds
         done["seconds"] = round(time.perf_counter() - t, 2)
         t = time.perf_counter()
         autovacuum()

@@ -183,10 +183,14 @@ def retention_sweep(*, now: dt.datetime | None = None) -> list[Report]:
     # A unit stamped ready by a commit slower than the pull cursors' lag waits one sweep at
     # most (services.cursors).
     cursors_rewind_recent(now=now)
-    return [
+    reports = [
         retention_run(policy=p, now=now)
         for p in RetentionPolicy.objects.filter(enabled=True).order_by("name")
     ]
+    forgotten = leases_forget(now=now)
+    if forgotten:
+        log.info("retention: %d leases whose every unit has left the pool were forgotten", forgotten)
+    return reports
 
 
 # --- leases' served batches -----------------------------------------------------------------------
@@ -229,6 +233,42 @@ def leases_trim(*, now: dt.datetime | None = None) -> int:
         if len(rows) < TRIM_CHUNK:
             break
     return trimmed
+
+
+def leases_forget(*, now: dt.datetime | None = None) -> int:
+    """Forget the leases that record nothing the pool still holds: past their replay window,
+    no longer open, not lineage (no training run of their consumer, no checkpoint), and every
+    unit they delivered (a group, a lone trajectory, a step) already removed from the pool.
+    Each goes with its delivery rows (their units are gone: nothing can be delivered twice)
+    and its verdicts. Without it every pull left a row (and its manifest, ~10 KB for 256
+    steps) forever, the largest part of bench.growth's soak drift; a lease's own counts on
+    the consumption page and the dashboard are of the leases on record. Run by the
+    retention sweep after the policies; idempotent, bounded per run; returns how many."""
+    now = now or timezone.now()
+    cutoff = now - dt.timedelta(days=settings.CLAW_RETENTION_REPLAY_DAYS)
+    # A delivery whose unit is still in the pool.
+    alive = Delivery.objects.filter(lease_id=OuterRef("pk")).filter(
+        Q(kind=Delivery.Kind.GROUP) & Q(Exists(PromptGroup.objects.filter(id=OuterRef("key"))))
+        | Q(kind=Delivery.Kind.TRAJECTORY) & Q(Exists(Trajectory.objects.filter(id=OuterRef("key"))))
+        | Q(kind=Delivery.Kind.STEP) & Q(Exists(Step.objects.filter(id=OuterRef("key"))))
+    )
+    forgotten = 0
+    for _ in range(MAX_TRIM_ROUNDS):
+        with transaction.atomic():
+            ids = list(
+                Lease.objects.filter(created_at__lt=cutoff, checkpoint__isnull=True)
+                .exclude(status=Lease.Status.LEASED)
+                .exclude(Exists(Run.objects.filter(consumer_id=OuterRef("consumer_id"))))
+                .exclude(Exists(alive))
+                .order_by("created_at")
+                .values_list("id", flat=True)[:TRIM_CHUNK]
+            )
+            if ids:
+                Lease.objects.filter(id__in=ids).delete()
+        forgotten += len(ids)
+        if len(ids) < TRIM_CHUNK:
+            break
+    return forgotten
 
 
 # --- which units ------------------------------------------------------------------------------------

@@ -495,3 +495,97 @@ def test_a_lease_past_its_replay_window_keeps_its_manifest_and_drops_its_batch(s
     assert "data-batch-dropped" not in replay_page(recent)
     # and a second sweep trims nothing more (idempotent)
     assert retention.leases_trim() == 0
+
+
+# Each lease of the table below: whose it is, how old, what became of it and of its units,
+# and whether the retention sweep forgets it.
+FORGET_CASES = [
+    # (name, consumer, groups pulled, acted, days old, groups purged, forgotten)
+    ("acked, old, its group gone", "trainer", 1, "ack", 10, 1, True),
+    ("acked, old, its group kept", "trainer", 1, "ack", 10, 0, False),
+    ("acked, old, one of its two groups kept", "trainer", 2, "ack", 10, 1, False),
+    ("acked, old, both its groups gone", "trainer", 2, "ack", 10, 2, True),
+    ("acked, within the replay window, its group gone", "trainer", 1, "ack", 1, 1, False),
+    ("open (leased), old, its group gone", "trainer", 1, None, 10, 1, False),
+    ("nacked, old (a nack frees its units)", "trainer", 1, "nack", 10, 0, True),
+    ("a training run's (lineage), old, its group gone", "learner", 1, "ack", 10, 1, False),
+]
+
+
+def test_a_lease_is_forgotten_once_every_unit_it_delivered_has_left_the_pool(source, settings, make_key):
+    """Past its replay window, a lease that is not open and not lineage, whose every unit has
+    left the pool, is forgotten by the retention sweep with its deliveries; every other lease
+    stays as it was (its row, its deliveries, its body)."""
+    import orjson
+
+    from curation.models import Consumer, Dataset, Run
+    from curation.services.datasets import dataset_create
+    from curation.tasks import retention_sweep
+    from pool.models import Scope
+    from pool.services.readiness import readiness_sweep
+    from tests.conftest import client_for
+
+    # given: one ready group per unit the table's leases pull, and each lease pulled
+    settings.CLAW_RETENTION_REPLAY_DAYS = 7
+    n = sum(case[2] for case in FORGET_CASES)
+    groups = [_group(f"f{i}", source, seed=60 + i) for i in range(n)]
+    PromptGroup.objects.filter(uid__in=groups).update(expected_rollouts=ROLLOUTS)
+    readiness_sweep()
+    dataset_create(name="all")
+    clients = {who: client_for(make_key(Scope.CONSUME, name=who)) for who in ("trainer", "learner")}
+    leases = {}
+    for name, who, size, acted, days, purged, _ in FORGET_CASES:
+        resp = clients[who].post(
+            f"/api/v1/consumers/{who}/pull", {"dataset": "all", "batch_size": size}, format="json"
+        )
+        assert resp.status_code == 200 and resp.json()["lease_id"], (name, resp.content)
+        lease = resp.json()["lease_id"]
+        held = [
+            PromptGroup.objects.get(id=d.key)
+            for d in Delivery.objects.filter(lease_id=lease, kind=Delivery.Kind.GROUP).order_by("key")
+        ]
+        assert len(held) == size, name
+        if acted:
+            assert clients[who].post(f"/api/v1/leases/{lease}/{acted}").status_code == 200, name
+        Lease.objects.filter(id=lease).update(created_at=timezone.now() - dt.timedelta(days=days))
+        if acted is None:  # still open: its expiry is ahead
+            Lease.objects.filter(id=lease).update(expires_at=timezone.now() + dt.timedelta(minutes=5))
+        leases[name] = (lease, held[:purged])
+    Run.objects.create(
+        uid="run-f",
+        consumer=Consumer.objects.get(name="learner"),
+        dataset=Dataset.objects.get(name="all"),
+        created_at=timezone.now(),
+    )
+    # and the groups each case says have left the pool
+    groups_purge(group_ids=[g.id for _, gone in leases.values() for g in gone])
+    before = {
+        name: (
+            bytes(Lease.objects.get(id=lease).body),
+            sorted(Delivery.objects.filter(lease_id=lease).values_list("kind", "key")),
+        )
+        for name, (lease, _) in leases.items()
+    }
+
+    # when: the retention sweep runs (celery beat's task), twice (idempotent)
+    retention_sweep()
+    retention_sweep()
+
+    # then: exactly the table's leases are gone, with their deliveries
+    for name, *_, forgotten in FORGET_CASES:
+        lease = leases[name][0]
+        if forgotten:
+            assert not Lease.objects.filter(id=lease).exists(), name
+            assert not Delivery.objects.filter(lease_id=lease).exists(), name
+            who = next(c[1] for c in FORGET_CASES if c[0] == name)
+            assert clients[who].get(f"/api/v1/leases/{lease}/batch").status_code == 404, name
+            continue
+        # and every other one is as it was: its deliveries, and its body (a trimmed one's
+        # manifest is the same manifest)
+        kept = Lease.objects.get(id=lease)
+        body, deliveries = before[name]
+        assert sorted(Delivery.objects.filter(lease_id=lease).values_list("kind", "key")) == deliveries, name
+        if kept.batch_dropped_at is None:
+            assert bytes(kept.body) == body, name
+        else:
+            assert orjson.loads(bytes(kept.body))["manifest"] == orjson.loads(body)["manifest"], name
