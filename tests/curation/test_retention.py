@@ -497,18 +497,21 @@ def test_a_lease_past_its_replay_window_keeps_its_manifest_and_drops_its_batch(s
     assert retention.leases_trim() == 0
 
 
-# Each lease of the table below: whose it is, how old, what became of it and of its units,
-# and whether the retention sweep forgets it.
+# Each lease of the table below: whose it is, what it pulled, how old it is, what became of it
+# and of the groups of its units, and whether the retention sweep forgets it.
+ALL = 99
 FORGET_CASES = [
-    # (name, consumer, groups pulled, acted, days old, groups purged, forgotten)
-    ("acked, old, its group gone", "trainer", 1, "ack", 10, 1, True),
-    ("acked, old, its group kept", "trainer", 1, "ack", 10, 0, False),
-    ("acked, old, one of its two groups kept", "trainer", 2, "ack", 10, 1, False),
-    ("acked, old, both its groups gone", "trainer", 2, "ack", 10, 2, True),
-    ("acked, within the replay window, its group gone", "trainer", 1, "ack", 1, 1, False),
-    ("open (leased), old, its group gone", "trainer", 1, None, 10, 1, False),
-    ("nacked, old (a nack frees its units)", "trainer", 1, "nack", 10, 0, True),
-    ("a training run's (lineage), old, its group gone", "learner", 1, "ack", 10, 1, False),
+    # (name, consumer, unit, batch size, acted, days old, held groups purged, forgotten)
+    ("acked, old, its group gone", "trainer", "groups", 1, "ack", 10, 1, True),
+    ("acked, old, its group kept", "trainer", "groups", 1, "ack", 10, 0, False),
+    ("acked, old, one of its two groups kept", "trainer", "groups", 2, "ack", 10, 1, False),
+    ("acked, old, both its groups gone", "trainer", "groups", 2, "ack", 10, ALL, True),
+    ("acked, within the replay window, its group gone", "trainer", "groups", 1, "ack", 1, 1, False),
+    ("open (leased), old, its group gone", "trainer", "groups", 1, None, 10, 1, False),
+    ("nacked, old (a nack frees its units)", "trainer", "groups", 1, "nack", 10, 0, True),
+    ("a training run's (lineage), old, its group gone", "learner", "groups", 1, "ack", 10, 1, False),
+    ("steps, acked, old, their groups gone", "stepper", "steps", ROLLOUTS * TURNS, "ack", 10, ALL, True),
+    ("steps, acked, old, their groups kept", "stepper", "steps", ROLLOUTS * TURNS, "ack", 10, 0, False),
 ]
 
 
@@ -525,26 +528,37 @@ def test_a_lease_is_forgotten_once_every_unit_it_delivered_has_left_the_pool(sou
     from pool.services.readiness import readiness_sweep
     from tests.conftest import client_for
 
-    # given: one ready group per unit the table's leases pull, and each lease pulled
+    # given: ready groups for the group pulls (dataset "all") and, of a source of their own,
+    # for the step pulls (dataset "steps"), and each lease of the table pulled
     settings.CLAW_RETENTION_REPLAY_DAYS = 7
-    n = sum(case[2] for case in FORGET_CASES)
-    groups = [_group(f"f{i}", source, seed=60 + i) for i in range(n)]
-    PromptGroup.objects.filter(uid__in=groups).update(expected_rollouts=ROLLOUTS)
+    stepped = Source.objects.create(name=f"ret-steps-{uuid.uuid4().hex[:8]}")
+    for kind, of in (("groups", source), ("steps", stepped)):
+        n = sum(c[3] for c in FORGET_CASES if c[2] == kind)
+        n = n if kind == "groups" else n // (ROLLOUTS * TURNS)
+        made = [_group(f"f{kind}{i}", of, seed=60 + i) for i in range(n)]
+        PromptGroup.objects.filter(uid__in=made).update(expected_rollouts=ROLLOUTS)
     readiness_sweep()
-    dataset_create(name="all")
-    clients = {who: client_for(make_key(Scope.CONSUME, name=who)) for who in ("trainer", "learner")}
+    dataset_create(name="all", spec={"filters": {"sources": [source.name]}})
+    dataset_create(name="steps", spec={"filters": {"sources": [stepped.name]}})
+    clients = {
+        who: client_for(make_key(Scope.CONSUME, name=who)) for who in ("trainer", "learner", "stepper")
+    }
     leases = {}
-    for name, who, size, acted, days, purged, _ in FORGET_CASES:
-        resp = clients[who].post(
-            f"/api/v1/consumers/{who}/pull", {"dataset": "all", "batch_size": size}, format="json"
-        )
+    for name, who, unit, size, acted, days, purged, _ in FORGET_CASES:
+        pull = {"dataset": "all" if unit == "groups" else "steps", "batch_size": size, "unit": unit}
+        resp = clients[who].post(f"/api/v1/consumers/{who}/pull", pull, format="json")
         assert resp.status_code == 200 and resp.json()["lease_id"], (name, resp.content)
         lease = resp.json()["lease_id"]
-        held = [
-            PromptGroup.objects.get(id=d.key)
-            for d in Delivery.objects.filter(lease_id=lease, kind=Delivery.Kind.GROUP).order_by("key")
-        ]
-        assert len(held) == size, name
+        keys = list(Delivery.objects.filter(lease_id=lease).values_list("kind", "key"))
+        assert len(keys) == size, name
+        of_group = (
+            [k for _, k in keys]
+            if unit == "groups"
+            else Step.objects.filter(id__in=[k for _, k in keys]).values_list(
+                "trajectory__group_id", flat=True
+            )
+        )
+        held = sorted(set(of_group))
         if acted:
             assert clients[who].post(f"/api/v1/leases/{lease}/{acted}").status_code == 200, name
         Lease.objects.filter(id=lease).update(created_at=timezone.now() - dt.timedelta(days=days))
@@ -558,7 +572,7 @@ def test_a_lease_is_forgotten_once_every_unit_it_delivered_has_left_the_pool(sou
         created_at=timezone.now(),
     )
     # and the groups each case says have left the pool
-    groups_purge(group_ids=[g.id for _, gone in leases.values() for g in gone])
+    groups_purge(group_ids=[g for _, gone in leases.values() for g in gone])
     before = {
         name: (
             bytes(Lease.objects.get(id=lease).body),
@@ -572,12 +586,11 @@ def test_a_lease_is_forgotten_once_every_unit_it_delivered_has_left_the_pool(sou
     retention_sweep()
 
     # then: exactly the table's leases are gone, with their deliveries
-    for name, *_, forgotten in FORGET_CASES:
+    for name, who, *_, forgotten in FORGET_CASES:
         lease = leases[name][0]
         if forgotten:
             assert not Lease.objects.filter(id=lease).exists(), name
             assert not Delivery.objects.filter(lease_id=lease).exists(), name
-            who = next(c[1] for c in FORGET_CASES if c[0] == name)
             assert clients[who].get(f"/api/v1/leases/{lease}/batch").status_code == 404, name
             continue
         # and every other one is as it was: its deliveries, and its body (a trimmed one's
