@@ -41,18 +41,21 @@ def new_model(seed: int, d: int = 32, layers: int = 2, heads: int = 2) -> TinyLM
 def answer_logprobs(model: TinyLM, prompts: list[list[int]]) -> torch.Tensor:
     """(B, len(ANSWER_TOKENS)): the log-probabilities of each allowed answer token after each
     prompt, under the constraint (the log-softmax over the allowed tokens only), read through
-    the last CONTEXT tokens of each prompt. Prompts are left-padded into one batch; with gradients when the caller has them on."""
-    prompts = [p[-CONTEXT:] for p in prompts]
-    width = max(len(p) for p in prompts)
-    ids = torch.zeros(len(prompts), width, dtype=torch.int64)
-    keep = torch.zeros(len(prompts), width, dtype=torch.bool)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.as_tensor(p)
-        keep[i, width - len(p) :] = True
-    pos = (keep.cumsum(-1) - 1).clamp(min=0)
-    causal = torch.ones(width, width, dtype=torch.bool).tril()
-    mask = (causal[None] & keep[:, None, :]) | torch.eye(width, dtype=torch.bool)[None]
-    logits = model(ids, pos, mask[:, None])[:, -1]  # (B, V): the row that predicts the answer
+    the last CONTEXT tokens of each prompt; with gradients when the caller has them on.
+
+    Each prompt is its own forward pass (a batch of one), so a prompt's numbers do not depend
+    on the batch it comes in: the server computes one prompt at a time, and a CPU matmul's
+    float32 rounding can differ with the batch's shape (2.4e-07 between a batch of 12 and
+    batches of one, seen on one machine), which would break "the trainer's own numbers"."""
+    return torch.cat([_one(model, p[-CONTEXT:]) for p in prompts])
+
+
+def _one(model: TinyLM, prompt: list[int]) -> torch.Tensor:
+    width = len(prompt)
+    ids = torch.as_tensor(prompt, dtype=torch.int64)[None]
+    pos = torch.arange(width)[None]
+    mask = torch.ones(width, width, dtype=torch.bool).tril()[None]
+    logits = model(ids, pos, mask[:, None])[:, -1]  # (1, V): the row that predicts the answer
     return torch.log_softmax(logits[:, ANSWER_TOKENS].double(), dim=-1)
 
 
