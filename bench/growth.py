@@ -60,8 +60,8 @@ steps, followed by a VACUUM (ANALYZE) of the tables; before it, that process run
 other periodic tasks once (``soak_beat_seconds_max``), as a deployment's worker does every minute
 (counters folded, kept dataset counts, the readiness sweep...). The pass first trims the leases past
 their replay window (``--soak-replay-seconds``, 60: shorter than the kept window, as a
-deployment's 7 days are against the months it keeps) and ends by forgetting the leases whose
-units have all gone (``leases_forget``), as the retention sweep does. ``soak_disk_drift``: the largest
+deployment's 7 days are against the months it keeps) and forgets the leases whose units have
+all gone (``leases_forget``): the pass is the retention sweep itself. ``soak_disk_drift``: the largest
 departure of the pool's disk size after a pass from its size after the first pass, over the
 latter (and ``soak_disk_drift_after_turnover`` from the first pass after the kept window was
 replaced once); ``soak_p99_over_median``: the larger of ingest's and the pull's p99 over
@@ -526,24 +526,25 @@ def grow(args: argparse.Namespace) -> dict:
 
 # --- the soak ---------------------------------------------------------------------------------
 def _retention_pass(*, keep_newest: int = 200_000) -> dict:
-    """One pass of the pool's retention (curation/services/retention.py) with a policy that
-    deletes everything but the newest groups holding ``keep_newest`` steps: whole groups, in
-    chunks of one transaction each, pins (the trainer's open leases) kept."""
+    """One retention sweep (curation/services/retention.py, what celery beat runs) with one
+    policy enabled, which deletes everything but the newest groups holding ``keep_newest``
+    steps: whole groups, in chunks of one transaction each, pins (the trainer's open leases)
+    kept; leases' batches trimmed first, leases forgotten once their units are gone."""
     from curation.models import RetentionPolicy
-    from curation.services.retention import leases_forget, leases_trim, retention_run
+    from curation.services.retention import retention_sweep
 
-    policy, _ = RetentionPolicy.objects.update_or_create(
-        name="soak", defaults={"keep_newest_steps": keep_newest, "action": RetentionPolicy.Action.DELETE}
+    RetentionPolicy.objects.update_or_create(
+        name="soak",
+        defaults={"keep_newest_steps": keep_newest, "action": RetentionPolicy.Action.DELETE, "enabled": True},
     )
-    trimmed = leases_trim()  # what the retention sweep does first
-    report = retention_run(policy=policy)
-    forgotten = leases_forget()  # and what it does last
+    sweep = retention_sweep()
+    (report,) = sweep.reports
     return {
         "deleted_steps": report.steps,
         "deleted_groups": report.groups,
         "pinned": report.pinned,
-        "trimmed_leases": trimmed,
-        "forgotten_leases": forgotten,
+        "trimmed_leases": sweep.trimmed_leases,
+        "forgotten_leases": report.forgotten_leases + sweep.forgotten_undelivered,
     }
 
 

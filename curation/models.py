@@ -327,6 +327,11 @@ class Delivery(models.Model):
                 fields=["consumer", "dataset", "kind", "key", "use_index"], name="delivery_use_once"
             ),
         ]
+        indexes = [
+            # Retention: "the leases that delivered these units, whoever took them" (a pass
+            # forgets them once their units are gone: services.retention.leases_forget).
+            models.Index(fields=["kind", "key"], name="delivery_unit"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.get_kind_display()} {self.key} -> consumer {self.consumer_id}"

@@ -48,10 +48,10 @@ def snapshot_build(snapshot_id: str) -> None:
 
 
 @shared_task(name="curation.retention_sweep", acks_late=True, **RETRY)
-def retention_sweep() -> list[dict]:
+def retention_sweep() -> dict:
     """Periodic (celery beat, CLAW_RETENTION_SECONDS): every enabled retention policy.
     Idempotent, chunk by chunk (a pass killed midway is taken up by the next)."""
-    return [r.as_dict() for r in retention.retention_sweep()]
+    return retention.retention_sweep().as_dict()
 
 
 @shared_task(name="curation.dataset_count_build", acks_late=True, **RETRY)

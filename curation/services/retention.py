@@ -97,6 +97,7 @@ class Report:
     dry_run: bool
     candidates: int = 0  # units matching the rules
     pinned: int = 0
+    forgotten_leases: int = 0  # leases left recording nothing the pool holds (leases_forget)
     groups: int = 0
     trajectories: int = 0
     steps: int = 0
@@ -157,7 +158,9 @@ def retention_run(
                 if policy.action == RetentionPolicy.Action.ARCHIVE and (groups or lone):
                     archive = archive or _archive_open(policy)
                     _archive_part(archive, groups, lone)
+                holders = lease_holders(groups, lone)  # read while the units are there
                 purged = groups_purge(group_ids=groups, trajectory_ids=lone)
+                report.forgotten_leases += leases_forget(holders, now=now)
                 report.groups += purged.groups
                 report.trajectories += purged.trajectories
                 report.steps += purged.steps
@@ -173,10 +176,29 @@ def retention_run(
     return report
 
 
-def retention_sweep(*, now: dt.datetime | None = None) -> list[Report]:
+@dataclass(slots=True)
+class Sweep:
+    """What a retention sweep did: leases trimmed, each policy's pass, the undelivered leases
+    forgotten (those of removed units are each pass's ``forgotten_leases``)."""
+
+    trimmed_leases: int
+    reports: list[Report]
+    forgotten_undelivered: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "trimmed_leases": self.trimmed_leases,
+            "reports": [r.as_dict() for r in self.reports],
+            "forgotten_undelivered": self.forgotten_undelivered,
+        }
+
+
+def retention_sweep(*, now: dt.datetime | None = None) -> Sweep:
     """The leases' served batches past their replay window (``leases_trim``), the pull
-    cursors back over the last two sweep intervals (``cursors_rewind_recent``), then every
-    enabled policy, in name order (celery beat, ``manage.py retention_run``)."""
+    cursors back over the last two sweep intervals (``cursors_rewind_recent``), every
+    enabled policy in name order (each forgets the leases of what it removed), then the
+    leases holding no delivery (``leases_forget_undelivered``). Celery beat,
+    ``manage.py retention_run``."""
     trimmed = leases_trim(now=now)
     if trimmed:
         log.info("retention: %d leases past their replay window kept their manifest only", trimmed)
@@ -187,10 +209,10 @@ def retention_sweep(*, now: dt.datetime | None = None) -> list[Report]:
         retention_run(policy=p, now=now)
         for p in RetentionPolicy.objects.filter(enabled=True).order_by("name")
     ]
-    forgotten = leases_forget(now=now)
+    forgotten = leases_forget_undelivered(now=now)
     if forgotten:
-        log.info("retention: %d leases whose every unit has left the pool were forgotten", forgotten)
-    return reports
+        log.info("retention: %d nacked or expired leases past their replay window were forgotten", forgotten)
+    return Sweep(trimmed, reports, forgotten)
 
 
 # --- leases' served batches -----------------------------------------------------------------------
@@ -235,40 +257,77 @@ def leases_trim(*, now: dt.datetime | None = None) -> int:
     return trimmed
 
 
-def leases_forget(*, now: dt.datetime | None = None) -> int:
-    """Forget the leases that record nothing the pool still holds: past their replay window,
-    no longer open, not lineage (no training run of their consumer, no checkpoint), and every
-    unit they delivered (a group, a lone trajectory, a step) already removed from the pool.
-    Each goes with its delivery rows (their units are gone: nothing can be delivered twice)
-    and its verdicts. Without it every pull left a row (and its manifest, ~10 KB for 256
-    steps) forever, the largest part of bench.growth's soak drift; a lease's own counts on
-    the consumption page and the dashboard are of the leases on record. Run by the
-    retention sweep after the policies; idempotent, bounded per run; returns how many."""
-    now = now or timezone.now()
-    cutoff = now - dt.timedelta(days=settings.CLAW_RETENTION_REPLAY_DAYS)
+def lease_holders(groups: Iterable[int], lone: Iterable[int]) -> list[uuid.UUID]:
+    """The leases that delivered any of these units (groups, lone trajectories, or one of
+    their steps), whichever consumer took them: one read (Delivery's ``delivery_unit``)."""
+    groups, lone = list(groups), list(lone)
+    if not groups and not lone:
+        return []
+    steps = Step.objects.filter(Q(trajectory__group_id__in=groups) | Q(trajectory_id__in=lone)).values("id")
+    return list(
+        Delivery.objects.filter(
+            Q(kind=Delivery.Kind.GROUP, key__in=groups)
+            | Q(kind=Delivery.Kind.TRAJECTORY, key__in=lone)
+            | Q(kind=Delivery.Kind.STEP, key__in=steps)
+        )
+        .values_list("lease_id", flat=True)
+        .distinct()
+    )
+
+
+def leases_forget(lease_ids: Iterable[uuid.UUID], *, now: dt.datetime | None = None) -> int:
+    """Forget those of these leases that record nothing the pool still holds: past their
+    replay window, no longer open, not lineage (no training run of their consumer: a
+    checkpoint's leases are its run's), and every unit they delivered (a group, a lone trajectory, a step) gone. Each
+    goes with its delivery rows (their units are gone: nothing can be delivered twice) and
+    its verdicts. A retention pass calls it with the leases of the units it just removed
+    (``lease_holders``), so its work follows what a pass removes, never the leases' history.
+    Without it every pull left a row (and its manifest, ~10 KB for 256 steps) for ever, the
+    largest part of bench.growth's soak drift; the lease counts of the consumption page and
+    the dashboard are of the leases on record. Idempotent; returns how many."""
+    return _forget(Lease.objects.filter(id__in=list(lease_ids)), now=now)
+
+
+def leases_forget_undelivered(*, now: dt.datetime | None = None) -> int:
+    """The same for the leases that hold no delivery at all (a nack or an expiry gave their
+    units back): no pass reaches them through their units. Run by the retention sweep;
+    bounded per run (the next run goes on)."""
+    forgotten = 0
+    for _ in range(MAX_TRIM_ROUNDS):
+        with transaction.atomic():
+            done = _forget(
+                Lease.objects.filter(status__in=[Lease.Status.RELEASED, Lease.Status.EXPIRED]),
+                now=now,
+                most=TRIM_CHUNK,
+            )
+        forgotten += done
+        if done < TRIM_CHUNK:
+            break
+    return forgotten
+
+
+def _forget(leases, *, now: dt.datetime | None, most: int | None = None) -> int:
+    """Delete those of ``leases`` that qualify (``leases_forget``); at most ``most``."""
+    cutoff = (now or timezone.now()) - dt.timedelta(days=settings.CLAW_RETENTION_REPLAY_DAYS)
     # A delivery whose unit is still in the pool.
     alive = Delivery.objects.filter(lease_id=OuterRef("pk")).filter(
         Q(kind=Delivery.Kind.GROUP) & Q(Exists(PromptGroup.objects.filter(id=OuterRef("key"))))
         | Q(kind=Delivery.Kind.TRAJECTORY) & Q(Exists(Trajectory.objects.filter(id=OuterRef("key"))))
         | Q(kind=Delivery.Kind.STEP) & Q(Exists(Step.objects.filter(id=OuterRef("key"))))
     )
-    forgotten = 0
-    for _ in range(MAX_TRIM_ROUNDS):
-        with transaction.atomic():
-            ids = list(
-                Lease.objects.filter(created_at__lt=cutoff, checkpoint__isnull=True)
-                .exclude(status=Lease.Status.LEASED)
-                .exclude(Exists(Run.objects.filter(consumer_id=OuterRef("consumer_id"))))
-                .exclude(Exists(alive))
-                .order_by("created_at")
-                .values_list("id", flat=True)[:TRIM_CHUNK]
-            )
-            if ids:
-                Lease.objects.filter(id__in=ids).delete()
-        forgotten += len(ids)
-        if len(ids) < TRIM_CHUNK:
-            break
-    return forgotten
+    ids = (
+        leases.filter(created_at__lt=cutoff)
+        .exclude(status=Lease.Status.LEASED)
+        # lineage: a consumer with a training run (a checkpoint's leases are its run's)
+        .exclude(Exists(Run.objects.filter(consumer_id=OuterRef("consumer_id"))))
+        .exclude(Exists(alive))
+        .order_by("created_at")
+        .values_list("id", flat=True)
+    )
+    ids = list(ids[:most] if most is not None else ids)
+    if ids:
+        Lease.objects.filter(id__in=ids).delete()
+    return len(ids)
 
 
 # --- which units ------------------------------------------------------------------------------------
@@ -856,8 +915,12 @@ __all__ = [
     "CHUNK_GROUPS",
     "ArchiveError",
     "Report",
+    "Sweep",
     "archive_restore",
     "candidates",
+    "lease_holders",
+    "leases_forget",
+    "leases_forget_undelivered",
     "leases_trim",
     "pin",
     "pinned_units",

@@ -571,8 +571,12 @@ def test_a_lease_is_forgotten_once_every_unit_it_delivered_has_left_the_pool(sou
         dataset=Dataset.objects.get(name="all"),
         created_at=timezone.now(),
     )
-    # and the groups each case says have left the pool
-    groups_purge(group_ids=[g for _, gone in leases.values() for g in gone])
+    # and the groups each case says have left the pool, removed as a retention pass does:
+    # their leases read first (every lease that delivered one of them, and no other)
+    gone = [g for _, of in leases.values() for g in of]
+    holders = retention.lease_holders(gone, [])
+    assert set(map(str, holders)) == {lease for lease, of in leases.values() if of}
+    groups_purge(group_ids=gone)
     before = {
         name: (
             bytes(Lease.objects.get(id=lease).body),
@@ -581,7 +585,9 @@ def test_a_lease_is_forgotten_once_every_unit_it_delivered_has_left_the_pool(sou
         for name, (lease, _) in leases.items()
     }
 
-    # when: the retention sweep runs (celery beat's task), twice (idempotent)
+    # when: the pass forgets those leases, and the retention sweep (celery beat's task) runs,
+    # twice (idempotent)
+    retention.leases_forget(holders)
     retention_sweep()
     retention_sweep()
 
@@ -602,3 +608,58 @@ def test_a_lease_is_forgotten_once_every_unit_it_delivered_has_left_the_pool(sou
             assert bytes(kept.body) == body, name
         else:
             assert orjson.loads(bytes(kept.body))["manifest"] == orjson.loads(body)["manifest"], name
+
+
+def test_a_retention_pass_forgets_the_leases_of_what_it_removed(source, settings, make_key):
+    """End to end: a policy's pass removes two old groups; the trainer's old acked leases of
+    them are forgotten in the same pass (counted in its report), a training run's lease of
+    one of them is kept, and the lease of a young group the pass keeps stays whole."""
+    from curation.models import Consumer, Dataset, RetentionPolicy, Run
+    from curation.services.datasets import dataset_create
+    from pool.models import Scope
+    from pool.services.readiness import readiness_sweep
+    from tests.conftest import client_for
+
+    # given: three ready groups, a trainer's acked lease of each and a learner's (with a
+    # training run) of one of them, all ten days old
+    settings.CLAW_RETENTION_REPLAY_DAYS = 7
+    made = [_group(f"e{i}", source, seed=80 + i) for i in range(3)]
+    PromptGroup.objects.filter(uid__in=made).update(expected_rollouts=ROLLOUTS)
+    readiness_sweep()
+    dataset_create(name="all")
+
+    def pulled(who: str) -> tuple[str, int]:
+        c = client_for(make_key(Scope.CONSUME, name=who))
+        resp = c.post(f"/api/v1/consumers/{who}/pull", {"dataset": "all", "batch_size": 1}, format="json")
+        assert resp.status_code == 200 and resp.json()["lease_id"], resp.content
+        lease = resp.json()["lease_id"]
+        assert c.post(f"/api/v1/leases/{lease}/ack").status_code == 200
+        return lease, Delivery.objects.get(lease_id=lease).key
+
+    trainer = [pulled("trainer") for _ in made]
+    learner, learnt = pulled("learner")
+    Lease.objects.update(created_at=timezone.now() - dt.timedelta(days=10))
+    Run.objects.create(
+        uid="run-e",
+        consumer=Consumer.objects.get(name="learner"),
+        dataset=Dataset.objects.get(name="all"),
+        created_at=timezone.now(),
+    )
+    # and the trainer's first two groups old (the learner's is among them), the third young
+    (a, _), (b, _), (young, young_group) = trainer
+    old = [trainer[0][1], trainer[1][1]]
+    assert learnt in old
+    for g in PromptGroup.objects.filter(id__in=old).values_list("uid", flat=True):
+        _age(g, 40)
+
+    # when: a policy removing groups older than 30 days runs its pass
+    report = retention.retention_run(policy=RetentionPolicy.objects.create(name="old", older_than_days=30))
+
+    # then: it removed the two old groups and forgot the trainer's two leases of them
+    assert report.groups == 2 and not PromptGroup.objects.filter(id__in=old).exists()
+    assert report.forgotten_leases == 2
+    assert not Lease.objects.filter(id__in=[a, b]).exists()
+    assert not Delivery.objects.filter(lease_id__in=[a, b]).exists()
+    # and the learner's (lineage) and the young group's lease are as they were
+    assert Delivery.objects.get(lease_id=learner).key == learnt
+    assert Delivery.objects.get(lease_id=young).key == young_group

@@ -1,6 +1,7 @@
 """``manage.py retention_run [--policy NAME] [--dry-run]``: apply the enabled retention
 policies (or one, enabled or not) now, as celery beat does every CLAW_RETENTION_SECONDS;
-without ``--policy``, the leases' batches past their replay window first (leases_trim).
+without ``--policy``, the leases' batches past their replay window first (leases_trim) and,
+last, the leases holding no delivery past it (leases_forget_undelivered), as the sweep does.
 ``--dry-run`` says what would go and removes nothing."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from ...models import RetentionPolicy
-from ...services.retention import Report, leases_trim, retention_run
+from ...services.retention import Report, leases_forget_undelivered, leases_trim, retention_run
 
 
 class Command(BaseCommand):
@@ -35,3 +36,5 @@ class Command(BaseCommand):
         for p in policies:
             report = retention_run(policy=p, dry_run=dry_run, progress=progress)
             self.stdout.write(json.dumps(report.as_dict()))
+        if not policy and not dry_run:
+            self.stderr.write(f"  nacked or expired leases forgotten: {leases_forget_undelivered()}")
