@@ -235,9 +235,13 @@ def dataset_count_read(version: DatasetVersion) -> dict[str, Any] | None:
 def dataset_count_fold(count: DatasetCount) -> DatasetCount:
     """Fold what changed into ``count`` (built whole the first time, and again when the
     current policy version went back or appeared); returns it as it stands. A fold already
-    under way elsewhere is not waited for: its totals are read as they are."""
+    under way elsewhere is waited for (then what it left is folded): a read after a write
+    always counts it. Skipping it returned the totals from before that fold, so a preview
+    read just after every step was ready could miss some of them. The lock is FOR NO KEY
+    UPDATE: a write marking a unit meanwhile (its change row's foreign key takes FOR KEY
+    SHARE on the count) goes on; FOR UPDATE made every such write wait for the fold."""
     with transaction.atomic():
-        row = DatasetCount.objects.select_for_update(skip_locked=True).filter(id=count.id).first()
+        row = DatasetCount.objects.select_for_update(no_key=True).filter(id=count.id).first()
         if row is None:
             return DatasetCount.objects.filter(id=count.id).first() or count
         spec = spec_parse(DatasetVersion.objects.get(id=row.version_id).spec)
