@@ -320,7 +320,15 @@ def dataset_preview(spec: Spec, sources: Sources = None) -> dict[str, Any]:
             st=Coalesce(Sum("seq_len"), 0),
         )
         return preview_numbers(
-            c, agg["steps"], 0, agg["trajectories"], None, 0, 0, agg["pt"], agg["st"] - agg["pt"]
+            c.current_version,
+            agg["steps"],
+            0,
+            agg["trajectories"],
+            None,
+            0,
+            0,
+            agg["pt"],
+            agg["st"] - agg["pt"],
         )
     units, params = _units_sql(c)
     query = f"""
@@ -339,7 +347,15 @@ def dataset_preview(spec: Spec, sources: Sources = None) -> dict[str, Any]:
         cur.execute(query, params)
         steps, masked, rollouts, groups, dropped, waiting, pt, rt = cur.fetchone()
     return preview_numbers(
-        c, int(steps), int(masked), int(rollouts), int(groups), int(dropped), int(waiting), int(pt), int(rt)
+        c.current_version,
+        int(steps),
+        int(masked),
+        int(rollouts),
+        int(groups),
+        int(dropped),
+        int(waiting),
+        int(pt),
+        int(rt),
     )
 
 
@@ -380,7 +396,7 @@ def units_shares(
 
 
 def preview_numbers(
-    c: Compiled,
+    current_version: int | None,
     steps: int,
     masked: int,
     rollouts: int,
@@ -401,7 +417,7 @@ def preview_numbers(
         "response_tokens": rt,
         "mean_prompt_tokens": pt / steps if steps else 0.0,
         "mean_response_tokens": rt / steps if steps else 0.0,
-        "current_policy_version": c.current_version,
+        "current_policy_version": current_version,
     }
 
 

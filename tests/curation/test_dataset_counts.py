@@ -35,6 +35,9 @@ pytestmark = pytest.mark.django_db
 DATASETS = {
     "default": {},
     "fresh": {"filters": {"max_staleness": 1}},
+    # Freshness against a named policy's current version (read by another query than the
+    # default policy's).
+    "fresh-actor": {"filters": {"max_staleness": 1, "policy": "actor"}},
     "clean": {"filters": {"exclude_flags": ["truncated", "policy_mismatch"], "exclude_tags": ["bad"]}},
     "gold": {"filters": {"tags": ["gold"]}},
     "accepted": {"filters": {"labels": ["accepted"]}},
@@ -96,6 +99,7 @@ WRITES = [
     ("a trajectory with a gap", gapped),
     ("its missing step, late", late_step),
     ("a newer policy version (freshness)", lambda: policy_version_set(version=3)),
+    ("a newer version of the named policy", lambda: policy_version_set(version=3, policy="actor")),
     (
         "a group on the new version",
         lambda: [rollout(t, group="g3", seed=s, version=3) for t, s in (("e", 6), ("f", 7))],
@@ -128,6 +132,7 @@ def kept(name: str) -> dict | None:
 
 def test_every_write_leaves_each_kept_count_equal_to_the_live_one():
     policy_version_set(version=1)
+    policy_version_set(version=1, policy="actor")
     group_upsert(uid="g1", expected_rollouts=2)
     group_upsert(uid="g2", expected_rollouts=2)
     group_upsert(uid="g3", expected_rollouts=2)
