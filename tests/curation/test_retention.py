@@ -512,6 +512,9 @@ FORGET_CASES = [
     ("a training run's (lineage), old, its group gone", "learner", "groups", 1, "ack", 10, 1, False),
     ("steps, acked, old, their groups gone", "stepper", "steps", ROLLOUTS * TURNS, "ack", 10, ALL, True),
     ("steps, acked, old, their groups kept", "stepper", "steps", ROLLOUTS * TURNS, "ack", 10, 0, False),
+    ("a lone trajectory, acked, old, gone", "soloist", "lone", 1, "ack", 10, 1, True),
+    ("a lone trajectory, acked, old, kept", "soloist", "lone", 1, "ack", 10, 0, False),
+    ("two lone trajectories, acked, old, one kept", "soloist", "lone", 2, "ack", 10, 1, False),
 ]
 
 
@@ -528,36 +531,58 @@ def test_a_lease_is_forgotten_once_every_unit_it_delivered_has_left_the_pool(sou
     from pool.services.readiness import readiness_sweep
     from tests.conftest import client_for
 
-    # given: ready groups for the group pulls (dataset "all") and, of a source of their own,
-    # for the step pulls (dataset "steps"), and each lease of the table pulled
+    # given: ready groups for the group pulls (dataset "all") and, each of a source of their
+    # own, for the step pulls (dataset "steps") and lone trajectories, ready, for the pulls of
+    # trajectories without a group (dataset "lone"); and each lease of the table pulled
     settings.CLAW_RETENTION_REPLAY_DAYS = 7
     stepped = Source.objects.create(name=f"ret-steps-{uuid.uuid4().hex[:8]}")
+    solo = Source.objects.create(name=f"ret-lone-{uuid.uuid4().hex[:8]}")
     for kind, of in (("groups", source), ("steps", stepped)):
         n = sum(c[3] for c in FORGET_CASES if c[2] == kind)
         n = n if kind == "groups" else n // (ROLLOUTS * TURNS)
         made = [_group(f"f{kind}{i}", of, seed=60 + i) for i in range(n)]
         PromptGroup.objects.filter(uid__in=made).update(expected_rollouts=ROLLOUTS)
+    for i in range(sum(c[3] for c in FORGET_CASES if c[2] == "lone")):
+        steps_ingest(
+            steps=[
+                step_in(
+                    f"flone{i}-{uuid.uuid4().hex[:8]}",
+                    0,
+                    prompt=[5, 6, i],
+                    response=[7, 8],
+                    reward=0.5,
+                    is_last=True,
+                )
+            ],
+            source_id=solo.id,
+            sources=None,
+        )
     readiness_sweep()
     dataset_create(name="all", spec={"filters": {"sources": [source.name]}})
     dataset_create(name="steps", spec={"filters": {"sources": [stepped.name]}})
+    dataset_create(name="lone", spec={"filters": {"sources": [solo.name]}})
     clients = {
-        who: client_for(make_key(Scope.CONSUME, name=who)) for who in ("trainer", "learner", "stepper")
+        who: client_for(make_key(Scope.CONSUME, name=who))
+        for who in ("trainer", "learner", "stepper", "soloist")
     }
     leases = {}
     for name, who, unit, size, acted, days, purged, _ in FORGET_CASES:
-        pull = {"dataset": "all" if unit == "groups" else "steps", "batch_size": size, "unit": unit}
+        dataset = {"groups": "all", "steps": "steps", "lone": "lone"}[unit]
+        pull = {"dataset": dataset, "batch_size": size, "unit": "steps" if unit == "steps" else "groups"}
         resp = clients[who].post(f"/api/v1/consumers/{who}/pull", pull, format="json")
         assert resp.status_code == 200 and resp.json()["lease_id"], (name, resp.content)
         lease = resp.json()["lease_id"]
         keys = list(Delivery.objects.filter(lease_id=lease).values_list("kind", "key"))
         assert len(keys) == size, name
-        of_group = (
-            [k for _, k in keys]
-            if unit == "groups"
-            else Step.objects.filter(id__in=[k for _, k in keys]).values_list(
+        if unit == "lone":  # a lone trajectory is delivered as itself, minus its id as its unit
+            assert {k for k, _ in keys} == {Delivery.Kind.TRAJECTORY}, name
+            of_group = [-k for _, k in keys]
+        elif unit == "groups":
+            of_group = [k for _, k in keys]
+        else:
+            of_group = Step.objects.filter(id__in=[k for _, k in keys]).values_list(
                 "trajectory__group_id", flat=True
             )
-        )
         held = sorted(set(of_group))
         if acted:
             assert clients[who].post(f"/api/v1/leases/{lease}/{acted}").status_code == 200, name
@@ -573,10 +598,11 @@ def test_a_lease_is_forgotten_once_every_unit_it_delivered_has_left_the_pool(sou
     )
     # and the groups each case says have left the pool, removed as a retention pass does:
     # their leases read first (every lease that delivered one of them, and no other)
-    gone = [g for _, of in leases.values() for g in of]
-    holders = retention.lease_holders(gone, [])
+    gone = [g for _, of in leases.values() for g in of if g > 0]
+    lone = [-u for _, of in leases.values() for u in of if u < 0]
+    holders = retention.lease_holders(gone, lone)
     assert set(map(str, holders)) == {lease for lease, of in leases.values() if of}
-    groups_purge(group_ids=gone)
+    groups_purge(group_ids=gone, trajectory_ids=lone)
     before = {
         name: (
             bytes(Lease.objects.get(id=lease).body),
