@@ -42,8 +42,9 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from pool import bus, sql
-from pool.models import Feedback, Policy, PolicyVersion, Step, Trajectory
+from pool.models import Feedback, Step, Trajectory
 from pool.replica import read_connection
+from pool.selectors.policy import policy_current_version_query
 from pool.tenancy import Sources
 
 from ..models import Dataset, DatasetCount, DatasetCountChange, DatasetCountUnit, DatasetVersion
@@ -222,12 +223,12 @@ def dataset_count_read(version: DatasetVersion) -> dict[str, Any] | None:
 
 def _kept(version_id: int, policy: str) -> tuple[DatasetCount, int | None, bool] | None:
     """The count of this version (None: it has none), the current version of ``policy``
-    (``policy_current_version``'s answer) and whether a change waits to be folded, read
-    by one statement on the read path's connection. Three ORM queries cost ~1.3 ms of
-    Python and round trips here (bench.growth's preview figure was that overhead)."""
-    default = policy == Policy.DEFAULT
+    (``policy_current_version``'s own query, as a subquery) and whether a change waits to
+    be folded, read by one statement on the read path's connection. Three ORM queries cost
+    ~1.3 ms of Python and round trips here (bench.growth's preview figure was that)."""
+    sql, params = _kept_sql(policy)
     with read_connection().cursor() as cur:
-        cur.execute(_kept_sql(default), [version_id] if default else [policy, version_id])
+        cur.execute(sql, [*params, version_id])
         row = cur.fetchone()
     if row is None:
         return None
@@ -242,30 +243,26 @@ def _kept(version_id: int, policy: str) -> tuple[DatasetCount, int | None, bool]
     return count, current, bool(changed)
 
 
-@functools.cache
-def _kept_sql(default_policy: bool) -> str:
+@functools.lru_cache(maxsize=64)
+def _kept_sql(policy: str) -> tuple[str, tuple]:
+    """``_kept``'s statement for ``policy`` and the parameters before the version's id,
+    compiled once per policy name."""
     q = connection.ops.quote_name
 
     def col(model: type[models.Model], name: str) -> str:
         return q(model._meta.get_field(name).column)
 
-    pv, policy, change, count = (
-        q(m._meta.db_table) for m in (PolicyVersion, Policy, DatasetCountChange, DatasetCount)
-    )
-    current = (
-        f"SELECT {col(PolicyVersion, 'version')} FROM {pv} WHERE {col(PolicyVersion, 'is_current')} "
-        f"ORDER BY {col(PolicyVersion, 'version')} LIMIT 1"
-        if default_policy
-        else f"SELECT {col(Policy, 'current_version')} FROM {policy} WHERE {col(Policy, 'name')} = %s "
-        f"ORDER BY {col(Policy, 'id')} LIMIT 1"
-    )
+    current, params = policy_current_version_query(policy).query.sql_with_params()
+    change, count = (q(m._meta.db_table) for m in (DatasetCountChange, DatasetCount))
     shares = ", ".join(f"c.{col(DatasetCount, name)}" for name in SHARES)
-    return (
-        f"SELECT c.{col(DatasetCount, 'id')}, c.{col(DatasetCount, 'built')}, "
-        f"c.{col(DatasetCount, 'policy_version')}, {shares}, ({current}), "
-        f"EXISTS (SELECT 1 FROM {change} ch WHERE ch.{col(DatasetCountChange, 'count')} = c.{col(DatasetCount, 'id')}) "
+    count_id = f"c.{col(DatasetCount, 'id')}"
+    sql = (
+        f"SELECT {count_id}, c.{col(DatasetCount, 'built')}, c.{col(DatasetCount, 'policy_version')}, "
+        f"{shares}, ({current}), "
+        f"EXISTS (SELECT 1 FROM {change} ch WHERE ch.{col(DatasetCountChange, 'count')} = {count_id}) "
         f"FROM {count} c WHERE c.{col(DatasetCount, 'version')} = %s"
     )
+    return sql, tuple(params)
 
 
 def dataset_count_fold(count: DatasetCount) -> DatasetCount:

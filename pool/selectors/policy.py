@@ -30,6 +30,16 @@ def policy_version_render(p: PolicyVersion) -> dict[str, Any]:
 def policy_current_version(name: str) -> int | None:
     """The current version of policy ``name`` (pool.models.Policy), None when it has none
     or does not exist. ``default``'s is PolicyVersion.is_current's. One query."""
+    return next(iter(policy_current_version_query(name)), None)
+
+
+def policy_current_version_query(name: str) -> QuerySet:
+    """The query of ``policy_current_version``: at most one row of one column, for a caller
+    that reads it inside a statement of its own (a kept dataset count's read)."""
     if name == Policy.DEFAULT:
-        return PolicyVersion.objects.filter(is_current=True).values_list("version", flat=True).first()
-    return Policy.objects.filter(name=name).values_list("current_version", flat=True).first()
+        return (
+            PolicyVersion.objects.filter(is_current=True)
+            .order_by("version")
+            .values_list("version", flat=True)[:1]
+        )
+    return Policy.objects.filter(name=name).order_by("id").values_list("current_version", flat=True)[:1]
