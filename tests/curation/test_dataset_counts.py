@@ -27,6 +27,7 @@ from pool.services.purge import groups_purge
 from pool.services.rewards import RewardIn, rewards_apply
 from pool.services.service_events import feedback_create
 from pool.services.trajectories import trajectory_complete
+from tests.concurrency import lock_waiters, started, wait_for
 from tests.curation.test_datasets import rollout
 from tests.pool.factories import step_in
 
@@ -233,9 +234,8 @@ def test_a_count_created_while_a_write_is_in_flight_counts_that_write():
     """A write marks its units before a count exists and commits after the count was
     created: the creation waits for it, so the first count sees its rows."""
     import threading
-    import time
 
-    from django.db import connection, connections, transaction
+    from django.db import connection, transaction
 
     from curation.models import Dataset
     from curation.services.counts import dataset_count_build
@@ -246,43 +246,22 @@ def test_a_count_created_while_a_write_is_in_flight_counts_that_write():
     errors: list[BaseException] = []
 
     def writer() -> None:
-        try:
-            with transaction.atomic():
-                rollout("a", seed=1)  # its end marks its unit (no count exists yet)
-                marked.set()
-                assert commit.wait(timeout=60)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            connections.close_all()
+        with transaction.atomic():
+            rollout("a", seed=1)  # its end marks its unit (no count exists yet)
+            marked.set()
+            assert commit.wait(timeout=60)
 
-    def builder(version_id: int) -> None:
-        try:
-            dataset_count_build(version_id)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    w = threading.Thread(target=writer)
-    w.start()
+    w = started(writer, errors)
     assert marked.wait(timeout=60)
     version_id = dataset_create(name="d", spec={}).current_id
-    b = threading.Thread(target=builder, args=(version_id,))
-    b.start()
-    # The builder waits on the writer's lock (a condition, with a deadline).
-    deadline = time.monotonic() + 60
-    with connection.cursor() as cur:
-        while True:
-            cur.execute(
-                "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
-                "WHERE c.relname = 'curation_datasetcountchange' AND NOT l.granted"
-            )
-            if cur.fetchone()[0]:
-                break
-            assert time.monotonic() < deadline, "the count's creation did not wait for the write"
-            assert b.is_alive(), "the count was built without waiting for the write"
-            time.sleep(0.01)
+    b = started(lambda: dataset_count_build(version_id), errors)
+    # The builder waits on the writer's lock on the change table (a condition, with a deadline).
+    wait_for(
+        lambda: lock_waiters("curation_datasetcountchange") or not b.is_alive(),
+        "the count's creation to wait for the write",
+        deadline_s=60,
+    )
+    assert b.is_alive(), "the count was built without waiting for the write"
     commit.set()
     w.join(timeout=60)
     b.join(timeout=60)
@@ -297,9 +276,8 @@ def test_a_read_while_a_fold_is_under_way_waits_for_it_and_counts_every_committe
     a read then waits for that fold and folds the write: it never answers the totals from
     before (the production end-to-end test saw 52 of 56 ready steps that way)."""
     import threading
-    import time
 
-    from django.db import connection, connections, transaction
+    from django.db import connection, transaction
 
     from curation.models import DatasetCount
     from curation.services.counts import dataset_count_build
@@ -313,40 +291,18 @@ def test_a_read_while_a_fold_is_under_way_waits_for_it_and_counts_every_committe
     read: list[dict | None] = []
 
     def fold_under_way() -> None:
-        try:
-            with transaction.atomic():
-                DatasetCount.objects.select_for_update(no_key=True).get(version_id=version_id)  # as a fold
-                held.set()
-                assert release.wait(timeout=60)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            connections.close_all()
+        with transaction.atomic():
+            DatasetCount.objects.select_for_update(no_key=True).get(version_id=version_id)  # as a fold
+            held.set()
+            assert release.wait(timeout=60)
 
-    def reader() -> None:
-        try:
-            read.append(kept("d"))
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    f = threading.Thread(target=fold_under_way)
-    f.start()
+    f = started(fold_under_way, errors)
     assert held.wait(timeout=60)
     rollout("a", seed=1)  # committed: its end marked its unit
-    r = threading.Thread(target=reader)
-    r.start()
+    r = started(lambda: read.append(kept("d")), errors)
     # The reader waits on the fold's lock (a condition, with a deadline); a reader that
     # answered without waiting is caught by the numbers below.
-    deadline = time.monotonic() + 60
-    with connection.cursor() as cur:
-        while r.is_alive():
-            cur.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
-            if cur.fetchone()[0]:
-                break
-            assert time.monotonic() < deadline, "the read neither waited nor answered"
-            time.sleep(0.01)
+    wait_for(lambda: lock_waiters() or not r.is_alive(), "the read to wait or answer", deadline_s=60)
     release.set()
     f.join(timeout=60)
     r.join(timeout=60)

@@ -7,12 +7,12 @@ from __future__ import annotations
 import threading
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 
 from pool.deadlocks import retry_on_deadlock
 from pool.models import Trajectory
 from pool.services.trajectories import trajectory_create
-from tests.pool.test_services import _lock_waiters, _wait_for
+from tests.concurrency import lock_waiters, started, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -38,31 +38,16 @@ def test_a_deadlock_victim_is_run_again_and_succeeds():
         Trajectory.objects.filter(id=b.id).update(channel="val")
 
     def other() -> None:
-        try:
-            with transaction.atomic():
-                with connection.cursor() as cur:
-                    cur.execute("SET LOCAL deadlock_timeout = '10s'")
-                Trajectory.objects.filter(id=b.id).update(metadata={"by": "other"})
-                other_holds_b.set()
-                _wait_for(lambda: _lock_waiters() > 0, "the victim to wait on trajectory b")
-                Trajectory.objects.filter(id=a.id).update(metadata={"by": "other"})
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    def run_victim() -> None:
-        try:
-            victim()
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            connections.close_all()
+        with transaction.atomic():
+            with connection.cursor() as cur:
+                cur.execute("SET LOCAL deadlock_timeout = '10s'")
+            Trajectory.objects.filter(id=b.id).update(metadata={"by": "other"})
+            other_holds_b.set()
+            wait_for(lambda: lock_waiters() > 0, "the victim to wait on trajectory b")
+            Trajectory.objects.filter(id=a.id).update(metadata={"by": "other"})
 
     # when: both lock the two trajectories in opposite orders
-    threads = [threading.Thread(target=run_victim), threading.Thread(target=other)]
-    for t in threads:
-        t.start()
+    threads = [started(victim, errors), started(other, errors)]
     for t in threads:
         t.join(timeout=60)
     # then: the victim ran twice, nobody saw an error, and both writes are in

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-import time
 
 import pytest
 from django.apps import apps
@@ -34,6 +33,7 @@ from pool.services.policy import policy_version_set
 from pool.services.rewards import RewardIn, rewards_apply
 from pool.services.service_events import EventIn, event_record, feedback_create, gateway_event_record
 from pool.services.trajectories import trajectory_complete, trajectory_create, trajectory_register
+from tests.concurrency import lock_waiters, started, wait_for
 from tests.conftest import client_for
 from tests.pool.factories import pool_counts, step_in, trajectory_with_steps
 
@@ -399,7 +399,7 @@ def test_concurrent_policy_switches_leave_exactly_one_current():
     # given PostgreSQL (SQLite serialises writers: no race) and no current version yet
     import threading
 
-    from django.db import connection, connections
+    from django.db import connection
 
     from pool.models import PolicyVersion
     from pool.services.policy import policy_version_set
@@ -410,18 +410,11 @@ def test_concurrent_policy_switches_leave_exactly_one_current():
     barrier = threading.Barrier(4)
 
     def switch(v: int) -> None:
-        try:
-            barrier.wait()
-            policy_version_set(version=v, force=True)  # in any order: some move back
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            connections.close_all()
+        barrier.wait()
+        policy_version_set(version=v, force=True)  # in any order: some move back
 
     # when four versions are made current at the same moment
-    threads = [threading.Thread(target=switch, args=(v,)) for v in range(10, 14)]
-    for t in threads:
-        t.start()
+    threads = [started(lambda v=v: switch(v), errors) for v in range(10, 14)]
     for t in threads:
         t.join(timeout=60)
     # then none failed and exactly one is current
@@ -486,7 +479,7 @@ def test_two_writers_binding_one_trajectory_to_two_groups_get_one_conflict():
                 steps_ingest(steps=[step_in("race", 0, prompt=[1, 2, 3], response=[4], group="ga")])
                 first_holds.set()
                 # keep the binding uncommitted until the second writer waits on its row lock
-                _wait_for(lambda: _lock_waiters() > 0, "the second writer to wait on the row lock")
+                wait_for(lambda: lock_waiters() > 0, "the second writer to wait on the row lock")
             outcome["first"] = None
         except BaseException as exc:  # noqa: BLE001 - reported below
             outcome["first"] = exc
@@ -513,26 +506,3 @@ def test_two_writers_binding_one_trajectory_to_two_groups_get_one_conflict():
     assert isinstance(outcome["second"], Conflict) and outcome["second"].field == "prompt_group_uid"
     assert Trajectory.objects.get(uid="race").group.uid == "ga"
     assert list(Step.objects.filter(trajectory__uid="race").values_list("step_index", flat=True)) == [0]
-
-
-def _lock_waiters() -> int:
-    """Sessions of this database waiting on a lock, seen from a connection of its own (a
-    transaction sees pg_stat_activity as it was when it first read it)."""
-    conn = connections.create_connection("default")
-    try:
-        with conn.cursor() as cur:
-            cur.execute(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            )
-            return cur.fetchone()[0]
-    finally:
-        conn.close()
-
-
-def _wait_for(cond, what: str, deadline_s: float = 30) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
