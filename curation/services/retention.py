@@ -193,12 +193,14 @@ class Sweep:
         }
 
 
-def retention_sweep(*, now: dt.datetime | None = None) -> Sweep:
+def retention_sweep(
+    *, now: dt.datetime | None = None, progress: Callable[[Report], None] | None = None
+) -> Sweep:
     """The leases' served batches past their replay window (``leases_trim``), the pull
     cursors back over the last two sweep intervals (``cursors_rewind_recent``), every
-    enabled policy in name order (each forgets the leases of what it removed), then the
-    leases holding no delivery (``leases_forget_undelivered``). Celery beat,
-    ``manage.py retention_run``."""
+    enabled policy in name order (each forgets the leases of what it removed; ``progress``
+    is told of each chunk), then the leases holding no delivery
+    (``leases_forget_undelivered``). Celery beat, ``manage.py retention_run``."""
     trimmed = leases_trim(now=now)
     if trimmed:
         log.info("retention: %d leases past their replay window kept their manifest only", trimmed)
@@ -206,7 +208,7 @@ def retention_sweep(*, now: dt.datetime | None = None) -> Sweep:
     # most (services.cursors).
     cursors_rewind_recent(now=now)
     reports = [
-        retention_run(policy=p, now=now)
+        retention_run(policy=p, now=now, progress=progress)
         for p in RetentionPolicy.objects.filter(enabled=True).order_by("name")
     ]
     forgotten = leases_forget_undelivered(now=now)

@@ -36,6 +36,7 @@ from curation.models import (
     Snapshot,
 )
 from curation.services import retention
+from curation.services.consume import leases_expire
 from pool import tokens
 from pool.ingest.pipeline import steps_ingest
 from pool.models import PromptGroup, Source, Step, Trajectory
@@ -509,6 +510,7 @@ FORGET_CASES = [
     ("acked, within the replay window, its group gone", "trainer", "groups", 1, "ack", 1, 1, False),
     ("open (leased), old, its group gone", "trainer", "groups", 1, None, 10, 1, False),
     ("nacked, old (a nack frees its units)", "trainer", "groups", 1, "nack", 10, 0, True),
+    ("expired, old (an expiry frees its units)", "trainer", "groups", 1, "expire", 10, 0, True),
     ("a training run's (lineage), old, its group gone", "learner", "groups", 1, "ack", 10, 1, False),
     ("steps, acked, old, their groups gone", "stepper", "steps", ROLLOUTS * TURNS, "ack", 10, ALL, True),
     ("steps, acked, old, their groups kept", "stepper", "steps", ROLLOUTS * TURNS, "ack", 10, 0, False),
@@ -584,7 +586,10 @@ def test_a_lease_is_forgotten_once_every_unit_it_delivered_has_left_the_pool(sou
                 "trajectory__group_id", flat=True
             )
         held = sorted(set(of_group))
-        if acted:
+        if acted == "expire":  # past its expiry, ended by the consumers' sweep
+            Lease.objects.filter(id=lease).update(expires_at=timezone.now() - dt.timedelta(minutes=1))
+            assert leases_expire() == 1, name
+        elif acted:
             assert clients[who].post(f"/api/v1/leases/{lease}/{acted}").status_code == 200, name
         Lease.objects.filter(id=lease).update(created_at=timezone.now() - dt.timedelta(days=days))
         if acted is None:  # still open: its expiry is ahead
@@ -634,6 +639,62 @@ def test_a_lease_is_forgotten_once_every_unit_it_delivered_has_left_the_pool(sou
             assert bytes(kept.body) == body, name
         else:
             assert orjson.loads(bytes(kept.body))["manifest"] == orjson.loads(body)["manifest"], name
+
+
+def test_the_command_runs_the_sweep_and_its_dry_run_changes_nothing(source, pool, settings, make_key):
+    """``manage.py retention_run``: ``--dry-run`` prints each enabled policy's report of what
+    it would remove and changes nothing; without it, the sweep celery beat runs: the passes
+    (a JSON line each, the same numbers), every kept step reading as before, and a nacked
+    lease past its replay window forgotten."""
+    import json
+    from io import StringIO
+
+    from curation.models import Lease
+    from curation.services.datasets import dataset_create
+    from pool.models import Scope
+    from pool.services.groups import groups_check_complete
+    from tests.conftest import client_for
+
+    # given: the pool's old groups, a policy removing groups older than 30 days, and a
+    # trainer's lease of the young group (the only ready one), nacked, ten days old
+    settings.CLAW_RETENTION_REPLAY_DAYS = 7
+    RetentionPolicy.objects.create(name="month", source=source, older_than_days=30, action="delete")
+    PromptGroup.objects.filter(uid=pool["young"]).update(expected_rollouts=ROLLOUTS)
+    groups_check_complete(group_ids=[PromptGroup.objects.get(uid=pool["young"]).id])
+    dataset_create(name="all")
+    trainer = client_for(make_key(Scope.CONSUME, name="trainer"))
+    resp = trainer.post("/api/v1/consumers/trainer/pull", {"dataset": "all", "batch_size": 1}, format="json")
+    lease = resp.json()["lease_id"]
+    assert lease and resp.json()["batch"]["steps"][0]["prompt_group_uid"] == pool["young"], resp.content
+    assert trainer.post(f"/api/v1/leases/{lease}/nack").status_code == 200
+    Lease.objects.filter(id=lease).update(created_at=timezone.now() - dt.timedelta(days=10))
+    kept = [pool["running"], pool["young"]]
+    before = _reads(kept)
+    want = {"groups": 3, "trajectories": 3 * ROLLOUTS, "steps": 3 * ROLLOUTS * TURNS}
+
+    def command(*args: str) -> tuple[list[dict], str]:
+        out, err = StringIO(), StringIO()
+        call_command("retention_run", *args, stdout=out, stderr=err)
+        return [json.loads(line) for line in out.getvalue().splitlines()], err.getvalue()
+
+    # when: a dry run
+    (dry,), _ = command("--dry-run")
+    # then: it names the three old groups, and nothing moved
+    assert dry["policy"] == "month" and dry["dry_run"] is True
+    assert {k: dry[k] for k in want} == want
+    assert PromptGroup.objects.filter(uid__in=pool["old"]).count() == 3
+    assert Lease.objects.filter(id=lease).exists()
+
+    # when: the command runs
+    (done,), err = command()
+    # then: the pass removed what the dry run said, the kept steps read as before, and the
+    # nacked lease is forgotten
+    assert done["policy"] == "month" and done["dry_run"] is False
+    assert {k: done[k] for k in want} == want
+    assert not PromptGroup.objects.filter(uid__in=pool["old"]).exists()
+    assert _reads(kept) == before
+    assert not Lease.objects.filter(id=lease).exists()
+    assert "nacked or expired leases forgotten: 1" in err
 
 
 def test_a_retention_pass_forgets_the_leases_of_what_it_removed(source, settings, make_key):

@@ -1,8 +1,8 @@
-"""``manage.py retention_run [--policy NAME] [--dry-run]``: apply the enabled retention
-policies (or one, enabled or not) now, as celery beat does every CLAW_RETENTION_SECONDS;
-without ``--policy``, the leases' batches past their replay window first (leases_trim) and,
-last, the leases holding no delivery past it (leases_forget_undelivered), as the sweep does.
-``--dry-run`` says what would go and removes nothing."""
+"""``manage.py retention_run [--policy NAME] [--dry-run]``: without ``--policy``, the
+retention sweep that celery beat runs every CLAW_RETENTION_SECONDS, now (``retention_sweep``:
+leases' batches past their replay window trimmed, the enabled policies, the leases holding no
+delivery forgotten); with it, that one policy's pass, enabled or not. ``--dry-run`` says what
+the policies would remove and changes nothing. Each pass's report is a JSON line on stdout."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from ...models import RetentionPolicy
-from ...services.retention import Report, leases_forget_undelivered, leases_trim, retention_run
+from ...services.retention import Report, retention_run, retention_sweep
 
 
 class Command(BaseCommand):
@@ -31,10 +31,13 @@ class Command(BaseCommand):
         def progress(r: Report) -> None:
             self.stderr.write(f"  {r.policy}: chunk {r.chunks}, {r.groups} groups, {r.steps} steps so far")
 
-        if not policy and not dry_run:
-            self.stderr.write(f"  leases past their replay window trimmed: {leases_trim()}")
-        for p in policies:
-            report = retention_run(policy=p, dry_run=dry_run, progress=progress)
+        if policy or dry_run:
+            for p in policies:
+                report = retention_run(policy=p, dry_run=dry_run, progress=progress)
+                self.stdout.write(json.dumps(report.as_dict()))
+            return
+        sweep = retention_sweep(progress=progress)
+        for report in sweep.reports:
             self.stdout.write(json.dumps(report.as_dict()))
-        if not policy and not dry_run:
-            self.stderr.write(f"  nacked or expired leases forgotten: {leases_forget_undelivered()}")
+        self.stderr.write(f"  leases past their replay window trimmed: {sweep.trimmed_leases}")
+        self.stderr.write(f"  nacked or expired leases forgotten: {sweep.forgotten_undelivered}")
