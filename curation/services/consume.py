@@ -177,7 +177,11 @@ def consumer_pull(*, consumer: str, pull: PullIn, actor: Actor | None = None) ->
             return None  # nothing leased; the units it skipped stay skipped
         # Before the batch is read: from here on these trajectories' rewards are frozen, and a
         # reward that committed first is in the batch (pool/services/delivery.py).
-        trajectories_delivered_mark(step_ids=steps)
+        present = trajectories_delivered_mark(step_ids=steps)
+        if len(present) < len(steps):  # a retention pass removed some units since the claim
+            steps = _unclaim_removed(lease, steps, present)
+            if not steps:
+                return None
         _render(lease, ds, who, c, steps)
         lease.save(force_insert=True)
         lease_changed(lease, consumer=who.name, dataset=ds.name, taken=1)
@@ -448,6 +452,21 @@ def _claim(c: Compiled, ds: Dataset, who: Consumer, lease: Lease, pull: PullIn) 
     lease.dropped = dict(drops.counts)
     lease.uses = uses
     return taken
+
+
+def _unclaim_removed(lease: Lease, steps: dict[int, bool], present: set[int]) -> dict[int, bool]:
+    """The claim less the units a retention pass removed between the claim and the
+    delivery's lock (trajectories_delivered_mark): their Delivery rows go (nothing of them is
+    served, and no lease records a unit the pool no longer holds); returns the steps left."""
+    gone = Delivery.objects.filter(lease_id=lease.id).filter(
+        Q(kind=Delivery.Kind.GROUP) & ~Q(Exists(PromptGroup.objects.filter(id=OuterRef("key"))))
+        | Q(kind=Delivery.Kind.TRAJECTORY) & ~Q(Exists(Trajectory.objects.filter(id=OuterRef("key"))))
+        | Q(kind=Delivery.Kind.STEP) & ~Q(Exists(Step.objects.filter(id=OuterRef("key"))))
+    )
+    removed, _ = gone.delete()
+    lease.n_units -= removed
+    lease.uses = {s: u for s, u in lease.uses.items() if s in present}
+    return {s: masked for s, masked in steps.items() if s in present}
 
 
 def _kind(key: int) -> int:

@@ -127,22 +127,26 @@ def retention_run(
     for start in range(0, len(units), CHUNK_GROUPS):
         chunk = units[start : start + CHUNK_GROUPS]
         with transaction.atomic():
+            # Lock the units' trajectories before reading their pins: every writer of their
+            # steps locks them first, and so does a delivery (a pull, a snapshot's freeze:
+            # pool/services/delivery.py), so a delivery either committed its pin before this
+            # read or waits and finds the unit gone. Take only the units still ended: a
+            # rollout that came back to life stays.
+            of_units = Trajectory.objects.filter(
+                Q(group_id__in=[u for u in chunk if u > 0]) | Q(id__in=[-u for u in chunk if u < 0])
+            )
+            if not dry_run:
+                of_units = of_units.select_for_update()
+            running = {  # as units: a group's id, minus a lone trajectory's
+                g if g is not None else -t
+                for g, t, status in of_units.order_by("id").values_list("group_id", "id", "status")
+                if status == Trajectory.Status.RUNNING
+            }
             pinned = pinned_units(chunk, now=now)
             keep = [u for u in chunk if u not in pinned]
             report.pinned += len(chunk) - len(keep)
-            groups = [u for u in keep if u > 0]
-            lone = [-u for u in keep if u < 0]
-            # Lock the units' trajectories (every writer of their steps locks them first), and
-            # take only those still ended: a rollout that came back to life stays.
-            live = set(
-                Trajectory.objects.select_for_update()
-                .filter(Q(group_id__in=groups) | Q(id__in=lone))
-                .filter(status=Trajectory.Status.RUNNING)
-                .values_list("group_id", "id")
-                .order_by("id")
-            )
-            groups = [g for g in groups if all(lg != g for lg, _ in live)]
-            lone = [t for t in lone if all(lt != t for _, lt in live)]
+            groups = [u for u in keep if u > 0 and u not in running]
+            lone = [-u for u in keep if u < 0 and u not in running]
             if dry_run:
                 report.groups += len(groups)
                 report.trajectories += Trajectory.objects.filter(

@@ -230,11 +230,11 @@ def _attempt_start(snapshot_id) -> Snapshot | None:
             return snap
         if snap.step_ids is None:
             admitted = dataset_admitted(spec_parse(snap.dataset_version.spec))
-            snap.step_ids = sorted(admitted)
+            # Frozen into a snapshot: their trajectories' rewards are frozen too, and what a
+            # retention pass removed since they were read is left out (its lock came first).
+            snap.step_ids = sorted(trajectories_delivered_mark(step_ids=admitted))
             snap.masked_ids = [i for i in snap.step_ids if admitted[i]]
             snap.steps_total = len(snap.step_ids)
-            # Frozen into a snapshot: their trajectories' rewards are frozen too.
-            trajectories_delivered_mark(step_ids=snap.step_ids)
         snap.attempt = uuid.uuid4().hex
         snap.status, snap.steps_done, snap.error = Snapshot.Status.BUILDING, 0, ""
         snap.save()

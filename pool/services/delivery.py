@@ -23,26 +23,37 @@ from ..models import Step, Trajectory
 CHUNK = 5000
 
 
-def trajectories_delivered_mark(*, step_ids: Iterable[int]) -> int:
-    """Stamp the trajectories of ``step_ids`` as delivered (those not stamped yet); returns
-    how many were stamped now. Idempotent: the first delivery's time is kept. Runs in the
-    caller's transaction (one is opened when there is none). Three statements per CHUNK ids."""
+def trajectories_delivered_mark(*, step_ids: Iterable[int]) -> set[int]:
+    """Stamp the trajectories of ``step_ids`` as delivered (those not stamped yet; the first
+    delivery's time is kept), holding every one of them locked to the end of the caller's
+    transaction (one is opened when there is none). Returns the ids of those steps still in
+    the pool once their trajectories are locked: the caller delivers those alone.
+
+    Race with retention (curation/services/retention.py): a pass locks a unit's trajectories
+    before it reads what pins the unit (the leases' deliveries, the snapshots' step ids) and
+    removes it. A delivery that locked them first has committed its pin by the time the pass
+    reads; one that waits on the pass finds the rows gone, and its steps are not returned.
+    Idempotent. A read per CHUNK steps, a lock and a stamp per CHUNK trajectories."""
     ids = sorted(set(step_ids))
     now = timezone.now()
-    stamped = 0
+    of_step: dict[int, int] = {}
     with transaction.atomic(savepoint=False):  # inside the caller's: no savepoint round trips
+        # The steps' trajectories first, then those by primary key (as one statement,
+        # PostgreSQL may hash every trajectory to join them), locked in one primary-key order
+        # across chunks (the order every trajectory writer locks in).
         for i in range(0, len(ids), CHUNK):
-            # The steps' trajectories first, then those by primary key (as one statement,
-            # PostgreSQL may hash every trajectory to join them).
-            of_steps = sorted(
-                set(Step.objects.filter(id__any=ids[i : i + CHUNK]).values_list("trajectory_id", flat=True))
-            )
-            todo = list(
+            of_step.update(Step.objects.filter(id__any=ids[i : i + CHUNK]).values_list("id", "trajectory_id"))
+        trajectories = sorted(set(of_step.values()))
+        alive: set[int] = set()
+        for i in range(0, len(trajectories), CHUNK):
+            locked = list(
                 Trajectory.objects.select_for_update()
-                .filter(id__any=of_steps, delivered_at__isnull=True)
+                .filter(id__any=trajectories[i : i + CHUNK])
                 .order_by("id")
-                .values_list("id", flat=True)
+                .values_list("id", "delivered_at")
             )
+            alive.update(t for t, _at in locked)
+            todo = [t for t, at in locked if at is None]
             if todo:
-                stamped += Trajectory.objects.filter(id__any=todo).update(delivered_at=now)
-    return stamped
+                Trajectory.objects.filter(id__any=todo).update(delivered_at=now)
+    return {s for s, t in of_step.items() if t in alive}

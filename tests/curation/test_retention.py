@@ -195,6 +195,114 @@ def test_pins_keep_what_a_lease_or_a_snapshot_holds(source, pool):
     assert list(PromptGroup.objects.filter(uid__in=old).values_list("uid", flat=True)) == [old[1]]
 
 
+# A delivery (a pull, a snapshot's freeze) and a retention pass racing for one old group,
+# each let to reach the trajectories' lock first: (delivery, who first, the group was
+# delivered before (its rewards frozen), the group is kept).
+RACE_CASES = [
+    ("pull", "delivery", False, True),  # its lease pins the group: the pass keeps it
+    ("pull", "pass", False, False),  # the group goes: the pull leases nothing of it
+    ("pull", "delivery", True, True),
+    ("pull", "pass", True, False),  # a delivered trajectory is locked all the same
+    ("snapshot", "delivery", False, True),
+    ("snapshot", "pass", False, False),  # the snapshot freezes none of its steps
+]
+
+
+@pytest.mark.parametrize(("deliverer", "first", "delivered", "kept"), RACE_CASES)
+@pytest.mark.django_db(transaction=True)
+def test_a_delivery_racing_a_pass_either_pins_the_unit_or_leaves_it_out(
+    source, deliverer, first, delivered, kept
+):
+    """Whichever reaches a unit's trajectories first, no lease or snapshot records a unit the
+    pool no longer holds, and the pass never removes what a delivery committed: a pull that
+    claimed a group just before the pass read its pins used to leave a lease that delivered
+    a removed group (and that no later pass would revisit)."""
+    import threading
+
+    from django.db import connection, transaction
+
+    from curation.services.consume import PullIn, consumer_pull
+    from curation.services.datasets import dataset_create
+    from curation.services.snapshots import snapshot_build
+    from pool.services.readiness import readiness_sweep
+    from tests.concurrency import lock_waiters, started, wait_for
+
+    if connection.vendor != "postgresql":
+        pytest.skip("concurrent sessions need PostgreSQL (SQLite serialises them)")
+    # given: one old ended group, ready, admitted by a dataset
+    uid = _group("race", source, seed=7)
+    PromptGroup.objects.filter(uid=uid).update(expected_rollouts=ROLLOUTS)
+    readiness_sweep()
+    _age(uid, 40)
+    group = PromptGroup.objects.get(uid=uid)
+    assert group.ready_at is not None
+    if delivered:  # by a snapshot since removed, say: nothing pins it
+        Trajectory.objects.filter(group=group).update(delivered_at=timezone.now())
+    version = dataset_create(name="race", spec={"filters": {"sources": [source.name]}}).current
+    policy = RetentionPolicy.objects.create(name="race", source=source, older_than_days=30, action="delete")
+    steps = sorted(Step.objects.filter(trajectory__group=group).values_list("id", flat=True))
+    # and a session holding the group's first trajectory, so that each racer queues on it in
+    # the order the case says
+    held, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+    leases, reports = [], []
+
+    def gate() -> None:
+        with transaction.atomic():
+            Trajectory.objects.select_for_update().filter(group=group).order_by("id").first()
+            held.set()
+            assert release.wait(timeout=60)
+
+    def deliver() -> None:
+        if deliverer == "pull":
+            leases.append(consumer_pull(consumer="trainer", pull=PullIn(dataset="race", batch_size=1)))
+        else:
+            snapshot_build(snapshot_id=snap.id)
+
+    if deliverer == "snapshot":
+        snap = Snapshot.objects.create(id=uuid.uuid4(), dataset_version=version)
+    g = started(gate, errors)
+    assert held.wait(timeout=60)
+    racers = []
+    for n, fn in enumerate(
+        (deliver, lambda: reports.append(retention.retention_run(policy=policy)))
+        if first == "delivery"
+        else (lambda: reports.append(retention.retention_run(policy=policy)), deliver)
+    ):
+        racers.append(started(fn, errors))
+        wait_for(
+            lambda n=n: lock_waiters() > n or not racers[-1].is_alive(),
+            f"racer {n + 1} to queue on the group's trajectory",
+            deadline_s=60,
+        )
+    release.set()
+    for t in (g, *racers):
+        t.join(timeout=60)
+    assert errors == []
+
+    # then: the group is kept (pinned) or removed, as the first racer decides
+    (report,) = reports
+    assert PromptGroup.objects.filter(id=group.id).exists() is kept
+    assert (report.pinned, report.groups) == ((1, 0) if kept else (0, 1))
+    # and what the delivery recorded is what the pool holds: every step of the kept group,
+    # nothing of a removed one
+    if deliverer == "pull":
+        (lease,) = leases
+        if kept:
+            assert lease is not None and lease.n_units == 1 and lease.n_steps == len(steps)
+            assert list(Delivery.objects.filter(lease=lease).values_list("kind", "key")) == [
+                (Delivery.Kind.GROUP, group.id)
+            ]
+        else:
+            assert lease is None
+            assert not Lease.objects.exists() and not Delivery.objects.exists()
+    else:
+        snap.refresh_from_db()
+        assert snap.status == Snapshot.Status.DONE
+        assert snap.step_ids == (steps if kept else [])
+        assert snap.steps_total == len(snap.step_ids)
+
+
 def test_keep_newest_steps_keeps_the_newest_groups(source, pool):
     for days, uid in zip((50, 45, 35), pool["old"], strict=True):
         _age(uid, days)
