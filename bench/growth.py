@@ -37,8 +37,12 @@ dead rows too; read at once, the 3M preview scanned 62,000 of them), then:
   read it (``dataset_version_preview``: its kept count, curation/services/counts.py), checked
   equal to the live count at each size; ``count_fold_s``: the fold, before the VACUUM, of
   everything the growth to this size changed into that count (what the periodic sweep does
-  every minute on a live server; the first size builds it whole), and ``preview_live_p50_ms``: ``dataset_preview`` of the same spec counted live
-  (an unsaved spec in the builder), which reads every step in scope;
+  every minute on a live server; the first size builds it whole), ``preview_live_p50_ms``:
+  ``dataset_preview`` of the same spec counted exactly, live, which reads every step in scope,
+  and ``preview_builder_p50_ms``: the same as the builder previews an unsaved spec (estimated
+  from a sample of CLAW_PREVIEW_SAMPLE_UNITS units on a pool of more than twice as many groups or
+  trajectories), with ``preview_builder_error`` (its steps' relative error against the exact
+  count), ``preview_builder_margin`` (its stated 95% margin, relative) and whether it sampled;
 * ``admin_list_p50_ms``: the admin's step list (bench.curation.ADMIN_STEP_URL) as a superuser;
 * ``readiness_steps_per_s``: ``--readiness-steps`` more steps stored unrewarded in running
   trajectories are made ready by ``rewards_apply`` + ``trajectories_complete`` in batches of
@@ -125,12 +129,23 @@ FIGURES = {
     "pull_ack_p50_ms": False,
     "preview_p50_ms": False,
     "preview_live_p50_ms": False,
+    "preview_builder_p50_ms": False,
     "admin_list_p50_ms": False,
     "readiness_steps_per_s": True,
     "overview_p50_ms": False,
     "bytes_per_step": False,
 }
 OVERVIEW_URL = "/"
+
+
+def builder_preview() -> dict:
+    """The builder's live preview of SPEC as an unsaved spec (estimated on a large pool)."""
+    from curation.selectors.specs import dataset_preview
+    from curation.specs import spec_parse
+
+    return dataset_preview(spec_parse(SPEC), estimate=True)
+
+
 FLOOR_URL = "/admin/pool/policyversion/"  # five rows, whatever the pool's size
 # The fill is dated as if its groups had arrived one a second (32 steps/s), starting this
 # long ago: see ``dated``.
@@ -461,6 +476,16 @@ def measure_size(gen: GrowthGen, keys: dict, label: str, args: argparse.Namespac
         )
     result[f"preview_p50_ms_{label}"] = p50_ms(lambda: dataset_version_preview(version), args.runs)
     result[f"preview_live_p50_ms_{label}"] = p50_ms(preview, args.runs)
+    # the builder's live preview of an unsaved spec: estimated from a sample on a large pool
+    estimated = builder_preview()
+    result[f"preview_builder_p50_ms_{label}"] = p50_ms(builder_preview, args.runs)
+    result[f"preview_builder_sampled_{label}"] = estimated["estimate"] is not None
+    result[f"preview_builder_error_{label}"] = round(
+        abs(estimated["steps"] - live["steps"]) / live["steps"], 4
+    )
+    result[f"preview_builder_margin_{label}"] = (
+        round(estimated["estimate"]["margins"]["steps"] / live["steps"], 4) if estimated["estimate"] else 0.0
+    )
     admin = Client()
     admin.force_login(keys["user"])
 

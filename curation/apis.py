@@ -218,7 +218,11 @@ class SpecPreviewApi(APIView):
     def post(self, request):
         data = given(struct_parse(request.data, PreviewIn))
         with replica_reads():  # a read-only POST: the spec travels in the body
-            return Response(dataset_preview(spec_parse(_spec_of(data)), served_sources_of(request)))
+            return Response(
+                dataset_preview(
+                    spec_parse(_spec_of(data)), served_sources_of(request), estimate=not data.get("exact")
+                )
+            )
 
 
 class LabelApi(APIView):

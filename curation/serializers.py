@@ -59,6 +59,14 @@ class PreviewSerializer(serializers.Serializer):
     mean_prompt_tokens = serializers.FloatField()
     mean_response_tokens = serializers.FloatField()
     current_policy_version = serializers.IntegerField(allow_null=True)
+    estimate = serializers.DictField(
+        allow_null=True,
+        help_text=(
+            "null: counted exactly. Else the numbers are estimated from a sample of units "
+            "(an unsaved spec's preview on a large pool): units_sampled, group_fraction and "
+            "trajectory_fraction (the share of each kind drawn), margins (each figure's 95% margin)"
+        ),
+    )
 
 
 LabelSerializer = struct_serializer(LabelIn, "Label")

@@ -142,10 +142,12 @@ class DatasetIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class PreviewIn(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """What ``POST /api/v1/datasets/preview`` takes: an unsaved spec's filters and grouping."""
+    """What ``POST /api/v1/datasets/preview`` takes: an unsaved spec's filters and grouping;
+    ``exact``: count exactly on a large pool too (curation/selectors/specs.py, dataset_preview)."""
 
     filters: dict[str, Any] | None = None
     grouping: dict[str, Any] | None = None
+    exact: bool = False
 
 
 def given(struct: msgspec.Struct) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import EmptyResultSet
 from django.db import connection, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -184,7 +185,11 @@ def dataset_steps(c: Compiled) -> QuerySet:
 
 
 def _per_rollout_sql(
-    c: Compiled, trajectory_ids: list[int] | None = None, *, fresh_from: int | None = None
+    c: Compiled,
+    trajectory_ids: list[int] | None = None,
+    *,
+    fresh_from: int | None = None,
+    as_array: bool = False,
 ) -> tuple[str, list[Any]]:
     """One row per trajectory in scope: (trajectory id, group id, valid 0/1, steps, prompt
     tokens, sequence tokens), as SQL to wrap; with ``fresh_from``, also ``mv``: the lowest
@@ -192,7 +197,9 @@ def _per_rollout_sql(
 
     The steps are aggregated per trajectory on their own columns first (on PostgreSQL an
     index-only scan of step_curation, in trajectory order), and the trajectory's own
-    conditions are joined after, on one row per trajectory instead of one per step."""
+    conditions are joined after, on one row per trajectory instead of one per step.
+    ``as_array``: ``trajectory_ids`` bound as one array (PostgreSQL), for thousands of them
+    (a preview's sample)."""
     ok = Min(Case(When(c.passes, then=Value(1)), default=Value(0), output_field=IntegerField()))
     more_cols = {}
     if fresh_from is not None:
@@ -203,7 +210,10 @@ def _per_rollout_sql(
             )
         )
     per_rollout = (
-        _aliased(Step.objects.filter(c.step_scope & _of_trajectories(trajectory_ids)), c.spec.filters)
+        _aliased(
+            Step.objects.filter(c.step_scope & _of_trajectories(trajectory_ids, as_array=as_array)),
+            c.spec.filters,
+        )
         .values(tid=F("trajectory_id"))
         .annotate(ok=ok, n=Count("id"), pt=Sum("prompt_len"), st=Sum("seq_len"), **more_cols)
         .order_by()
@@ -221,7 +231,10 @@ def _per_rollout_sql(
     if c.trajectory_channel is not None:
         where.append("t.channel = %s")
         more.append(c.trajectory_channel)
-    if trajectory_ids is not None:
+    if trajectory_ids is not None and as_array:
+        where.append("t.id = ANY(%s)" if trajectory_ids else "1 = 0")
+        more.extend([trajectory_ids] if trajectory_ids else [])
+    elif trajectory_ids is not None:
         # The trajectories named on their side of the join too: PostgreSQL then reads them
         # by primary key instead of hashing a scan of the whole trajectory table (which it
         # chose for a pull's 256 trajectories once the pool held 1M steps: bench/growth.py).
@@ -237,8 +250,10 @@ def _per_rollout_sql(
     return sql, [*params, *more]
 
 
-def _of_trajectories(trajectory_ids: list[int] | None) -> Q:
-    return Q() if trajectory_ids is None else Q(trajectory_id__in=trajectory_ids)
+def _of_trajectories(trajectory_ids: list[int] | None, *, as_array: bool = False) -> Q:
+    if trajectory_ids is None:
+        return Q()
+    return Q(trajectory_id__any=trajectory_ids) if as_array else Q(trajectory_id__in=trajectory_ids)
 
 
 @contextmanager
@@ -261,6 +276,7 @@ def _units_sql(
     *,
     rollouts: str | None = None,
     fresh_from: int | None = None,
+    as_array: bool = False,
 ) -> tuple[str, list[Any]]:
     """One row per unit (group, or trajectory without one) with its admission:
     (unit key, group id, admitted 0/1, eligible 0/1, valid rollouts, rollouts, steps,
@@ -269,7 +285,9 @@ def _units_sql(
     ``_per_rollout_sql``'s rows already (a CTE), instead of that query. ``fresh_from``: also
     ``mv``, the lowest of its rollouts' (``_per_rollout_sql``)."""
     inner, params = (
-        (rollouts, []) if rollouts is not None else _per_rollout_sql(c, trajectory_ids, fresh_from=fresh_from)
+        (rollouts, [])
+        if rollouts is not None
+        else _per_rollout_sql(c, trajectory_ids, fresh_from=fresh_from, as_array=as_array)
     )
     source = inner if rollouts is not None else f"({inner})"
     g = c.spec.grouping
@@ -307,11 +325,27 @@ def _units_sql(
     return sql, params
 
 
-def dataset_preview(spec: Spec, sources: Sources = None) -> dict[str, Any]:
+def dataset_preview(spec: Spec, sources: Sources = None, *, estimate: bool = False) -> dict[str, Any]:
     """Counts and token statistics of what ``spec`` admits now (one statement), of the steps
     of ``sources``' trajectories only (a restricted reader's; None: every source's). The
-    restriction is part of the scope, so a group counts its reader's rollouts only."""
+    restriction is part of the scope, so a group counts its reader's rollouts only.
+
+    Counted exactly, that is an aggregate over every step in scope: 2 s at 3M steps
+    (bench/growth.py). ``estimate`` (the builder's live preview of an unsaved spec): on a
+    pool of more than twice CLAW_PREVIEW_SAMPLE_UNITS groups or trajectories, the numbers are
+    estimated from a sample of about that many units instead (``_sampled_preview``), at a
+    cost that does not grow with the pool; the answer's ``estimate`` says how (None: exact).
+    A saved dataset is counted exactly and kept (curation/services/counts.py)."""
     c = spec_compile(spec, sources)
+    if estimate:
+        sampled = _sampled_preview(c)
+        if sampled is not None:
+            return sampled
+    return _exact_preview(c)
+
+
+def _exact_preview(c: Compiled) -> dict[str, Any]:
+    spec = c.spec
     if not spec.grouping.keep_groups_whole:
         agg = dataset_steps(c).aggregate(
             steps=Count("id"),
@@ -356,6 +390,158 @@ def dataset_preview(spec: Spec, sources: Sources = None) -> dict[str, Any]:
         int(waiting),
         int(pt),
         int(rt),
+    )
+
+
+# A sampled preview is trusted only when its sample admits at least this many units; with
+# fewer (a filter admitting a sliver of the pool) the preview is counted exactly.
+MIN_SAMPLED_UNITS = 30
+# TABLESAMPLE SYSTEM reads whole pages: flat in the table's size, but over a table of a few
+# pages too coarse a draw; below this many pages BERNOULLI draws rows (reading the table).
+SYSTEM_SAMPLE_PAGES = 1000
+SAMPLE_SEED = 1  # REPEATABLE: the same spec over an unchanged pool reads the same sample
+
+
+@dataclass(frozen=True, slots=True)
+class _Sample:
+    """The trajectories of a sample of units: every rollout of each group drawn (each group
+    with probability ``p_group``), and trajectories without a group (each with ``p_lone``)."""
+
+    trajectories: list[int]
+    p_group: float
+    p_lone: float
+    units: int
+
+
+def _sample(conn: BaseDatabaseWrapper, want: int) -> _Sample | None:
+    """A sample of about ``want`` groups and ``want`` trajectories without a group (PostgreSQL),
+    or None where the pool is small enough to count exactly: neither table holds more than
+    ``2 * want`` rows (a bounded count, whatever the planner's statistics say). The fraction
+    drawn from a larger table is ``want`` over its size (its statistics' row count, at least
+    the bounded count)."""
+    q = connection.ops.quote_name
+    group, traj = q(PromptGroup._meta.db_table), q(Trajectory._meta.db_table)
+    cap = 2 * want
+    with conn.cursor() as cur:
+        cur.execute(
+            f"""SELECT (SELECT count(*) FROM (SELECT 1 FROM {group} LIMIT %s) a),
+                       (SELECT count(*) FROM (SELECT 1 FROM {traj} LIMIT %s) b),
+                       c.relname, c.reltuples, c.relpages
+                FROM pg_class c WHERE c.oid IN (%s::regclass, %s::regclass)""",
+            [cap + 1, cap + 1, PromptGroup._meta.db_table, Trajectory._meta.db_table],
+        )
+        rows = cur.fetchall()
+        counted = {PromptGroup._meta.db_table: rows[0][0], Trajectory._meta.db_table: rows[0][1]}
+        draw: dict[str, tuple[float, str]] = {}  # table -> (fraction, its TABLESAMPLE clause)
+        for name, reltuples, relpages in ((r[2], r[3], r[4]) for r in rows):
+            if counted[name] <= cap:
+                draw[name] = (1.0, "")
+                continue
+            p = want / max(float(reltuples), float(counted[name]))
+            method = "SYSTEM" if relpages >= SYSTEM_SAMPLE_PAGES else "BERNOULLI"
+            draw[name] = (p, f"TABLESAMPLE {method} ({100.0 * p!r}) REPEATABLE ({SAMPLE_SEED})")
+        (p_group, groups_from), (p_lone, lone_from) = (
+            draw[PromptGroup._meta.db_table],
+            draw[Trajectory._meta.db_table],
+        )
+        if p_group == 1.0 and p_lone == 1.0:
+            return None
+        cur.execute(
+            f"SELECT t.id, t.group_id FROM {traj} t WHERE t.group_id IN (SELECT id FROM {group} {groups_from})"
+        )
+        grouped = cur.fetchall()
+        cur.execute(f"SELECT id FROM {traj} {lone_from} WHERE group_id IS NULL")
+        lone = [t for (t,) in cur.fetchall()]
+    ids = [t for t, _g in grouped] + lone
+    return _Sample(ids, p_group, p_lone, len({g for _t, g in grouped}) + len(lone))
+
+
+# The figures of a preview, in preview_numbers' order, as the columns of ``_units_sql``'s
+# rows (a unit each), or of a sampled step-unit dataset's rows (a trajectory each).
+_UNIT_FIGURES = (
+    ("steps", "admitted * steps"),
+    ("masked_steps", "admitted * (steps - valid_steps)"),
+    ("trajectories", "admitted * rollouts"),
+    ("groups", "CASE WHEN admitted = 1 AND gid IS NOT NULL THEN 1 ELSE 0 END"),
+    ("dropped_groups", "CASE WHEN admitted = 0 AND eligible = 1 AND gid IS NOT NULL THEN 1 ELSE 0 END"),
+    ("waiting_units", "CASE WHEN eligible = 0 THEN 1 ELSE 0 END"),
+    ("prompt_tokens", "admitted * pt"),
+    ("response_tokens", "admitted * (st - pt)"),
+)
+_STEP_FIGURES = (
+    ("steps", "n"),
+    ("masked_steps", "0"),
+    ("trajectories", "1"),
+    ("groups", None),  # a step-unit dataset counts no groups
+    ("dropped_groups", "0"),
+    ("waiting_units", "0"),
+    ("prompt_tokens", "pt"),
+    ("response_tokens", "st - pt"),
+)
+
+
+def _sampled_preview(c: Compiled) -> dict[str, Any] | None:
+    """``dataset_preview``'s numbers estimated from a sample of units (``_sample``), or None
+    where it counts exactly (a small pool, SQLite, or a sample admitting fewer than
+    MIN_SAMPLED_UNITS units). Each sampled unit stands for 1/p of its kind (the
+    Horvitz-Thompson estimate of a total: unbiased); ``estimate.margins`` gives each figure's
+    95% margin from the sample's own variance (units drawn independently; a page-sampled
+    table draws neighbours together, so the true spread can be wider)."""
+    with _analytic() as conn:
+        if conn.vendor != "postgresql":
+            return None
+        sample = _sample(conn, settings.CLAW_PREVIEW_SAMPLE_UNITS)
+        if sample is None:
+            return None
+        weights = [1.0 / sample.p_lone, 1.0 / sample.p_group]  # without a group, of a group
+        if c.spec.grouping.keep_groups_whole:
+            figures, admitted = _UNIT_FIGURES, "admitted"
+            units, params = _units_sql(c, sample.trajectories, as_array=True)
+            rows = f"SELECT x.*, CASE WHEN x.gid IS NULL THEN %s ELSE %s END AS w FROM ({units}) x"
+        else:
+            figures, admitted = _STEP_FIGURES, "1"
+            per_rollout, params = (
+                dataset_steps(c)
+                .filter(trajectory_id__any=sample.trajectories)
+                .values(tid=F("trajectory_id"))
+                .annotate(n=Count("id"), pt=Sum("prompt_len"), st=Sum("seq_len"))
+                .order_by()
+                .query.sql_with_params()
+            )
+            table = connection.ops.quote_name(Trajectory._meta.db_table)
+            rows = (
+                f"SELECT r.*, CASE WHEN t.group_id IS NULL THEN %s ELSE %s END AS w "
+                f"FROM ({per_rollout}) r JOIN {table} t ON t.id = r.tid"
+            )
+        # each figure's estimate, then the estimate of its variance: sum of (1 - p) / p^2 * y^2
+        columns = [f"SUM(w * ({y})), SUM((w * w - w) * ({y}) * ({y}))" for _k, y in figures if y is not None]
+        with conn.cursor() as cur:
+            cur.execute(
+                f"SELECT {', '.join(columns)}, COUNT(*) FILTER (WHERE {admitted} = 1) FROM ({rows}) x",
+                [*weights, *params],
+            )
+            *sums, n_admitted = cur.fetchone()
+    if n_admitted < MIN_SAMPLED_UNITS:
+        return None
+    numbers: dict[str, int | None] = {}
+    margins: dict[str, int] = {}
+    pairs = iter(zip(sums[::2], sums[1::2], strict=True))
+    for key, y in figures:
+        if y is None:
+            numbers[key] = None
+            continue
+        total, variance = next(pairs)
+        numbers[key] = round(float(total or 0))
+        margins[key] = round(1.96 * float(variance or 0) ** 0.5)
+    return preview_numbers(
+        c.current_version,
+        *numbers.values(),  # type: ignore[arg-type]
+        estimate={
+            "units_sampled": sample.units,
+            "group_fraction": round(sample.p_group, 6),
+            "trajectory_fraction": round(sample.p_lone, 6),
+            "margins": margins,
+        },
     )
 
 
@@ -405,6 +591,8 @@ def preview_numbers(
     waiting: int,
     pt: int,
     rt: int,
+    *,
+    estimate: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "steps": steps,
@@ -418,6 +606,7 @@ def preview_numbers(
         "mean_prompt_tokens": pt / steps if steps else 0.0,
         "mean_response_tokens": rt / steps if steps else 0.0,
         "current_policy_version": current_version,
+        "estimate": estimate,
     }
 
 

@@ -32,6 +32,7 @@ from ..selectors.consumption import (
     snapshots_recent,
 )
 from ..selectors.specs import dataset_preview, dataset_versions, datasets_with_current
+from ..services.counts import dataset_version_preview
 from ..services.snapshots import snapshot_create
 from ..specs import serving_summary, spec_dump, spec_parse
 from .access import CURATE, VIEW, _int, _require, _wants_html, allowed
@@ -112,7 +113,10 @@ def _batch_config(form: BatchForm, names: list[str]) -> dict[str, Any] | None:
         "pull": pull,
         "pull_json": json.dumps(pull),
         "max_staleness": spec["filters"]["max_staleness"],
-        "preview": dataset_preview(spec_parse(spec)),
+        # the dataset's kept count, unless the form's freshness bound makes it another spec
+        "preview": dataset_version_preview(found[0].current)
+        if d.get("max_staleness") is None
+        else dataset_preview(spec_parse(spec), estimate=True),
         "serving": serving_summary(spec_parse(spec).serving),
     }
 

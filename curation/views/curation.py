@@ -52,7 +52,11 @@ def curation(request: HttpRequest) -> HttpResponse:
             initial |= {"name": dataset.name, "description": dataset.description}
         form = DatasetForm(initial=initial)
         # The first numbers come with the page; the page's script refreshes them as it changes.
-        preview = dataset_preview(spec_parse(edit[0].current.spec if edit and edit[0].current else {}))
+        preview = (
+            dataset_version_preview(edit[0].current)  # its kept count
+            if edit and edit[0].current
+            else dataset_preview(spec_parse({}), estimate=True)
+        )
         status = 200
     return render(
         request,
@@ -96,7 +100,7 @@ def curation_preview(request: HttpRequest) -> JsonResponse:
         return JsonResponse({"error": f"the body is not JSON: {exc}", "field": "spec"}, status=400)
     try:
         with replica_reads():  # a read-only POST: the spec travels in the body
-            preview = dataset_preview(spec_parse(raw))
+            preview = dataset_preview(spec_parse(raw), estimate=True)
     except InvalidInput as exc:
         return JsonResponse({"error": exc.message, "field": exc.field}, status=400)
     return JsonResponse(preview)

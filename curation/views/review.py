@@ -190,7 +190,9 @@ def review_queues(request: HttpRequest) -> HttpResponse:
             "form": form,
             "filters": filters,
             "editing": editing,
-            "preview": dataset_preview(spec_parse({"filters": editing.filters if editing else {}})),
+            "preview": dataset_preview(
+                spec_parse({"filters": editing.filters if editing else {}}), estimate=True
+            ),
             "page": "review",
         },
         status=400 if form.errors or filters.errors else 200,

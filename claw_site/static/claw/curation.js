@@ -62,12 +62,18 @@
   }
 
   function show(numbers) {
+    var est = numbers.estimate; // null: counted exactly; else estimated from a sample
     Object.keys(numbers).forEach(function (key) {
       var dd = document.querySelector("[data-preview='" + key + "']");
       if (!dd) return;
       var v = numbers[key];
-      dd.textContent = v === null ? "–" : (typeof v === "number" && !Number.isInteger(v) ? v.toFixed(1) : (typeof v === "number" ? v.toLocaleString("en-US") : String(v)));
+      dd.textContent = v === null ? "–" : (typeof v === "number" && !Number.isInteger(v) ? v.toFixed(1) : (typeof v === "number" ? (est && key !== "current_policy_version" ? "≈ " : "") + v.toLocaleString("en-US") : String(v)));
     });
+    var note = document.getElementById("preview-estimate");
+    if (note) {
+      note.hidden = !est;
+      note.textContent = est ? "Estimated from a sample of " + est.units_sampled.toLocaleString("en-US") + " units (steps ± " + est.margins.steps.toLocaleString("en-US") + "); a saved dataset is counted exactly." : "";
+    }
   }
 
   function refresh() {
