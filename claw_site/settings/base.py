@@ -273,7 +273,7 @@ CLAW_RETENTION_REPLAY_DAYS = env_float("CLAW_RETENTION_REPLAY_DAYS", 7.0)
 # The builder's live preview of an unsaved spec (curation/selectors/specs.py, dataset_preview):
 # on a pool of more than twice this many groups or trajectories, estimated from a sample of
 # about this many units, at a cost that does not grow with the pool; counted exactly below.
-CLAW_PREVIEW_SAMPLE_UNITS = env_int("CLAW_PREVIEW_SAMPLE_UNITS", 2000)
+CLAW_PREVIEW_SAMPLE_UNITS = env_int("CLAW_PREVIEW_SAMPLE_UNITS", 1000)
 # A consumer's oldest-first pull starts where its last one found the queue taken
 # (curation/services/cursors.py), but never closer to now than this: a unit made ready by a
 # transaction still in flight carries a ready time from before its commit. Longer is safer

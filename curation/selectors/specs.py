@@ -35,6 +35,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from django.conf import settings
 from django.core.exceptions import EmptyResultSet
 from django.db import connection, transaction
@@ -59,6 +60,7 @@ from django.db.models.functions import Coalesce
 from pool.flags import QUALITY_NAMES, READY, Readiness
 from pool.models import Feedback, PromptGroup, Source, Step, Trajectory
 from pool.replica import read_connection
+from pool.selectors.counters import counters_read
 from pool.selectors.policy import policy_current_version
 from pool.tenancy import Sources
 from pool.tenancy import q as of_sources
@@ -400,25 +402,57 @@ MIN_SAMPLED_UNITS = 30
 # pages too coarse a draw; below this many pages BERNOULLI draws rows (reading the table).
 SYSTEM_SAMPLE_PAGES = 1000
 SAMPLE_SEED = 1  # REPEATABLE: the same spec over an unchanged pool reads the same sample
+# A sample reads its units' steps by trajectory (an index lookup each), about three times
+# the exact count's cost per step (bench.growth at 100k steps: 194 ms for every group's
+# rollouts by id, 65 ms counted exactly): it is drawn only where it reads at most this share
+# of the pool's rollouts.
+MAX_SAMPLE_SHARE = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class _Stratum:
+    """Units drawn from one kind: ``n`` drawn of ``size`` (equal when read whole)."""
+
+    n: int
+    size: int
+
+    def estimate(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The totals of the columns of ``y`` (one row per drawn unit that has any; the
+        other drawn units count zero), and their variances: the expansion of the sample's
+        mean (N * mean: the sample's size fluctuates with the pages drawn, its mean does
+        not), and N^2 (1 - n/N) s^2 / n."""
+        cols = y.shape[1]
+        if self.n == 0:
+            return np.zeros(cols), np.zeros(cols)
+        mean = y.sum(axis=0) / self.n
+        if self.n == self.size:
+            return y.sum(axis=0).astype(float), np.zeros(cols)
+        s2 = ((y * y).sum(axis=0) - self.n * mean * mean) / max(self.n - 1, 1)
+        return self.size * mean, np.maximum(self.size**2 * (1 - self.n / self.size) * s2 / self.n, 0)
 
 
 @dataclass(frozen=True, slots=True)
 class _Sample:
-    """The trajectories of a sample of units: every rollout of each group drawn (each group
-    with probability ``p_group``), and trajectories without a group (each with ``p_lone``)."""
+    """The trajectories of a sample of units: every rollout of each group drawn, and the
+    trajectories without a group among those drawn from all trajectories."""
 
-    trajectories: list[int]
-    p_group: float
-    p_lone: float
-    units: int
+    grouped: list[tuple[int, int]]  # (trajectory id, group id)
+    lone: list[int]
+    groups: _Stratum  # groups drawn of all groups
+    trajectories: _Stratum  # trajectories drawn of all (a grouped one is a lone unit of zero)
+
+    @property
+    def ids(self) -> list[int]:
+        return [t for t, _g in self.grouped] + self.lone
 
 
 def _sample(conn: BaseDatabaseWrapper, want: int) -> _Sample | None:
-    """A sample of about ``want`` groups and ``want`` trajectories without a group (PostgreSQL),
-    or None where the pool is small enough to count exactly: neither table holds more than
-    ``2 * want`` rows (a bounded count, whatever the planner's statistics say). The fraction
-    drawn from a larger table is ``want`` over its size (its statistics' row count, at least
-    the bounded count)."""
+    """A sample of about ``want`` groups, and of trajectories (about ``want``, those without a
+    group being units of their own), on PostgreSQL; None where counting exactly costs less:
+    neither table holds more than ``2 * want`` rows (a bounded count, whatever the planner's
+    statistics say), or the sample would read more than MAX_SAMPLE_SHARE of the pool's
+    rollouts. A table no larger is read whole. The sizes the sample expands to are the pool's
+    counters (pool/selectors/counters.py: exact, and read in a few rows)."""
     q = connection.ops.quote_name
     group, traj = q(PromptGroup._meta.db_table), q(Trajectory._meta.db_table)
     cap = 2 * want
@@ -440,106 +474,127 @@ def _sample(conn: BaseDatabaseWrapper, want: int) -> _Sample | None:
             p = want / max(float(reltuples), float(counted[name]))
             method = "SYSTEM" if relpages >= SYSTEM_SAMPLE_PAGES else "BERNOULLI"
             draw[name] = (p, f"TABLESAMPLE {method} ({100.0 * p!r}) REPEATABLE ({SAMPLE_SEED})")
-        (p_group, groups_from), (p_lone, lone_from) = (
+        (p_group, groups_from), (p_traj, traj_from) = (
             draw[PromptGroup._meta.db_table],
             draw[Trajectory._meta.db_table],
         )
-        if p_group == 1.0 and p_lone == 1.0:
+        if p_group == 1.0 and p_traj == 1.0:
+            return None
+        cur.execute(f"SELECT id, group_id FROM {traj} {traj_from}")
+        drawn = cur.fetchall()
+        lone = [t for t, g in drawn if g is None]
+        # The share of the pool's rollouts the sample would read (the exact count reads them
+        # all, faster per step: one index-only scan); not worth it above MAX_SAMPLE_SHARE.
+        grouped_share = 1 - len(lone) / len(drawn) if drawn else 0.0
+        if p_group * grouped_share + p_traj * (1 - grouped_share) > MAX_SAMPLE_SHARE:
             return None
         cur.execute(
-            f"SELECT t.id, t.group_id FROM {traj} t WHERE t.group_id IN (SELECT id FROM {group} {groups_from})"
+            f"SELECT g.id, t.id FROM (SELECT id FROM {group} {groups_from}) g "
+            f"LEFT JOIN {traj} t ON t.group_id = g.id"
         )
-        grouped = cur.fetchall()
-        cur.execute(f"SELECT id FROM {traj} {lone_from} WHERE group_id IS NULL")
-        lone = [t for (t,) in cur.fetchall()]
-    ids = [t for t, _g in grouped] + lone
-    return _Sample(ids, p_group, p_lone, len({g for _t, g in grouped}) + len(lone))
+        members = cur.fetchall()
+    n_groups = len({g for g, _t in members})
+    sizes = counters_read(["groups", "trajectories"])
+    return _Sample(
+        grouped=[(t, g) for g, t in members if t is not None],
+        lone=lone,
+        groups=_Stratum(n_groups, n_groups if p_group == 1.0 else max(sizes["groups"], n_groups)),
+        trajectories=_Stratum(
+            len(drawn), len(drawn) if p_traj == 1.0 else max(sizes["trajectories"], len(drawn))
+        ),
+    )
 
 
-# The figures of a preview, in preview_numbers' order, as the columns of ``_units_sql``'s
-# rows (a unit each), or of a sampled step-unit dataset's rows (a trajectory each).
-_UNIT_FIGURES = (
-    ("steps", "admitted * steps"),
-    ("masked_steps", "admitted * (steps - valid_steps)"),
-    ("trajectories", "admitted * rollouts"),
-    ("groups", "CASE WHEN admitted = 1 AND gid IS NOT NULL THEN 1 ELSE 0 END"),
-    ("dropped_groups", "CASE WHEN admitted = 0 AND eligible = 1 AND gid IS NOT NULL THEN 1 ELSE 0 END"),
-    ("waiting_units", "CASE WHEN eligible = 0 THEN 1 ELSE 0 END"),
-    ("prompt_tokens", "admitted * pt"),
-    ("response_tokens", "admitted * (st - pt)"),
-)
-_STEP_FIGURES = (
-    ("steps", "n"),
-    ("masked_steps", "0"),
-    ("trajectories", "1"),
-    ("groups", None),  # a step-unit dataset counts no groups
-    ("dropped_groups", "0"),
-    ("waiting_units", "0"),
-    ("prompt_tokens", "pt"),
-    ("response_tokens", "st - pt"),
+# The figures of a preview, in preview_numbers' order, from a unit's row of ``_units_sql``
+# (unit, gid, admitted, eligible, valid, rollouts, steps, valid_steps, pt, st).
+def _unit_figures(row: tuple) -> tuple[int, ...]:
+    _unit, gid, admitted, eligible, _valid, rollouts, steps, valid_steps, pt, st = row
+    grouped = gid is not None
+    return (
+        admitted * steps,
+        admitted * (steps - valid_steps),
+        admitted * rollouts,
+        int(admitted == 1 and grouped),
+        int(admitted == 0 and eligible == 1 and grouped),
+        int(eligible == 0),
+        admitted * pt,
+        admitted * (st - pt),
+    )
+
+
+_FIGURES = (
+    "steps",
+    "masked_steps",
+    "trajectories",
+    "groups",
+    "dropped_groups",
+    "waiting_units",
+    "prompt_tokens",
+    "response_tokens",
 )
 
 
 def _sampled_preview(c: Compiled) -> dict[str, Any] | None:
     """``dataset_preview``'s numbers estimated from a sample of units (``_sample``), or None
     where it counts exactly (a small pool, SQLite, or a sample admitting fewer than
-    MIN_SAMPLED_UNITS units). Each sampled unit stands for 1/p of its kind (the
-    Horvitz-Thompson estimate of a total: unbiased); ``estimate.margins`` gives each figure's
-    95% margin from the sample's own variance (units drawn independently; a page-sampled
+    MIN_SAMPLED_UNITS units). Two strata, groups and trajectories without a group, each
+    expanded from its sample's mean to its size; ``estimate.margins`` gives each figure's 95%
+    margin from the sample's own variance (units taken as drawn independently: a page-sampled
     table draws neighbours together, so the true spread can be wider)."""
     with _analytic() as conn:
         if conn.vendor != "postgresql":
             return None
         sample = _sample(conn, settings.CLAW_PREVIEW_SAMPLE_UNITS)
-        if sample is None:
+        if sample is None or sample.groups.n + len(sample.lone) < MIN_SAMPLED_UNITS:
             return None
-        weights = [1.0 / sample.p_lone, 1.0 / sample.p_group]  # without a group, of a group
-        if c.spec.grouping.keep_groups_whole:
-            figures, admitted = _UNIT_FIGURES, "admitted"
-            units, params = _units_sql(c, sample.trajectories, as_array=True)
-            rows = f"SELECT x.*, CASE WHEN x.gid IS NULL THEN %s ELSE %s END AS w FROM ({units}) x"
+        whole = c.spec.grouping.keep_groups_whole
+        if whole:
+            units, params = _units_sql(c, sample.ids, as_array=True)
+            with conn.cursor() as cur:
+                cur.execute(units, params)
+                rows = [(row[1], _unit_figures(row)) for row in cur.fetchall()]
         else:
-            figures, admitted = _STEP_FIGURES, "1"
-            per_rollout, params = (
+            per_rollout = (
                 dataset_steps(c)
-                .filter(trajectory_id__any=sample.trajectories)
-                .values(tid=F("trajectory_id"))
+                .filter(trajectory_id__any=sample.ids)
+                .values("trajectory_id", "trajectory__group_id")
                 .annotate(n=Count("id"), pt=Sum("prompt_len"), st=Sum("seq_len"))
                 .order_by()
-                .query.sql_with_params()
             )
-            table = connection.ops.quote_name(Trajectory._meta.db_table)
-            rows = (
-                f"SELECT r.*, CASE WHEN t.group_id IS NULL THEN %s ELSE %s END AS w "
-                f"FROM ({per_rollout}) r JOIN {table} t ON t.id = r.tid"
-            )
-        # each figure's estimate, then the estimate of its variance: sum of (1 - p) / p^2 * y^2
-        columns = [f"SUM(w * ({y})), SUM((w * w - w) * ({y}) * ({y}))" for _k, y in figures if y is not None]
-        with conn.cursor() as cur:
-            cur.execute(
-                f"SELECT {', '.join(columns)}, COUNT(*) FILTER (WHERE {admitted} = 1) FROM ({rows}) x",
-                [*weights, *params],
-            )
-            *sums, n_admitted = cur.fetchone()
-    if n_admitted < MIN_SAMPLED_UNITS:
+            by_unit: dict[tuple[int | None, int], list[int]] = {}
+            for _tid, gid, n, pt, st in per_rollout.using(conn.alias).values_list(
+                "trajectory_id", "trajectory__group_id", "n", "pt", "st"
+            ):
+                key = (gid, gid) if gid is not None else (None, _tid)
+                acc = by_unit.setdefault(key, [0, 0, 0, 0, 0, 0, 0, 0])
+                for i, v in ((0, n), (2, 1), (6, pt), (7, st - pt)):
+                    acc[i] += v
+            rows = [(gid, tuple(acc)) for (gid, _k), acc in by_unit.items()]
+    admitted = sum(1 for _gid, y in rows if y[0] > 0)
+    if admitted < MIN_SAMPLED_UNITS:
         return None
-    numbers: dict[str, int | None] = {}
-    margins: dict[str, int] = {}
-    pairs = iter(zip(sums[::2], sums[1::2], strict=True))
-    for key, y in figures:
-        if y is None:
-            numbers[key] = None
-            continue
-        total, variance = next(pairs)
-        numbers[key] = round(float(total or 0))
-        margins[key] = round(1.96 * float(variance or 0) ** 0.5)
+    totals, variances = np.zeros(len(_FIGURES)), np.zeros(len(_FIGURES))
+    for stratum, of in ((sample.groups, True), (sample.trajectories, False)):
+        y = np.array([f for gid, f in rows if (gid is not None) is of], dtype=float).reshape(
+            -1, len(_FIGURES)
+        )
+        t, v = stratum.estimate(y)
+        totals += t
+        variances += v
+    numbers = {k: round(float(t)) for k, t in zip(_FIGURES, totals, strict=True)}
+    margins = {k: round(1.96 * float(v) ** 0.5) for k, v in zip(_FIGURES, variances, strict=True)}
+    if not whole:
+        numbers["groups"] = None  # a step-unit dataset counts no groups
+        del margins["groups"]
     return preview_numbers(
         c.current_version,
         *numbers.values(),  # type: ignore[arg-type]
         estimate={
-            "units_sampled": sample.units,
-            "group_fraction": round(sample.p_group, 6),
-            "trajectory_fraction": round(sample.p_lone, 6),
+            "units_sampled": sample.groups.n + len(sample.lone),
+            "group_fraction": round(sample.groups.n / sample.groups.size, 6) if sample.groups.size else 1.0,
+            "trajectory_fraction": round(sample.trajectories.n / sample.trajectories.size, 6)
+            if sample.trajectories.size
+            else 1.0,
             "margins": margins,
         },
     )

@@ -3,9 +3,10 @@
 pool, and counted exactly where the pool is small or the sample admits too little to tell.
 
 One pool, one table of specs; each estimate is compared, figure by figure, with the exact
-count of the same spec: each figure within its own 95% margin three times over (the draw
-depends on where earlier tests left rows in the tables, so a bound a chance draw could cross
-would be flaky)."""
+count of the same spec: each figure within four times its own 95% margin. The draw depends on
+where earlier tests left rows in the tables, so the bound is one no draw crosses by chance
+(about 8 standard deviations), and each kind of unit is drawn some 50 times or more: a
+smaller stratum's variance, estimated from a handful of draws, could itself be far off."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from tests.pool.factories import step_in
 
 pytestmark = pytest.mark.django_db
 
-GROUPS, ROLLOUTS, LONE, TINY = 1000, 2, 300, 5
+GROUPS, ROLLOUTS, LONE, TINY = 1000, 2, 1000, 5
 
 # (name, spec, CLAW_PREVIEW_SAMPLE_UNITS, estimated): "tiny" is the name of a source of TINY groups.
 CASES = [
@@ -34,6 +35,7 @@ CASES = [
     ("step units", {"grouping": {"keep_groups_whole": False}}, 150, True),
     ("a sliver: too few units in the sample", {"filters": {"sources": ["tiny"]}}, 150, False),
     ("a small pool: no more than twice the sample", {}, 2000, False),
+    ("a sample reading most of the pool", {}, 400, False),  # 40% of the groups: exact is cheaper
 ]
 
 
@@ -97,10 +99,10 @@ def test_a_large_pool_previews_an_unsaved_spec_from_a_sample_within_its_margin(s
         # a real sample: fewer units than the pool holds, each kind drawn at its fraction
         assert 0 < est["units_sampled"] < GROUPS + LONE, name
         assert 0 < est["group_fraction"] < 1 and 0 < est["trajectory_fraction"] < 1, name
-        # each figure within its own 95% margin, three times over
+        # each figure within its own 95% margin, four times over
         for key, margin in est["margins"].items():
-            assert margin >= 0 and (margin > 0) is (exact[key] > 0), (name, key, est)
-            assert abs(got[key] - exact[key]) <= 3 * margin, (name, key, got[key], exact[key], margin)
+            assert margin >= 0, (name, key, est)  # 0: every drawn unit alike (every group admitted)
+            assert abs(got[key] - exact[key]) <= 4 * margin, (name, key, got[key], exact[key], margin)
         assert 0 < est["margins"]["steps"] < exact["steps"], name
         figures = ("steps", "masked_steps", "trajectories", "dropped_groups", "waiting_units")
         figures += ("prompt_tokens", "response_tokens")
