@@ -395,6 +395,18 @@ def _exact_preview(c: Compiled) -> dict[str, Any]:
     )
 
 
+# A preview's figures in preview_numbers' order: what each unit adds (units_shares), what
+# a saved dataset's count keeps (curation/services/counts.py), what a sample estimates.
+SHARES = (
+    "steps",
+    "masked_steps",
+    "trajectories",
+    "groups",
+    "dropped_groups",
+    "waiting_units",
+    "prompt_tokens",
+    "response_tokens",
+)
 # A sampled preview is trusted only when its sample admits at least this many units; with
 # fewer (a filter admitting a sliver of the pool) the preview is counted exactly.
 MIN_SAMPLED_UNITS = 30
@@ -505,35 +517,6 @@ def _sample(conn: BaseDatabaseWrapper, want: int) -> _Sample | None:
     )
 
 
-# The figures of a preview, in preview_numbers' order, from a unit's row of ``_units_sql``
-# (unit, gid, admitted, eligible, valid, rollouts, steps, valid_steps, pt, st).
-def _unit_figures(row: tuple) -> tuple[int, ...]:
-    _unit, gid, admitted, eligible, _valid, rollouts, steps, valid_steps, pt, st = row
-    grouped = gid is not None
-    return (
-        admitted * steps,
-        admitted * (steps - valid_steps),
-        admitted * rollouts,
-        int(admitted == 1 and grouped),
-        int(admitted == 0 and eligible == 1 and grouped),
-        int(eligible == 0),
-        admitted * pt,
-        admitted * (st - pt),
-    )
-
-
-_FIGURES = (
-    "steps",
-    "masked_steps",
-    "trajectories",
-    "groups",
-    "dropped_groups",
-    "waiting_units",
-    "prompt_tokens",
-    "response_tokens",
-)
-
-
 def _sampled_preview(c: Compiled) -> dict[str, Any] | None:
     """``dataset_preview``'s numbers estimated from a sample of units (``_sample``), or None
     where it counts exactly (a small pool, SQLite, or a sample admitting fewer than
@@ -548,11 +531,9 @@ def _sampled_preview(c: Compiled) -> dict[str, Any] | None:
         if sample is None or sample.groups.n + len(sample.lone) < MIN_SAMPLED_UNITS:
             return None
         whole = c.spec.grouping.keep_groups_whole
-        if whole:
-            units, params = _units_sql(c, sample.ids, as_array=True)
-            with conn.cursor() as cur:
-                cur.execute(units, params)
-                rows = [(row[1], _unit_figures(row)) for row in cur.fetchall()]
+        if whole:  # each unit's share (a group's key is its id, a lone trajectory's minus its)
+            shares = units_shares(c, sample.ids, conn=conn, as_array=True)
+            rows = [(unit if unit > 0 else None, share) for unit, (share, _mv) in shares.items()]
         else:
             per_rollout = (
                 dataset_steps(c)
@@ -573,16 +554,14 @@ def _sampled_preview(c: Compiled) -> dict[str, Any] | None:
     admitted = sum(1 for _gid, y in rows if y[0] > 0)
     if admitted < MIN_SAMPLED_UNITS:
         return None
-    totals, variances = np.zeros(len(_FIGURES)), np.zeros(len(_FIGURES))
+    totals, variances = np.zeros(len(SHARES)), np.zeros(len(SHARES))
     for stratum, of in ((sample.groups, True), (sample.trajectories, False)):
-        y = np.array([f for gid, f in rows if (gid is not None) is of], dtype=float).reshape(
-            -1, len(_FIGURES)
-        )
+        y = np.array([f for gid, f in rows if (gid is not None) is of], dtype=float).reshape(-1, len(SHARES))
         t, v = stratum.estimate(y)
         totals += t
         variances += v
-    numbers = {k: round(float(t)) for k, t in zip(_FIGURES, totals, strict=True)}
-    margins = {k: round(1.96 * float(v) ** 0.5) for k, v in zip(_FIGURES, variances, strict=True)}
+    numbers = {k: round(float(t)) for k, t in zip(SHARES, totals, strict=True)}
+    margins = {k: round(1.96 * float(v) ** 0.5) for k, v in zip(SHARES, variances, strict=True)}
     if not whole:
         numbers["groups"] = None  # a step-unit dataset counts no groups
         del margins["groups"]
@@ -601,18 +580,28 @@ def _sampled_preview(c: Compiled) -> dict[str, Any] | None:
 
 
 def units_shares(
-    c: Compiled, trajectory_ids: list[int] | None = None
+    c: Compiled,
+    trajectory_ids: list[int] | None = None,
+    *,
+    conn: BaseDatabaseWrapper | None = None,
+    as_array: bool = False,
 ) -> dict[int, tuple[tuple[int, ...], int | None]]:
     """Each unit's share of ``dataset_preview``'s numbers, for the units of these
     trajectories (a caller names whole units; None: every unit in scope): unit key ->
     ((steps, masked steps, trajectories, groups, dropped groups, waiting units, prompt
     tokens, response tokens), the lowest policy version at or above the freshness bound of
     its steps: None without one, or without a bound). The numbers add up to the preview's:
-    curation/services/counts.py keeps them per saved dataset."""
+    curation/services/counts.py keeps them per saved dataset, a sampled preview estimates
+    from them. ``conn``: the connection to read on (default: the analytic one for every unit,
+    the primary for named ones); ``as_array``: as ``_per_rollout_sql``'s."""
     s, current = c.spec.filters.max_staleness, c.current_version
     fresh_from = current - s if s is not None and current is not None else None
-    units, params = _units_sql(c, trajectory_ids, fresh_from=fresh_from)
-    with _analytic() if trajectory_ids is None else nullcontext(connection) as conn, conn.cursor() as cur:
+    units, params = _units_sql(c, trajectory_ids, fresh_from=fresh_from, as_array=as_array)
+    if conn is not None:
+        reading = nullcontext(conn)
+    else:
+        reading = _analytic() if trajectory_ids is None else nullcontext(connection)
+    with reading as conn, conn.cursor() as cur:
         cur.execute(units, params)
         rows = cur.fetchall()
     out: dict[int, tuple[tuple[int, ...], int | None]] = {}

@@ -48,19 +48,9 @@ from pool.selectors.policy import policy_current_version_query
 from pool.tenancy import Sources
 
 from ..models import Dataset, DatasetCount, DatasetCountChange, DatasetCountUnit, DatasetVersion
-from ..selectors.specs import Compiled, dataset_preview, preview_numbers, spec_compile, units_shares
+from ..selectors.specs import SHARES, Compiled, dataset_preview, preview_numbers, spec_compile, units_shares
 from ..specs import Spec, spec_parse
 
-SHARES = (
-    "steps",
-    "masked_steps",
-    "trajectories",
-    "groups",
-    "dropped_groups",
-    "waiting_units",
-    "prompt_tokens",
-    "response_tokens",
-)
 UNITS_PER_STATEMENT = 200  # units counted again per statement (their rollouts by id)
 
 
