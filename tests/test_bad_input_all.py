@@ -162,6 +162,7 @@ CASES: list[tuple[str, str, str, dict, str]] = [
         "admin",
     ),
     ("preview: filters is a number", "post", f"{A}/datasets/preview", j({"filters": 3}), "admin"),
+    ("preview: exact is text", "post", f"{A}/datasets/preview", j({"exact": "yes"}), "admin"),
     (
         "labels: step_uids is a string",
         "post",

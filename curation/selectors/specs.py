@@ -337,9 +337,11 @@ def dataset_preview(spec: Spec, sources: Sources = None, *, estimate: bool = Fal
     pool of more than twice CLAW_PREVIEW_SAMPLE_UNITS groups or trajectories, the numbers are
     estimated from a sample of about that many units instead (``_sampled_preview``), at a
     cost that does not grow with the pool; the answer's ``estimate`` says how (None: exact).
+    A reader restricted to some sources counts exactly: the estimate's fractions would tell
+    it the size of the whole pool.
     A saved dataset is counted exactly and kept (curation/services/counts.py)."""
     c = spec_compile(spec, sources)
-    if estimate:
+    if estimate and sources is None:  # a sample's fractions would tell a restricted reader the pool's size
         sampled = _sampled_preview(c)
         if sampled is not None:
             return sampled

@@ -110,6 +110,15 @@ def test_a_large_pool_previews_an_unsaved_spec_from_a_sample_within_its_margin(s
         assert got["groups"] is None if exact["groups"] is None else got["groups"] > 0, name
         assert got["current_policy_version"] == exact["current_policy_version"], name
 
+    # and a reader restricted to some sources counts exactly, its sources' steps alone (a
+    # sample's fractions would tell it the whole pool's size)
+    settings.CLAW_PREVIEW_SAMPLE_UNITS = 150
+    spec = spec_parse({})
+    assert dataset_preview(spec, estimate=True)["estimate"] is not None
+    restricted = dataset_preview(spec, frozenset({big.id}), estimate=True)
+    assert restricted == dataset_preview(spec, frozenset({big.id}))
+    assert restricted["estimate"] is None and restricted["steps"] == GROUPS * ROLLOUTS + LONE
+
     # and the API estimates the same, or counts exactly when asked
     settings.CLAW_PREVIEW_SAMPLE_UNITS = 150
     client = client_for(admin_key)
