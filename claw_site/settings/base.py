@@ -270,6 +270,12 @@ CLAW_SWEEP_SECONDS = env_float("CLAW_SWEEP_SECONDS", 60.0)
 # a lease pins what it delivered (its replay window: GET /api/v1/leases/{id}/batch).
 CLAW_RETENTION_SECONDS = env_float("CLAW_RETENTION_SECONDS", 3600.0)
 CLAW_RETENTION_REPLAY_DAYS = env_float("CLAW_RETENTION_REPLAY_DAYS", 7.0)
+# The share of its wall time a retention pass works (0 < duty <= 1): after each chunk it rests
+# the chunk's time x (1 / duty - 1), as autovacuum's cost delay paces VACUUM, so a pass on a
+# busy machine takes a smaller share of it for longer (curation/services/retention.py).
+CLAW_RETENTION_DUTY = env_float("CLAW_RETENTION_DUTY", 1.0)
+if not 0 < CLAW_RETENTION_DUTY <= 1:
+    raise ImproperlyConfigured(f"CLAW_RETENTION_DUTY={CLAW_RETENTION_DUTY} must be in (0, 1]")
 # The builder's live preview of an unsaved spec (curation/selectors/specs.py, dataset_preview):
 # on a pool of more than twice this many groups or trajectories, estimated from a sample of
 # about this many units, at a cost that does not grow with the pool; counted exactly below.

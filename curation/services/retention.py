@@ -39,6 +39,7 @@ import datetime as dt
 import hashlib
 import io
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -116,15 +117,23 @@ def retention_run(
     dry_run: bool = False,
     now: dt.datetime | None = None,
     progress: Callable[[Report], None] | None = None,
+    rest: Callable[[float], None] = time.sleep,
 ) -> Report:
     """Apply ``policy`` (module docstring); ``dry_run`` removes nothing. Idempotent; each
-    chunk is one transaction. Returns what it did, also kept on the policy (``last_report``)."""
+    chunk is one transaction. Returns what it did, also kept on the policy (``last_report``).
+    Between two chunks a pass rests (``rest(seconds)``) as long as CLAW_RETENTION_DUTY asks:
+    the chunk's time x (1 / duty - 1), none at the default duty of 1."""
     now = now or timezone.now()
     report = Report(policy=policy.name, dry_run=dry_run)
     units = candidates(policy, now=now)
     report.candidates = len(units)
     archive: Archive | None = None
+    idle = 1 / settings.CLAW_RETENTION_DUTY - 1
+    worked = 0.0  # the last chunk's seconds
     for start in range(0, len(units), CHUNK_GROUPS):
+        if start and idle > 0 and not dry_run:
+            rest(worked * idle)
+        began = time.monotonic()
         chunk = units[start : start + CHUNK_GROUPS]
         with transaction.atomic():
             # Lock the units' trajectories before reading their pins: every writer of their
@@ -169,6 +178,7 @@ def retention_run(
                 report.trajectories += purged.trajectories
                 report.steps += purged.steps
                 report.rebased += purged.rebased
+        worked = time.monotonic() - began
         report.chunks += 1
         if progress is not None:
             progress(report)

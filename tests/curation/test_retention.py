@@ -303,6 +303,45 @@ def test_a_delivery_racing_a_pass_either_pins_the_unit_or_leaves_it_out(
         assert snap.steps_total == len(snap.step_ids)
 
 
+@pytest.mark.parametrize(("duty", "rests"), [(1.0, []), (0.5, [1.0, 1.0]), (0.25, [3.0, 3.0])])
+def test_a_paced_pass_rests_between_its_chunks_as_its_duty_asks_and_removes_the_same(
+    source, pool, settings, monkeypatch, duty, rests
+):
+    # given: one unit per chunk (3 old groups: 3 chunks), a clock on which each chunk's work
+    # takes one second, and a pass working `duty` of its time
+    monkeypatch.setattr(retention, "CHUNK_GROUPS", 1)
+    ticks = iter(range(1000))
+    monkeypatch.setattr(
+        retention, "time", type("Clock", (), {"monotonic": staticmethod(lambda: next(ticks))})
+    )
+    settings.CLAW_RETENTION_DUTY = duty
+    policy = RetentionPolicy.objects.create(name="paced", source=source, older_than_days=30, action="delete")
+    kept = [pool["running"], pool["young"]]
+    before = _reads(kept)
+    asked: list[float] = []
+
+    # when: a dry run, then the pass
+    dry = retention.retention_run(policy=policy, dry_run=True, rest=asked.append)
+    assert asked == []  # a dry run removes nothing and never rests
+    done = retention.retention_run(policy=policy, rest=asked.append)
+
+    # then: it rested between its chunks (never after the last) the chunk's second x (1 / duty - 1)
+    assert asked == rests
+    assert done.chunks == 3
+    # and removed what an unpaced pass removes, every kept step reading as before
+    assert (
+        (done.groups, done.trajectories, done.steps)
+        == (dry.groups, dry.trajectories, dry.steps)
+        == (
+            3,
+            3 * ROLLOUTS,
+            3 * ROLLOUTS * TURNS,
+        )
+    )
+    assert not PromptGroup.objects.filter(uid__in=pool["old"]).exists()
+    assert _reads(kept) == before
+
+
 def test_keep_newest_steps_keeps_the_newest_groups(source, pool):
     for days, uid in zip((50, 45, 35), pool["old"], strict=True):
         _age(uid, days)
