@@ -56,13 +56,16 @@ smallest's figure over the largest's): 1.0 is flat, higher is worse; the goal is
 
 The soak (``--soak-seconds``, 0 skips it), on a new pool: the pool is filled (its groups merged,
 as the soak's own are: ``merge_fill``) to
-``--keep-newest`` steps, then a real server process (uvicorn, ``--soak-workers``) takes
+``--keep-newest`` steps and brought to its steady state (``turnover``: ``--soak-turnovers`` (2) times as many steps again,
+stored in the soak's shape one cycle's worth at a time, each cycle followed by an upkeep
+round, so every row the soak's passes remove is one stored as the soak's are, not the bulk
+fill's), then a real server process (uvicorn, ``--soak-workers``) takes
 W-growth steps at a fixed ``--soak-rate`` (batches of 100 over HTTP), a trainer pulls 8
 groups and acks every ``--soak-pull-interval`` seconds (a dataset serving the newest ready
 groups first), and every ``--soak-cycle`` seconds a retention pass (``_retention_pass``: the
 pool's retention service, a policy keeping the newest steps; in
 a process of its own, as a Celery worker's would be) keeps the newest ``--keep-newest``
-steps, followed by a VACUUM (ANALYZE) of the tables; before it, that process runs celery beat's
+steps (paced by ``--soak-duty``: CLAW_RETENTION_DUTY), followed by a VACUUM (ANALYZE) of the tables; before it, that process runs celery beat's
 other periodic tasks once (``soak_beat_seconds_max``), as a deployment's worker does every minute
 (counters folded, kept dataset counts, the readiness sweep...). The pass first trims the leases past
 their replay window (``--soak-replay-seconds``, 60: shorter than the kept window, as a
@@ -592,19 +595,71 @@ def beat_task(name: str) -> None:
     app.tasks[name]()
 
 
-def merge_fill() -> None:
-    """The fill's groups merged, as the soak's own are by the server's follow-up tasks (their
-    prefix-tree layouts): without them the first retention passes replace layout-less groups
-    with groups holding one, and the disk grows by those layouts until the kept window has
-    turned over once (``soak_disk_drift`` measured that, not retention)."""
+def merge_fill(after: int = 0) -> int:
+    """The fill's groups (those of id above ``after``) merged, as the soak's own are by the
+    server's follow-up tasks (their prefix-tree layouts): without them the first retention
+    passes replace layout-less groups with groups holding one, and the disk grows by those
+    layouts until the kept window has turned over once (``soak_disk_drift`` measured that,
+    not retention). Returns the highest group id merged."""
     from pool.models import PromptGroup
     from pool.services.merge import group_merge_compute
 
     t = time.perf_counter()
-    ids = list(PromptGroup.objects.order_by("id").values_list("id", flat=True))
+    ids = list(PromptGroup.objects.filter(id__gt=after).order_by("id").values_list("id", flat=True))
     for gid in ids:
         group_merge_compute(group_id=gid)
-    print(f"soak: merged the fill's {len(ids):,} groups in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    print(f"soak: merged {len(ids):,} groups in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    return ids[-1] if ids else after
+
+
+def turnover(gen: GrowthGen, args: argparse.Namespace, merged: int) -> dict:
+    """The pool brought to its steady state before the soak measures it: ``--soak-turnovers``
+    times ``--keep-newest`` more steps stored in the soak's own shape (batches of INGEST_BATCH through the pool's
+    write pipeline, each group declared before its first step, dated now), one soak cycle's
+    worth at a time (``--soak-rate`` x ``--soak-cycle`` steps), each followed by the soak's
+    upkeep round (``upkeep``: the beat's periodic tasks, a retention pass, VACUUM) after its
+    groups are merged. The fill is one bulk load: its step rows were rewritten (their groups'
+    readiness) before any VACUUM, so its heap holds twice their size, half of it holes, and
+    its last rows sit at the heap's end; measured from the fill, the soak's disk rose by the
+    holes the soak's rows could not reuse yet, then fell by a sixth at the pass that removed
+    the fill's last rows (VACUUM truncating the heap's emptied end: ``pool_step`` -124 MB in
+    one pass, 2026-12-06). One turnover is not enough: its first cycle's rows, stored before
+    any pass had freed room in the fill's heap, extend the heap's end, and the pass that
+    removes them truncates it again (the same fall, -110 MB, at the soak's second pass after a
+    single turnover, 2026-12-06); from the second turnover on, each cycle's rows go where
+    the last pass freed room. A pool that has run for months has turned over many times: after
+    this, every row the soak's retention removes is stored as the soak's own are, and the
+    soak's first pass measures a pool in its working shape."""
+    from pool.ingest.pipeline import steps_ingest
+    from pool.services.groups import group_upsert
+
+    def declare(uid: str) -> None:
+        group_upsert(uid=uid, expected_rollouts=ROLLOUTS)
+
+    # (at most eight rounds: a tiny soak's cycle would make hundreds)
+    per_cycle = max(INGEST_BATCH, int(args.soak_rate * args.soak_cycle), args.keep_newest // 8)
+    periodic = _periodic_tasks()
+    t0 = time.perf_counter()
+    stored, disks = 0, []
+    total = args.soak_turnovers * args.keep_newest
+    while stored < total:
+        n = min(per_cycle, total - stored)
+        for batch in batches(gen, n, prefix="tw", declare=declare):
+            steps_ingest(steps=batch)
+        stored += n
+        merged = merge_fill(merged)
+        done = upkeep(args.keep_newest, periodic)
+        disks.append(done["disk_bytes"])
+        print(
+            f"soak: turnover {stored:,} of {total:,} steps, "
+            f"deleted {done['deleted_steps']:,}, disk {done['disk_bytes'] / 1e6:,.1f} MB",
+            file=sys.stderr,
+        )
+    return {
+        "soak_turnover_seconds": round(time.perf_counter() - t0),
+        "soak_turnover_disk_bytes": disks,
+        "merged": merged,
+    }
 
 
 def soak(args: argparse.Namespace) -> dict:
@@ -620,8 +675,10 @@ def soak(args: argparse.Namespace) -> dict:
     gen = GrowthGen()
     print(f"soak: filling to {args.keep_newest:,} steps", file=sys.stderr)
     grow_by(gen, args.keep_newest // GROUP_STEPS, fill_epoch())
-    merge_fill()
+    merged = merge_fill()
     vacuum_analyze()
+    warm = turnover(gen, args, merged)
+    warm.pop("merged")
     result: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         # No REDIS_URL: the soak's follow-up tasks run in its server process, and its live
@@ -636,7 +693,7 @@ def soak(args: argparse.Namespace) -> dict:
             result = _soak_run(args, server.url, keys, gen, httpx, orjson)
         finally:
             server.close()
-    return result
+    return warm | result
 
 
 def _soak_run(args, url: str, keys: dict, gen: GrowthGen, httpx, orjson) -> dict:
@@ -702,6 +759,7 @@ def _soak_run(args, url: str, keys: dict, gen: GrowthGen, httpx, orjson) -> dict
     # kept, 7 of replay); with the 7-day default here, every unit the soak's trainer pulled
     # would stay pinned and every lease keep its batch for the whole soak.
     os.environ["CLAW_RETENTION_REPLAY_DAYS"] = str(args.soak_replay_seconds / 86_400)
+    os.environ["CLAW_RETENTION_DUTY"] = str(args.soak_duty)
     spawn = multiprocessing.get_context("spawn")
     ours, theirs = spawn.Pipe()
     retention = spawn.Process(target=_retention_worker, args=(theirs, args.keep_newest), daemon=True)
@@ -755,6 +813,8 @@ def _soak_figures(args, elapsed: float, sent: int, passes: list[dict], windows, 
         "soak_rate_achieved": round(sent / elapsed),
         "soak_keep_newest": args.keep_newest,
         "soak_replay_seconds": args.soak_replay_seconds,
+        "soak_duty": args.soak_duty,
+        "soak_turnovers": args.soak_turnovers,
         "soak_trimmed_leases": sum(p.get("trimmed_leases", 0) for p in passes),
         "soak_forgotten_leases": sum(p.get("forgotten_leases", 0) for p in passes),
         "soak_passes": len(passes),
@@ -794,32 +854,43 @@ def _soak_figures(args, elapsed: float, sent: int, passes: list[dict], windows, 
     return out
 
 
+def _periodic_tasks() -> list[str]:
+    """celery beat's periodic tasks but retention's (the pass is retention's own)."""
+    from claw_site.management.commands.serve import beat_schedule
+
+    return [p.task for p in beat_schedule() if p.name != "retention"]
+
+
+def upkeep(keep_newest: int, periodic: list[str]) -> dict:
+    """One round of what a deployment's worker does each cycle: the beat's other periodic
+    tasks (the counters folded, the kept dataset counts, the readiness sweep, leases
+    expired...), then a retention pass and its VACUUM; returns the pass's figures with the
+    disk after it."""
+    t = time.perf_counter()
+    for task in periodic:
+        beat_task(task)
+    beat_seconds = round(time.perf_counter() - t, 2)
+    t = time.perf_counter()
+    done = _retention_pass(keep_newest=keep_newest)
+    done["beat_seconds"] = beat_seconds
+    done["seconds"] = round(time.perf_counter() - t, 2)
+    t = time.perf_counter()
+    autovacuum()
+    done["vacuum_seconds"] = round(time.perf_counter() - t, 2)
+    done["disk_bytes"] = pool_bytes()
+    done["relations"] = relation_bytes()
+    return done
+
+
 def _retention_worker(pipe, keep_newest: int) -> None:
-    """The soak's retention process: each time it is asked, the beat's other periodic tasks
-    (what a deployment's Celery worker runs beside retention: the counters folded, the kept
-    dataset counts, the readiness sweep, leases expired...), then a pass and its VACUUM, its
-    figures sent back; None ends it."""
+    """The soak's retention process: each time it is asked, an upkeep round, its figures
+    sent back; None ends it."""
     import django
 
     django.setup()
-    from claw_site.management.commands.serve import beat_schedule
-
-    periodic = [p for p in beat_schedule() if p.name != "retention"]  # the pass is retention's
+    periodic = _periodic_tasks()
     while pipe.recv() is not None:
-        t = time.perf_counter()
-        for p in periodic:
-            beat_task(p.task)
-        beat_seconds = round(time.perf_counter() - t, 2)
-        t = time.perf_counter()
-        done = _retention_pass(keep_newest=keep_newest)
-        done["beat_seconds"] = beat_seconds
-        done["seconds"] = round(time.perf_counter() - t, 2)
-        t = time.perf_counter()
-        autovacuum()
-        done["vacuum_seconds"] = round(time.perf_counter() - t, 2)
-        done["disk_bytes"] = pool_bytes()
-        done["relations"] = relation_bytes()
-        pipe.send(done)
+        pipe.send(upkeep(keep_newest, periodic))
 
 
 # --- main -------------------------------------------------------------------------------------
@@ -842,6 +913,18 @@ def main(argv: list[str] | None = None) -> None:
         type=float,
         default=60,
         help="the replay window of the soak's retention (CLAW_RETENTION_REPLAY_DAYS, in seconds)",
+    )
+    p.add_argument(
+        "--soak-turnovers",
+        type=int,
+        default=2,
+        help="times the kept window is replaced before the soak measures (turnover)",
+    )
+    p.add_argument(
+        "--soak-duty",
+        type=float,
+        default=1.0,
+        help="the share of its time a retention pass works (CLAW_RETENTION_DUTY)",
     )
     p.add_argument("--keep-newest", type=int, default=200_000, help="steps the soak's retention keeps")
     args = p.parse_args(argv)

@@ -100,6 +100,7 @@ BENCHES = [
             "bytes_per_step_ratio",
             "soak_disk_drift",
             "soak_trimmed_leases",
+            "soak_turnover_seconds",
         ],
     ),
     ("partitions", ["--steps", "6400", "--partitions", "4", "--lookups", "20"], True, ["detach_speedup"]),
