@@ -3,6 +3,11 @@ parse, and a malformed value stops the process with the variable named."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
@@ -56,3 +61,31 @@ def test_numbers(monkeypatch):
     assert env_int(VAR, 3) == 3 and env_float(VAR, 0.5) == 0.5
     monkeypatch.setenv(VAR, " 12 ")
     assert env_int(VAR, 3) == 12 and env_float(VAR, 0.5) == 12.0
+
+
+@pytest.mark.parametrize(
+    "name,raw",
+    [
+        ("CLAW_RETENTION_DUTY", "0"),
+        ("CLAW_RETENTION_DUTY", "1.5"),
+        ("CLAW_RETENTION_DUTY", "-0.5"),
+        ("CLAW_UPSTREAM_TRANSPORT", "curl"),
+        ("CLAW_MESSAGES_UPSTREAM_MODE", "proxy"),
+        ("CLAW_LOG_FORMAT", "xml"),
+    ],
+)
+def test_a_value_outside_its_range_stops_the_settings_naming_the_variable(name, raw):
+    # given: a variable that parses but names nothing the setting allows
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAW_")} | {name: raw}
+    # when: a process loads the settings
+    done = subprocess.run(
+        [sys.executable, "-c", "import claw_site.settings.base"],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    # then: it refuses to start, naming the variable and the value
+    assert done.returncode != 0
+    assert "ImproperlyConfigured" in done.stderr and name in done.stderr and raw in done.stderr

@@ -120,7 +120,6 @@ def test_a_large_pool_previews_an_unsaved_spec_from_a_sample_within_its_margin(s
     assert restricted["estimate"] is None and restricted["steps"] == GROUPS * ROLLOUTS + LONE
 
     # and the API estimates the same, or counts exactly when asked
-    settings.CLAW_PREVIEW_SAMPLE_UNITS = 150
     client = client_for(admin_key)
     sampled = client.post("/api/v1/datasets/preview", {"filters": {"reward_min": 0.3}}, format="json")
     exactly = client.post(
