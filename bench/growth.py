@@ -612,7 +612,7 @@ def merge_fill(after: int = 0) -> int:
     return ids[-1] if ids else after
 
 
-def turnover(gen: GrowthGen, args: argparse.Namespace, merged: int) -> tuple[dict, int]:
+def turnover(gen: GrowthGen, args: argparse.Namespace, merged: int) -> dict:
     """The pool brought to its steady state before the soak measures it: ``--soak-turnovers``
     times ``--keep-newest`` more steps stored in the soak's own shape (batches of INGEST_BATCH through the pool's
     write pipeline, each group declared before its first step, dated now), one soak cycle's
@@ -629,8 +629,8 @@ def turnover(gen: GrowthGen, args: argparse.Namespace, merged: int) -> tuple[dic
     single turnover, 2026-12-06); from the second turnover on, each cycle's rows go where
     the last pass freed room. A pool that has run for months has turned over many times: after
     this, every row the soak's retention removes is stored as the soak's own are, and the
-    soak's first pass measures a pool in its working shape. Returns its figures and the
-    highest group id merged."""
+    soak's first pass measures a pool in its working shape. ``merged``: the highest group id
+    merged so far. Its passes are not paced (nothing else runs)."""
     from pool.ingest.pipeline import steps_ingest
     from pool.services.groups import group_upsert
 
@@ -656,8 +656,7 @@ def turnover(gen: GrowthGen, args: argparse.Namespace, merged: int) -> tuple[dic
             f"deleted {done['deleted_steps']:,}, disk {done['disk_bytes'] / 1e6:,.1f} MB",
             file=sys.stderr,
         )
-    figures = {"soak_turnover_seconds": round(time.perf_counter() - t0), "soak_turnover_disk_bytes": disks}
-    return figures, merged
+    return {"soak_turnover_seconds": round(time.perf_counter() - t0), "soak_turnover_disk_bytes": disks}
 
 
 def soak(args: argparse.Namespace) -> dict:
@@ -675,7 +674,7 @@ def soak(args: argparse.Namespace) -> dict:
     grow_by(gen, args.keep_newest // GROUP_STEPS, fill_epoch())
     merged = merge_fill()
     vacuum_analyze()
-    warm, _merged = turnover(gen, args, merged)
+    warm = turnover(gen, args, merged)
     result: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         # No REDIS_URL: the soak's follow-up tasks run in its server process, and its live
