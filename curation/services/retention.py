@@ -117,18 +117,24 @@ def retention_run(
     dry_run: bool = False,
     now: dt.datetime | None = None,
     progress: Callable[[Report], None] | None = None,
-    rest: Callable[[float], None] = time.sleep,
+    duty: float | None = None,
+    rest: Callable[[float], None] | None = None,
 ) -> Report:
     """Apply ``policy`` (module docstring); ``dry_run`` removes nothing. Idempotent; each
     chunk is one transaction. Returns what it did, also kept on the policy (``last_report``).
-    Between two chunks a pass rests (``rest(seconds)``) as long as CLAW_RETENTION_DUTY asks:
-    the chunk's time x (1 / duty - 1), none at the default duty of 1."""
+    Between two chunks a pass rests (``rest(seconds)``, default ``time.sleep``) as long as
+    its ``duty`` asks (default CLAW_RETENTION_DUTY): the chunk's time x (1 / duty - 1), none
+    at a duty of 1 (an operator's run, waited for: the admin's "Run now")."""
     now = now or timezone.now()
     report = Report(policy=policy.name, dry_run=dry_run)
     units = candidates(policy, now=now)
     report.candidates = len(units)
     archive: Archive | None = None
-    idle = 1 / settings.CLAW_RETENTION_DUTY - 1
+    duty = settings.CLAW_RETENTION_DUTY if duty is None else duty
+    if not 0 < duty <= 1:
+        raise ValueError(f"duty must be in (0, 1], not {duty!r}")
+    rest = rest or time.sleep
+    idle = 1 / duty - 1
     worked = 0.0  # the last chunk's seconds
     for start in range(0, len(units), CHUNK_GROUPS):
         if start and idle > 0 and not dry_run:
@@ -208,13 +214,16 @@ class Sweep:
 
 
 def retention_sweep(
-    *, now: dt.datetime | None = None, progress: Callable[[Report], None] | None = None
+    *,
+    now: dt.datetime | None = None,
+    progress: Callable[[Report], None] | None = None,
+    duty: float | None = None,
 ) -> Sweep:
     """The leases' served batches past their replay window (``leases_trim``), the pull
     cursors back over the last two sweep intervals (``cursors_rewind_recent``), every
     enabled policy in name order (each forgets the leases of what it removed; ``progress``
-    is told of each chunk), then the leases holding no delivery
-    (``leases_forget_undelivered``). Celery beat, ``manage.py retention_run``."""
+    is told of each chunk; ``duty`` paces them: ``retention_run``), then the leases holding
+    no delivery (``leases_forget_undelivered``). Celery beat, ``manage.py retention_run``."""
     trimmed = leases_trim(now=now)
     if trimmed:
         log.info("retention: %d leases past their replay window kept their manifest only", trimmed)
@@ -222,7 +231,7 @@ def retention_sweep(
     # most (services.cursors).
     cursors_rewind_recent(now=now)
     reports = [
-        retention_run(policy=p, now=now, progress=progress)
+        retention_run(policy=p, now=now, progress=progress, duty=duty)
         for p in RetentionPolicy.objects.filter(enabled=True).order_by("name")
     ]
     forgotten = leases_forget_undelivered(now=now)

@@ -10,6 +10,7 @@ compared field by field before and after each pass."""
 from __future__ import annotations
 
 import datetime as dt
+import os
 import random
 import socket
 import subprocess
@@ -21,7 +22,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from django.core.files.storage import storages
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.test import override_settings
 from django.utils import timezone
 
@@ -340,6 +341,65 @@ def test_a_paced_pass_rests_between_its_chunks_as_its_duty_asks_and_removes_the_
     )
     assert not PromptGroup.objects.filter(uid__in=pool["old"]).exists()
     assert _reads(kept) == before
+
+
+# How each way of running a pass paces it, with CLAW_RETENTION_DUTY at 0.25 (each chunk
+# followed by three times its time at rest): an operator's run from the admin is waited for
+# on its page and never rests; the command follows the setting unless --duty says otherwise.
+OPERATOR_RUNS = [
+    ("admin Run now", None, []),
+    ("manage.py retention_run --policy", [], [3.0, 3.0]),
+    ("manage.py retention_run --policy --duty 1", ["--duty", "1"], []),
+    ("manage.py retention_run --policy --duty 0.5", ["--duty", "0.5"], [1.0, 1.0]),
+    ("manage.py retention_run (the sweep) --duty 0.5", ["--duty", "0.5"], [1.0, 1.0]),
+]
+
+
+@pytest.mark.parametrize(("door", "flags", "rests"), OPERATOR_RUNS, ids=[r[0] for r in OPERATOR_RUNS])
+def test_each_way_of_running_a_pass_paces_it_as_documented(
+    source, pool, settings, monkeypatch, admin_client, door, flags, rests
+):
+    # given: three chunks (one old group each) on a clock where each chunk takes a second,
+    # and the setting asking a quarter of a pass's time
+    monkeypatch.setattr(retention, "CHUNK_GROUPS", 1)
+    ticks = iter(range(1000))
+    slept: list[float] = []
+    clock = type(
+        "Clock", (), {"monotonic": staticmethod(lambda: next(ticks)), "sleep": staticmethod(slept.append)}
+    )
+    monkeypatch.setattr(retention, "time", clock)
+    settings.CLAW_RETENTION_DUTY = 0.25
+    policy = RetentionPolicy.objects.create(
+        name="paced", source=source, older_than_days=30, action="delete", enabled=True
+    )
+    kept = [pool["running"], pool["young"]]
+    before = _reads(kept)
+
+    # when: the pass runs that way
+    if flags is None:
+        url = "/admin/curation/retentionpolicy/"
+        page = admin_client.post(
+            url, {"action": "run_now", "_selected_action": [policy.pk], "confirm": "yes"}
+        )
+        assert page.status_code == 302
+    else:
+        named = [] if "sweep" in door else ["--policy", "paced"]
+        call_command(
+            "retention_run", *named, *flags, stdout=open(os.devnull, "w"), stderr=open(os.devnull, "w")
+        )
+
+    # then: it rested as documented, and removed the three old groups, the rest reading as before
+    assert slept == rests
+    assert not PromptGroup.objects.filter(uid__in=pool["old"]).exists()
+    assert _reads(kept) == before
+
+
+def test_a_duty_outside_its_range_is_refused_by_name(source, pool):
+    RetentionPolicy.objects.create(name="p", source=source, older_than_days=30, action="delete")
+    for bad in ("0", "1.5", "-1"):
+        with pytest.raises(CommandError, match=r"--duty must be in \(0, 1\]"):
+            call_command("retention_run", "--policy", "p", "--duty", bad)
+    assert PromptGroup.objects.filter(uid__in=pool["old"]).count() == 3  # nothing went
 
 
 def test_keep_newest_steps_keeps_the_newest_groups(source, pool):

@@ -2,7 +2,8 @@
 retention sweep that celery beat runs every CLAW_RETENTION_SECONDS, now (``retention_sweep``:
 leases' batches past their replay window trimmed, the enabled policies, the leases holding no
 delivery forgotten); with it, that one policy's pass, enabled or not. ``--dry-run`` says what
-the policies would remove and changes nothing. Each pass's report is a JSON line on stdout."""
+the policies would remove and changes nothing. ``--duty`` paces the passes (default
+CLAW_RETENTION_DUTY; 1 runs them unpaced). Each pass's report is a JSON line on stdout."""
 
 from __future__ import annotations
 
@@ -21,8 +22,17 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--policy", help="only this policy (by name), even if disabled")
         parser.add_argument("--dry-run", action="store_true", help="count what would go; remove nothing")
+        parser.add_argument(
+            "--duty",
+            type=float,
+            help="the share of its time a pass works, in (0, 1] (default CLAW_RETENTION_DUTY; 1: unpaced)",
+        )
 
-    def handle(self, *args: Any, policy: str | None, dry_run: bool, **options: Any) -> None:
+    def handle(
+        self, *args: Any, policy: str | None, dry_run: bool, duty: float | None, **options: Any
+    ) -> None:
+        if duty is not None and not 0 < duty <= 1:
+            raise CommandError(f"--duty must be in (0, 1], not {duty}")
         policies = RetentionPolicy.objects.order_by("name")
         policies = policies.filter(name=policy) if policy else policies.filter(enabled=True)
         if policy and not policies:
@@ -33,10 +43,10 @@ class Command(BaseCommand):
 
         if policy or dry_run:
             for p in policies:
-                report = retention_run(policy=p, dry_run=dry_run, progress=progress)
+                report = retention_run(policy=p, dry_run=dry_run, progress=progress, duty=duty)
                 self.stdout.write(json.dumps(report.as_dict()))
             return
-        sweep = retention_sweep(progress=progress)
+        sweep = retention_sweep(progress=progress, duty=duty)
         for report in sweep.reports:
             self.stdout.write(json.dumps(report.as_dict()))
         self.stderr.write(f"  leases past their replay window trimmed: {sweep.trimmed_leases}")
