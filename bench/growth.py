@@ -70,7 +70,14 @@ other periodic tasks once (``soak_beat_seconds_max``), as a deployment's worker 
 (counters folded, kept dataset counts, the readiness sweep...). The pass first trims the leases past
 their replay window (``--soak-replay-seconds``, 60: shorter than the kept window, as a
 deployment's 7 days are against the months it keeps) and forgets the leases whose units have
-all gone (``leases_forget``): the pass is the retention sweep itself. ``soak_disk_drift``: the largest
+all gone (``leases_forget``): the pass is the retention sweep itself. The readiness sweep
+abandons the rollouts idle for ``--soak-idle-seconds`` (120; CLAW_TRAJECTORY_IDLE_TIMEOUT_SECONDS,
+3,600 by default, as short against the months a deployment keeps): with the default, a
+10-minute soak would keep every group with a rollout that never ends (3% of W-growth's), which
+no pass may remove, and the pool would grow by them (about 600 steps a cycle at 400 steps/s).
+Passes start every ``--soak-cycle`` seconds from the soak's start, as beat's do (a pass
+that overruns is followed at once by the next), so a longer (paced) pass does not lengthen
+the cycle nor what each pass removes. ``soak_disk_drift``: the largest
 departure of the pool's disk size after a pass from its size after the first pass, over the
 latter (and ``soak_disk_drift_after_turnover`` from the first pass after the kept window was
 replaced once); ``soak_p99_over_median``: the larger of ingest's and the pull's p99 over
@@ -653,7 +660,9 @@ def turnover(gen: GrowthGen, args: argparse.Namespace, merged: int) -> dict:
         disks.append(done["disk_bytes"])
         print(
             f"soak: turnover {stored:,} of {total:,} steps, "
-            f"deleted {done['deleted_steps']:,}, disk {done['disk_bytes'] / 1e6:,.1f} MB",
+            f"deleted {done['deleted_steps']:,}, disk {done['disk_bytes'] / 1e6:,.1f} MB "
+            f"(step heap: {done['step_dead_after_vacuum']:,} dead after VACUUM, "
+            f"{done.get('step_free_mb', '?')} MB free)",
             file=sys.stderr,
         )
     return {"soak_turnover_seconds": round(time.perf_counter() - t0), "soak_turnover_disk_bytes": disks}
@@ -662,10 +671,15 @@ def turnover(gen: GrowthGen, args: argparse.Namespace, merged: int) -> dict:
 def soak(args: argparse.Namespace) -> dict:
     import httpx
     import orjson
+    from django.conf import settings
     from django.core.management import call_command
 
     from tests.live import LiveServer
 
+    # The readiness sweep's idle timeout, here (the turnover's upkeep) and in the soak's
+    # retention process (its settings read from the environment when it starts).
+    settings.CLAW_TRAJECTORY_IDLE_TIMEOUT_SECONDS = int(args.soak_idle_seconds)
+    os.environ["CLAW_TRAJECTORY_IDLE_TIMEOUT_SECONDS"] = str(int(args.soak_idle_seconds))
     # A new pool in the same database: every table emptied (TRUNCATE), then set up again.
     call_command("flush", interactive=False, verbosity=0)
     keys = setup_pool()
@@ -767,8 +781,14 @@ def _soak_run(args, url: str, keys: dict, gen: GrowthGen, httpx, orjson) -> dict
     passes: list[dict] = []
     windows: list[tuple[float, float]] = []  # (start, end) of each pass, vacuum included
     try:
+        # Passes start on a fixed schedule (the k-th at k x --soak-cycle), as celery beat's
+        # do: a longer pass (a paced one) does not lengthen the cycle, so each pass removes
+        # one cycle's steps whatever its duty. A pass that overruns its cycle is followed at
+        # once by the next.
+        due = t0
         while time.monotonic() - t0 < args.soak_seconds and not errors:
-            time.sleep(min(args.soak_cycle, max(0.0, args.soak_seconds - (time.monotonic() - t0))))
+            due += args.soak_cycle
+            time.sleep(max(0.0, min(due, t0 + args.soak_seconds) - time.monotonic()))
             if time.monotonic() - t0 > args.soak_seconds + 1:
                 break
             start = time.monotonic()
@@ -810,6 +830,8 @@ def _soak_figures(args, elapsed: float, sent: int, passes: list[dict], windows, 
         "soak_keep_newest": args.keep_newest,
         "soak_replay_seconds": args.soak_replay_seconds,
         "soak_duty": args.soak_duty,
+        "soak_idle_seconds": args.soak_idle_seconds,
+        "soak_step_live": [p.get("step_live") for p in passes],
         "soak_turnovers": args.soak_turnovers,
         "soak_trimmed_leases": sum(p.get("trimmed_leases", 0) for p in passes),
         "soak_forgotten_leases": sum(p.get("forgotten_leases", 0) for p in passes),
@@ -818,6 +840,16 @@ def _soak_figures(args, elapsed: float, sent: int, passes: list[dict], windows, 
         "soak_vacuum_seconds_max": max((p["vacuum_seconds"] for p in passes), default=None),
         "soak_beat_seconds_max": max((p.get("beat_seconds", 0) for p in passes), default=None),
         "soak_disk_bytes": disks,
+        # Why the disk moved: the step heap's dead versions a VACUUM could not remove yet, its
+        # free space after it, and the oldest other snapshot as the VACUUM started.
+        "soak_step_dead_after_vacuum": [p.get("step_dead_after_vacuum") for p in passes],
+        "soak_step_dead_after_vacuum_max": max(
+            (p.get("step_dead_after_vacuum", 0) for p in passes), default=0
+        ),
+        "soak_step_free_mb": [p.get("step_free_mb") for p in passes],
+        "soak_horizon_xids_max": max((p.get("horizon_xids", 0) for p in passes), default=None),
+        "soak_oldest_xact_s_max": max((p.get("oldest_xact_s", 0) for p in passes), default=None),
+        "soak_deleted_steps": [p.get("deleted_steps") for p in passes],
         "soak_disk_drift": round(max(abs(d - disks[0]) for d in disks) / disks[0], 3) if disks else None,
         "soak_disk_drift_after_turnover": None,
     }
@@ -870,12 +902,52 @@ def upkeep(keep_newest: int, periodic: list[str]) -> dict:
     done = _retention_pass(keep_newest=keep_newest)
     done["beat_seconds"] = beat_seconds
     done["seconds"] = round(time.perf_counter() - t, 2)
+    done |= horizon()
     t = time.perf_counter()
     autovacuum()
     done["vacuum_seconds"] = round(time.perf_counter() - t, 2)
+    done |= step_heap()
     done["disk_bytes"] = pool_bytes()
     done["relations"] = relation_bytes()
     return done
+
+
+def horizon() -> dict:
+    """What could hold VACUUM's horizon back as it starts: the oldest snapshot (``backend_xmin``)
+    and the oldest transaction among the other sessions, in XIDs and seconds."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            SELECT COALESCE(max(age(backend_xmin)), 0),
+                   COALESCE(extract(epoch FROM max(now() - xact_start)), 0),
+                   count(*) FILTER (WHERE state = 'idle in transaction')
+            FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND datname = current_database()
+            """
+        )
+        xids, seconds, idle = cur.fetchone()
+    return {"horizon_xids": int(xids), "oldest_xact_s": round(float(seconds), 1), "idle_in_xact": int(idle)}
+
+
+def step_heap() -> dict:
+    """The step table's heap after a VACUUM: the dead row versions it could not remove yet
+    (``n_dead_tup``, which VACUUM sets to those), the live ones, and its free space as the
+    free-space map records it (pg_freespacemap, where it can be created), in MB."""
+    from django.db import connection, transaction
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE relname = 'pool_step'")
+        live, dead = cur.fetchone()
+        out = {"step_live": int(live), "step_dead_after_vacuum": int(dead)}
+        try:
+            with transaction.atomic():
+                cur.execute("CREATE EXTENSION IF NOT EXISTS pg_freespacemap")
+                cur.execute("SELECT COALESCE(sum(avail), 0) FROM pg_freespace('pool_step')")
+                out["step_free_mb"] = round(int(cur.fetchone()[0]) / 1e6, 1)
+        except Exception:  # noqa: BLE001 - the extension is optional
+            pass
+    return out
 
 
 def _retention_worker(pipe, keep_newest: int) -> None:
@@ -909,6 +981,12 @@ def main(argv: list[str] | None = None) -> None:
         type=float,
         default=60,
         help="the replay window of the soak's retention (CLAW_RETENTION_REPLAY_DAYS, in seconds)",
+    )
+    p.add_argument(
+        "--soak-idle-seconds",
+        type=float,
+        default=120,
+        help="rollouts idle this long are abandoned (CLAW_TRAJECTORY_IDLE_TIMEOUT_SECONDS)",
     )
     p.add_argument(
         "--soak-turnovers",

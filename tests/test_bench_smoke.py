@@ -101,6 +101,7 @@ BENCHES = [
             "soak_disk_drift",
             "soak_trimmed_leases",
             "soak_turnover_seconds",
+            "soak_step_dead_after_vacuum_max",
         ],
     ),
     ("partitions", ["--steps", "6400", "--partitions", "4", "--lookups", "20"], True, ["detach_speedup"]),
