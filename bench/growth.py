@@ -934,7 +934,7 @@ def step_heap() -> dict:
     """The step table's heap after a VACUUM: the dead row versions it could not remove yet
     (``n_dead_tup``, which VACUUM sets to those), the live ones, and its free space as the
     free-space map records it (pg_freespacemap, where it can be created), in MB."""
-    from django.db import connection, transaction
+    from django.db import DatabaseError, connection, transaction
 
     with connection.cursor() as cur:
         cur.execute("SELECT n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE relname = 'pool_step'")
@@ -945,7 +945,7 @@ def step_heap() -> dict:
                 cur.execute("CREATE EXTENSION IF NOT EXISTS pg_freespacemap")
                 cur.execute("SELECT COALESCE(sum(avail), 0) FROM pg_freespace('pool_step')")
                 out["step_free_mb"] = round(int(cur.fetchone()[0]) / 1e6, 1)
-        except Exception:  # noqa: BLE001 - the extension is optional
+        except DatabaseError:  # the extension is optional (not installed, or no right to create it)
             pass
     return out
 
