@@ -671,15 +671,11 @@ def turnover(gen: GrowthGen, args: argparse.Namespace, merged: int) -> dict:
 def soak(args: argparse.Namespace) -> dict:
     import httpx
     import orjson
-    from django.conf import settings
     from django.core.management import call_command
 
     from tests.live import LiveServer
 
-    # The readiness sweep's idle timeout, here (the turnover's upkeep) and in the soak's
-    # retention process (its settings read from the environment when it starts).
-    settings.CLAW_TRAJECTORY_IDLE_TIMEOUT_SECONDS = int(args.soak_idle_seconds)
-    os.environ["CLAW_TRAJECTORY_IDLE_TIMEOUT_SECONDS"] = str(int(args.soak_idle_seconds))
+    idle_timeout(args.soak_idle_seconds)  # here (the turnover's upkeep); the retention process sets its own
     # A new pool in the same database: every table emptied (TRUNCATE), then set up again.
     call_command("flush", interactive=False, verbosity=0)
     keys = setup_pool()
@@ -772,7 +768,9 @@ def _soak_run(args, url: str, keys: dict, gen: GrowthGen, httpx, orjson) -> dict
     os.environ["CLAW_RETENTION_DUTY"] = str(args.soak_duty)
     spawn = multiprocessing.get_context("spawn")
     ours, theirs = spawn.Pipe()
-    retention = spawn.Process(target=_retention_worker, args=(theirs, args.keep_newest), daemon=True)
+    retention = spawn.Process(
+        target=_retention_worker, args=(theirs, args.keep_newest, args.soak_idle_seconds), daemon=True
+    )
     retention.start()
     threads = [threading.Thread(target=ingest, daemon=True), threading.Thread(target=pull, daemon=True)]
     t0 = time.monotonic()
@@ -950,12 +948,20 @@ def step_heap() -> dict:
     return out
 
 
-def _retention_worker(pipe, keep_newest: int) -> None:
+def idle_timeout(seconds: float) -> None:
+    """The readiness sweep's idle timeout (CLAW_TRAJECTORY_IDLE_TIMEOUT_SECONDS) in this process."""
+    from django.conf import settings
+
+    settings.CLAW_TRAJECTORY_IDLE_TIMEOUT_SECONDS = int(seconds)
+
+
+def _retention_worker(pipe, keep_newest: int, idle_seconds: float) -> None:
     """The soak's retention process: each time it is asked, an upkeep round, its figures
     sent back; None ends it."""
     import django
 
     django.setup()
+    idle_timeout(idle_seconds)
     periodic = _periodic_tasks()
     while pipe.recv() is not None:
         pipe.send(upkeep(keep_newest, periodic))

@@ -111,6 +111,15 @@ class Report:
 
 
 # --- a pass ---------------------------------------------------------------------------------------
+def duty_check(duty: float | None) -> float:
+    """``duty``, or CLAW_RETENTION_DUTY where None; ValueError outside (0, 1] (the settings
+    check their own value as they load: they cannot import this)."""
+    duty = settings.CLAW_RETENTION_DUTY if duty is None else duty
+    if not 0 < duty <= 1:
+        raise ValueError(f"duty must be in (0, 1], not {duty!r}")
+    return duty
+
+
 def retention_run(
     *,
     policy: RetentionPolicy,
@@ -130,11 +139,8 @@ def retention_run(
     units = candidates(policy, now=now)
     report.candidates = len(units)
     archive: Archive | None = None
-    duty = settings.CLAW_RETENTION_DUTY if duty is None else duty
-    if not 0 < duty <= 1:
-        raise ValueError(f"duty must be in (0, 1], not {duty!r}")
+    idle = 1 / duty_check(duty) - 1
     rest = rest or time.sleep
-    idle = 1 / duty - 1
     worked = 0.0  # the last chunk's seconds
     for start in range(0, len(units), CHUNK_GROUPS):
         if start and idle > 0 and not dry_run:

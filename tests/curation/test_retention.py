@@ -10,7 +10,7 @@ compared field by field before and after each pass."""
 from __future__ import annotations
 
 import datetime as dt
-import os
+import io
 import random
 import socket
 import subprocess
@@ -347,17 +347,18 @@ def test_a_paced_pass_rests_between_its_chunks_as_its_duty_asks_and_removes_the_
 # followed by three times its time at rest): an operator's run from the admin is waited for
 # on its page and never rests; the command follows the setting unless --duty says otherwise.
 OPERATOR_RUNS = [
+    # (way, command-line arguments (None: the admin's action), rests asked)
     ("admin Run now", None, []),
-    ("manage.py retention_run --policy", [], [3.0, 3.0]),
-    ("manage.py retention_run --policy --duty 1", ["--duty", "1"], []),
-    ("manage.py retention_run --policy --duty 0.5", ["--duty", "0.5"], [1.0, 1.0]),
+    ("manage.py retention_run --policy", ["--policy", "paced"], [3.0, 3.0]),
+    ("manage.py retention_run --policy --duty 1", ["--policy", "paced", "--duty", "1"], []),
+    ("manage.py retention_run --policy --duty 0.5", ["--policy", "paced", "--duty", "0.5"], [1.0, 1.0]),
     ("manage.py retention_run (the sweep) --duty 0.5", ["--duty", "0.5"], [1.0, 1.0]),
 ]
 
 
-@pytest.mark.parametrize(("door", "flags", "rests"), OPERATOR_RUNS, ids=[r[0] for r in OPERATOR_RUNS])
+@pytest.mark.parametrize(("way", "argv", "rests"), OPERATOR_RUNS, ids=[r[0] for r in OPERATOR_RUNS])
 def test_each_way_of_running_a_pass_paces_it_as_documented(
-    source, pool, settings, monkeypatch, admin_client, door, flags, rests
+    source, pool, settings, monkeypatch, admin_client, way, argv, rests
 ):
     # given: three chunks (one old group each) on a clock where each chunk takes a second,
     # and the setting asking a quarter of a pass's time
@@ -376,17 +377,14 @@ def test_each_way_of_running_a_pass_paces_it_as_documented(
     before = _reads(kept)
 
     # when: the pass runs that way
-    if flags is None:
+    if argv is None:
         url = "/admin/curation/retentionpolicy/"
         page = admin_client.post(
             url, {"action": "run_now", "_selected_action": [policy.pk], "confirm": "yes"}
         )
         assert page.status_code == 302
     else:
-        named = [] if "sweep" in door else ["--policy", "paced"]
-        call_command(
-            "retention_run", *named, *flags, stdout=open(os.devnull, "w"), stderr=open(os.devnull, "w")
-        )
+        call_command("retention_run", *argv, stdout=io.StringIO(), stderr=io.StringIO())
 
     # then: it rested as documented, and removed the three old groups, the rest reading as before
     assert slept == rests
@@ -395,10 +393,12 @@ def test_each_way_of_running_a_pass_paces_it_as_documented(
 
 
 def test_a_duty_outside_its_range_is_refused_by_name(source, pool):
-    RetentionPolicy.objects.create(name="p", source=source, older_than_days=30, action="delete")
-    for bad in ("0", "1.5", "-1"):
-        with pytest.raises(CommandError, match=r"--duty must be in \(0, 1\]"):
-            call_command("retention_run", "--policy", "p", "--duty", bad)
+    policy = RetentionPolicy.objects.create(name="p", source=source, older_than_days=30, action="delete")
+    for bad in (0, 1.5, -1):
+        with pytest.raises(CommandError, match=r"--duty must be in \(0, 1\], not"):
+            call_command("retention_run", "--policy", "p", "--duty", str(bad))
+        with pytest.raises(ValueError, match=r"^duty must be in \(0, 1\], not"):
+            retention.retention_run(policy=policy, duty=bad)
     assert PromptGroup.objects.filter(uid__in=pool["old"]).count() == 3  # nothing went
 
 

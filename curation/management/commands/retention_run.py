@@ -13,7 +13,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from ...models import RetentionPolicy
-from ...services.retention import Report, retention_run, retention_sweep
+from ...services.retention import Report, duty_check, retention_run, retention_sweep
 
 
 class Command(BaseCommand):
@@ -31,8 +31,11 @@ class Command(BaseCommand):
     def handle(
         self, *args: Any, policy: str | None, dry_run: bool, duty: float | None, **options: Any
     ) -> None:
-        if duty is not None and not 0 < duty <= 1:
-            raise CommandError(f"--duty must be in (0, 1], not {duty}")
+        if duty is not None:
+            try:
+                duty_check(duty)
+            except ValueError as e:
+                raise CommandError(f"--{e}") from None
         policies = RetentionPolicy.objects.order_by("name")
         policies = policies.filter(name=policy) if policy else policies.filter(enabled=True)
         if policy and not policies:
