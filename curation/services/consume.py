@@ -57,6 +57,7 @@ from claw_kit.web.renderers import dumps
 from pool import sql, tokens
 from pool.bus import GroupsReady, emit
 from pool.errors import Conflict, InvalidInput, NotFound
+from pool.lookups import Many
 from pool.models import AuditEvent, PromptGroup, Step, Trajectory
 from pool.selectors.policy import policy_current_version
 from pool.selectors.steps import steps_read
@@ -285,19 +286,19 @@ def group_scores_refresh(event: GroupsReady) -> None:
         chunk = ids[i : i + SCORE_CHUNK]
         rewards: dict[int, dict[int, float | None]] = {g: {} for g in chunk}
         for tid, gid, reward in Trajectory.objects.filter(
-            group_id__any=chunk, status=Trajectory.Status.COMPLETED
+            group_id__any=Many(chunk), status=Trajectory.Status.COMPLETED
         ).values_list("id", "group_id", "reward"):
             rewards[gid][tid] = reward
         unrewarded = [t for g in rewards.values() for t, r in g.items() if r is None]
         last = dict(
-            Step.objects.filter(trajectory_id__any=unrewarded, is_last=True).values_list(
+            Step.objects.filter(trajectory_id__any=Many(unrewarded), is_last=True).values_list(
                 "trajectory_id", "reward"
             )
         )
         versions = {
             gid: -1 if missing else lowest
             for gid, lowest, missing in Step.objects.filter(
-                trajectory__group_id__any=chunk, trajectory__status=Trajectory.Status.COMPLETED
+                trajectory__group_id__any=Many(chunk), trajectory__status=Trajectory.Status.COMPLETED
             )
             .values_list("trajectory__group_id")
             .annotate(
@@ -306,7 +307,7 @@ def group_scores_refresh(event: GroupsReady) -> None:
             .values_list("trajectory__group_id", "lowest", "missing")
             .order_by()
         }
-        ready = dict(PromptGroup.objects.filter(id__any=chunk).values_list("id", "ready_at"))
+        ready = dict(PromptGroup.objects.filter(id__any=Many(chunk)).values_list("id", "ready_at"))
         rows = []
         for gid in chunk:
             values = [r if r is not None else last.get(t) for t, r in rewards[gid].items()]

@@ -36,6 +36,7 @@ from claw_client.integrations import trl
 from pool import tokens
 from pool.bus import emit
 from pool.errors import InvalidInput, NotFound
+from pool.lookups import Many
 from pool.media import media_file
 from pool.models import Feedback, Media, Step, Trajectory
 from pool.replica import replica_caught_up, replica_reads
@@ -450,14 +451,16 @@ def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: Groupi
             )
         tags: dict[int, list[str]] = {}
         for sid, tag in (
-            StepTag.objects.filter(step_id__any=ids).order_by("step_id", "tag").values_list("step_id", "tag")
+            StepTag.objects.filter(step_id__any=Many(ids))
+            .order_by("step_id", "tag")
+            .values_list("step_id", "tag")
         ):
             tags.setdefault(sid, []).append(tag)
         trajs = set(read.trajectory_ids)
         feedback: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for f in (
             Feedback.objects.filter(
-                Q(step_id__any=ids) | Q(trajectory_id__any=list(trajs), step__isnull=True)
+                Q(step_id__any=Many(ids)) | Q(trajectory_id__any=Many(trajs), step__isnull=True)
             )
             .order_by("id")
             .values("step_id", "trajectory_id", "rating", "label", "correction", "comment")
@@ -466,7 +469,9 @@ def _chunks(step_ids: list[int], masked: set[int], size: int, assignment: Groupi
             feedback.setdefault(("s", sid) if sid is not None else ("t", tid), []).append(f)
         chunk = Chunk()
         chunk.source_ids = set(
-            Trajectory.objects.filter(id__any=sorted(trajs)).values_list("source_id", flat=True).distinct()
+            Trajectory.objects.filter(id__any=Many(sorted(trajs)))
+            .values_list("source_id", flat=True)
+            .distinct()
         )
         chunk.media = _media_bytes({sid: r["images"] for sid, r in zip(read.ids, read.rows, strict=True)})
         chunk.ids, chunk.branches = read.ids, read.branches

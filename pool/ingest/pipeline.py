@@ -36,6 +36,7 @@ from .. import bus, sql, tokens
 from ..bus import StepsWritten, WrittenStep, WrittenTrajectory
 from ..errors import Conflict, InvalidInput, UidTaken
 from ..flags import Readiness
+from ..lookups import Many
 from ..models import Channel, PolicyVersion, PromptGroup, Step, Trajectory
 from ..sql import TRAJ_COLS, FusedClaim
 from ..tenancy import OWN, Sources, allowed, owns
@@ -166,7 +167,7 @@ def _classify(
     """Idempotency: the uids stored already with the same content (duplicates) and the new
     steps; a uid of another source is taken, the same uid with other content a conflict."""
     found = list(
-        Step.objects.filter(uid__any=[s.uid for s in steps]).values_list(
+        Step.objects.filter(uid__any=Many([s.uid for s in steps])).values_list(
             "uid", "content_hash", "trajectory_id"
         )
     )
@@ -244,7 +245,7 @@ def _neighbours(
         neighbours = {
             (tid, idx): (sid, uid, depth)
             for sid, tid, idx, uid, depth in Step.objects.filter(
-                trajectory_id__any=old, step_index__any=wanted
+                trajectory_id__any=Many(old), step_index__any=Many(wanted)
             ).values_list("id", "trajectory_id", "step_index", "uid", "seq_depth")
         }
     for s in new_steps:
@@ -795,7 +796,7 @@ def _bind_group(traj: TrajectoryRow, group_id: int, field: str) -> None:
 def _trajectories_by_uid(uids: Iterable[str]) -> dict[str, TrajectoryRow]:
     return {
         r[1]: TrajectoryRow(*r)
-        for r in Trajectory.objects.filter(uid__any=list(uids)).values_list(*TRAJ_COLS)
+        for r in Trajectory.objects.filter(uid__any=Many(uids)).values_list(*TRAJ_COLS)
     }
 
 

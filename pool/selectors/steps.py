@@ -17,6 +17,7 @@ from django.db.models.functions import Cast
 from .. import flags, tokens
 from ..flags import READY, Readiness
 from ..generation_texts import response_ids_hash
+from ..lookups import Many
 from ..models import GenerationText, Step, StepMedia
 from ..tenancy import Sources
 from ..tenancy import q as of_sources
@@ -114,7 +115,7 @@ def steps_read(ids: Sequence[int], *, order: Sequence[str] | None = None, texts:
     if not ids:
         return StepRows()
     fields, json_columns = _columns(texts)
-    qs = Step.objects.filter(id__any=list(ids)).values_list(*fields, *json_columns.values())
+    qs = Step.objects.filter(id__any=Many(ids)).values_list(*fields, *json_columns.values())
     if order is not None:
         read = list(qs.order_by(*order))
     else:
@@ -242,7 +243,7 @@ def step_images(step_ids: Iterable[int]) -> dict[int, list[dict[str, Any]]]:
     if not ids:
         return out
     rows = (
-        StepMedia.objects.filter(step_id__any=ids)
+        StepMedia.objects.filter(step_id__any=Many(ids))
         .order_by("step_id", "position")
         .values_list(
             "step_id", "kind", "source_url", "message_index", "part_index", "token_start", "token_end",

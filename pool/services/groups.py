@@ -12,6 +12,7 @@ from django.utils import timezone
 from ..bus import GroupsCompleted, StepsWritten, UnitsChanged, emit
 from ..errors import UidTaken
 from ..ingest import rules
+from ..lookups import Many
 from ..models import PromptGroup, Trajectory
 from ..tenancy import OWN, allowed
 from .task_catalog import group_task_set
@@ -72,14 +73,14 @@ def groups_check_complete(*, group_ids: Iterable[int]) -> list[int]:
         return []
     ready = list(
         PromptGroup.objects.filter(
-            id__any=ids, status=PromptGroup.Status.OPEN, expected_rollouts__isnull=False
+            id__any=Many(ids), status=PromptGroup.Status.OPEN, expected_rollouts__isnull=False
         )
         .annotate(ended=Count("trajectories", filter=Q(trajectories__status__in=TERMINAL)))
         .filter(ended__gte=F("expected_rollouts"))
         .values_list("id", flat=True)
     )
     if ready:
-        PromptGroup.objects.filter(id__any=ready, status=PromptGroup.Status.OPEN).update(
+        PromptGroup.objects.filter(id__any=Many(ready), status=PromptGroup.Status.OPEN).update(
             status=PromptGroup.Status.COMPLETE, completed_at=timezone.now()
         )
         emit(GroupsCompleted(group_ids=tuple(ready)))

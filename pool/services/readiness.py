@@ -34,6 +34,7 @@ from django.utils import timezone
 
 from ..bus import GroupsCompleted, GroupsReady, StepsWritten, emit
 from ..flags import GROUP_QUALITY, Quality, Readiness
+from ..lookups import Many
 from ..models import PromptGroup, Step, Trajectory
 from . import effective_reward
 from .groups import groups_check_complete
@@ -60,7 +61,9 @@ def groups_completed_settle(event: GroupsCompleted) -> None:
     """The effect of completed groups on readiness: every rollout's steps now have their
     group; then the groups' own readiness."""
     trajectories_settle(
-        trajectory_ids=Trajectory.objects.filter(group_id__any=event.group_ids).values_list("id", flat=True)
+        trajectory_ids=Trajectory.objects.filter(group_id__any=Many(event.group_ids)).values_list(
+            "id", flat=True
+        )
     )
 
 
@@ -92,7 +95,7 @@ def trajectories_refresh(
         # and the completion that fills the group used to deadlock on PostgreSQL).
         locked = (
             Trajectory.objects.select_for_update(of=("self",))
-            .filter(id__any=chunk)
+            .filter(id__any=Many(chunk))
             .order_by("id")
             .values_list("group_id", "group__status")
         )
@@ -117,9 +120,9 @@ def rewards_settle(
     effective_reward.steps_refresh(trajectory_ids=rest, own=own)
     for chunk in _chunks(rest):
         groups.update(
-            Trajectory.objects.filter(id__any=chunk, group__status=PromptGroup.Status.COMPLETE).values_list(
-                "group_id", flat=True
-            )
+            Trajectory.objects.filter(
+                id__any=Many(chunk), group__status=PromptGroup.Status.COMPLETE
+            ).values_list("group_id", flat=True)
         )
     groups_settle(group_ids=groups)
 
@@ -130,9 +133,9 @@ def groups_settle(*, group_ids: Iterable[int]) -> None:
     ids = list(set(group_ids))
     now = timezone.now()
     for chunk in _chunks(ids):
-        rows = PromptGroup.objects.filter(id__any=chunk, status=PromptGroup.Status.COMPLETE).values_list(
-            "id", "task_id", "task_counted_at"
-        )
+        rows = PromptGroup.objects.filter(
+            id__any=Many(chunk), status=PromptGroup.Status.COMPLETE
+        ).values_list("id", "task_id", "task_counted_at")
         complete, uncounted = set(), set()
         for gid, task_id, counted_at in rows:
             complete.add(gid)
@@ -140,7 +143,7 @@ def groups_settle(*, group_ids: Iterable[int]) -> None:
                 uncounted.add(gid)
         waiting = set(
             Step.objects.filter(
-                trajectory__group_id__any=complete, trajectory__status=Trajectory.Status.COMPLETED
+                trajectory__group_id__any=Many(complete), trajectory__status=Trajectory.Status.COMPLETED
             )
             .annotate(bit=F("readiness").bitand(int(Readiness.REWARD_FINAL)))
             .filter(bit=0)
@@ -151,8 +154,10 @@ def groups_settle(*, group_ids: Iterable[int]) -> None:
         if ready:
             # before ready_at: who is new is told by it
             emit(GroupsReady(group_ids=frozenset(ready), uncounted=frozenset(uncounted & ready)))
-        PromptGroup.objects.filter(id__any=ready, ready_at__isnull=True).update(ready_at=now)
-        PromptGroup.objects.filter(id__any=set(chunk) - ready, ready_at__isnull=False).update(ready_at=None)
+        PromptGroup.objects.filter(id__any=Many(ready), ready_at__isnull=True).update(ready_at=now)
+        PromptGroup.objects.filter(id__any=Many(set(chunk) - ready), ready_at__isnull=False).update(
+            ready_at=None
+        )
         _group_quality(ready)
 
 
@@ -164,11 +169,11 @@ def _group_quality(group_ids: set[int]) -> None:
         return
     rewards: dict[int, dict[int, float | None]] = defaultdict(dict)  # group -> trajectory -> reward
     for tid, gid, reward in Trajectory.objects.filter(
-        group_id__any=group_ids, status=Trajectory.Status.COMPLETED
+        group_id__any=Many(group_ids), status=Trajectory.Status.COMPLETED
     ).values_list("id", "group_id", "reward"):
         rewards[gid][tid] = reward
     steps = list(
-        Step.objects.filter(trajectory__group_id__any=group_ids).values_list(
+        Step.objects.filter(trajectory__group_id__any=Many(group_ids)).values_list(
             "id",
             "trajectory_id",
             "trajectory__group_id",
@@ -202,7 +207,7 @@ def _group_quality(group_ids: set[int]) -> None:
             changes[int(new)].append(sid)
     for value, ids in changes.items():
         for chunk in _chunks(ids):
-            Step.objects.filter(id__any=chunk).update(quality_flags=value)
+            Step.objects.filter(id__any=Many(chunk)).update(quality_flags=value)
 
 
 def readiness_sweep(*, now=None) -> dict[str, int]:

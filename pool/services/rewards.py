@@ -13,6 +13,7 @@ from ..bus import RewardsSet, StepsWritten, emit
 from ..deadlocks import retry_on_deadlock
 from ..errors import InvalidInput, NotFound, RewardDelivered
 from ..ingest import rules
+from ..lookups import Many
 from ..models import RewardEvent, Step, Trajectory
 from ..tenancy import OWN, allowed
 from ..tenancy import q as of_sources
@@ -66,14 +67,14 @@ def rewards_apply(
     # trajectory), so the lock below is by uid and primary key lists: as a subquery inside
     # the OR, PostgreSQL hashed every trajectory (~30 ms of a 1,000-reward batch).
     of_steps = (
-        set(Step.objects.filter(uid__any=step_uids).values_list("trajectory_id", flat=True))
+        set(Step.objects.filter(uid__any=Many(step_uids)).values_list("trajectory_id", flat=True))
         if step_uids
         else set()
     )
     trajs = {
         t.uid: t
         for t in Trajectory.objects.select_for_update()
-        .filter(Q(uid__any=traj_uids) | Q(id__any=of_steps))
+        .filter(Q(uid__any=Many(traj_uids)) | Q(id__any=Many(of_steps)))
         .filter(of_sources("source_id", mine))
         .only("id", "uid", "reward", "reward_source", "delivered_at")
         .order_by("id")
@@ -81,7 +82,7 @@ def rewards_apply(
     steps = {
         row[1]: _StepReward(*row)
         for row in Step.objects.filter(
-            uid__any=step_uids, trajectory_id__any=[t.id for t in trajs.values()]
+            uid__any=Many(step_uids), trajectory_id__any=Many([t.id for t in trajs.values()])
         ).values_list("id", "uid", "trajectory_id", "reward", "reward_status", "reward_source")
     }
     delivered = {t.id: t.delivered_at for t in trajs.values()}
@@ -183,7 +184,7 @@ def _outcome_rewards(written: StepsWritten) -> set[int]:
     # batch at 600 trajectories, growing with the pool).
     rewarded: dict[int, tuple[float, str | None, str]] = {}
     for tid, reward, src, uid in (
-        Step.objects.filter(id__any=last, reward__isnull=False)
+        Step.objects.filter(id__any=Many(last), reward__isnull=False)
         .order_by("id")
         .values_list("trajectory_id", "reward", "reward_source", "uid")
     ):
@@ -197,7 +198,7 @@ def _outcome_rewards(written: StepsWritten) -> set[int]:
         (t, *rewarded[tid], tid)
         for tid, t in (
             # Not for a delivered trajectory: its rewards are frozen (pool/services/delivery.py).
-            Trajectory.objects.filter(id__any=list(rewarded), reward__isnull=True, delivered_at__isnull=True)
+            Trajectory.objects.filter(id__any=Many(rewarded), reward__isnull=True, delivered_at__isnull=True)
             .filter(Exists(unrewarded))
             .order_by("id")
             .values_list("id", "uid")

@@ -16,6 +16,7 @@ from ..deadlocks import retry_on_deadlock
 from ..errors import Conflict, InvalidInput, NotFound
 from ..ingest import rules
 from ..ingest.pipeline import TrajectorySpec, policy_versions_ensure, trajectory_ensure
+from ..lookups import Many
 from ..models import Channel, RewardEvent, Step, Trajectory
 from ..tenancy import OWN, allowed
 from ..tenancy import q as of_sources
@@ -130,7 +131,7 @@ def trajectories_complete(
     trajs = {
         t.uid: t
         for t in Trajectory.objects.select_for_update()
-        .filter(uid__any=[c.uid for c in completions])
+        .filter(uid__any=Many([c.uid for c in completions]))
         .filter(of_sources("source_id", mine))
         .order_by("id")
     }
@@ -225,7 +226,7 @@ def _ended_event(ended: list[Trajectory]) -> TrajectoriesEnded:
     scored = (
         set(
             Step.objects.filter(
-                trajectory_id__any=unscored, is_last=True, reward_status=Step.RewardStatus.FINAL
+                trajectory_id__any=Many(unscored), is_last=True, reward_status=Step.RewardStatus.FINAL
             ).values_list("trajectory_id", flat=True)
         )
         if unscored

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from pool.ingest.pipeline import steps_ingest
+from pool.lookups import Many
 from pool.models import Step
 from pool.selectors.steps import step_get, steps_listed, steps_read, steps_render
 from tests.pool.factories import step_in
@@ -78,9 +79,22 @@ def test_id_lists_empty_repeated_and_unknown():
     assert steps_read([]).rows == []
     assert [r["uid"] for r in steps_read([second, 10**12, first, second]).rows] == ["rd:1", "rd:0", "rd:1"]
     # __any is membership on both backends, empty included
-    assert set(Step.objects.filter(id__any=[first, first]).values_list("uid", flat=True)) == {"rd:0"}
-    assert not Step.objects.filter(id__any=[]).exists()
-    assert Step.objects.filter(trajectory__any=[Step.objects.get(id=first).trajectory_id]).count() == 2
+    assert set(Step.objects.filter(id__any=Many([first, first])).values_list("uid", flat=True)) == {"rd:0"}
+    assert not Step.objects.filter(id__any=Many([])).exists()
+    assert Step.objects.filter(trajectory__any=Many([Step.objects.get(id=first).trajectory_id])).count() == 2
+
+
+def test_any_refuses_a_bare_list_by_name_and_takes_many_a_set_or_a_generator():
+    """A list given to ``__any`` would be resolved by Django value by value (pool/lookups.py):
+    refused, naming the field, so a slow call site cannot land; Many, a set and a one-shot
+    iterable read the same rows."""
+    written()
+    first, second = Step.objects.order_by("id").values_list("id", flat=True)
+    for bare in ([first], (first,)):
+        with pytest.raises(TypeError, match=r"^id__any takes Many\(values\) or a set, not a (list|tuple)"):
+            list(Step.objects.filter(id__any=bare))
+    for ids in (Many([second, first]), {first, second}, Many(i for i in (first, second))):
+        assert sorted(Step.objects.filter(id__any=ids).values_list("uid", flat=True)) == ["rd:0", "rd:1"]
 
 
 @pytest.mark.parametrize("lookup", ["in", "any"])
@@ -93,9 +107,10 @@ def test_an_empty_id_list_matches_nothing_and_runs_no_statement(lookup):
     from django.test.utils import CaptureQueriesContext
 
     written()
+    empty = [] if lookup == "in" else Many([])
     with CaptureQueriesContext(connection) as q:
-        assert list(Step.objects.filter(**{f"id__{lookup}": []}).values_list("id", flat=True)) == []
+        assert list(Step.objects.filter(**{f"id__{lookup}": empty}).values_list("id", flat=True)) == []
         assert Step.objects.filter(**{f"uid__{lookup}": set()}).update(reward=1.0) == 0
     assert q.captured_queries == []
-    assert Step.objects.exclude(**{f"id__{lookup}": []}).count() == 2
+    assert Step.objects.exclude(**{f"id__{lookup}": empty}).count() == 2
     assert Step.objects.filter(reward=1.0).count() == 0
