@@ -35,7 +35,7 @@ from django.utils import timezone
 from psycopg.types.json import Jsonb
 
 from . import prepared
-from .flags import Readiness
+from .flags import GROUP_QUALITY, Quality, Readiness
 from .models import PromptGroup, Step, Trajectory
 
 # The trajectory columns the pipeline reads back from its writes (no model instance on the
@@ -348,6 +348,53 @@ def steps_settle(
     """
     with connection.cursor() as cur:  # not prepared: its generic plan ran a 1,000-id batch 3.5x slower
         cur.execute(sql, [*params, now])
+
+
+def groups_quality(group_ids: Sequence[int]) -> None:
+    """The group quality flags of every step of these groups, from their completed rollouts,
+    in ONE statement (no row through Python): DUPLICATE on a completed rollout's step whose
+    response another completed rollout of its group repeats; ZERO_VARIANCE on every step of
+    a group whose completed rollouts (more than one) all have a reward, each the same (a
+    rollout's reward: its trajectory's, else its last step's; no GRPO advantage). Only rows
+    whose flags change are written. The caller bounds the ids per call (readiness.CHUNK)."""
+    if not group_ids:
+        return
+    q = connection.ops.quote_name
+    step, traj = q(Step._meta.db_table), q(Trajectory._meta.db_table)
+    ids_sql, ids = _ids_in(group_ids)
+    keep = ~GROUP_QUALITY  # a negative literal: every other bit
+    dup, flat = int(Quality.DUPLICATE), int(Quality.ZERO_VARIANCE)
+    completed = Trajectory.Status.COMPLETED.value
+    sql = f"""
+        WITH c AS (
+            SELECT tr.id AS tid, tr.group_id AS gid, tr.reward AS r FROM {traj} tr
+            WHERE tr.group_id {ids_sql} AND tr.status = '{completed}'),
+        v AS (
+            SELECT c.gid, COALESCE(c.r, (
+                SELECT s.reward FROM {step} s WHERE s.trajectory_id = c.tid AND s.is_last
+                ORDER BY s.step_index DESC LIMIT 1)) AS x
+            FROM c),
+        f AS (
+            SELECT gid FROM v GROUP BY gid
+            HAVING COUNT(*) > 1 AND COUNT(x) = COUNT(*) AND MAX(x) - MIN(x) <= 1e-12),
+        d AS (
+            SELECT c.gid, s.response_hash AS h FROM {step} s JOIN c ON c.tid = s.trajectory_id
+            WHERE s.response_hash IS NOT NULL
+            GROUP BY c.gid, s.response_hash HAVING COUNT(DISTINCT s.trajectory_id) > 1),
+        n AS (
+            SELECT s.id, (s.quality_flags & ({keep}))
+                   | (CASE WHEN d.h IS NOT NULL THEN {dup} ELSE 0 END)
+                   | (CASE WHEN f.gid IS NOT NULL THEN {flat} ELSE 0 END) AS flags
+            FROM {step} s JOIN {traj} tr ON tr.id = s.trajectory_id
+            LEFT JOIN c ON c.tid = s.trajectory_id
+            LEFT JOIN d ON c.tid IS NOT NULL AND d.gid = c.gid AND d.h = s.response_hash
+            LEFT JOIN f ON f.gid = tr.group_id
+            WHERE tr.group_id {ids_sql})
+        UPDATE {step} SET quality_flags = n.flags FROM n
+        WHERE {step}.id = n.id AND {step}.quality_flags <> n.flags
+    """
+    with connection.cursor() as cur:  # not prepared (a plan over many ids)
+        cur.execute(sql, [*ids, *ids])
 
 
 def groups_task_claim(group_ids: Sequence[int], now: Any) -> dict[int, int]:

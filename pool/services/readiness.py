@@ -23,7 +23,6 @@ variance) are computed at that moment, by ``groups_settle``.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
 
@@ -32,8 +31,9 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from .. import sql
 from ..bus import GroupsCompleted, GroupsReady, StepsWritten, emit
-from ..flags import GROUP_QUALITY, Quality, Readiness
+from ..flags import Readiness
 from ..lookups import Many
 from ..models import PromptGroup, Step, Trajectory
 from . import effective_reward
@@ -163,51 +163,10 @@ def groups_settle(*, group_ids: Iterable[int]) -> None:
 
 def _group_quality(group_ids: set[int]) -> None:
     """Duplicate responses across a group's completed rollouts, and zero reward variance
-    (every rollout rewarded the same: no GRPO advantage). One read of the groups' steps;
-    only steps whose flags change are written, one UPDATE per resulting value."""
-    if not group_ids:
-        return
-    rewards: dict[int, dict[int, float | None]] = defaultdict(dict)  # group -> trajectory -> reward
-    for tid, gid, reward in Trajectory.objects.filter(
-        group_id__any=Many(group_ids), status=Trajectory.Status.COMPLETED
-    ).values_list("id", "group_id", "reward"):
-        rewards[gid][tid] = reward
-    steps = list(
-        Step.objects.filter(trajectory__group_id__any=Many(group_ids)).values_list(
-            "id",
-            "trajectory_id",
-            "trajectory__group_id",
-            "response_hash",
-            "is_last",
-            "reward",
-            "quality_flags",
-        )
-    )
-    holders: dict[tuple[int, bytes], set[int]] = defaultdict(set)  # (group, response) -> trajectories
-    last_reward: dict[int, float | None] = {}
-    for _sid, tid, gid, rhash, is_last, reward, _flags in steps:
-        if tid in rewards[gid]:
-            if rhash is not None:
-                holders[(gid, bytes(rhash))].add(tid)
-            if is_last:
-                last_reward[tid] = reward
-    flat = set()
-    for gid, members in rewards.items():
-        values = [r if r is not None else last_reward.get(tid) for tid, r in members.items()]
-        if len(values) > 1 and None not in values and max(values) - min(values) <= 1e-12:  # type: ignore[type-var,operator]
-            flat.add(gid)
-    changes: dict[int, list[int]] = defaultdict(list)  # new flags -> step ids
-    for sid, tid, gid, rhash, _last, _reward, flags in steps:
-        new = flags & ~GROUP_QUALITY
-        if tid in rewards[gid] and rhash is not None and len(holders[(gid, bytes(rhash))]) > 1:
-            new |= Quality.DUPLICATE
-        if gid in flat:
-            new |= Quality.ZERO_VARIANCE
-        if new != flags:
-            changes[int(new)].append(sid)
-    for value, ids in changes.items():
-        for chunk in _chunks(ids):
-            Step.objects.filter(id__any=Many(chunk)).update(quality_flags=value)
+    (every rollout rewarded the same: no GRPO advantage): one statement per chunk
+    (sql.groups_quality), only steps whose flags change written."""
+    for chunk in _chunks(sorted(group_ids)):
+        sql.groups_quality(chunk)
 
 
 def readiness_sweep(*, now=None) -> dict[str, int]:

@@ -188,6 +188,62 @@ def test_a_trajectory_with_every_step_rewarded_keeps_no_trajectory_reward():
     assert bits("all:0") == bits("all:1") == READY
 
 
+# Each step's group flags once its group is ready: (rollout, its status, response of its two
+# steps, reward (trajectory's, else None: its last step's), flags of its two steps). A
+# rollout that did not complete repeats a response without being a duplicate of it, and is
+# left out of the variance, whose flag every step of the group carries.
+GROUP_FLAGS = [
+    # every completed rollout rewarded 1.0 (one by its trajectory, one by its last step)
+    (
+        "flat",
+        [
+            (
+                "a",
+                "completed",
+                ([5], [6]),
+                1.0,
+                (Quality.DUPLICATE | Quality.ZERO_VARIANCE, Quality.ZERO_VARIANCE),
+            ),
+            (
+                "b",
+                "completed",
+                ([5], [7]),
+                None,
+                (Quality.DUPLICATE | Quality.ZERO_VARIANCE, Quality.ZERO_VARIANCE),
+            ),
+            ("c", "abandoned", ([5], [6]), None, (Quality.ZERO_VARIANCE, Quality.ZERO_VARIANCE)),
+        ],
+    ),
+    # rewards differ: no variance flag; the same last response in two completed rollouts
+    (
+        "spread",
+        [
+            ("a", "completed", ([5], [6]), 1.0, (0, Quality.DUPLICATE)),
+            ("b", "completed", ([7], [6]), 0.0, (0, Quality.DUPLICATE)),
+            ("c", "failed", ([7], [8]), None, (0, 0)),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "rollouts"), GROUP_FLAGS, ids=[g[0] for g in GROUP_FLAGS])
+def test_group_flags_are_those_of_the_completed_rollouts(name, rollouts):
+    group_upsert(uid=name, expected_rollouts=len(rollouts))
+    for r, status, responses, reward, _flags in rollouts:
+        steps_ingest(
+            steps=[
+                step_in(f"{name}-{r}", i, prompt=[1, i], response=resp, group=name, reward=1.0 if i else None)
+                for i, resp in enumerate(responses)
+            ]
+        )
+        trajectories_complete(completions=[CompletionIn(uid=f"{name}-{r}", status=status, reward=reward)])
+    assert PromptGroup.objects.get(uid=name).ready_at is not None
+    flags = dict(Step.objects.values_list("uid", "quality_flags"))
+    for r, _status, _resp, _reward, want in rollouts:
+        for i, w in enumerate(want):
+            assert flags[f"{name}-{r}:{i}"] & (Quality.DUPLICATE | Quality.ZERO_VARIANCE) == w, (r, i)
+
+
 def test_completing_a_batch_of_groups_costs_the_same_statements_whatever_its_size():
     # given groups of 2 running rollouts of 2 rewarded steps, in batches of 2 and of 6 groups
     from tests.pool.statements import sql_statements
@@ -221,10 +277,11 @@ def test_completing_a_batch_of_groups_costs_the_same_statements_whatever_its_siz
     # and is_last took two UPDATEs); plus one statement each for the trajectories ended, the
     # groups completed and the groups ready: the units they change, marked for the counts
     # kept per saved dataset (curation/services/counts.py; no count here: on PostgreSQL an
-    # INSERT that adds no row, on SQLite the read that finds none)
+    # INSERT that adds no row, on SQLite the read that finds none); the groups' quality
+    # flags are one UPDATE (sql.groups_quality; before, two reads and one UPDATE per value)
     assert len(counts[0]) == len(counts[1]), (len(counts[0]), len(counts[1]))
     for seen in counts:
         settles = [s for s in seen if s.lstrip().startswith("WITH t AS")]
         outbox = [s for s in seen if "pool_outboxtask" in s]
         assert len(settles) == 1 and len(outbox) == 1, (settles, outbox)
-    assert len(counts[0]) == 26, "\n".join(s[:120] for s in counts[0])
+    assert len(counts[0]) == 24, "\n".join(s[:120] for s in counts[0])
