@@ -39,6 +39,8 @@ dead rows too; read at once, the 3M preview scanned 62,000 of them), then:
   everything the growth to this size changed into that count (what the periodic sweep does
   every minute on a live server; the first size builds it whole), ``preview_live_p50_ms``:
   ``dataset_preview`` of the same spec counted exactly, live, which reads every step in scope,
+  ``preview_restricted_p50_ms``: the saved dataset's preview as a reader restricted to the ingest
+  key's source reads it (its units' kept shares, checked equal to its live count at each size),
   and ``preview_builder_p50_ms``: the same as the builder previews an unsaved spec (estimated
   from a sample of CLAW_PREVIEW_SAMPLE_UNITS units on a pool of more than twice as many groups or
   trajectories), with ``preview_builder_error`` (its steps' relative error against the exact
@@ -139,6 +141,7 @@ FIGURES = {
     "pull_ack_p50_ms": False,
     "preview_p50_ms": False,
     "preview_live_p50_ms": False,
+    "preview_restricted_p50_ms": False,
     "preview_builder_p50_ms": False,
     "admin_list_p50_ms": False,
     "readiness_steps_per_s": True,
@@ -162,6 +165,7 @@ FLOOR_URL = "/admin/pool/policyversion/"  # five rows, whatever the pool's size
 FILL_AGE = timedelta(days=400)
 ANALYZE_GROUPS = 1_000  # the least a fill grows between two ANALYZEs (32,000 steps)
 PULL_DATASET = "all"  # every ready group, whole (the default spec)
+AGENT_SOURCE = "bench-agent"  # the source of the ingest key's steps (a restricted reader's)
 PREVIEW_DATASET = "fresh-clean"  # bench.curation's SPEC, saved: its count is kept
 SOAK_DATASET = "fresh"  # every ready group, newest ready first (a continuous trainer)
 
@@ -369,7 +373,7 @@ def setup_pool() -> dict:
     dataset_create(name=PREVIEW_DATASET, spec=SPEC)
     user = get_user_model().objects.create_superuser("bench", "bench@example.com", uuid.uuid4().hex)
     return {
-        "ingest": api_key_create(name="bench-agent", scopes=[Scope.INGEST])[1],
+        "ingest": api_key_create(name=AGENT_SOURCE, scopes=[Scope.INGEST])[1],
         "consume": api_key_create(name="bench-trainer", scopes=[Scope.CONSUME])[1],
         "user": user,
     }
@@ -486,6 +490,17 @@ def measure_size(gen: GrowthGen, keys: dict, label: str, args: argparse.Namespac
         )
     result[f"preview_p50_ms_{label}"] = p50_ms(lambda: dataset_version_preview(version), args.runs)
     result[f"preview_live_p50_ms_{label}"] = p50_ms(preview, args.runs)
+    # a reader restricted to the agents' source (a tenant's key): the kept shares of its units
+    from curation.selectors.specs import dataset_preview
+    from curation.specs import spec_parse
+    from pool.models import Source
+
+    mine = frozenset(Source.objects.filter(name=AGENT_SOURCE).values_list("id", flat=True))
+    if dataset_version_preview(version, mine) != (want := dataset_preview(spec_parse(SPEC), mine)):
+        raise SystemExit(f"a restricted reader's kept count differs from its live one at {label}: {want}")
+    result[f"preview_restricted_p50_ms_{label}"] = p50_ms(
+        lambda: dataset_version_preview(version, mine), args.runs
+    )
     # the builder's live preview of an unsaved spec: estimated from a sample on a large pool
     estimated = builder_preview()
     result[f"preview_builder_p50_ms_{label}"] = p50_ms(builder_preview, args.runs)

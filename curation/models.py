@@ -756,6 +756,12 @@ class DatasetCountUnit(models.Model):
     prompt_tokens = models.BigIntegerField(default=0)
     response_tokens = models.BigIntegerField(default=0)
     recount_at = models.BigIntegerField(null=True, blank=True)
+    # The data source of every rollout of the unit (``one_source``; None: rollouts without
+    # one): its share is a reader's whole or nothing, so a reader restricted to some sources
+    # sums the shares of theirs. A unit of several sources (or counted before this was kept)
+    # is counted live for such a reader (curation/services/counts.py).
+    source_id = models.BigIntegerField(null=True, blank=True)
+    one_source = models.BooleanField(default=False)
 
     class Meta:
         constraints = [

@@ -95,6 +95,7 @@ BENCHES = [
             "ingest_steps_per_s_ratio",
             "preview_p50_ms_ratio",
             "preview_live_p50_ms_ratio",
+            "preview_restricted_p50_ms_ratio",
             "preview_builder_p50_ms_ratio",
             "overview_p50_ms_ratio",
             "bytes_per_step_ratio",

@@ -38,7 +38,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.db import connection, models, transaction
-from django.db.models import F, Q
+from django.db.models import BigIntegerField, Case, Count, F, Max, Min, Q, Sum, When
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from pool import bus, sql
@@ -183,10 +184,11 @@ def dataset_count_start(version: DatasetVersion) -> DatasetCount:
 
 
 def dataset_version_preview(version: DatasetVersion, sources: Sources = None) -> dict[str, Any]:
-    """What a saved version admits now: from its kept count (``dataset_count_read``) for an
-    unrestricted reader when it keeps one, else counted live (``dataset_preview``: a reader
-    restricted to some sources counts only their steps)."""
-    kept = dataset_count_read(version) if sources is None else None
+    """What a saved version admits now: from its kept count when it keeps one
+    (``dataset_count_read``; for a reader restricted to some sources, ``_restricted_read``:
+    the shares of their units), else counted live (``dataset_preview``: a restricted reader
+    counts only their sources' steps)."""
+    kept = dataset_count_read(version) if sources is None else _restricted_read(version, sources)
     return kept if kept is not None else dataset_preview(spec_parse(version.spec), sources)
 
 
@@ -196,6 +198,51 @@ def dataset_count_read(version: DatasetVersion) -> dict[str, Any] | None:
     counts live. One statement when nothing changed (``_kept``: the count, the current
     policy version, whether a change waits), on the replica of a read path that has one
     (its lag is the page's); a fold writes, on the primary."""
+    folded = _folded(version)
+    if folded is None:
+        return None
+    count, current, _alias = folded
+    return preview_numbers(current, *(getattr(count, name) for name in SHARES))
+
+
+# A restricted reader's units of several sources are counted live, by their rollouts' ids, up
+# to this many; beyond, its whole preview is counted live (one aggregate beats that many ids).
+MAX_LIVE_UNITS = 2000
+
+
+def _restricted_read(version: DatasetVersion, sources: frozenset[int]) -> dict[str, Any] | None:
+    """The preview of ``version`` for a reader of ``sources`` from its kept count (folded
+    first): the shares of the units whose every rollout is of one of them (a unit of one
+    source is all or nothing to a reader: the restriction only narrows the rollouts a unit
+    counts), plus the units of several sources counted live in the reader's scope. None when
+    it keeps no count, or more than MAX_LIVE_UNITS units must be counted live: the caller
+    counts live. The sums read every unit's row of the count (bench.growth: 94,000 at 3M)."""
+    folded = _folded(version)
+    if folded is None:
+        return None
+    count, current, alias = folded
+    if not sources:
+        return preview_numbers(current, *([0] * len(SHARES)))
+    units = DatasetCountUnit.objects.using(alias).filter(count_id=count.id)
+    kept = units.filter(one_source=True, source_id__in=sources).aggregate(
+        **{name: Coalesce(Sum(name), 0) for name in SHARES}
+    )
+    totals = [int(kept[name]) for name in SHARES]
+    several = list(units.filter(one_source=False).values_list("unit", flat=True)[: MAX_LIVE_UNITS + 1])
+    if len(several) > MAX_LIVE_UNITS:
+        return None
+    if several:
+        c = spec_compile(spec_parse(version.spec), sources)
+        tids = list(Trajectory.objects.filter(_of_units(several)).values_list("id", flat=True))
+        for share, _mv in (units_shares(c, tids) if tids else {}).values():
+            totals = [a + b for a, b in zip(totals, share, strict=True)]
+    return preview_numbers(current, *totals)
+
+
+def _folded(version: DatasetVersion) -> tuple[DatasetCount, int | None, str] | None:
+    """``version``'s count with what changed folded in, the current policy version, and the
+    alias that read it (the read path's when nothing was folded, else the primary's); None
+    when it keeps none yet, or its spec is of a kind that keeps none."""
     spec = spec_parse(version.spec)
     if not counted(spec):
         return None
@@ -208,7 +255,8 @@ def dataset_count_read(version: DatasetVersion) -> dict[str, Any] | None:
         count = dataset_count_fold(count)
         if not count.built:
             return None
-    return preview_numbers(current, *(getattr(count, name) for name in SHARES))
+        return count, current, connection.alias
+    return count, current, read_connection().alias
 
 
 def _kept(version_id: int, policy: str) -> tuple[DatasetCount, int | None, bool] | None:
@@ -303,20 +351,44 @@ def _changes_take(count: DatasetCount) -> set[int]:
     return set(sql.rows_take(DatasetCountChange, "count_id", count.id, "unit"))
 
 
+def _of_units(units: Iterable[int]) -> Q:
+    """The trajectories of these units (a group's key is its id, a lone trajectory's minus its)."""
+    units = list(units)
+    return Q(group_id__in=[u for u in units if u > 0]) | Q(
+        id__in=[-u for u in units if u < 0], group__isnull=True
+    )
+
+
+def _unit_sources(rollouts: models.QuerySet) -> dict[int, tuple[int | None, bool]]:
+    """Each unit of these trajectories: (its rollouts' one source, True), None for rollouts
+    without one; (None, False) for a unit of several. One aggregate, every status: a rollout
+    of another source that is still running makes its unit one of several already (where
+    it does not count yet, that costs a restricted reader a live count of the unit, never a
+    wrong one)."""
+    unit = Case(
+        When(group_id__isnull=True, then=F("id") * -1), default=F("group_id"), output_field=BigIntegerField()
+    )
+    rows = (
+        rollouts.annotate(u=unit)
+        .values("u")
+        .annotate(lo=Min("source_id"), hi=Max("source_id"), n=Count("id"), with_source=Count("source_id"))
+        .values_list("u", "lo", "hi", "n", "with_source")
+        .order_by()
+    )
+    return {u: (lo, True) if (lo == hi and k == n) or k == 0 else (None, False) for u, lo, hi, n, k in rows}
+
+
 def _recount(count: DatasetCount, c: Compiled, units: Sequence[int] | None) -> None:
     """Count ``units`` again (None: every unit in scope), replacing their shares and moving
     the totals by the difference."""
     if units is None:
         tids = None
         old: dict[int, tuple] = {}
+        sources = _unit_sources(Trajectory.objects.all())
     else:
-        groups = [u for u in units if u > 0]
-        lone = [-u for u in units if u < 0]
-        tids = list(
-            Trajectory.objects.filter(
-                Q(group_id__in=groups) | Q(id__in=lone, group__isnull=True)
-            ).values_list("id", flat=True)
-        )
+        rollouts = Trajectory.objects.filter(_of_units(units))
+        tids = list(rollouts.values_list("id", flat=True))
+        sources = _unit_sources(rollouts)
         old = {
             r[0]: r[1:]
             for r in DatasetCountUnit.objects.filter(count=count, unit__in=units).values_list("unit", *SHARES)
@@ -330,6 +402,8 @@ def _recount(count: DatasetCount, c: Compiled, units: Sequence[int] | None) -> N
                 count=count,
                 unit=unit,
                 recount_at=(mv + s + 1) if (s is not None and mv is not None) else None,
+                source_id=sources.get(unit, (None, False))[0],
+                one_source=sources.get(unit, (None, False))[1],
                 **dict(zip(SHARES, share, strict=True)),
             )
             for unit, (share, mv) in shares.items()

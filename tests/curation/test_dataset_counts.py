@@ -182,6 +182,115 @@ def test_a_count_follows_its_dataset_current_version_and_readers_of_some_sources
     assert dataset_version_preview(ds.current, frozenset())["steps"] == 0
 
 
+# Readers restricted to some sources, against the same kept counts: every write through a
+# source's door (or none), a group's rollouts of one source, of two, and one whose second
+# source joins late. A reader's kept preview must equal its live count, number by number,
+# without falling back to the live count (``_restricted_read`` answers).
+SOURCED_WRITES = [
+    (
+        "a group of one source",
+        lambda a, b: [
+            rollout(t, group="s1", seed=s, version=1, source_id=a) for t, s in (("a", 1), ("b", 2))
+        ],
+    ),
+    (
+        "a group of two sources",
+        lambda a, b: [
+            rollout(t, group="s2", seed=s, version=1, source_id=src)
+            for t, s, src in (("c", 3, a), ("d", 4, b))
+        ],
+    ),
+    ("a lone trajectory of the second source", lambda a, b: rollout("e", seed=5, version=1, source_id=b)),
+    ("a lone trajectory without a source", lambda a, b: rollout("n", seed=6, version=1)),
+    (
+        "a reward in the group of two",
+        lambda a, b: rewards_apply(rewards=[RewardIn(reward=0.0, step_uid="d:0")]),
+    ),
+    (
+        "a group's first rollout, of one source (it waits)",
+        lambda a, b: rollout("f", group="s3", seed=7, version=1, source_id=a),
+    ),
+    (
+        "its second rollout, of the other source",
+        lambda a, b: rollout("g", group="s3", seed=8, version=1, source_id=b),
+    ),
+    ("a newer policy version (freshness)", lambda a, b: policy_version_set(version=3)),
+]
+SOURCED_DATASETS = {name: DATASETS[name] for name in ("default", "fresh", "two", "high")}
+
+
+def test_readers_of_some_sources_read_the_kept_count_of_their_units():
+    from curation.models import Dataset
+    from curation.services.counts import _restricted_read
+    from pool.models import Source
+
+    a, b = (Source.objects.create(name=f"counts-{n}").id for n in "ab")
+    readers = {
+        "a": frozenset({a}),
+        "b": frozenset({b}),
+        "both": frozenset({a, b}),
+        "none": frozenset(),
+        "all": None,
+    }
+    policy_version_set(version=1)
+    for g in ("s1", "s2", "s3"):
+        group_upsert(uid=g, expected_rollouts=2)
+    for name, spec in SOURCED_DATASETS.items():
+        dataset_create(name=name, spec=spec)
+    dataset_counts_sweep()
+    before = None
+    for what, write in SOURCED_WRITES:
+        write(a, b)
+        now = {}
+        for name, spec in SOURCED_DATASETS.items():
+            version = Dataset.objects.select_related("current").get(name=name).current
+            for reader, sources in readers.items():
+                want = dataset_preview(spec_parse(spec), sources)
+                got = dataset_count_read(version) if sources is None else _restricted_read(version, sources)
+                assert got is not None, (what, name, reader)
+                assert got == want, (what, name, reader)
+                assert dataset_version_preview(version, sources) == want, (what, name, reader)
+                now[(name, reader)] = want
+        assert now != before, f"{what}: changed no reader's numbers (the row checks nothing)"
+        before = now
+    # the units' sources as kept: one source, several, none
+    units = dict(
+        DatasetCountUnit.objects.filter(count__version__dataset__name="default").values_list(
+            "unit", "source_id"
+        )
+    )
+    one = dict(
+        DatasetCountUnit.objects.filter(count__version__dataset__name="default").values_list(
+            "unit", "one_source"
+        )
+    )
+    s1, s2, s3 = (PromptGroup.objects.get(uid=g).id for g in ("s1", "s2", "s3"))
+    assert (units[s1], one[s1]) == (a, True)
+    assert not one[s2] and not one[s3]
+    n = -Trajectory.objects.get(uid="n").id
+    assert (units[n], one[n]) == (None, True)
+
+
+def test_a_restricted_reader_with_too_many_units_of_several_sources_counts_live(monkeypatch):
+    from curation.models import Dataset
+    from curation.services import counts
+    from pool.models import Source
+
+    a, b = (Source.objects.create(name=f"counts-live-{n}").id for n in "ab")
+    group_upsert(uid="m", expected_rollouts=2)
+    for t, seed, src in (("x", 1, a), ("y", 2, b)):
+        rollout(t, group="m", seed=seed, source_id=src)
+    dataset_create(name="d", spec={})
+    dataset_counts_sweep()
+    version = Dataset.objects.select_related("current").get(name="d").current
+    # the group counts only the reader's rollout: one of the two it needs, so it is dropped
+    live = dataset_preview(spec_parse({}), frozenset({a}))
+    assert counts._restricted_read(version, frozenset({a})) == live and live["dropped_groups"] == 1
+    monkeypatch.setattr(counts, "MAX_LIVE_UNITS", 0)
+    assert counts._restricted_read(version, frozenset({a})) is None
+    assert dataset_version_preview(version, frozenset({a})) == dataset_preview(spec_parse({}), frozenset({a}))
+
+
 def test_a_new_current_version_is_counted_by_a_task_after_its_commit(
     django_capture_on_commit_callbacks, monkeypatch
 ):

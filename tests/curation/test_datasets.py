@@ -30,9 +30,11 @@ def rollout(
     reward: float | None = 1.0,
     version=None,
     seed=0,
+    source_id: int | None = None,
     **extra,
 ):
-    """Store a finished rollout: ``steps`` steps, each with ``reward``, the last is_last."""
+    """Store a finished rollout: ``steps`` steps, each with ``reward``, the last is_last
+    (through ``source_id``'s door, when given)."""
     batch = []
     prompt = [1, 2, 3, seed]
     for i in range(steps):
@@ -52,7 +54,7 @@ def rollout(
             )
         )
         prompt = prompt + [10 + seed, 11 + i, 12, 99]
-    steps_ingest(steps=batch)
+    steps_ingest(steps=batch, source_id=source_id)
     return batch
 
 
