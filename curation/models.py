@@ -740,6 +740,32 @@ class DatasetCount(models.Model):
         return f"count of dataset version {self.version_id}"
 
 
+class DatasetCountSource(models.Model):
+    """A ``DatasetCount``'s totals over the units of one data source (``DatasetCountUnit``
+    rows with ``one_source``): what a reader restricted to some sources sums, a row per
+    source whatever the pool's size. Moved with the units' shares by every fold."""
+
+    count = models.ForeignKey(DatasetCount, on_delete=models.CASCADE, related_name="+", db_index=False)
+    source_id = models.BigIntegerField()
+    steps = models.BigIntegerField(default=0)
+    masked_steps = models.BigIntegerField(default=0)
+    trajectories = models.BigIntegerField(default=0)
+    groups = models.BigIntegerField(default=0)
+    dropped_groups = models.BigIntegerField(default=0)
+    waiting_units = models.BigIntegerField(default=0)
+    prompt_tokens = models.BigIntegerField(default=0)
+    response_tokens = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            # One row per source; serves a restricted reader's sum and the fold's update.
+            models.UniqueConstraint(fields=["count", "source_id"], name="dcountsource_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"count {self.count_id} of source {self.source_id}"
+
+
 class DatasetCountUnit(models.Model):
     """One unit's share of a ``DatasetCount`` (the totals are the sum of these rows), and
     the current policy version from which it must be counted again (``recount_at``: a step
@@ -775,6 +801,8 @@ class DatasetCountUnit(models.Model):
                 condition=Q(recount_at__isnull=False),
                 name="dcountunit_recount",
             ),
+            # A restricted reader's units of several sources (counted live for it).
+            models.Index(fields=["count", "unit"], condition=Q(one_source=False), name="dcountunit_several"),
         ]
 
     def __str__(self) -> str:

@@ -57,7 +57,8 @@ class AnyOf(Lookup):
     def as_sql(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
         if isinstance(self.rhs, (list, tuple)):
             raise TypeError(
-                f"{self.lhs.target.name}__any takes Many(values) or a set, not a {type(self.rhs).__name__}: "
+                f"{getattr(getattr(self.lhs, 'target', None), 'name', 'a field')}__any takes Many(values) or a set, "
+                f"not a {type(self.rhs).__name__}: "
                 "Django resolves a list value by value (pool/lookups.py)"
             )
         values = self.rhs.values if isinstance(self.rhs, Many) else list(self.rhs)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from curation.models import DatasetCount, DatasetCountChange, DatasetCountUnit
-from curation.selectors.specs import dataset_preview
+from curation.models import DatasetCount, DatasetCountChange, DatasetCountSource, DatasetCountUnit
+from curation.selectors.specs import SHARES, dataset_preview
 from curation.services.counts import dataset_count_read, dataset_counts_sweep, dataset_version_preview
 from curation.services.datasets import dataset_create, dataset_update
 from curation.services.labels import steps_label
@@ -269,6 +269,20 @@ def test_readers_of_some_sources_read_the_kept_count_of_their_units():
     assert not one[s2] and not one[s3]
     n = -Trajectory.objects.get(uid="n").id
     assert (units[n], one[n]) == (None, True)
+    # and each source's totals are the sum of its units' shares
+    for count in DatasetCount.objects.all():
+        want: dict[int, list[int]] = {}
+        for src, *share in DatasetCountUnit.objects.filter(
+            count=count, one_source=True, source_id__isnull=False
+        ).values_list("source_id", *SHARES):
+            want[src] = [x + y for x, y in zip(want.get(src, [0] * len(SHARES)), share, strict=True)]
+        got = {
+            src: list(share)
+            for src, *share in DatasetCountSource.objects.filter(count=count).values_list(
+                "source_id", *SHARES
+            )
+        }
+        assert {k: v for k, v in got.items() if any(v)} == {k: v for k, v in want.items() if any(v)}
 
 
 def test_a_restricted_reader_with_too_many_units_of_several_sources_counts_live(monkeypatch):
