@@ -712,7 +712,24 @@ class StepVerdict(models.Model):
         return f"verdict on step {self.step_id} (lease {self.lease_id})"
 
 
-class DatasetCount(models.Model):
+class PreviewTotals(models.Model):
+    """The numbers of a dataset's preview (selectors/specs.py ``SHARES``), kept as totals:
+    a whole count's (``DatasetCount``) and one data source's (``DatasetCountSource``)."""
+
+    steps = models.BigIntegerField(default=0)
+    masked_steps = models.BigIntegerField(default=0)
+    trajectories = models.BigIntegerField(default=0)
+    groups = models.BigIntegerField(default=0)
+    dropped_groups = models.BigIntegerField(default=0)
+    waiting_units = models.BigIntegerField(default=0)
+    prompt_tokens = models.BigIntegerField(default=0)
+    response_tokens = models.BigIntegerField(default=0)
+
+    class Meta:
+        abstract = True
+
+
+class DatasetCount(PreviewTotals):
     """What a saved dataset version admits, kept as the pool changes (services/counts.py):
     the numbers of its preview, so reading them costs what changed since the last read,
     not the pool's size. One per current version of a dataset whose spec admits ready,
@@ -726,35 +743,19 @@ class DatasetCount(models.Model):
     # The current policy version (id) of the spec's policy the units were counted against
     # (freshness, filters.max_staleness); null: none was current.
     policy_version = models.BigIntegerField(null=True, blank=True)
-    steps = models.BigIntegerField(default=0)
-    masked_steps = models.BigIntegerField(default=0)
-    trajectories = models.BigIntegerField(default=0)
-    groups = models.BigIntegerField(default=0)
-    dropped_groups = models.BigIntegerField(default=0)
-    waiting_units = models.BigIntegerField(default=0)
-    prompt_tokens = models.BigIntegerField(default=0)
-    response_tokens = models.BigIntegerField(default=0)
     counted_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"count of dataset version {self.version_id}"
 
 
-class DatasetCountSource(models.Model):
+class DatasetCountSource(PreviewTotals):
     """A ``DatasetCount``'s totals over the units of one data source (``DatasetCountUnit``
     rows with ``one_source``): what a reader restricted to some sources sums, a row per
     source whatever the pool's size. Moved with the units' shares by every fold."""
 
     count = models.ForeignKey(DatasetCount, on_delete=models.CASCADE, related_name="+", db_index=False)
     source_id = models.BigIntegerField()
-    steps = models.BigIntegerField(default=0)
-    masked_steps = models.BigIntegerField(default=0)
-    trajectories = models.BigIntegerField(default=0)
-    groups = models.BigIntegerField(default=0)
-    dropped_groups = models.BigIntegerField(default=0)
-    waiting_units = models.BigIntegerField(default=0)
-    prompt_tokens = models.BigIntegerField(default=0)
-    response_tokens = models.BigIntegerField(default=0)
 
     class Meta:
         constraints = [

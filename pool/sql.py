@@ -36,6 +36,7 @@ from psycopg.types.json import Jsonb
 
 from . import prepared
 from .flags import GROUP_QUALITY, Quality, Readiness
+from .lookups import array_param
 from .models import PromptGroup, Step, Trajectory
 
 # The trajectory columns the pipeline reads back from its writes (no model instance on the
@@ -185,9 +186,10 @@ def trajectories_end(rows: Sequence[tuple[int, str, bool, float | None, str | No
 
 def _ids_in(ids: Sequence[int]) -> tuple[str, list[Any]]:
     """``col <this>`` membership of ``ids`` and its parameters: one array parameter on
-    PostgreSQL, a list of placeholders elsewhere (the caller bounds the ids per call)."""
+    PostgreSQL (integers as one array literal: ``lookups.array_param``), a list of
+    placeholders elsewhere (the caller bounds the ids per call)."""
     if connection.vendor == "postgresql":
-        return "= ANY(%s)", [list(ids)]
+        return "= ANY(%s)", [array_param(list(ids))]
     return f"IN ({', '.join(['%s'] * len(ids))})", list(ids)
 
 

@@ -24,12 +24,15 @@ from django.db.models import Q, Sum
 from django.urls import URLResolver, get_resolver, resolve
 from django.utils import timezone
 
-from curation.models import Snapshot
+from curation.models import Dataset, DatasetCount, Snapshot
+from curation.selectors.specs import dataset_preview
 from curation.services.consume import Actor, PullIn, consumer_pull, lease_ack
+from curation.services.counts import _restricted_read, dataset_count_read, dataset_counts_sweep
 from curation.services.datasets import dataset_create
 from curation.services.lineage import RunIn, run_open
 from curation.services.retention import leases_trim
 from curation.services.snapshots import snapshot_build, snapshot_create
+from curation.specs import spec_parse
 from pool.ingest.pipeline import steps_ingest
 from pool.models import Event, Feedback, Media, PromptGroup, RewardEvent, Scope, Source, Step, Trajectory
 from pool.services.api_keys import api_key_create
@@ -377,6 +380,23 @@ def preview_expected(sources):
     }
 
 
+KEPT_SPEC: dict = {}  # the default spec: ready steps, groups whole
+
+
+def kept_expected(sources):
+    """GET /datasets/kept/preview (ready steps in whole groups: a dataset that keeps its count,
+    curation/services/counts.py): what the reader's sources' rows admit, counted live."""
+    return dataset_preview(spec_parse(KEPT_SPEC), source_ids(sources))
+
+
+def source_ids(names):
+    return (
+        None
+        if names is None
+        else frozenset(Source.objects.filter(name__in=names).values_list("id", flat=True))
+    )
+
+
 def of_sources(names, sources):
     """The names (tasks' uids or sources) among ``names`` (name -> source) a reader of ``sources`` sees."""
     return sorted(n for n, src in names.items() if sources is None or src in sources)
@@ -405,12 +425,20 @@ COUNTS = [
         lambda actor: preview_expected(SERVED_OF[actor]),
     ),
     (
+        "kept preview of a dataset naming no source",
+        "get",
+        "datasets/kept/preview",
+        None,
+        lambda r: {k: v for k, v in r.items() if k not in ("dataset", "version")},
+        lambda actor: kept_expected(SERVED_OF[actor]),
+    ),
+    (
         "dataset catalogue",
         "get",
         "datasets",
         None,
         lambda r: sorted(d["name"] for d in r),
-        lambda actor: ["everyone"] if actor == "other" else ["a-only", "everyone"],
+        lambda actor: ["everyone", "kept"] if actor == "other" else ["a-only", "everyone", "kept"],
     ),
     (
         "tasks",
@@ -487,6 +515,8 @@ def pool(world, settings, tmp_path):
     )
     dataset_create(name="a-only", spec={"filters": {"sources": [A_NAME], "readiness": "any"}})
     dataset_create(name="everyone", spec={"filters": {"readiness": "any"}})
+    dataset_create(name="kept", spec=KEPT_SPEC)
+    dataset_counts_sweep()  # the count beat's (on commit, a new version's count is built)
     snaps = {}
     for key, name in (("sa", "a-only"), ("sab", "everyone")):
         snaps[key] = str(snapshot_create(dataset=name).id)
@@ -600,6 +630,22 @@ def test_the_counts_differ_by_reader(pool):
     # then the expectations above are not all equal (a count that ignored the reader would fail)
     assert stats_expected(READS_OF["own"]) != stats_expected(READS_OF["other"]) != stats_expected(None)
     assert preview_expected(READS_OF["own"])["steps"] > 0 == preview_expected(READS_OF["other"])["steps"]
+    assert kept_expected(READS_OF["own"]) != kept_expected(READS_OF["other"]) != kept_expected(None)
+    assert kept_expected(READS_OF["own"])["steps"] > 0
+
+
+def test_the_kept_preview_of_every_reader_is_read_from_its_kept_count(pool):
+    # given the pool, the kept dataset's count built before the later writes (folded since)
+    clients, _ = pool
+    version = Dataset.objects.get(name="kept").current
+    assert clients["admin"].get("/api/v1/datasets/kept/preview").status_code == 200
+    assert DatasetCount.objects.get(version=version).built
+    # then every reader's preview comes from the count, the per-source totals included,
+    # not from the live count that the matrix compares it with
+    for actor in POOL_ACTORS:
+        sources = source_ids(SERVED_OF[actor])
+        kept = dataset_count_read(version) if sources is None else _restricted_read(version, sources)
+        assert kept == kept_expected(SERVED_OF[actor]), actor
 
 
 def api_url_names() -> set[str]:

@@ -420,11 +420,12 @@ def _recount(count: DatasetCount, c: Compiled, units: Sequence[int] | None) -> N
                 count=count,
                 unit=unit,
                 recount_at=(mv + s + 1) if (s is not None and mv is not None) else None,
-                source_id=sources.get(unit, MIXED)[0],
-                one_source=sources.get(unit, MIXED)[1],
+                source_id=src,
+                one_source=one,
                 **dict(zip(SHARES, share, strict=True)),
             )
             for unit, (share, mv) in shares.items()
+            for src, one in (sources.get(unit, MIXED),)
         ],
         batch_size=2000,
     )

@@ -111,12 +111,13 @@ class Report:
 
 
 # --- a pass ---------------------------------------------------------------------------------------
-def duty_check(duty: float | None) -> float:
-    """``duty``, or CLAW_RETENTION_DUTY where None; ValueError outside (0, 1] (the settings
-    check their own value as they load: they cannot import this)."""
+def duty_check(duty: float | None, *, name: str = "duty") -> float:
+    """``duty``, or CLAW_RETENTION_DUTY where None; ValueError outside (0, 1], naming the
+    value as ``name`` (the settings check their own value as they load: they cannot import
+    this)."""
     duty = settings.CLAW_RETENTION_DUTY if duty is None else duty
     if not 0 < duty <= 1:
-        raise ValueError(f"duty must be in (0, 1], not {duty!r}")
+        raise ValueError(f"{name} must be in (0, 1], not {duty!r}")
     return duty
 
 

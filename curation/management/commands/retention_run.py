@@ -33,9 +33,9 @@ class Command(BaseCommand):
     ) -> None:
         if duty is not None:
             try:
-                duty_check(duty)
+                duty_check(duty, name="--duty")
             except ValueError as e:
-                raise CommandError(f"--{e}") from None
+                raise CommandError(str(e)) from None
         policies = RetentionPolicy.objects.order_by("name")
         policies = policies.filter(name=policy) if policy else policies.filter(enabled=True)
         if policy and not policies:
