@@ -20,7 +20,9 @@ from importlib import import_module
 import orjson
 import pytest
 from django.apps import apps as django_apps
+from django.conf import settings
 from django.db.models import Q, Sum
+from django.test import override_settings
 from django.urls import URLResolver, get_resolver, resolve
 from django.utils import timezone
 
@@ -36,7 +38,7 @@ from curation.specs import spec_parse
 from pool.ingest.pipeline import steps_ingest
 from pool.models import Event, Feedback, Media, PromptGroup, RewardEvent, Scope, Source, Step, Trajectory
 from pool.services.api_keys import api_key_create
-from tests.conftest import client_for, make_step, post_steps
+from tests.conftest import client_for, make_step, post_steps, rolled_back_world
 from tests.media_support import attach, png
 from tests.pool.factories import step_in
 
@@ -114,6 +116,10 @@ READS = [
 @pytest.fixture
 def world():
     """A's data (written by A's key) and a client per actor."""
+    return world_build()
+
+
+def world_build() -> dict:
     clients = {
         name: client_for(api_key_create(name=f"tenant-{name}", scopes=scopes)[1])
         for name, scopes in ACTORS.items()
@@ -494,10 +500,26 @@ EXEMPT = {
 }
 
 
+@pytest.fixture(scope="module")
+def pool_built(django_db_setup, django_db_blocker, tmp_path_factory):
+    """The pool below, built once for the module (its rows, an image and two snapshots'
+    files) and rolled back after its last test."""
+    with override_settings(MEDIA_ROOT=tmp_path_factory.mktemp("media")):
+        with rolled_back_world(django_db_blocker):
+            with django_db_blocker.unblock():
+                built = pool_build(world_build())
+            yield built
+
+
 @pytest.fixture
-def pool(world, settings, tmp_path):
+def pool(pool_built, db):
+    """(clients, ids) of the pool; what a test writes is rolled back after it (its ``db``
+    transaction is a savepoint in the module's: ``rolled_back_world``)."""
+    return pool_built
+
+
+def pool_build(world: dict) -> tuple[dict, dict]:
     """A's data (``world``) and everything the rows above read; returns (clients, ids)."""
-    settings.MEDIA_ROOT = tmp_path / "media"
     clients = dict(world)
     for actor, source in (("own-trainer", A_NAME), ("other-trainer", B_NAME)):
         clients[actor] = client_for(api_key_create(name=actor, source_name=source, scopes=[Scope.CONSUME])[1])

@@ -37,7 +37,7 @@ import functools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from django.db import connection, models, transaction
+from django.db import connection, connections, models, transaction
 from django.db.models import BigIntegerField, Case, Count, F, Max, Min, Q, Sum, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -245,9 +245,10 @@ def _restricted_read(version: DatasetVersion, sources: frozenset[int]) -> dict[s
     if len(several) > MAX_LIVE_UNITS:
         return None
     if several:
+        # On the connection that read the kept sums: one view of the pool (a replica's lag).
         c = spec_compile(spec_parse(version.spec), sources)
-        tids = list(Trajectory.objects.filter(_of_units(several)).values_list("id", flat=True))
-        for share, _mv in (units_shares(c, tids) if tids else {}).values():
+        tids = list(Trajectory.objects.using(alias).filter(_of_units(several)).values_list("id", flat=True))
+        for share, _mv in (units_shares(c, tids, conn=connections[alias]) if tids else {}).values():
             totals = [a + b for a, b in zip(totals, share, strict=True)]
     return preview_numbers(current, *totals)
 

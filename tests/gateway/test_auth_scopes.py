@@ -18,7 +18,7 @@ from curation.services.datasets import dataset_create
 from pool.ingest.pipeline import steps_ingest
 from pool.models import Scope, Source, Step
 from pool.services.api_keys import api_key_create
-from tests.conftest import client_for, make_step
+from tests.conftest import client_for, make_step, rolled_back_world
 from tests.pool.factories import pool_counts, step_in
 
 pytestmark = pytest.mark.django_db
@@ -126,11 +126,25 @@ CALLERS = {
 }
 
 
+@pytest.fixture(scope="module")
+def seeded_built(django_db_setup, django_db_blocker):
+    """``seeded``'s pool, written once for the module and rolled back after its last test."""
+    with rolled_back_world(django_db_blocker):
+        with django_db_blocker.unblock():
+            lease = seed_pool()
+        yield lease
+
+
 @pytest.fixture
-def seeded(db) -> str:
+def seeded(seeded_built, db) -> str:
     """The pool every caller meets, written by the source SEED that every caller's key is
     granted (so this matrix tests scopes alone; tenancy: tests/test_tenancy_matrix.py);
-    returns the id of a lease on one ready trajectory."""
+    returns the id of a lease on one ready trajectory. What a test writes is rolled back
+    after it (``rolled_back_world``)."""
+    return seeded_built
+
+
+def seed_pool() -> str:
     seed = Source.objects.create(name=SEED).id
     steps_ingest(steps=[step_in(T, 0, prompt=[1, 2, 3], response=[4, 5], group=G)], source_id=seed)
     dataset_create(name=D)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import os
+import random
 import re
 import subprocess
 import sys
@@ -288,6 +289,67 @@ def test_each_read_path_reads_from_its_database(pool):
         if expected == "default" and on_replica:
             wrong.append((name, "read on the replica", [s[:200] for s in on_replica][:3]))
     assert wrong == []
+
+
+@pg_only
+@pytest.mark.django_db(transaction=True, databases=["default", REPLICA])
+def test_a_readers_preview_of_some_sources_reads_the_replica_alone(pool):
+    """A reader restricted to one source reads a saved dataset's preview from the kept
+    count's rows of its source, and counts the units of several sources live: both on the
+    replica, so the sum is of one view of the pool."""
+    from curation.models import Dataset
+    from curation.selectors.specs import dataset_preview
+    from curation.services.counts import dataset_counts_sweep
+    from curation.specs import spec_parse
+    from pool.models import Source
+
+    # given a ready group whose two rollouts come from two sources, and a reader of one (an
+    # agent's key reads its own source alone)
+    ids = [Source.objects.create(name=f"rep-src-{x}").id for x in ("a", "b")]
+    group_upsert(uid="rg-mixed", expected_rollouts=2)
+    rng = random.Random(7)
+    for r, source_id in enumerate(ids):
+        steps_ingest(
+            steps=[
+                step_in(
+                    f"rg-mixed-r{r}",
+                    0,
+                    prompt=random_ids(rng, 24),
+                    response=random_ids(rng, 8),
+                    group="rg-mixed",
+                    reward=float(r),
+                    is_last=True,
+                )
+            ],
+            source_id=source_id,
+        )
+    reader = Client(
+        HTTP_AUTHORIZATION=f"Bearer {api_key_create(name='rep-reader', source_name='rep-src-a', scopes=[Scope.INGEST])[1]}"
+    )
+    dataset_counts_sweep()  # the kept count built (celery beat's; a new version's on commit)
+    caught_up()
+    # when the reader asks for the preview
+    with (
+        CaptureQueriesContext(connections["default"]) as primary,
+        CaptureQueriesContext(connections[REPLICA]) as replica,
+    ):
+        got = reader.get("/api/v1/datasets/rep/preview")
+    # then its numbers are the live count's of its source: the mixed group, not whole in
+    # its view (one rollout of two), dropped
+    assert got.status_code == 200, got.content
+    want = dataset_preview(spec_parse(Dataset.objects.get(name="rep").current.spec), frozenset(ids[:1]))
+    assert {k: got.json()[k] for k in want} == want
+    assert want["dropped_groups"] == 1
+    # and every read of the pool's rows went to the replica: the live count's too
+    allowed = BEFORE_THE_HANDLER + ALSO_ON_PRIMARY["api: a dataset's preview"]
+    on_primary = [
+        q["sql"][:200]
+        for q in primary.captured_queries
+        if q["sql"].lstrip().upper().startswith(("SELECT", "WITH")) and not _tables(q["sql"]) <= set(allowed)
+    ]
+    assert on_primary == []
+    assert any("curation_datasetcountsource" in q["sql"] for q in replica.captured_queries)
+    assert any("pool_step" in q["sql"] for q in replica.captured_queries)
 
 
 @pg_only
