@@ -774,6 +774,9 @@ class DatasetCountUnit(models.Model):
 
     count = models.ForeignKey(DatasetCount, on_delete=models.CASCADE, related_name="+", db_index=False)
     unit = models.BigIntegerField()  # a group's id, or minus the id of a trajectory without one
+    # PreviewTotals' numbers for one unit, not inherited: a row per group of the pool, so each
+    # in the narrowest type a unit's share fits (a group's trajectories, a 0/1 flag), where the
+    # totals need 64 bits.
     steps = models.BigIntegerField(default=0)
     masked_steps = models.BigIntegerField(default=0)
     trajectories = models.IntegerField(default=0)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 import pytest
 from _pytest.nodeid import coerce_node_id
@@ -22,21 +23,27 @@ from tests import durations
 # serve, a benchmark of pure computation), which the first pass ran. A plain `make test`, on
 # either backend, runs them.
 ONCE_RAN = os.environ.get("CLAW_TEST_ONCE_RAN") == "1"
+T = TypeVar("T")
 
 
 @contextmanager
-def rolled_back_world(django_db_blocker) -> Iterator[None]:
-    """A transaction around a module's tests, for rows built once for all of them (as
-    Django's ``TestCase.setUpTestData``): each test's ``db`` transaction nests in it as a
-    savepoint, so what a test writes is rolled back to the shared rows after it, and the
-    shared rows are rolled back after the module. Build them inside
-    ``django_db_blocker.unblock()``; tests that need rows committed (``transaction=True``,
-    live servers) cannot use it."""
+def rolled_back_world(django_db_blocker, build: Callable[[], T]) -> Iterator[T]:
+    """Rows built once for a module's tests (``build()``, whose result it yields), as
+    Django's ``TestCase.setUpTestData``: in a transaction around the module, in which each
+    test's ``db`` transaction nests as a savepoint, so what a test writes is rolled back to
+    the shared rows after it, and the shared rows are rolled back after the module. Tests
+    that need rows committed (``transaction=True``, live servers) cannot use it."""
     with django_db_blocker.unblock():
         outer = transaction.atomic()
         outer.__enter__()
+        try:
+            built = build()
+        except BaseException:
+            transaction.set_rollback(True)
+            outer.__exit__(None, None, None)
+            raise
     try:
-        yield
+        yield built
     finally:
         with django_db_blocker.unblock():
             transaction.set_rollback(True)

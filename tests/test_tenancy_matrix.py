@@ -505,9 +505,7 @@ def pool_built(django_db_setup, django_db_blocker, tmp_path_factory):
     """The pool below, built once for the module (its rows, an image and two snapshots'
     files) and rolled back after its last test."""
     with override_settings(MEDIA_ROOT=tmp_path_factory.mktemp("media")):
-        with rolled_back_world(django_db_blocker):
-            with django_db_blocker.unblock():
-                built = pool_build(world_build())
+        with rolled_back_world(django_db_blocker, lambda: pool_build(world_build())) as built:
             yield built
 
 

@@ -129,9 +129,7 @@ CALLERS = {
 @pytest.fixture(scope="module")
 def seeded_built(django_db_setup, django_db_blocker):
     """``seeded``'s pool, written once for the module and rolled back after its last test."""
-    with rolled_back_world(django_db_blocker):
-        with django_db_blocker.unblock():
-            lease = seed_pool()
+    with rolled_back_world(django_db_blocker, seed_pool) as lease:
         yield lease
 
 
