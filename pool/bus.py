@@ -129,6 +129,9 @@ class GroupsCompleted:
     """Open prompt groups whose expected rollouts have all ended, marked complete."""
 
     group_ids: tuple[int, ...]
+    # The trajectories whose ending completed them now (trajectories_complete): their
+    # highest step becomes their is_last step when the effect settles their steps.
+    mark_last: frozenset[int] = frozenset()
 
 
 @dataclass(slots=True, frozen=True)

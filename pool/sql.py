@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -193,29 +193,24 @@ def _ids_in(ids: Sequence[int]) -> tuple[str, list[Any]]:
     return f"IN ({', '.join(['%s'] * len(ids))})", list(ids)
 
 
-def steps_last_mark(trajectory_ids: Sequence[int], now: Any) -> None:
-    """The last stored step (highest index) of each of these trajectories becomes its
-    ``is_last`` step, and only it, in one statement; the step that becomes it moves its
-    ``updated_at``. Rows already right are not written."""
-    if not trajectory_ids:
-        return
+def trajectories_last_final(trajectory_ids: Sequence[int]) -> set[int]:
+    """Those of these trajectories whose highest step has a final own reward, in one
+    statement (the highest index of each from the (trajectory, step_index) key, then those
+    rows alone)."""
     step = connection.ops.quote_name(Step._meta.db_table)
-    ids_sql, ids = _ids_in(trajectory_ids)
-    sql = f"""
-        WITH m AS (
-            SELECT trajectory_id AS tid, MAX(step_index) AS mx FROM {step}
-            WHERE trajectory_id {ids_sql} GROUP BY trajectory_id)
-        UPDATE {step} SET
-            is_last = ({step}.step_index = m.mx),
-            updated_at = CASE WHEN {step}.step_index = m.mx THEN %s ELSE {step}.updated_at END
-        FROM m
-        WHERE {step}.trajectory_id {ids_sql} AND {step}.trajectory_id = m.tid
-          AND {step}.is_last <> ({step}.step_index = m.mx)
-    """
-    # The ids twice: the UPDATE's own filter lets the planner reach the rows by the
-    # trajectory index (joined to the aggregate alone, PostgreSQL scanned the step table).
-    with connection.cursor() as cur:  # not prepared (a plan over many ids)
-        cur.execute(sql, [*ids, connection.ops.adapt_datetimefield_value(now), *ids])
+    found: set[int] = set()
+    for i in range(0, len(trajectory_ids), 1000):  # within SQLite's limit of parameters
+        ids_sql, ids = _ids_in(trajectory_ids[i : i + 1000])
+        sql = f"""
+            SELECT st.trajectory_id FROM {step} st
+            JOIN (SELECT trajectory_id AS tid, MAX(step_index) AS mx FROM {step}
+                  WHERE trajectory_id {ids_sql} GROUP BY trajectory_id) m
+              ON st.trajectory_id = m.tid AND st.step_index = m.mx
+            WHERE st.reward_status = %s"""
+        with connection.cursor() as cur:  # not prepared (a plan over many ids)
+            cur.execute(sql, [*ids, Step.RewardStatus.FINAL.value])
+            found.update(tid for (tid,) in cur.fetchall())
+    return found
 
 
 def steps_settle(
@@ -223,6 +218,7 @@ def steps_settle(
     *,
     own: Sequence[tuple[int, float | None, str, str | None]] = (),
     bits: bool = True,
+    mark_last: Collection[int] = (),
 ) -> None:
     """The reward columns and readiness of every step of these trajectories, recomputed
     from their rows in ONE statement (pool/services/effective_reward.py states the rules;
@@ -231,7 +227,10 @@ def steps_settle(
     trajectory and its group decide (TRAJECTORY_COMPLETE, GROUP_COMPLETE: pool/services/
     readiness.py); TOKENS_EXACT is kept. ``own``: (step id, reward, reward_status,
     reward_source) written as those steps' own rewards by the same statement (rewards_apply;
-    their ``updated_at`` moves). Only rows whose values change are written.
+    their ``updated_at`` moves). ``mark_last``: trajectories ending now (trajectories_complete),
+    whose highest step becomes their ``is_last`` step, and only it, by the same statement
+    (the step that becomes it moves its ``updated_at``): each of their rows is written once,
+    not once for the mark and again for the settle. Only rows whose values change are written.
 
     Set-based, no row goes through Python: a branch's final step (its last ``is_last``
     step, else, once the trajectory has ended, its highest index) is an aggregate per
@@ -268,6 +267,13 @@ def steps_settle(
         changed = "o.id IS NOT NULL"
     else:
         own_join, pick, changed = "", "st.{c}", "1 = 0"
+    marks = sorted(set(mark_last).intersection(trajectory_ids)) if mark_last else []
+    if marks:
+        marks_sql, marks_params = _ids_in(marks)
+        mark = f"CASE WHEN tr.id {marks_sql} THEN 1 ELSE 0 END"
+        params += marks_params
+    else:
+        mark = "0"
     params += ids_params
     tc, gc, rf, te = (
         int(Readiness.TRAJECTORY_COMPLETE),
@@ -281,17 +287,24 @@ def steps_settle(
         SELECT tr.id, tr.reward AS t_reward, COALESCE(tr.reward_source, '{env}') AS t_source,
                (CASE WHEN tr.status = 'completed' THEN {tc} ELSE 0 END)
                | (CASE WHEN tr.group_id IS NULL OR g.status = 'complete' THEN {gc} ELSE 0 END) AS bits,
-               CASE WHEN tr.status = 'running' THEN 0 ELSE 1 END AS ended
+               CASE WHEN tr.status = 'running' THEN 0 ELSE 1 END AS ended, {mark} AS mark
         FROM {traj} tr LEFT JOIN {group} g ON g.id = tr.group_id
         WHERE tr.id {ids_sql})""")
-    # the steps, with their own rewards as this statement leaves them
+    # the highest index of each trajectory ending now (its is_last step to be)
+    ctes.append(f"""m AS (
+        SELECT st.trajectory_id AS tid, MAX(st.step_index) AS mx FROM {step} st
+        WHERE st.trajectory_id IN (SELECT id FROM t WHERE mark = 1) GROUP BY st.trajectory_id)""")
+    # the steps, with their own rewards and is_last as this statement leaves them
     ctes.append(f"""s AS (
-        SELECT st.id, st.trajectory_id AS tid, st.branch, st.step_index AS idx, st.is_last,
+        SELECT st.id, st.trajectory_id AS tid, st.branch, st.step_index AS idx,
+               CASE WHEN m.tid IS NULL THEN st.is_last ELSE st.step_index = m.mx END AS is_last,
+               CASE WHEN m.tid IS NOT NULL AND st.step_index = m.mx AND NOT st.is_last THEN 1 ELSE 0 END
+                   AS became_last,
                {pick.format(c="reward", o="reward")} AS r,
                {pick.format(c="reward_status", o="status")} AS rs,
                {pick.format(c="reward_source", o="source")} AS src,
                CASE WHEN {changed} THEN 1 ELSE 0 END AS changed
-        FROM {step} st {own_join}
+        FROM {step} st {own_join} LEFT JOIN m ON m.tid = st.trajectory_id
         WHERE st.trajectory_id IN (SELECT id FROM t))""")
     # each branch's final step
     ctes.append("""e AS (
@@ -302,7 +315,7 @@ def steps_settle(
         GROUP BY s.tid, s.branch)""")
     # each step's outcome: its branch's final step's own final reward, else the trajectory's
     ctes.append(f"""x AS (
-        SELECT s.id, s.r, s.rs, s.src, s.changed, s.idx, e.fin, t.bits,
+        SELECT s.id, s.r, s.rs, s.src, s.changed, s.idx, s.is_last, s.became_last, e.fin, t.bits,
                CASE WHEN f.id IS NOT NULL THEN f.r ELSE t.t_reward END AS out_v,
                CASE WHEN f.id IS NOT NULL THEN COALESCE(f.src, '{env}')
                     WHEN t.t_reward IS NOT NULL THEN t.t_source END AS out_src,
@@ -312,7 +325,7 @@ def steps_settle(
         JOIN e ON e.tid = s.tid AND e.branch = s.branch
         LEFT JOIN s f ON f.tid = e.tid AND f.idx = e.fin AND f.r IS NOT NULL AND f.rs = '{final}')""")
     ctes.append(f"""n AS (
-        SELECT x.id, x.r, x.rs, x.src, x.changed,
+        SELECT x.id, x.r, x.rs, x.src, x.changed, x.is_last, x.became_last,
                CASE WHEN x.r IS NOT NULL THEN x.r ELSE x.out_v END AS eff,
                CASE WHEN x.r IS NOT NULL THEN x.src ELSE x.out_src END AS eff_src,
                CASE WHEN x.r IS NOT NULL THEN 'step' ELSE x.out_scope END AS scope,
@@ -340,13 +353,14 @@ def steps_settle(
     sql = f"""
         WITH {", ".join(ctes)}
         UPDATE {step} SET
-            reward = n.r, reward_status = n.rs, reward_source = n.src,
-            updated_at = CASE WHEN n.changed = 1 THEN %s ELSE {step}.updated_at END,
+            reward = n.r, reward_status = n.rs, reward_source = n.src, is_last = n.is_last,
+            updated_at = CASE WHEN n.changed = 1 OR n.became_last = 1 THEN %s ELSE {step}.updated_at END,
             effective_reward = n.eff, effective_reward_source = n.eff_src, reward_scope = n.scope,
             outcome_reward = n.outcome, process_reward = n.process, readiness = {ready}
         FROM n
         WHERE {step}.id = n.id
-          AND (n.changed = 1 OR {step}.readiness <> {ready} OR {" OR ".join(moved)})
+          AND (n.changed = 1 OR {step}.is_last <> n.is_last OR {step}.readiness <> {ready}
+               OR {" OR ".join(moved)})
     """
     with connection.cursor() as cur:  # not prepared: its generic plan ran a 1,000-id batch 3.5x slower
         cur.execute(sql, [*params, now])

@@ -44,7 +44,7 @@ Whatever the assignment, every row keeps ``outcome_reward`` and ``process_reward
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .. import sql
@@ -63,18 +63,25 @@ CHUNK = 1000
 Own = Mapping[int, tuple[float | None, str, str | None]]
 
 
-def steps_refresh(*, trajectory_ids: Iterable[int], own: Own | None = None, bits: bool = False) -> None:
+def steps_refresh(
+    *,
+    trajectory_ids: Iterable[int],
+    own: Own | None = None,
+    bits: bool = False,
+    mark_last: Collection[int] = (),
+) -> None:
     """Recompute the reward columns (effective reward, outcome, process reward and the
     REWARD_FINAL bit) of every step of these trajectories: one UPDATE per chunk
     (``sql.steps_settle``, set-based; only rows whose values change are written). ``own``:
     step id -> (reward, reward_status, reward_source) to store as those steps' own rewards
     (rewards_apply), written by the same UPDATE. ``bits``: also the readiness bits their
-    trajectory and group decide (readiness.trajectories_refresh). Idempotent; call inside
-    the writer's transaction (which holds the trajectories' row locks)."""
+    trajectory and group decide (readiness.trajectories_refresh). ``mark_last``: those of
+    them ending now, whose highest step becomes their is_last step in the same statement.
+    Idempotent; call inside the writer's transaction (which holds the trajectories' row locks)."""
     ids = sorted(set(trajectory_ids))
     rows = [(sid, *values) for sid, values in (own or {}).items()]
     for chunk in _chunks(ids):
-        sql.steps_settle(chunk, own=rows, bits=bits)
+        sql.steps_settle(chunk, own=rows, bits=bits, mark_last=mark_last)
 
 
 def assign(

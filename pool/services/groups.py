@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from django.db import transaction
@@ -63,11 +63,12 @@ def group_upsert(
     return group
 
 
-def groups_check_complete(*, group_ids: Iterable[int]) -> list[int]:
+def groups_check_complete(*, group_ids: Iterable[int], mark_last: Collection[int] = ()) -> list[int]:
     """Mark open groups complete once ``expected_rollouts`` trajectories have ended, and
     emit ``GroupsCompleted`` (its effects settle the rollouts' readiness and enqueue the
-    groups' prefix-tree merge and computed rewards on commit). Idempotent; call inside the
-    writer's transaction. Returns the ids that became complete."""
+    groups' prefix-tree merge and computed rewards on commit). ``mark_last``: trajectories
+    ending now whose is_last step the settle marks (trajectories_complete). Idempotent;
+    call inside the writer's transaction. Returns the ids that became complete."""
     ids = list(group_ids)
     if not ids:
         return []
@@ -83,7 +84,7 @@ def groups_check_complete(*, group_ids: Iterable[int]) -> list[int]:
         PromptGroup.objects.filter(id__any=Many(ready), status=PromptGroup.Status.OPEN).update(
             status=PromptGroup.Status.COMPLETE, completed_at=timezone.now()
         )
-        emit(GroupsCompleted(group_ids=tuple(ready)))
+        emit(GroupsCompleted(group_ids=tuple(ready), mark_last=frozenset(mark_last)))
     return ready
 
 

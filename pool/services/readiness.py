@@ -23,7 +23,7 @@ variance) are computed at that moment, by ``groups_settle``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from datetime import timedelta
 
 from django.conf import settings
@@ -59,32 +59,39 @@ def steps_written_settle(written: StepsWritten) -> None:
 
 def groups_completed_settle(event: GroupsCompleted) -> None:
     """The effect of completed groups on readiness: every rollout's steps now have their
-    group; then the groups' own readiness."""
+    group (and those ending now their is_last step: ``GroupsCompleted.mark_last``); then the
+    groups' own readiness."""
     trajectories_settle(
         trajectory_ids=Trajectory.objects.filter(group_id__any=Many(event.group_ids)).values_list(
             "id", flat=True
-        )
+        ),
+        mark_last=event.mark_last,
     )
 
 
-def trajectories_settle(*, trajectory_ids: Iterable[int]) -> None:
+def trajectories_settle(*, trajectory_ids: Iterable[int], mark_last: Collection[int] = ()) -> None:
     """Refresh the steps of these trajectories, then settle their complete groups.
-    Idempotent; call inside the writer's transaction."""
+    ``mark_last``: trajectories_refresh's. Idempotent; call inside the writer's transaction."""
     ids = set(trajectory_ids)
     if not ids:
         return
-    groups = trajectories_refresh(trajectory_ids=ids)
+    groups = trajectories_refresh(trajectory_ids=ids, mark_last=mark_last)
     groups_settle(group_ids=groups)
 
 
 def trajectories_refresh(
-    *, trajectory_ids: Iterable[int], own: effective_reward.Own | None = None
+    *,
+    trajectory_ids: Iterable[int],
+    own: effective_reward.Own | None = None,
+    mark_last: Collection[int] = (),
 ) -> set[int]:
     """Rewrite the trajectory-decided readiness bits and the reward columns of every step
     of these trajectories from their current state: one UPDATE per chunk
     (effective_reward.steps_refresh with ``bits``: sql.steps_settle; steps whose values do
     not change are not written). ``own``: new own rewards of their steps, written by the
-    same statement. Returns the ids of their complete groups (to settle). Idempotent."""
+    same statement; ``mark_last``: those of them ending now (trajectories_complete), whose
+    highest step becomes their is_last step by the same statement. Returns the ids of their
+    complete groups (to settle). Idempotent."""
     ids = sorted(set(trajectory_ids))
     complete_groups: set[int] = set()
     for chunk in _chunks(ids):
@@ -100,7 +107,7 @@ def trajectories_refresh(
             .values_list("group_id", "group__status")
         )
         complete_groups.update(g for g, status in locked if status == PromptGroup.Status.COMPLETE)
-        effective_reward.steps_refresh(trajectory_ids=chunk, own=own, bits=True)
+        effective_reward.steps_refresh(trajectory_ids=chunk, own=own, bits=True, mark_last=mark_last)
     return complete_groups
 
 

@@ -119,9 +119,9 @@ _REWARD_SOURCES = frozenset(Step.RewardSource.values)
 def trajectories_complete(
     *, completions: list[CompletionIn], source_id: int | None = None, sources: object = OWN
 ) -> list[Trajectory]:
-    """End trajectories at once (all or none): mark each one's last step ``is_last``, set
-    its reward (audited as a RewardEvent), then settle readiness and group completion once
-    for all. A constant number of statements for any batch size. Idempotent for the same
+    """End trajectories at once (all or none): set each one's reward (audited as a
+    RewardEvent), then settle readiness and group completion once for all, the settle
+    marking each one's last step ``is_last`` as it rewrites the steps. A constant number of statements for any batch size. Idempotent for the same
     status and reward; ending an ended trajectory with another status raises Conflict, an
     unknown one (or one outside ``sources``: pool/tenancy.py) NotFound, another reward for one
     already delivered (leased or in a snapshot) RewardDelivered (409), each naming the item."""
@@ -137,8 +137,6 @@ def trajectories_complete(
     }
     now = timezone.now()
     ending, changed, events = _completions_apply(completions, trajs, now=now, source_id=source_id)
-    if ending:
-        _last_steps_mark(ending, now)
     ends = set(ending)
     rows = [(t.id, t.status, t.id in ends, t.reward, t.reward_source) for t in changed.values()]
     for i in range(0, len(rows), 1000):  # 5 parameters a row: within SQLite's limit
@@ -153,8 +151,16 @@ def trajectories_complete(
         # Groups first: a group these completions fill settles all its rollouts at once, so
         # each step's readiness is rewritten once, not once for its trajectory and again for
         # its group; only the other trajectories are settled after.
-        filled = set(groups_check_complete(group_ids={t.group_id for t in changed.values() if t.group_id}))
-        trajectories_settle(trajectory_ids=[t.id for t in changed.values() if t.group_id not in filled])
+        # The settles mark each ending trajectory's last step (``mark_last``) in the same
+        # statement that rewrites its steps' readiness: each row is written once.
+        filled = set(
+            groups_check_complete(
+                group_ids={t.group_id for t in changed.values() if t.group_id}, mark_last=ends
+            )
+        )
+        trajectories_settle(
+            trajectory_ids=[t.id for t in changed.values() if t.group_id not in filled], mark_last=ends
+        )
     return [trajs[c.uid] for c in completions]
 
 
@@ -210,28 +216,14 @@ def _completions_apply(
     return ending, changed, events
 
 
-def _last_steps_mark(ending: list[int], now: datetime) -> None:
-    """The last stored step of each ending trajectory becomes its is_last step (and only it):
-    one statement per chunk (sql.steps_last_mark)."""
-    for i in range(0, len(ending), 1000):  # within SQLite's limit of parameters
-        sql.steps_last_mark(ending[i : i + 1000], now)
-
-
 def _ended_event(ended: list[Trajectory]) -> TrajectoriesEnded:
     """The bus event of trajectories just ended. A reward function of its data source may
     score a completed trajectory without a reward (pool/services/reward_compute.py), unless
-    its last step has a final reward already (the task would skip it): one read instead of
-    an outbox row and a task per such trajectory."""
+    its last step (its highest: the settle marks it is_last later in this transaction) has
+    a final reward already (the task would skip it): one read instead of an outbox row and
+    a task per such trajectory."""
     unscored = [t.id for t in ended if t.status == Trajectory.Status.COMPLETED and t.reward is None]
-    scored = (
-        set(
-            Step.objects.filter(
-                trajectory_id__any=Many(unscored), is_last=True, reward_status=Step.RewardStatus.FINAL
-            ).values_list("trajectory_id", flat=True)
-        )
-        if unscored
-        else set()
-    )
+    scored = sql.trajectories_last_final(unscored) if unscored else set()
     return TrajectoriesEnded(
         trajectories=tuple(
             EndedTrajectory(

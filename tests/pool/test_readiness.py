@@ -267,14 +267,18 @@ def test_completing_a_batch_of_groups_costs_the_same_statements_whatever_its_siz
         with sql_statements() as seen:
             trajectories_complete(completions=[CompletionIn(uid=u) for u in uids])
         counts.append(seen)
-        # then every step is ready and so is every group
+        # then every step is ready and so is every group, and each rollout's last step (and
+        # only it) is its is_last step
         assert {bits(f"{u}:{i}") for u in uids for i in range(2)} == {READY}
         assert PromptGroup.objects.filter(uid__startswith=f"cb{n}-", ready_at__isnull=False).count() == n
+        assert set(
+            Step.objects.filter(trajectory__uid__in=uids, is_last=True).values_list("uid", flat=True)
+        ) == {f"{u}:1" for u in uids}
     # and the call costs the same statements for 2 groups as for 6: the steps' rewards and
     # readiness are one UPDATE (sql.steps_settle), the groups' merge and reward tasks one
-    # outbox INSERT, the last steps' is_last one UPDATE (23 in all; before, each group added
-    # two outbox INSERTs, each step was written twice: its rewards, then its readiness bits,
-    # and is_last took two UPDATEs); plus one statement each for the trajectories ended, the
+    # outbox INSERT, the last steps' is_last set by that same UPDATE (before, each
+    # group added two outbox INSERTs, each step was written twice: its rewards, then its
+    # readiness bits, and is_last took two UPDATEs, then one of its own); plus one statement each for the trajectories ended, the
     # groups completed and the groups ready: the units they change, marked for the counts
     # kept per saved dataset (curation/services/counts.py; no count here: on PostgreSQL an
     # INSERT that adds no row, on SQLite the read that finds none); the groups' quality
@@ -284,4 +288,4 @@ def test_completing_a_batch_of_groups_costs_the_same_statements_whatever_its_siz
         settles = [s for s in seen if s.lstrip().startswith("WITH t AS")]
         outbox = [s for s in seen if "pool_outboxtask" in s]
         assert len(settles) == 1 and len(outbox) == 1, (settles, outbox)
-    assert len(counts[0]) == 24, "\n".join(s[:120] for s in counts[0])
+    assert len(counts[0]) == 23, "\n".join(s[:120] for s in counts[0])
