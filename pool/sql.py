@@ -20,6 +20,7 @@ written once in portable SQL: ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` an
 
 from __future__ import annotations
 
+import operator
 import re
 import weakref
 from collections.abc import Callable, Collection, Sequence
@@ -739,10 +740,6 @@ def column_converter(field: models.Field) -> Callable[[Any], Any] | None:
     return None
 
 
-def _NOW(value: Any) -> Any:  # marker: auto_now / auto_now_add columns
-    return value
-
-
 def _json(value: Any) -> Any:
     return Jsonb(value, dumps=_orjson_dumps)
 
@@ -824,9 +821,7 @@ def _columns(model: type[models.Model]) -> list[tuple[models.Field, Callable[[An
     return cols
 
 
-_copy_plans: dict[
-    type[models.Model], tuple[str, str, list[str], list[tuple[str, Callable[[Any], Any] | None]]]
-] = {}
+_copy_plans: dict[type[models.Model], _CopyPlan] = {}
 
 
 def rows_insert(rows: Sequence[models.Model]) -> None:
@@ -846,30 +841,25 @@ def _copy_insert(model: type[models.Model], rows: Sequence[models.Model]) -> Non
     through ``COPY ... FROM STDIN (FORMAT BINARY)`` inside the caller's transaction."""
     if not rows:
         return
-    table, seq, pg_types, getters = _copy_plan(model)
+    plan = _copy_plan(model)
     with prepared.cursor() as cur:
         # nextval() for n ids at once: the ids are ours even if the transaction aborts.
-        cur.execute("SELECT nextval(%s) FROM generate_series(1, %s)", [seq, len(rows)])
+        cur.execute("SELECT nextval(%s) FROM generate_series(1, %s)", [plan.seq, len(rows)])
         ids = [row[0] for row in cur.fetchall()]
     now = timezone.now()
-    columns = ", ".join(connection.ops.quote_name(str(f.column)) for f in model._meta.concrete_fields)
     raw = connection.connection  # the psycopg connection of Django's (atomic) transaction
+    values, converted, stamped = plan.values, plan.converted, plan.stamped
     try:
-        with (
-            raw.cursor() as cur,
-            cur.copy(f"COPY {table} ({columns}) FROM STDIN (FORMAT BINARY)") as copy,
-        ):
-            copy.set_types(pg_types)
+        with raw.cursor() as cur, cur.copy(plan.statement) as copy:
+            copy.set_types(plan.pg_types)
             for obj, pk in zip(rows, ids, strict=True):
                 obj.pk = pk
-                row = []
-                for attname, conv in getters:
-                    if conv is _NOW:
-                        setattr(obj, attname, now)
-                        row.append(now)
-                        continue
-                    value = getattr(obj, attname)
-                    row.append(conv(value) if conv is not None and value is not None else value)
+                for attname in stamped:
+                    setattr(obj, attname, now)
+                row = list(values(obj))  # every column at once (operator.attrgetter, in C)
+                for i, conv in converted:
+                    if row[i] is not None:
+                        row[i] = conv(row[i])
                 copy.write_row(row)
     except psycopg.errors.IntegrityError as exc:
         # Raw psycopg errors bypass Django's wrapper; callers (and their retries) expect this.
@@ -879,7 +869,19 @@ def _copy_insert(model: type[models.Model], rows: Sequence[models.Model]) -> Non
         obj._state.db = connection.alias
 
 
-def _copy_plan(model: type[models.Model]):
+@dataclass(frozen=True, slots=True)
+class _CopyPlan:
+    """How a model's rows stream through binary COPY (``_copy_insert``)."""
+
+    statement: str
+    seq: str
+    pg_types: list[str]
+    values: Callable[[models.Model], tuple]  # every concrete column's attribute, in order
+    converted: tuple[tuple[int, Callable[[Any], Any]], ...]  # (column, converter) for non-NULL values
+    stamped: tuple[str, ...]  # auto_now / auto_now_add attributes, set to the write's time
+
+
+def _copy_plan(model: type[models.Model]) -> _CopyPlan:
     plan = _copy_plans.get(model)
     if plan is not None:
         return plan
@@ -887,13 +889,27 @@ def _copy_plan(model: type[models.Model]):
     with connection.cursor() as cur:
         cur.execute("SELECT pg_get_serial_sequence(%s, %s)", [meta.db_table, meta.pk.column])
         seq = cur.fetchone()[0]
-    pg_types: list[str] = []
-    getters: list[tuple[str, Callable[[Any], Any] | None]] = []
-    for f in meta.concrete_fields:
-        pg_types.append(_pg_type(f))
-        auto_now = getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False)
-        getters.append((f.attname, _NOW if auto_now else column_converter(f)))
-    plan = _copy_plans[model] = (connection.ops.quote_name(meta.db_table), seq, pg_types, getters)
+    fields = meta.concrete_fields
+    converted = []
+    for i, f in enumerate(fields):
+        conv = column_converter(f)
+        # Binary COPY takes bytes-like values as they are (bytes, memoryview).
+        if conv is not None and conv is not _bytes:
+            converted.append((i, conv))
+    quote = connection.ops.quote_name
+    plan = _copy_plans[model] = _CopyPlan(
+        statement=(
+            f"COPY {quote(meta.db_table)} ({', '.join(quote(str(f.column)) for f in fields)}) "
+            "FROM STDIN (FORMAT BINARY)"
+        ),
+        seq=seq,
+        pg_types=[_pg_type(f) for f in fields],
+        values=operator.attrgetter(*(f.attname for f in fields)),
+        converted=tuple(converted),
+        stamped=tuple(
+            f.attname for f in fields if getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False)
+        ),
+    )
     return plan
 
 
