@@ -431,3 +431,66 @@ def test_a_read_while_a_fold_is_under_way_waits_for_it_and_counts_every_committe
     r.join(timeout=60)
     assert errors == []
     assert read == [live({})] and read[0]["steps"] == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_writers_of_two_sources_and_folds_keep_each_sources_totals():
+    """Two sources write at once (rollouts of their own, and groups of one rollout from
+    each) while a third thread keeps folding the count: afterwards each source's kept totals
+    (``DatasetCountSource``) are the sums of its units' shares, and every reader's kept
+    preview (one source, both, every source) equals the live count of its scope."""
+    from django.db import connection
+
+    from curation.models import Dataset
+    from curation.services import counts
+    from pool.models import Source
+
+    if connection.vendor != "postgresql":
+        pytest.skip("concurrent writers and folds need PostgreSQL (SQLite serialises them)")
+    a, b = (Source.objects.create(name=f"counts-race-{n}").id for n in "ab")
+    for i in range(4):
+        group_upsert(uid=f"mix{i}", expected_rollouts=2)
+    version_id = dataset_create(name="d", spec={}).current_id
+    counts.dataset_count_build(version_id)
+    errors: list[BaseException] = []
+    writing = [True, True]
+
+    def writer(n: int, src: int, name: str) -> None:
+        try:
+            for i in range(4):
+                rollout(f"{name}{i}", seed=10 * n + i, source_id=src)  # its own
+                rollout(f"{name}-mix{i}", group=f"mix{i}", seed=20 * n + i, source_id=src)  # a shared group
+        finally:
+            writing[n] = False
+
+    def folder() -> None:
+        while any(writing):
+            kept("d")  # a fold of whatever committed, as every read does
+
+    threads = [started(lambda: writer(0, a, "a"), errors), started(lambda: writer(1, b, "b"), errors)]
+    threads.append(started(folder, errors))
+    for t in threads:
+        t.join(timeout=120)
+    assert errors == [] and not any(t.is_alive() for t in threads)
+    # then each source's kept totals are the sums of its units' shares
+    version = Dataset.objects.select_related("current").get(name="d").current
+    kept("d")  # the last writes folded
+    count = DatasetCount.objects.get(version_id=version_id)
+    want: dict[int, list[int]] = {}
+    for src, *share in DatasetCountUnit.objects.filter(
+        count=count, one_source=True, source_id__isnull=False
+    ).values_list("source_id", *SHARES):
+        want[src] = [x + y for x, y in zip(want.get(src, [0] * len(SHARES)), share, strict=True)]
+    got = {
+        src: list(share)
+        for src, *share in DatasetCountSource.objects.filter(count=count).values_list("source_id", *SHARES)
+    }
+    assert set(want) == {a, b}  # 4 rollouts of its own each, every mixed group of two sources
+    assert {k: v for k, v in got.items() if any(v)} == want
+    assert DatasetCountUnit.objects.filter(count=count, one_source=False).count() == 4
+    # and each reader's kept preview is the live count of its scope, number by number
+    spec = spec_parse({})
+    for sources in (frozenset({a}), frozenset({b}), frozenset({a, b})):
+        read = counts._restricted_read(version, sources)
+        assert read is not None and read == dataset_preview(spec, sources), sorted(sources)
+    assert kept("d") == dataset_preview(spec) and kept("d")["trajectories"] == 16
