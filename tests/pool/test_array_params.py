@@ -73,3 +73,18 @@ def test_the_rows_cte_reads_back_each_column_as_sent():
     assert len(got) == len(rows)
     for g, w in zip(got, rows, strict=True):
         assert all(same(x, y) for x, y in zip(g, w, strict=True)), (g, w)
+
+
+def test_a_uid_lookup_by_many_finds_uids_that_need_quoting():
+    # given trajectories whose uids hold the characters an array literal must quote
+    from pool.ingest.pipeline import steps_ingest
+    from pool.lookups import Many
+    from pool.models import Trajectory
+    from tests.pool.factories import step_in
+
+    uids = ['a"b', "c\\d", "x,y{z}", "NULL", " spaced ", "é ü 中", "it's", "plain"]
+    steps_ingest(steps=[step_in(u, 0, prompt=[1, 2], response=[3]) for u in uids])
+    # when they are looked up as one array parameter (lookups.array_param), with one absent uid
+    found = Trajectory.objects.filter(uid__any=Many([*uids, "absent"])).values_list("uid", flat=True)
+    # then exactly they come back
+    assert sorted(found) == sorted(uids)
