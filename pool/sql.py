@@ -908,7 +908,10 @@ def _copy_plan(model: type[models.Model]) -> _CopyPlan:
         ),
         seq=seq,
         pg_types=[_pg_type(f) for f in fields],
-        values=operator.attrgetter(*(f.attname for f in fields)),
+        # (a tuple even for a model of one column: attrgetter of one name returns the value)
+        values=operator.attrgetter(*(f.attname for f in fields))
+        if len(fields) > 1
+        else (lambda obj, name=fields[0].attname: (getattr(obj, name),)),
         converted=tuple(converted),
         stamped=tuple(
             f.attname for f in fields if getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False)

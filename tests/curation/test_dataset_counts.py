@@ -131,6 +131,22 @@ def kept(name: str) -> dict | None:
     return dataset_count_read(Dataset.objects.select_related("current").get(name=name).current)
 
 
+def source_totals(count: DatasetCount) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """A count's kept totals per source (``DatasetCountSource``, those not all zero) and the
+    sums of the shares of its units of one source each, per source."""
+    want: dict[int, list[int]] = {}
+    for src, *share in DatasetCountUnit.objects.filter(
+        count=count, one_source=True, source_id__isnull=False
+    ).values_list("source_id", *SHARES):
+        want[src] = [x + y for x, y in zip(want.get(src, [0] * len(SHARES)), share, strict=True)]
+    got = {
+        src: list(share)
+        for src, *share in DatasetCountSource.objects.filter(count=count).values_list("source_id", *SHARES)
+        if any(share)
+    }
+    return got, want
+
+
 def test_every_write_leaves_each_kept_count_equal_to_the_live_one():
     policy_version_set(version=1)
     policy_version_set(version=1, policy="actor")
@@ -271,18 +287,8 @@ def test_readers_of_some_sources_read_the_kept_count_of_their_units():
     assert (units[n], one[n]) == (None, True)
     # and each source's totals are the sum of its units' shares
     for count in DatasetCount.objects.all():
-        want: dict[int, list[int]] = {}
-        for src, *share in DatasetCountUnit.objects.filter(
-            count=count, one_source=True, source_id__isnull=False
-        ).values_list("source_id", *SHARES):
-            want[src] = [x + y for x, y in zip(want.get(src, [0] * len(SHARES)), share, strict=True)]
-        got = {
-            src: list(share)
-            for src, *share in DatasetCountSource.objects.filter(count=count).values_list(
-                "source_id", *SHARES
-            )
-        }
-        assert {k: v for k, v in got.items() if any(v)} == {k: v for k, v in want.items() if any(v)}
+        got, want = source_totals(count)
+        assert got == {k: v for k, v in want.items() if any(v)}
 
 
 def test_a_restricted_reader_with_too_many_units_of_several_sources_counts_live(monkeypatch):
@@ -475,18 +481,10 @@ def test_concurrent_writers_of_two_sources_and_folds_keep_each_sources_totals():
     # then each source's kept totals are the sums of its units' shares
     version = Dataset.objects.select_related("current").get(name="d").current
     kept("d")  # the last writes folded
-    count = DatasetCount.objects.get(version_id=version_id)
-    want: dict[int, list[int]] = {}
-    for src, *share in DatasetCountUnit.objects.filter(
-        count=count, one_source=True, source_id__isnull=False
-    ).values_list("source_id", *SHARES):
-        want[src] = [x + y for x, y in zip(want.get(src, [0] * len(SHARES)), share, strict=True)]
-    got = {
-        src: list(share)
-        for src, *share in DatasetCountSource.objects.filter(count=count).values_list("source_id", *SHARES)
-    }
+    got, want = source_totals(DatasetCount.objects.get(version_id=version_id))
     assert set(want) == {a, b}  # 4 rollouts of its own each, every mixed group of two sources
-    assert {k: v for k, v in got.items() if any(v)} == want
+    assert got == want
+    count = DatasetCount.objects.get(version_id=version_id)
     assert DatasetCountUnit.objects.filter(count=count, one_source=False).count() == 4
     # and each reader's kept preview is the live count of its scope, number by number
     spec = spec_parse({})
