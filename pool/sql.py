@@ -185,7 +185,7 @@ def trajectories_end(rows: Sequence[tuple[int, str, bool, float | None, str | No
         cur.execute(sql, [*params, now, now])
 
 
-def _ids_in(ids: Sequence[int]) -> tuple[str, list[Any]]:
+def ids_in(ids: Sequence[int]) -> tuple[str, list[Any]]:
     """``col <this>`` membership of ``ids`` and its parameters: one array parameter on
     PostgreSQL (integers as one array literal: ``lookups.array_param``), a list of
     placeholders elsewhere (the caller bounds the ids per call)."""
@@ -201,7 +201,7 @@ def trajectories_last_final(trajectory_ids: Sequence[int]) -> set[int]:
     step = connection.ops.quote_name(Step._meta.db_table)
     found: set[int] = set()
     for i in range(0, len(trajectory_ids), 1000):  # within SQLite's limit of parameters
-        ids_sql, ids = _ids_in(trajectory_ids[i : i + 1000])
+        ids_sql, ids = ids_in(trajectory_ids[i : i + 1000])
         sql = f"""
             SELECT st.trajectory_id FROM {step} st
             JOIN (SELECT trajectory_id AS tid, MAX(step_index) AS mx FROM {step}
@@ -244,7 +244,7 @@ def steps_settle(
     q = connection.ops.quote_name
     step, traj, group = (q(m._meta.db_table) for m in (Step, Trajectory, PromptGroup))
     pg = connection.vendor == "postgresql"
-    ids_sql, ids_params = _ids_in(trajectory_ids)
+    ids_sql, ids_params = ids_in(trajectory_ids)
     params: list[Any] = []  # in the order of the text: the own rewards' CTE, then the ids
     ctes = []
     if own:
@@ -270,7 +270,7 @@ def steps_settle(
         own_join, pick, changed = "", "st.{c}", "1 = 0"
     marks = sorted(set(mark_last).intersection(trajectory_ids)) if mark_last else []
     if marks:
-        marks_sql, marks_params = _ids_in(marks)
+        marks_sql, marks_params = ids_in(marks)
         mark = f"CASE WHEN tr.id {marks_sql} THEN 1 ELSE 0 END"
         params += marks_params
     else:
@@ -378,7 +378,7 @@ def groups_quality(group_ids: Sequence[int]) -> None:
         return
     q = connection.ops.quote_name
     step, traj = q(Step._meta.db_table), q(Trajectory._meta.db_table)
-    ids_sql, ids = _ids_in(group_ids)
+    ids_sql, ids = ids_in(group_ids)
     keep = ~GROUP_QUALITY  # a negative literal: every other bit
     dup, flat = int(Quality.DUPLICATE), int(Quality.ZERO_VARIANCE)
     completed = Trajectory.Status.COMPLETED.value

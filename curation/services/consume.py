@@ -43,7 +43,6 @@ from django.db.models import (
     ExpressionWrapper,
     F,
     FloatField,
-    Min,
     OuterRef,
     Q,
     Subquery,
@@ -57,7 +56,6 @@ from claw_kit.web.renderers import dumps
 from pool import sql, tokens
 from pool.bus import GroupsReady, emit
 from pool.errors import Conflict, InvalidInput, NotFound
-from pool.lookups import Many
 from pool.models import AuditEvent, PromptGroup, Step, Trajectory
 from pool.selectors.policy import policy_current_version
 from pool.selectors.steps import steps_read
@@ -68,7 +66,7 @@ from pool.services.delivery import trajectories_delivered_mark
 from ..events import LeaseChanged
 from ..formats import RENDERERS
 from ..models import Consumer, Dataset, Delivery, GroupScore, Lease, Skip
-from ..selectors.consumption import consumer_of
+from ..selectors.consumption import consumer_of, group_score_inputs
 from ..selectors.specs import Compiled, dataset_steps, spec_compile, units_admitted
 from ..specs import spec_parse, struct_parse
 from .cursors import Cursors, cursors_rewind
@@ -278,54 +276,30 @@ def group_scores_refresh(event: GroupsReady) -> None:
     """The effect of ready groups on serving (curation/apps.py): write each group's scores
     (GroupScore: reward spread, stalest policy version, ready time) for order priority.
     Idempotent (an upsert from the current rows); runs inside the settle's transaction,
-    before the group's ready_at is written (a group without one is ready now). A few
-    statements per chunk of groups."""
+    before the group's ready_at is written (a group without one is ready now). Two
+    statements per chunk of groups: the scores' inputs (selectors.consumption.
+    group_score_inputs), then one upsert that takes each group's ready time from its row."""
     ids = sorted(event.group_ids)
-    now = timezone.now()
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    q = connection.ops.quote_name
+    score, group = q(GroupScore._meta.db_table), q(PromptGroup._meta.db_table)
     for i in range(0, len(ids), SCORE_CHUNK):
-        chunk = ids[i : i + SCORE_CHUNK]
-        rewards: dict[int, dict[int, float | None]] = {g: {} for g in chunk}
-        for tid, gid, reward in Trajectory.objects.filter(
-            group_id__any=Many(chunk), status=Trajectory.Status.COMPLETED
-        ).values_list("id", "group_id", "reward"):
-            rewards[gid][tid] = reward
-        unrewarded = [t for g in rewards.values() for t, r in g.items() if r is None]
-        last = dict(
-            Step.objects.filter(trajectory_id__any=Many(unrewarded), is_last=True).values_list(
-                "trajectory_id", "reward"
+        inputs = group_score_inputs(ids[i : i + SCORE_CHUNK])
+        if not inputs:
+            continue
+        rows = [(gid, _pstdev(values), version) for gid, (values, version) in inputs.items()]
+        # VALUES columns are column1, column2, ... on PostgreSQL and SQLite alike; SQLite
+        # needs the WHERE to read ON CONFLICT as the upsert's.
+        with connection.cursor() as cur:
+            cur.execute(
+                f"INSERT INTO {score} (group_id, reward_std, policy_version, ready_at) "
+                "SELECT v.column1, v.column2, v.column3, COALESCE(g.ready_at, %s) "
+                f"FROM (VALUES {', '.join(['(%s, %s, %s)'] * len(rows))}) AS v "
+                f"JOIN {group} g ON g.id = v.column1 WHERE true "
+                "ON CONFLICT (group_id) DO UPDATE SET reward_std = excluded.reward_std, "
+                "policy_version = excluded.policy_version, ready_at = excluded.ready_at",
+                [now, *(x for row in rows for x in row)],
             )
-        )
-        versions = {
-            gid: -1 if missing else lowest
-            for gid, lowest, missing in Step.objects.filter(
-                trajectory__group_id__any=Many(chunk), trajectory__status=Trajectory.Status.COMPLETED
-            )
-            .values_list("trajectory__group_id")
-            .annotate(
-                lowest=Min("policy_version_id"), missing=Count("id", filter=Q(policy_version__isnull=True))
-            )
-            .values_list("trajectory__group_id", "lowest", "missing")
-            .order_by()
-        }
-        ready = dict(PromptGroup.objects.filter(id__any=Many(chunk)).values_list("id", "ready_at"))
-        rows = []
-        for gid in chunk:
-            values = [r if r is not None else last.get(t) for t, r in rewards[gid].items()]
-            values = [v for v in values if v is not None]
-            rows.append(
-                GroupScore(
-                    group_id=gid,
-                    reward_std=_pstdev(values),
-                    policy_version=versions.get(gid, -1),
-                    ready_at=ready.get(gid) or now,
-                )
-            )
-        GroupScore.objects.bulk_create(
-            rows,
-            update_conflicts=True,
-            unique_fields=["group"],
-            update_fields=["reward_std", "policy_version", "ready_at"],
-        )
 
 
 def _pstdev(values: list[float]) -> float:

@@ -39,7 +39,7 @@ from curation.models import Delivery, GroupScore, Lease
 from curation.services.consume import PullIn, consumer_pull, lease_ack, lease_nack, leases_expire
 from curation.services.datasets import dataset_create
 from pool.ingest.pipeline import steps_ingest
-from pool.models import PromptGroup, Scope
+from pool.models import PromptGroup, Scope, Step
 from pool.services.groups import group_upsert
 from pool.services.policy import policy_version_set
 from tests.conftest import client_for
@@ -513,3 +513,63 @@ def test_the_migration_backfills_the_scores_the_effect_writes():
     ready = dict(PromptGroup.objects.values_list("id", "ready_at"))
     assert [r[:3] for r in again] == [r[:3] for r in by_effect] and len(again) == 4
     assert all(at == ready[g] for g, _s, _v, at in again)
+
+
+def test_a_groups_stalest_version_is_its_lowest_and_a_step_without_one_is_staler_than_any():
+    # given versions 1..3, a group of rollouts at versions 3 and 1, and a group with a
+    # rollout at version 2 and one whose step names no version
+    for v in (1, 2, 3):
+        policy_version_set(version=v)
+    group_upsert(uid="mixed", expected_rollouts=2)
+    group_upsert(uid="unversioned", expected_rollouts=2)
+    steps_ingest(
+        steps=[
+            step_in(
+                "mixed-r0",
+                0,
+                prompt=[1, 2],
+                response=[3],
+                group="mixed",
+                reward=1.0,
+                is_last=True,
+                policy_version=3,
+            ),
+            step_in(
+                "mixed-r1",
+                0,
+                prompt=[1, 2],
+                response=[4],
+                group="mixed",
+                reward=0.0,
+                is_last=True,
+                policy_version=1,
+            ),
+            step_in(
+                "unv-r0",
+                0,
+                prompt=[1, 2],
+                response=[3],
+                group="unversioned",
+                reward=1.0,
+                is_last=True,
+                policy_version=2,
+            ),
+            step_in(
+                "unv-r1",
+                0,
+                prompt=[1, 2],
+                response=[4],
+                group="unversioned",
+                reward=1.0,
+                is_last=True,
+                policy_version=None,
+            ),
+        ]
+    )
+    assert Step.objects.get(uid="unv-r1:0").policy_version_id is None
+    # then the scores: the lowest version, and -1 for the group with a step without one
+    got = {s.group.uid: (s.reward_std, s.policy_version) for s in GroupScore.objects.select_related("group")}
+    assert got == {
+        "mixed": (0.5, 1),
+        "unversioned": (0.0, -1),
+    }
