@@ -150,12 +150,23 @@ def _fetch_chains(ids: list[int]) -> dict[int, tuple[int | None, int, bytes]]:
     connection = read_connection()  # the primary, except on a read path that reads the replica
     table = connection.ops.quote_name(Step._meta.db_table)
     members, params = _members(connection, ids)
+    if connection.vendor == "postgresql":
+        # Each level's parents by primary key, one lookup per chain row (the LATERAL
+        # subquery's OFFSET 0 keeps the planner from flattening it into a join): as a join,
+        # PostgreSQL hashed every step that has a parent (the whole step_seq_children index)
+        # for each query, 3.4 of the 3.7 ms of a pull's 64 chains on a 20k-step W-pool, and
+        # growing with the pool until its estimate switched plans; 0.26 ms this way.
+        parents = f"""SELECT p.pid FROM chain c CROSS JOIN LATERAL (
+                SELECT s.seq_parent_id AS pid FROM {table} s
+                WHERE s.id = c.id AND s.seq_parent_id IS NOT NULL OFFSET 0) p"""
+    else:  # SQLite has no LATERAL; its planner looks each parent up by key already
+        parents = f"""SELECT s.seq_parent_id FROM {table} s JOIN chain c ON s.id = c.id
+            WHERE s.seq_parent_id IS NOT NULL"""
     sql = f"""
         WITH RECURSIVE chain(id) AS (
             SELECT id FROM {table} WHERE id {members}
             UNION
-            SELECT s.seq_parent_id FROM {table} s JOIN chain c ON s.id = c.id
-            WHERE s.seq_parent_id IS NOT NULL
+            {parents}
         )
         SELECT s.id, s.seq_parent_id, s.seq_shared, s.seq_delta FROM {table} s
         WHERE s.id IN (SELECT id FROM chain)
