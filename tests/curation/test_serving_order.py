@@ -522,48 +522,16 @@ def test_a_groups_stalest_version_is_its_lowest_and_a_step_without_one_is_staler
         policy_version_set(version=v)
     group_upsert(uid="mixed", expected_rollouts=2)
     group_upsert(uid="unversioned", expected_rollouts=2)
+    rollouts = [  # (trajectory, group, response, reward, policy version)
+        ("mixed-r0", "mixed", 3, 1.0, 3),
+        ("mixed-r1", "mixed", 4, 0.0, 1),
+        ("unv-r0", "unversioned", 3, 1.0, 2),
+        ("unv-r1", "unversioned", 4, 1.0, None),
+    ]
     steps_ingest(
         steps=[
-            step_in(
-                "mixed-r0",
-                0,
-                prompt=[1, 2],
-                response=[3],
-                group="mixed",
-                reward=1.0,
-                is_last=True,
-                policy_version=3,
-            ),
-            step_in(
-                "mixed-r1",
-                0,
-                prompt=[1, 2],
-                response=[4],
-                group="mixed",
-                reward=0.0,
-                is_last=True,
-                policy_version=1,
-            ),
-            step_in(
-                "unv-r0",
-                0,
-                prompt=[1, 2],
-                response=[3],
-                group="unversioned",
-                reward=1.0,
-                is_last=True,
-                policy_version=2,
-            ),
-            step_in(
-                "unv-r1",
-                0,
-                prompt=[1, 2],
-                response=[4],
-                group="unversioned",
-                reward=1.0,
-                is_last=True,
-                policy_version=None,
-            ),
+            step_in(t, 0, prompt=[1, 2], response=[r], group=g, reward=rw, is_last=True, policy_version=v)
+            for t, g, r, rw, v in rollouts
         ]
     )
     assert Step.objects.get(uid="unv-r1:0").policy_version_id is None
