@@ -10,7 +10,7 @@ connections keep their prepared statements across requests. Django's own cursors
 they are (a client-binding cursor never prepares), so ORM queries do not change.
 
 Only texts that repeat belong here: one text whatever the batch size (ids as one array
-parameter: ``sql.ids_in``, ``sql._rows``), their plans decided by primary or foreign keys,
+parameter: ``sql._ids_in``, ``sql._rows``), their plans decided by primary or foreign keys,
 so the generic plan PostgreSQL may settle on after five runs is the one it would pick anyway.
 Not here: a statement whose best plan depends on how many ids it carries. The settle of
 rewards and readiness (``sql.steps_settle``) plans in 1.5 ms for a one-step batch, but its

@@ -185,7 +185,7 @@ def trajectories_end(rows: Sequence[tuple[int, str, bool, float | None, str | No
         cur.execute(sql, [*params, now, now])
 
 
-def ids_in(ids: Sequence[int]) -> tuple[str, list[Any]]:
+def _ids_in(ids: Sequence[int]) -> tuple[str, list[Any]]:
     """``col <this>`` membership of ``ids`` and its parameters: one array parameter on
     PostgreSQL (integers as one array literal: ``lookups.array_param``), a list of
     placeholders elsewhere (the caller bounds the ids per call)."""
@@ -201,7 +201,7 @@ def trajectories_last_final(trajectory_ids: Sequence[int]) -> set[int]:
     step = connection.ops.quote_name(Step._meta.db_table)
     found: set[int] = set()
     for i in range(0, len(trajectory_ids), 1000):  # within SQLite's limit of parameters
-        ids_sql, ids = ids_in(trajectory_ids[i : i + 1000])
+        ids_sql, ids = _ids_in(trajectory_ids[i : i + 1000])
         sql = f"""
             SELECT st.trajectory_id FROM {step} st
             JOIN (SELECT trajectory_id AS tid, MAX(step_index) AS mx FROM {step}
@@ -244,7 +244,7 @@ def steps_settle(
     q = connection.ops.quote_name
     step, traj, group = (q(m._meta.db_table) for m in (Step, Trajectory, PromptGroup))
     pg = connection.vendor == "postgresql"
-    ids_sql, ids_params = ids_in(trajectory_ids)
+    ids_sql, ids_params = _ids_in(trajectory_ids)
     params: list[Any] = []  # in the order of the text: the own rewards' CTE, then the ids
     ctes = []
     if own:
@@ -270,7 +270,7 @@ def steps_settle(
         own_join, pick, changed = "", "st.{c}", "1 = 0"
     marks = sorted(set(mark_last).intersection(trajectory_ids)) if mark_last else []
     if marks:
-        marks_sql, marks_params = ids_in(marks)
+        marks_sql, marks_params = _ids_in(marks)
         mark = f"CASE WHEN tr.id {marks_sql} THEN 1 ELSE 0 END"
         params += marks_params
     else:
@@ -367,6 +367,54 @@ def steps_settle(
         cur.execute(sql, [*params, now])
 
 
+def _rollout_reward(reward: str, trajectory_id: str, step: str) -> str:
+    """A completed rollout's reward, the one definition the group statements share: its
+    trajectory's (``reward``), else the reward of its last step (the highest ``is_last``)."""
+    return (
+        f"COALESCE({reward}, (SELECT s.reward FROM {step} s WHERE s.trajectory_id = {trajectory_id} "
+        "AND s.is_last ORDER BY s.step_index DESC LIMIT 1))"
+    )
+
+
+def groups_score_inputs(group_ids: Sequence[int]) -> dict[int, tuple[Any, list[float], int]]:
+    """What each of these groups' serving scores (curation.GroupScore) are computed from,
+    in ONE statement: its ready_at, its completed rollouts' rewards (``_rollout_reward``;
+    rollouts with none left out) and its stalest policy version (the lowest of those
+    rollouts' steps; -1 when a step has none, or there is no such step). The caller bounds
+    the ids per call (SQLite binds them three times)."""
+    if not group_ids:
+        return {}
+    q = connection.ops.quote_name
+    step, traj, group = (q(m._meta.db_table) for m in (Step, Trajectory, PromptGroup))
+    ids_sql, ids = _ids_in(group_ids)
+    completed = Trajectory.Status.COMPLETED.value
+    sql = f"""
+        SELECT g.id, g.ready_at, v.lowest, v.missing, r.value
+        FROM {group} g
+        LEFT JOIN (
+            SELECT tr.group_id AS gid, MIN(st.policy_version_id) AS lowest,
+                   SUM(CASE WHEN st.policy_version_id IS NULL THEN 1 ELSE 0 END) AS missing
+            FROM {traj} tr JOIN {step} st ON st.trajectory_id = tr.id
+            WHERE tr.group_id {ids_sql} AND tr.status = %s
+            GROUP BY tr.group_id) v ON v.gid = g.id
+        LEFT JOIN (
+            SELECT tr.group_id AS gid, {_rollout_reward("tr.reward", "tr.id", step)} AS value
+            FROM {traj} tr WHERE tr.group_id {ids_sql} AND tr.status = %s) r ON r.gid = g.id
+        WHERE g.id {ids_sql}"""
+    out: dict[int, tuple[Any, list[float], int]] = {}
+    with connection.cursor() as cur:
+        cur.execute(sql, [*ids, completed, *ids, completed, *ids])
+        for gid, ready_at, lowest, missing, value in cur.fetchall():
+            _, values, _ = out.get(gid) or (None, [], 0)
+            if value is not None:
+                values.append(value)
+            # SQLite gives the stored UTC time without its zone, as Django's own converter does
+            if ready_at is not None and timezone.is_naive(ready_at):
+                ready_at = timezone.make_aware(ready_at, connection.timezone)
+            out[gid] = (ready_at, values, -1 if missing or lowest is None else lowest)
+    return out
+
+
 def groups_quality(group_ids: Sequence[int]) -> None:
     """The group quality flags of every step of these groups, from their completed rollouts,
     in ONE statement (no row through Python): DUPLICATE on a completed rollout's step whose
@@ -378,7 +426,7 @@ def groups_quality(group_ids: Sequence[int]) -> None:
         return
     q = connection.ops.quote_name
     step, traj = q(Step._meta.db_table), q(Trajectory._meta.db_table)
-    ids_sql, ids = ids_in(group_ids)
+    ids_sql, ids = _ids_in(group_ids)
     keep = ~GROUP_QUALITY  # a negative literal: every other bit
     dup, flat = int(Quality.DUPLICATE), int(Quality.ZERO_VARIANCE)
     completed = Trajectory.Status.COMPLETED.value
@@ -387,10 +435,7 @@ def groups_quality(group_ids: Sequence[int]) -> None:
             SELECT tr.id AS tid, tr.group_id AS gid, tr.reward AS r FROM {traj} tr
             WHERE tr.group_id {ids_sql} AND tr.status = '{completed}'),
         v AS (
-            SELECT c.gid, COALESCE(c.r, (
-                SELECT s.reward FROM {step} s WHERE s.trajectory_id = c.tid AND s.is_last
-                ORDER BY s.step_index DESC LIMIT 1)) AS x
-            FROM c),
+            SELECT c.gid, {_rollout_reward("c.r", "c.tid", step)} AS x FROM c),
         f AS (
             SELECT gid FROM v GROUP BY gid
             HAVING COUNT(*) > 1 AND COUNT(x) = COUNT(*) AND MAX(x) - MIN(x) <= 1e-12),

@@ -8,13 +8,11 @@ from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
-from django.db import connection
 from django.db.models import Count, Exists, Max, OuterRef, Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from pool import sql
-from pool.models import PolicyVersion, PromptGroup, Source, Step, Trajectory
+from pool.models import PolicyVersion, Source
 from pool.tenancy import Sources
 
 from ..models import Consumer, Dataset, Delivery, Lease, Skip, Snapshot
@@ -334,43 +332,3 @@ def snapshot_get(snapshot_id: uuid.UUID | str, *, sources: Sources = None) -> Sn
     if snap is None or sources is None:
         return snap
     return snap if snap.source_ids is not None and set(snap.source_ids) <= sources else None
-
-
-def group_score_inputs(group_ids: list[int]) -> dict[int, tuple[list[float], int]]:
-    """What a ready group's serving scores (curation.GroupScore) are computed from, for
-    each of ``group_ids`` (at most ~1,000: SQLite's parameters), in ONE statement: the
-    rewards of its completed rollouts (a trajectory's own reward, else the reward of its
-    last step, the highest ``is_last`` one; rollouts with neither left out) and its stalest
-    policy version (the lowest of its completed rollouts' steps; -1 when one has none, or
-    when it has no such step)."""
-    if not group_ids:
-        return {}
-    q = connection.ops.quote_name
-    step, traj, group = (q(m._meta.db_table) for m in (Step, Trajectory, PromptGroup))
-    ids_sql, ids = sql.ids_in(group_ids)
-    completed = Trajectory.Status.COMPLETED.value
-    statement = f"""
-        SELECT g.id, v.lowest, v.missing, r.value
-        FROM {group} g
-        LEFT JOIN (
-            SELECT tr.group_id AS gid, MIN(st.policy_version_id) AS lowest,
-                   SUM(CASE WHEN st.policy_version_id IS NULL THEN 1 ELSE 0 END) AS missing
-            FROM {traj} tr JOIN {step} st ON st.trajectory_id = tr.id
-            WHERE tr.group_id {ids_sql} AND tr.status = %s
-            GROUP BY tr.group_id) v ON v.gid = g.id
-        LEFT JOIN (
-            SELECT tr.group_id AS gid, COALESCE(tr.reward, (
-                SELECT st.reward FROM {step} st WHERE st.trajectory_id = tr.id AND st.is_last
-                ORDER BY st.step_index DESC LIMIT 1)) AS value
-            FROM {traj} tr
-            WHERE tr.group_id {ids_sql} AND tr.status = %s) r ON r.gid = g.id
-        WHERE g.id {ids_sql}"""
-    out: dict[int, tuple[list[float], int]] = {}
-    with connection.cursor() as cur:
-        cur.execute(statement, [*ids, completed, *ids, completed, *ids])
-        for gid, lowest, missing, value in cur.fetchall():
-            values, _ = out.get(gid) or ([], 0)
-            if value is not None:
-                values.append(value)
-            out[gid] = (values, -1 if missing or lowest is None else lowest)
-    return out

@@ -66,7 +66,7 @@ from pool.services.delivery import trajectories_delivered_mark
 from ..events import LeaseChanged
 from ..formats import RENDERERS
 from ..models import Consumer, Dataset, Delivery, GroupScore, Lease, Skip
-from ..selectors.consumption import consumer_of, group_score_inputs
+from ..selectors.consumption import consumer_of
 from ..selectors.specs import Compiled, dataset_steps, spec_compile, units_admitted
 from ..specs import spec_parse, struct_parse
 from .cursors import Cursors, cursors_rewind
@@ -277,29 +277,23 @@ def group_scores_refresh(event: GroupsReady) -> None:
     (GroupScore: reward spread, stalest policy version, ready time) for order priority.
     Idempotent (an upsert from the current rows); runs inside the settle's transaction,
     before the group's ready_at is written (a group without one is ready now). Two
-    statements per chunk of groups: the scores' inputs (selectors.consumption.
-    group_score_inputs), then one upsert that takes each group's ready time from its row."""
+    statements per chunk of groups: the scores' inputs (sql.groups_score_inputs), then the
+    upsert."""
     ids = sorted(event.group_ids)
-    now = connection.ops.adapt_datetimefield_value(timezone.now())
-    q = connection.ops.quote_name
-    score, group = q(GroupScore._meta.db_table), q(PromptGroup._meta.db_table)
+    now = timezone.now()
     for i in range(0, len(ids), SCORE_CHUNK):
-        inputs = group_score_inputs(ids[i : i + SCORE_CHUNK])
-        if not inputs:
-            continue
-        rows = [(gid, _pstdev(values), version) for gid, (values, version) in inputs.items()]
-        # VALUES columns are column1, column2, ... on PostgreSQL and SQLite alike; SQLite
-        # needs the WHERE to read ON CONFLICT as the upsert's.
-        with connection.cursor() as cur:
-            cur.execute(
-                f"INSERT INTO {score} (group_id, reward_std, policy_version, ready_at) "
-                "SELECT v.column1, v.column2, v.column3, COALESCE(g.ready_at, %s) "
-                f"FROM (VALUES {', '.join(['(%s, %s, %s)'] * len(rows))}) AS v "
-                f"JOIN {group} g ON g.id = v.column1 WHERE true "
-                "ON CONFLICT (group_id) DO UPDATE SET reward_std = excluded.reward_std, "
-                "policy_version = excluded.policy_version, ready_at = excluded.ready_at",
-                [now, *(x for row in rows for x in row)],
-            )
+        inputs = sql.groups_score_inputs(ids[i : i + SCORE_CHUNK])
+        GroupScore.objects.bulk_create(
+            [
+                GroupScore(
+                    group_id=gid, reward_std=_pstdev(values), policy_version=version, ready_at=ready_at or now
+                )
+                for gid, (ready_at, values, version) in inputs.items()
+            ],
+            update_conflicts=True,
+            unique_fields=["group"],
+            update_fields=["reward_std", "policy_version", "ready_at"],
+        )
 
 
 def _pstdev(values: list[float]) -> float:
