@@ -22,9 +22,16 @@ from rest_framework.exceptions import ParseError
 
 from claw_kit.web import body
 from pool.errors import InvalidInput
-from pool.ingest.contract import PackedStepBatchWire, StepBatchWire, StepIn, steps_from_wire
+from pool.ingest.contract import (
+    JsonStepBatchWire,
+    PackedStepBatchWire,
+    StepBatchWire,
+    StepIn,
+    steps_from_wire,
+)
 
-_decoder = msgspec.json.Decoder(StepBatchWire)
+# Token id arrays stay raw JSON text until contract._ids parses them into arrays.
+_decoder = msgspec.json.Decoder(JsonStepBatchWire)
 _msgpack_decoder = msgspec.msgpack.Decoder(PackedStepBatchWire)
 
 

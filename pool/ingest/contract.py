@@ -125,7 +125,16 @@ PackedStepWire = _step_wire(
     list[float] | bytes,
     "A step in MessagePack, arrays possibly packed.",
 )
+# JSON bodies as decoded (gateway/validation.py): the token id arrays are kept as their raw
+# JSON text, which msgspec has checked to be well-formed JSON while skipping over it, and are
+# parsed straight into int32 arrays by ``_ids`` (never one Python int per id); any array
+# that is not plainly non-negative integers takes the typed decode, which names the element.
+# StepWire stays the contract (the schema, ``msgspec.convert`` of parsed bodies).
+JsonStepWire = _step_wire(
+    "JsonStepWire", msgspec.Raw, list[float], "A step in JSON, its token id arrays as raw JSON text."
+)
 StepBatchWire = _batch_wire("StepBatchWire", StepWire)
+JsonStepBatchWire = _batch_wire("JsonStepBatchWire", JsonStepWire)
 PackedStepBatchWire = _batch_wire("PackedStepBatchWire", PackedStepWire)
 
 # --- shapes derived from the struct ------------------------------------------------------------
@@ -289,7 +298,9 @@ _PASSED_THROUGH = tuple(
 )
 
 
-def _ids(values: list[int] | bytes, where: str) -> np.ndarray:
+def _ids(values: list[int] | bytes | msgspec.Raw, where: str) -> np.ndarray:
+    if type(values) is msgspec.Raw:
+        return _json_ids(bytes(values), where)
     if isinstance(values, bytes):  # packed little-endian int32 (MessagePack bodies)
         if len(values) % 4:
             raise InvalidInput("packed token ids must be little-endian int32 (4 bytes each)", field=where)
@@ -299,6 +310,33 @@ def _ids(values: list[int] | bytes, where: str) -> np.ndarray:
             raise InvalidInput("token ids must be in [0, 2**31)", field=f"{where}[{i}]")
         return arr
     # Ranges are already checked by the decoder; array('I') is the fastest C conversion.
+    return np.frombuffer(array("I", values), dtype=np.int32) if values else tokens.EMPTY_IDS
+
+
+# What may stand between the brackets of a JSON array of non-negative integers.
+_ID_TEXT = b"0123456789, \t\r\n"
+_ids_decoder = msgspec.json.Decoder(list[TokenId])
+
+
+def _json_ids(raw: bytes, where: str) -> np.ndarray:
+    """A token id array from its JSON text (well-formed: msgspec checked it). Text of only
+    digits, commas and whitespace between the brackets is an array of non-negative integers,
+    which numpy parses in C (saturating at 2**63-1, so the range check sees any overflow);
+    anything else (a negative, a float, a string, a nested value, an id past 2**31-1) is
+    decoded by the typed decoder, whose error names the element."""
+    if raw[:1] == b"[" and raw[-1:] == b"]":
+        inner = raw[1:-1]
+        if not inner.translate(None, _ID_TEXT):
+            if not inner.strip():
+                return tokens.EMPTY_IDS
+            arr = np.fromstring(inner, dtype=np.int64, sep=",")
+            if len(arr) == inner.count(b",") + 1 and int(arr.max()) <= rules.INT32_MAX:
+                return arr.astype(tokens.TOKEN_DTYPE)
+    try:
+        values = _ids_decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        message, _, at = str(exc).partition(" - at `$")
+        raise InvalidInput(message, field=f"{where}{at.rstrip('`')}") from None
     return np.frombuffer(array("I", values), dtype=np.int32) if values else tokens.EMPTY_IDS
 
 

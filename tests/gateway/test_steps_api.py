@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -41,6 +42,35 @@ def test_round_trip_returns_exactly_what_was_written(agent):
     # once its branch's outcome is (issue 18), and the two kinds are told apart
     assert (got["reward_status"], got["process_reward"], got["outcome_reward"]) == ("pending", 0.25, None)
     assert got["token_source"] == "client"
+
+
+# Token id arrays in each JSON spelling a client may send: the parser reads them as text
+# (pool/ingest/contract.py _json_ids), so each spelling must give the same ids.
+ID_SPELLINGS = [
+    ("compact", lambda ids: json.dumps(ids, separators=(",", ":"))),
+    ("spaced", lambda ids: json.dumps(ids)),
+    ("pretty", lambda ids: json.dumps(ids, indent=2)),
+    ("tabs-and-crlf", lambda ids: "[\t" + ",\r\n\t".join(map(str, ids)) + " ]"),
+]
+
+
+@pytest.mark.parametrize("spelling", [s[1] for s in ID_SPELLINGS], ids=[s[0] for s in ID_SPELLINGS])
+def test_token_ids_in_any_json_spelling_are_read_exactly(agent, spelling):
+    # given ids spanning the whole id range, the extremes included, and an empty response
+    rng = random.Random(11)
+    prompt = [0, 2**31 - 1, *(rng.randrange(2**31) for _ in range(300)), 10, 9]
+    cases = {"with-response": [2**31 - 1, 0, 7], "empty-response": []}
+    for name, response in cases.items():
+        body = (
+            '{"steps": [{"trajectory_uid": "sp-%s", "step_index": 0, "prompt_ids": %s, "response_ids": %s}]}'
+            % (name, spelling(prompt), spelling(response))
+        )
+        # when the body is posted as written
+        resp = agent.post("/api/v1/steps", body, content_type="application/json")
+        assert resp.status_code == 201, resp.content
+        # then the stored ids are exactly those sent
+        got = agent.get(f"/api/v1/steps/sp-{name}:0").json()
+        assert (got["prompt_ids"], got["response_ids"]) == (prompt, response), name
 
 
 @pytest.mark.parametrize("length", [128, 150, 160])
