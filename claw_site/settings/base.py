@@ -442,6 +442,9 @@ CLAW_RATE_LIMIT_BURST = env_int("CLAW_RATE_LIMIT_BURST", 500)
 # Django's own form-data limit does not apply to our parsers; the body limit above does.
 DATA_UPLOAD_MAX_MEMORY_SIZE = None
 CLAW_API_KEY_CACHE_SECONDS = env_float("CLAW_API_KEY_CACHE_SECONDS", 1.0)
+# Compiled reads (pool/compiled.py): also build each read and compare its SQL with the
+# template's. On in the tests; benchmarks turn it off (bench/pgdb.py), as in production.
+CLAW_COMPILED_CHECK = env_bool("CLAW_COMPILED_CHECK", False)
 # POST /api/v1/policy-versions: a new current version may be at most this far above the
 # current one (above 0 when there is none); further, or backwards, needs an admin's "force".
 CLAW_POLICY_MAX_STEP = env_int("CLAW_POLICY_MAX_STEP", 1000)

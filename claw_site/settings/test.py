@@ -29,11 +29,12 @@ if _WORKER:
         os.environ["CLAW_TEST_REDIS_WORKER"] = _WORKER
 
 from .base import *  # noqa: E402, F403
-from .base import REDIS_URL, env_float  # noqa: E402
+from .base import REDIS_URL, env_bool, env_float  # noqa: E402
 
 DEBUG = False
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # speed; never in production
 CLAW_API_KEY_CACHE_SECONDS = 0.0
+CLAW_COMPILED_CHECK = env_bool("CLAW_COMPILED_CHECK", True)  # pool/compiled.py
 CELERY_TASK_ALWAYS_EAGER = False
 if not REDIS_URL:
     CELERY_BROKER_URL = "memory://localhost/"  # no "No hostname was supplied" (base.py)

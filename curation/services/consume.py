@@ -45,6 +45,7 @@ from django.db.models import (
     FloatField,
     OuterRef,
     Q,
+    QuerySet,
     Subquery,
     Value,
 )
@@ -53,7 +54,7 @@ from django.utils import timezone
 
 from claw_kit.web import guard
 from claw_kit.web.renderers import dumps
-from pool import sql, tokens
+from pool import compiled, sql, tokens
 from pool.bus import GroupsReady, emit
 from pool.errors import Conflict, InvalidInput, NotFound
 from pool.models import AuditEvent, PromptGroup, Step, Trajectory
@@ -69,7 +70,7 @@ from ..models import Consumer, Dataset, Delivery, GroupScore, Lease, Skip
 from ..selectors.consumption import consumer_of
 from ..selectors.specs import Compiled, dataset_steps, spec_compile, units_admitted
 from ..specs import spec_parse, struct_parse
-from .cursors import Cursors, cursors_rewind
+from .cursors import QUEUES, Cursors, after_position, cursors_rewind
 
 MAX_BATCH = 4096
 MAX_LEASE_SECONDS = 24 * 3600
@@ -457,7 +458,8 @@ class _Drops:
         self.oldest = current - after if after is not None and current is not None else None
         # stale_mode "serve": stale units are served (their steps carry versions_behind).
         self.serve = c.spec.serving.stale_mode == "serve"
-        self.holds = skip_holds(current, max_staleness=c.spec.filters.max_staleness is not None)
+        self.max_staleness = c.spec.filters.max_staleness is not None
+        self.holds = skip_holds(current, max_staleness=self.max_staleness)
         # Where an oldest-first pull of groups reads its queues from (services.cursors).
         self.cursors: Cursors | None = None
 
@@ -602,36 +604,70 @@ def _uses(ds: Dataset, who: Consumer, kind: int):
     return Coalesce(Subquery(n), 0)
 
 
-def _not_taken(ds: Dataset, who: Consumer, drops: _Drops, kind: int) -> list:
+def _not_taken(
+    dataset_id: int, consumer_id: int, version_id: int, holds: Q, order: _Order, kind: int
+) -> list:
     """Conditions on a unit's ``pk``: not delivered to this consumer (with reuse: not held by
     an open lease of it, and its last use not taken) nor dropped for it under this dataset
-    version by a drop that still holds (EXISTS probes on unique indexes)."""
-    done = Delivery.objects.filter(consumer=who, dataset=ds, kind=kind, key=OuterRef("pk"))
-    skipped = Skip.objects.filter(
-        drops.holds, consumer=who, dataset_version_id=drops.version_id, kind=kind, key=OuterRef("pk")
+    version by a drop that still holds (``holds``: skip_holds; EXISTS probes on unique
+    indexes). Plain values, so a compiled read (``_oldest_first``) can stand in for them."""
+    done = Delivery.objects.filter(
+        consumer_id=consumer_id, dataset_id=dataset_id, kind=kind, key=OuterRef("pk")
     )
-    if not drops.order.reuse:
+    skipped = Skip.objects.filter(
+        holds, consumer_id=consumer_id, dataset_version_id=version_id, kind=kind, key=OuterRef("pk")
+    )
+    if not order.reuse:
         return [~Exists(done), ~Exists(skipped)]
     # Acked uses are 0..n-1 and at most one is open: "uses < max_uses, none open" is two
     # probes of delivery_use_once.
     return [
         ~Exists(done.filter(lease__status=Lease.Status.LEASED)),
-        ~Exists(done.filter(use_index__gte=drops.order.max_uses - 1)),
+        ~Exists(done.filter(use_index__gte=order.max_uses - 1)),
         ~Exists(skipped),
     ]
 
 
+def _queue(
+    kind: int, dataset_id: int, consumer_id: int, version_id: int, holds: Q, order: _Order
+) -> QuerySet:
+    """One queue of ready units not yet offered to this consumer: ready groups (by ready_at,
+    index group_ready) or completed trajectories without a group (by completed_at)."""
+    if kind == Delivery.Kind.GROUP:
+        qs = PromptGroup.objects.filter(ready_at__isnull=False)
+    else:
+        qs = Trajectory.objects.filter(group__isnull=True, status=Trajectory.Status.COMPLETED)
+    return qs.filter(*_not_taken(dataset_id, consumer_id, version_id, holds, order, kind))
+
+
 def _pending(ds: Dataset, who: Consumer, drops: _Drops):
-    """The two queues of ready units not yet offered to this consumer: ready groups (by
-    ready_at, index group_ready) and completed trajectories without a group (by
-    completed_at), as querysets of (ready time, id)."""
-    groups = PromptGroup.objects.filter(ready_at__isnull=False).filter(
-        *_not_taken(ds, who, drops, Delivery.Kind.GROUP)
+    """The two queues (``_queue``) as querysets of (ready time, id)."""
+    args = (ds.id, who.id, drops.version_id, drops.holds, drops.order)
+    return (
+        _queue(Delivery.Kind.GROUP, *args),
+        "ready_at",
+        _queue(Delivery.Kind.TRAJECTORY, *args),
+        "completed_at",
     )
-    lone = Trajectory.objects.filter(group__isnull=True, status=Trajectory.Status.COMPLETED).filter(
-        *_not_taken(ds, who, drops, Delivery.Kind.TRAJECTORY)
-    )
-    return groups, "ready_at", lone, "completed_at"
+
+
+def _oldest_first(kind: int, *, limit: int, max_staleness: bool, past: bool):
+    """The build of one queue's oldest-first read without reuse (pool/compiled.py: compiled
+    once per shape): its first ``limit`` untaken units as (ready time, id), past the
+    consumer's cursor position (``at``, ``key``) when ``past``."""
+    field = QUEUES[kind][1]
+
+    def build(*, dataset_id, consumer_id, version_id, current, at=None, key=None) -> QuerySet:
+        holds = skip_holds(current, max_staleness=max_staleness)
+        qs = _queue(kind, dataset_id, consumer_id, version_id, holds, _ONCE)
+        if past:
+            qs = after_position(qs, field, at, key)
+        return qs.order_by(field, "id").values_list(field, "id")[:limit]
+
+    return build
+
+
+_ONCE = _Order("oldest_ready", None, 1, 0.0)  # an oldest-first order without reuse
 
 
 def _ready_units(ds: Dataset, who: Consumer, drops: _Drops, limit: int) -> list[tuple[int, int]]:
@@ -640,6 +676,28 @@ def _ready_units(ds: Dataset, who: Consumer, drops: _Drops, limit: int) -> list[
     groups from their scores (GroupScore: gscore_spread, gscore_fresh); a lone trajectory
     has no spread (0) and its own policy version."""
     o = drops.order
+    if not o.reuse and o.order == "oldest_ready":  # today's statements and merge
+        cur = drops.cursors
+        found = []
+        for kind in (Delivery.Kind.GROUP, Delivery.Kind.TRAJECTORY):
+            floor = cur.position(kind) if cur is not None else None
+            at, key = floor if floor is not None else (None, None)
+            rows = compiled.read(
+                ("pull-oldest-first", kind, limit, drops.max_staleness, floor is not None),
+                _oldest_first(kind, limit=limit, max_staleness=drops.max_staleness, past=floor is not None),
+                dataset_id=ds.id,
+                consumer_id=who.id,
+                version_id=drops.version_id,
+                current=drops.current,
+                at=at,
+                key=key,
+            )
+            if cur is not None:
+                cur.found(kind, rows[0] if rows else None)
+            found.append(rows)
+        g, t = found
+        merged = sorted([(at, k) for at, k in g] + [(at, -k) for at, k in t])
+        return [(k, 0) for _, k in merged[:limit]]
     groups, g_at, lone, l_at = _pending(ds, who, drops)
     g_base = l_base = None
     if o.order == "priority":
@@ -651,20 +709,6 @@ def _ready_units(ds: Dataset, who: Consumer, drops: _Drops, limit: int) -> list[
                 F("serving_score__policy_version"),
                 Coalesce(F("policy_version_id"), -1, output_field=BigIntegerField()),
             )
-    if not o.reuse and o.order == "oldest_ready":  # today's statements and merge
-        cur = drops.cursors
-        if cur is not None:
-            groups, lone = (
-                cur.after(groups, g_at, Delivery.Kind.GROUP),
-                cur.after(lone, l_at, Delivery.Kind.TRAJECTORY),
-            )
-        g = list(groups.order_by(g_at, "id").values_list(g_at, "id")[:limit])
-        t = list(lone.order_by(l_at, "id").values_list(l_at, "id")[:limit])
-        if cur is not None:
-            cur.found(Delivery.Kind.GROUP, g[0] if g else None)
-            cur.found(Delivery.Kind.TRAJECTORY, t[0] if t else None)
-        merged = sorted([(at, k) for at, k in g] + [(at, -k) for at, k in t])
-        return [(k, 0) for _, k in merged[:limit]]
     g = o.rank(groups, at=g_at, base=g_base, kind=Delivery.Kind.GROUP, ds=ds, who=who, limit=limit)
     t = o.rank(lone, at=l_at, base=l_base, kind=Delivery.Kind.TRAJECTORY, ds=ds, who=who, limit=limit)
     rows = [(at, k, u, p) for at, k, u, p in g] + [(at, -k, u, p) for at, k, u, p in t]
@@ -675,7 +719,9 @@ def _ready_steps(c: Compiled, ds: Dataset, who: Consumer, drops: _Drops, limit: 
     """(step id, policy version, use index) of the steps this consumer may take, in the
     serving order (a step's age is its id; its spread its group's, 0 without a score)."""
     o = drops.order
-    pending = dataset_steps(c).filter(*_not_taken(ds, who, drops, Delivery.Kind.STEP))
+    pending = dataset_steps(c).filter(
+        *_not_taken(ds.id, who.id, drops.version_id, drops.holds, drops.order, Delivery.Kind.STEP)
+    )
     if not o.reuse and o.order == "oldest_ready":  # today's statement
         return [(i, v, 0) for i, v in pending.order_by("id").values_list("id", "policy_version_id")[:limit]]
     base = None
@@ -703,7 +749,9 @@ def _drop_over_capacity(c: Compiled, ds: Dataset, who: Consumer, drops: _Drops, 
     scan backwards); only when the queue is over capacity does it read what to drop."""
     cap = c.spec.serving.capacity
     if unit == "steps":
-        pending = dataset_steps(c).filter(*_not_taken(ds, who, drops, Delivery.Kind.STEP))
+        pending = dataset_steps(c).filter(
+            *_not_taken(ds.id, who.id, drops.version_id, drops.holds, drops.order, Delivery.Kind.STEP)
+        )
         cut = list(pending.order_by("-id").values_list("id", flat=True)[cap : cap + 1])
         if cut:
             old = pending.filter(id__lte=cut[0]).values_list("id", flat=True)

@@ -38,6 +38,7 @@ from django.conf import settings
 from django.db.models import BigIntegerField, Case, DateTimeField, F, Q, QuerySet, Value, When
 from django.utils import timezone
 
+from pool import compiled
 from pool.models import PromptGroup, Trajectory
 
 from ..models import Delivery, PullCursor
@@ -52,7 +53,7 @@ QUEUES = {
 
 class Cursors:
     """One pull's cursors of its consumer on one dataset's two queues: where to read from
-    (``after``), what the first read found (``found``) and the positions it proves
+    (``position``), what the first read found (``found``) and the positions it proves
     (``advance``)."""
 
     def __init__(self, *, consumer_id: int, dataset_id: int, version_id: int, current: int | None) -> None:
@@ -62,9 +63,7 @@ class Cursors:
         self.epoch: dict[int, int] = {}  # kind -> the epoch read (no row: absent)
         self.floor: dict[int, tuple[dt.datetime, int]] = {}  # kind -> a valid position
         self.first: dict[int, tuple[dt.datetime, int] | None] = {}  # kind -> first untaken unit
-        rows = PullCursor.objects.filter(consumer_id=consumer_id, dataset_id=dataset_id).values_list(
-            "kind", "epoch", "at", "key", "dataset_version_id", "policy_version"
-        )
+        rows = compiled.read("pull-cursors", _cursor_rows, consumer_id=consumer_id, dataset_id=dataset_id)
         for kind, epoch, at, key, version, policy in rows:
             self.epoch[kind] = epoch
             if at is not None and version == version_id and self._holds(policy):
@@ -75,18 +74,14 @@ class Cursors:
         a drop made under version p holds while the current version is at least p)."""
         return policy is None or (self.current is not None and self.current >= policy)
 
-    def after(self, qs: QuerySet, at: str, kind: int) -> QuerySet:
-        """``qs`` (one queue, ordered by ``at``, id) past this consumer's position."""
-        floor = self.floor.get(kind)
-        if floor is None:
-            return qs
-        f_at, f_key = floor
-        # The first condition is the index's range; the second the exact tuple order.
-        return qs.filter(Q(**{f"{at}__gte": f_at}), Q(**{f"{at}__gt": f_at}) | Q(id__gt=f_key))
+    def position(self, kind: int) -> tuple[dt.datetime, int] | None:
+        """Where queue ``kind`` is read from: past this (ready time, id), every unit at or
+        before it being taken (``after_position``); None: from the head."""
+        return self.floor.get(kind)
 
     def found(self, kind: int, first: tuple[dt.datetime, int] | None) -> None:
         """The first untaken unit the pull's first read of queue ``kind`` returned (None:
-        none), read after ``after``'s position: every unit before it is taken."""
+        none), read past ``position``: every unit before it is taken."""
         self.first.setdefault(kind, first)
 
     def advance(self) -> None:
@@ -131,6 +126,19 @@ class Cursors:
             policy_version=self.current,
             updated_at=timezone.now(),
         )
+
+
+def _cursor_rows(*, consumer_id: int, dataset_id: int) -> QuerySet:
+    """The build of a consumer's cursors' read (pool/compiled.py)."""
+    return PullCursor.objects.filter(consumer_id=consumer_id, dataset_id=dataset_id).values_list(
+        "kind", "epoch", "at", "key", "dataset_version_id", "policy_version"
+    )
+
+
+def after_position(qs: QuerySet, at: str, f_at: dt.datetime, f_key: int) -> QuerySet:
+    """``qs`` (a queue ordered by ``at``, id) past the position (``f_at``, ``f_key``)."""
+    # The first condition is the index's range; the second the exact tuple order.
+    return qs.filter(Q(**{f"{at}__gte": f_at}), Q(**{f"{at}__gt": f_at}) | Q(id__gt=f_key))
 
 
 def _back_to(at: dt.datetime, key: int) -> dict:

@@ -14,7 +14,7 @@ import orjson
 from django.db.models import Max, QuerySet, TextField
 from django.db.models.functions import Cast
 
-from .. import flags, tokens
+from .. import compiled, flags, tokens
 from ..flags import READY, Readiness
 from ..generation_texts import response_ids_hash
 from ..lookups import Many
@@ -114,14 +114,25 @@ def steps_read(ids: Sequence[int], *, order: Sequence[str] | None = None, texts:
     serialises them natively, without a Python list per token)."""
     if not ids:
         return StepRows()
-    fields, json_columns = _columns(texts)
-    qs = Step.objects.filter(id__any=Many(ids)).values_list(*fields, *json_columns.values())
+    order = tuple(order) if order is not None else None
+    rows = compiled.read(("steps_read", texts, order), _steps_by_id(texts, order), ids=Many(ids))
     if order is not None:
-        read = list(qs.order_by(*order))
+        read = rows
     else:
-        found = {r[0]: r for r in qs}
+        found = {r[0]: r for r in rows}
         read = [found[i] for i in ids if i in found]
     return _rows(read, texts=texts)
+
+
+def _steps_by_id(texts: bool, order: tuple[str, ...] | None):
+    """The build of ``steps_read``'s row query (pool/compiled.py: compiled once per shape)."""
+
+    def build(*, ids: Many):
+        fields, json_columns = _columns(texts)
+        qs = Step.objects.filter(id__any=ids).values_list(*fields, *json_columns.values())
+        return qs.order_by(*order) if order is not None else qs
+
+    return build
 
 
 def _names(cache: dict[int, list[str]], value: int, table: dict[str, int]) -> list[str]:
@@ -229,6 +240,18 @@ def _rows(read: list[tuple[Any, ...]], *, texts: bool) -> StepRows:
     return out
 
 
+def _images_of(*, ids: Many):
+    """The build of ``step_images``' query (pool/compiled.py)."""
+    return (
+        StepMedia.objects.filter(step_id__any=ids)
+        .order_by("step_id", "position")
+        .values_list(
+            "step_id", "kind", "source_url", "message_index", "part_index", "token_start", "token_end",
+            "media__sha256", "media__media_type", "media__width", "media__height", "media__byte_size",
+        )
+    )  # fmt: skip
+
+
 def step_images(step_ids: Iterable[int]) -> dict[int, list[dict[str, Any]]]:
     """Each step's images in order, as reads and batch formats carry them (one query for
     all the steps; steps without images are absent):
@@ -242,14 +265,7 @@ def step_images(step_ids: Iterable[int]) -> dict[int, list[dict[str, Any]]]:
     out: dict[int, list[dict[str, Any]]] = {}
     if not ids:
         return out
-    rows = (
-        StepMedia.objects.filter(step_id__any=Many(ids))
-        .order_by("step_id", "position")
-        .values_list(
-            "step_id", "kind", "source_url", "message_index", "part_index", "token_start", "token_end",
-            "media__sha256", "media__media_type", "media__width", "media__height", "media__byte_size",
-        )
-    )  # fmt: skip
+    rows = compiled.read("step_images", _images_of, ids=Many(ids))
     for step_id, kind, url, msg, part, start, end, sha, media_type, width, height, size in rows:
         out.setdefault(step_id, []).append(
             {

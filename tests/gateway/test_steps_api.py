@@ -61,10 +61,8 @@ def test_token_ids_in_any_json_spelling_are_read_exactly(agent, spelling):
     prompt = [0, 2**31 - 1, *(rng.randrange(2**31) for _ in range(300)), 10, 9]
     cases = {"with-response": [2**31 - 1, 0, 7], "empty-response": []}
     for name, response in cases.items():
-        body = (
-            '{"steps": [{"trajectory_uid": "sp-%s", "step_index": 0, "prompt_ids": %s, "response_ids": %s}]}'
-            % (name, spelling(prompt), spelling(response))
-        )
+        ids = f'"prompt_ids": {spelling(prompt)}, "response_ids": {spelling(response)}'
+        body = '{"steps": [{"trajectory_uid": "sp-' + name + '", "step_index": 0, ' + ids + "}]}"
         # when the body is posted as written
         resp = agent.post("/api/v1/steps", body, content_type="application/json")
         assert resp.status_code == 201, resp.content

@@ -1,0 +1,142 @@
+"""Compiled reads (pool/compiled.py): each returns exactly what the ORM's own read returns, for
+every shape of values, and a build that breaks the rules is caught rather than answered wrongly."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.db import connection
+from django.db.models import Q
+from django.test import override_settings
+from django.utils import timezone
+
+from pool import compiled
+from pool.lookups import Many
+from pool.models import PolicyVersion, PromptGroup, Trajectory
+
+pytestmark = pytest.mark.django_db
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+@pytest.fixture
+def trajectories():
+    """Twelve trajectories: two groups, a policy version (a bigint column) on some, a
+    completion time on the odd ones, and metadata (a JSON column, converted on read)."""
+    for v in (3, 7):
+        PolicyVersion.objects.create(version=v)
+    groups = [PromptGroup.objects.create(uid=f"cg-{i}") for i in range(2)]
+    out = []
+    for i in range(12):
+        out.append(
+            Trajectory.objects.create(
+                uid=f"ct-{i:02d}",
+                group=groups[i % 2] if i < 10 else None,
+                policy_version_id=(3, 7, None)[i % 3],
+                completed_at=T0 + dt.timedelta(minutes=i) if i % 2 else None,
+                step_count=i,
+                metadata={"i": i, "nested": {"even": i % 2 == 0}},
+            )
+        )
+    return out
+
+
+def _by_version(*, version, after, ids):
+    """Each kind of value: a bigint foreign key (None: IS NULL), a datetime, a Many of ids;
+    distinct, ordered by columns not selected (the ORM selects them too, a read drops them)."""
+    return (
+        Trajectory.objects.filter(Q(policy_version_id=version) | Q(completed_at__gt=after), id__any=ids)
+        .order_by("-step_count", "id")
+        .values_list("uid", "metadata", "completed_at")
+        .distinct()
+    )
+
+
+# (name, version, after offset in minutes or None for "no completion filter value", ids: which)
+CASES = [
+    ("a-version", 3, 5, "all"),
+    ("another-version", 7, 100, "all"),
+    ("no-version", None, 100, "all"),
+    ("some-ids", 3, 0, "first-half"),
+    ("one-id", 7, 0, "one"),
+    ("no-ids", 3, 0, "none"),
+]
+
+
+@pytest.mark.parametrize(("name", "version", "minutes", "which"), CASES, ids=[c[0] for c in CASES])
+def test_a_compiled_read_returns_what_the_orm_returns(trajectories, name, version, minutes, which):
+    ids = {
+        "all": [t.id for t in trajectories],
+        "first-half": [t.id for t in trajectories[:6]],
+        "one": [trajectories[5].id],
+        "none": [],
+    }[which]
+    values = dict(version=version, after=T0 + dt.timedelta(minutes=minutes), ids=Many(ids))
+    # given the ORM's own answer
+    expected = [tuple(r) for r in _by_version(**values)]
+    # when the same read runs compiled, twice (the second from its template)
+    first = compiled.read("test-by-version", _by_version, **values)
+    second = compiled.read("test-by-version", _by_version, **values)
+    # then both are the ORM's rows, value for value (the JSON column decoded, the ordering
+    # column dropped)
+    assert first == second == expected
+    if which != "none":
+        assert expected, "the case must read rows"
+        assert all(isinstance(meta, dict) for _uid, meta, _at in expected)
+
+
+def test_the_shapes_are_compiled_once_each_on_postgresql(trajectories):
+    if connection.vendor != "postgresql":
+        pytest.skip("compiled on PostgreSQL only; elsewhere every read is built")
+    compiled._templates.clear()
+    ids = Many([t.id for t in trajectories])
+    for version in (3, 7, 3):
+        compiled.read("test-by-version", _by_version, version=version, after=T0, ids=ids)
+    compiled.read("test-by-version", _by_version, version=None, after=T0, ids=ids)
+    # a version and no version (IS NULL) are two texts; 3 and 7 one
+    shapes = [k for k in compiled._templates if k[0] == "test-by-version"]
+    assert len(shapes) == 2
+    assert all(compiled._templates[k] is not compiled._UNCOMPILABLE for k in shapes)
+
+
+def _branching(*, n):
+    """Breaks the rules: a parameter that also chooses the text (a slice's bound)."""
+    return Trajectory.objects.filter(step_count__gte=n).order_by("id").values_list("uid")[: 3 if n > 5 else 1]
+
+
+def test_a_value_that_chooses_the_text_is_caught_by_the_check(trajectories):
+    if connection.vendor != "postgresql":
+        pytest.skip("compiled on PostgreSQL only")
+    compiled._templates.clear()
+    # a stand-in (never <= 5) compiles the "> 5" branch; a later value of 1 would get 3 rows
+    with override_settings(CLAW_COMPILED_CHECK=True), pytest.raises(AssertionError, match="differs"):
+        compiled.read("test-branching", _branching, n=1)
+
+
+def _unused(*, n):
+    """A value that never reaches the SQL: no template can be made."""
+    return Trajectory.objects.filter(step_count__gte=2 if n else 0).order_by("id").values_list("uid")
+
+
+def test_a_value_that_never_reaches_the_sql_is_always_built(trajectories):
+    compiled._templates.clear()
+    # when the read runs with a value that is not a parameter of its SQL
+    with override_settings(CLAW_COMPILED_CHECK=False):
+        got = compiled.read("test-unused", _unused, n=9)
+    # then it is the ORM's answer, and the shape is marked never to be compiled
+    assert got == [(t.uid,) for t in trajectories[2:]]
+    if connection.vendor == "postgresql":
+        assert compiled._templates[("test-unused", ())] is compiled._UNCOMPILABLE
+
+
+def test_reads_see_rows_written_after_their_template(trajectories):
+    # given a compiled read run once
+    ids = Many([t.id for t in trajectories])
+    before = compiled.read("test-by-version", _by_version, version=3, after=timezone.now(), ids=ids)
+    # when a row changes
+    Trajectory.objects.filter(id=trajectories[0].id).update(metadata={"changed": True}, step_count=99)
+    # then the next read returns it as the ORM does
+    after = compiled.read("test-by-version", _by_version, version=3, after=timezone.now(), ids=ids)
+    assert after[0] == ("ct-00", {"changed": True}, None)
+    assert after != before
