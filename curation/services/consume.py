@@ -57,6 +57,7 @@ from claw_kit.web.renderers import dumps
 from pool import compiled, sql, tokens
 from pool.bus import GroupsReady, emit
 from pool.errors import Conflict, InvalidInput, NotFound
+from pool.lookups import Many
 from pool.models import AuditEvent, PromptGroup, Step, Trajectory
 from pool.selectors.policy import policy_current_version
 from pool.selectors.steps import steps_read
@@ -257,14 +258,7 @@ def leases_expire(*, consumer_id: int | None = None, now=None) -> int:
     now = now or timezone.now()
     # Inside a pull's transaction no savepoint of its own (one statement when none expired).
     with transaction.atomic(savepoint=False):
-        expired = Lease.objects.filter(status=Lease.Status.LEASED, expires_at__lte=now)
-        if consumer_id is not None:
-            expired = expired.filter(consumer_id=consumer_id)
-        ids = list(
-            expired.select_for_update(skip_locked=connection.vendor == "postgresql").values_list(
-                "id", flat=True
-            )
-        )
+        ids = [i for (i,) in compiled.read("leases-expired", _expired, now=now, consumer_id=consumer_id)]
         if not ids:
             return 0
         _give_back(Delivery.objects.filter(lease_id__in=ids))
@@ -319,6 +313,19 @@ def lease_changed(lease: Lease, *, consumer: str, dataset: str, taken: int = 0, 
             acked=acked,
         )
     )
+
+
+def _expired(*, now, consumer_id: int | None):
+    """The build of ``leases_expire``'s read (pool/compiled.py): a pull runs it each time."""
+    expired = Lease.objects.filter(status=Lease.Status.LEASED, expires_at__lte=now)
+    if consumer_id is not None:
+        expired = expired.filter(consumer_id=consumer_id)
+    return expired.select_for_update(skip_locked=connection.vendor == "postgresql").values_list("id")
+
+
+def _members(*, groups: Many):
+    """The build of a pull's read of its candidate groups' trajectories (pool/compiled.py)."""
+    return Trajectory.objects.filter(group_id__any=groups).values_list("id")
 
 
 def _check_name(name: str) -> None:
@@ -400,7 +407,7 @@ def _claim(c: Compiled, ds: Dataset, who: Consumer, lease: Lease, pull: PullIn) 
         lone = [-k for k, _u in candidates if k < 0]
         # The candidates' steps by trajectory id (index step_curation), their trajectories
         # by primary key (not a hash of the whole table), their admission one statement.
-        members = list(Trajectory.objects.filter(group_id__in=groups).values_list("id", flat=True))
+        members = [t for (t,) in compiled.read("pull-members", _members, groups=Many(groups))]
         admitted = units_admitted(c, members + lone)
         drops.add(
             Skip.Reason.FILTERED, [(_kind(k), abs(k), None) for k, _u in candidates if k not in admitted]

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from .. import compiled
 from ..errors import Conflict, InvalidInput, NotFound
 from ..models import ApiKey, AuditEvent, Scope, Source
 from .audit import audit_record
@@ -183,18 +184,26 @@ def _verify_uncached(clear: str) -> VerifiedKey | None:
     parts = clear.split("_")
     if len(parts) < 3 or parts[0] != KEY_PREFIX:
         return None
-    row = (
-        ApiKey.objects.filter(prefix=parts[1], revoked_at__isnull=True)
-        .select_related("source")
-        .only("id", "key_hash", "scopes", "extra_source_ids", "source__id", "source__name")
-        .first()
-    )
-    if row is None or not hmac.compare_digest(row.key_hash, _hash(clear)):
+    rows = compiled.read("api-key", _live_key, prefix=parts[1])
+    if not rows:
+        return None
+    key_id, key_hash, scopes, extra_source_ids, source_id, source_name = rows[0]
+    if not hmac.compare_digest(key_hash, _hash(clear)):
         return None
     return VerifiedKey(
-        key_id=row.id,
-        source_id=row.source.id,
-        source_name=row.source.name,
-        scopes=frozenset(row.scopes),
-        extra_source_ids=frozenset(row.extra_source_ids or ()),
+        key_id=key_id,
+        source_id=source_id,
+        source_name=source_name,
+        scopes=frozenset(scopes),
+        extra_source_ids=frozenset(extra_source_ids or ()),
+    )
+
+
+def _live_key(*, prefix: str):
+    """The build of the live key's read by its prefix (pool/compiled.py: every request whose
+    key is not cached makes it)."""
+    return (
+        ApiKey.objects.filter(prefix=prefix, revoked_at__isnull=True)
+        .order_by("id")
+        .values_list("id", "key_hash", "scopes", "extra_source_ids", "source_id", "source__name")[:1]
     )

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from django.db import transaction
 from django.utils import timezone
 
+from .. import compiled
 from ..lookups import Many
 from ..models import Step, Trajectory
 
@@ -43,20 +44,27 @@ def trajectories_delivered_mark(*, step_ids: Iterable[int]) -> set[int]:
         # PostgreSQL may hash every trajectory to join them), locked in one primary-key order
         # across chunks (the order every trajectory writer locks in).
         for i in range(0, len(ids), CHUNK):
-            of_step.update(
-                Step.objects.filter(id__any=Many(ids[i : i + CHUNK])).values_list("id", "trajectory_id")
-            )
+            of_step.update(compiled.read("delivered-steps", _trajectories_of, ids=Many(ids[i : i + CHUNK])))
         trajectories = sorted(set(of_step.values()))
         alive: set[int] = set()
         for i in range(0, len(trajectories), CHUNK):
-            locked = list(
-                Trajectory.objects.select_for_update()
-                .filter(id__any=Many(trajectories[i : i + CHUNK]))
-                .order_by("id")
-                .values_list("id", "delivered_at")
-            )
+            locked = compiled.read("delivered-lock", _locked, ids=Many(trajectories[i : i + CHUNK]))
             alive.update(t for t, _at in locked)
             todo = [t for t, at in locked if at is None]
             if todo:
                 Trajectory.objects.filter(id__any=Many(todo)).update(delivered_at=now)
     return {s for s, t in of_step.items() if t in alive}
+
+
+# The builds of the two reads above (pool/compiled.py: compiled once, a pull makes both).
+def _trajectories_of(*, ids: Many):
+    return Step.objects.filter(id__any=ids).values_list("id", "trajectory_id")
+
+
+def _locked(*, ids: Many):
+    return (
+        Trajectory.objects.select_for_update()
+        .filter(id__any=ids)
+        .order_by("id")
+        .values_list("id", "delivered_at")
+    )
