@@ -184,7 +184,7 @@ def consumer_pull(*, consumer: str, pull: PullIn, actor: Actor | None = None) ->
             if not steps:
                 return None
         _render(lease, ds, who, c, steps)
-        lease.save(force_insert=True)
+        sql.row_insert(lease)
         lease_changed(lease, consumer=who.name, dataset=ds.name, taken=1)
     return lease
 
