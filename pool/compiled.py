@@ -5,7 +5,8 @@ costs 0.5-3 ms of Python a statement, more than PostgreSQL takes to answer most 
 pool's indexed reads (a pull's two ready-queue reads, each with two anti-join subqueries:
 ~7 ms of Python, 2 ms in the database). A compiled read builds its queryset with stand-in
 values, finds where each lands among the SQL's parameters, and from then on runs that text
-with the real values, the rows converted as Django converts them.
+with the real values on the database the ORM would use (the router's: the replica inside
+``replica_reads``), the rows converted as Django converts them.
 
     rows = compiled.read(("queue", kind, limit), build, consumer_id=who.id, after=at)
 
@@ -33,7 +34,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import EmptyResultSet
-from django.db import connection
+from django.db import connection, connections, router
 from django.db.models import QuerySet
 
 from .lookups import Many, array_param
@@ -53,6 +54,17 @@ class _Template:
     # bigint column, array_param for Many (an ``__any`` lookup), or None: as it is)
     slots: tuple[tuple[int, str, Callable[[Any], Any] | None], ...]
     compiler: Any  # the build's compiler: its converters for the rows
+    model: type
+    using: str | None  # the queryset's own database (``using()``), or None: the router's
+    for_write: bool  # routed as a write (``select_for_update``), as QuerySet.db does
+
+    def alias(self) -> str:
+        """The database the ORM would read from now (the replica inside replica_reads)."""
+        if self.using is not None:
+            return self.using
+        if self.for_write:
+            return router.db_for_write(self.model)
+        return router.db_for_read(self.model)
 
     def bind(self, values: dict[str, Any]) -> list[Any]:
         params = list(self.params)
@@ -84,7 +96,7 @@ def read(shape: Hashable, build: Build, /, **values: Any) -> list[tuple]:
     params = template.bind(values)
     if settings.CLAW_COMPILED_CHECK:
         _check(template, params, build, values)
-    with connection.cursor() as cur:
+    with connections[template.alias()].cursor() as cur:
         cur.execute(template.sql, params)
         return template.rows(cur.fetchall())
 
@@ -125,9 +137,9 @@ def _compile(build: Build, values: dict[str, Any]) -> _Template | object:
             return _UNCOMPILABLE  # a value was converted, or never reached the SQL
         slots_at = {i for i, _, _ in slots}
         constants = tuple(None if i in slots_at else p for i, p in enumerate(params))
-        found.append(_Template(sql, constants, tuple(slots), compiler))
+        found.append(_Template(sql, constants, tuple(slots), compiler, qs.model, qs._db, qs._for_write))
     a, b = found
-    if (a.sql, a.params, a.slots) != (b.sql, b.params, b.slots):
+    if (a.sql, a.params, a.slots, a.using, a.for_write) != (b.sql, b.params, b.slots, b.using, b.for_write):
         return _UNCOMPILABLE
     return a
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from .. import bus, sql, tokens
+from .. import bus, compiled, sql, tokens
 from ..bus import StepsWritten, WrittenStep, WrittenTrajectory
 from ..errors import Conflict, InvalidInput, UidTaken
 from ..flags import Readiness
@@ -166,11 +166,7 @@ def _classify(
 ) -> tuple[list[str], list[tuple[StepIn, Packed]]]:
     """Idempotency: the uids stored already with the same content (duplicates) and the new
     steps; a uid of another source is taken, the same uid with other content a conflict."""
-    found = list(
-        Step.objects.filter(uid__any=Many([s.uid for s in steps])).values_list(
-            "uid", "content_hash", "trajectory_id"
-        )
-    )
+    found = compiled.read("ingest-uids", _stored_uids, uids=Many([s.uid for s in steps]))
     # The owners in a second lookup by primary key, only for uids stored already (a retry):
     # joined, PostgreSQL hashed every trajectory once per batch while its statistics lagged.
     owners = (
@@ -244,9 +240,9 @@ def _neighbours(
         wanted = {s.step_index for s in new_steps} | {s.step_index - 1 for s in new_steps if s.step_index > 0}
         neighbours = {
             (tid, idx): (sid, uid, depth)
-            for sid, tid, idx, uid, depth in Step.objects.filter(
-                trajectory_id__any=Many(old), step_index__any=Many(wanted)
-            ).values_list("id", "trajectory_id", "step_index", "uid", "seq_depth")
+            for sid, tid, idx, uid, depth in compiled.read(
+                "ingest-neighbours", _stored_at, trajectories=Many(old), indexes=Many(wanted)
+            )
         }
     for s in new_steps:
         taken = neighbours.get((trajs[s.trajectory_uid].id, s.step_index))
@@ -796,8 +792,23 @@ def _bind_group(traj: TrajectoryRow, group_id: int, field: str) -> None:
 def _trajectories_by_uid(uids: Iterable[str]) -> dict[str, TrajectoryRow]:
     return {
         r[1]: TrajectoryRow(*r)
-        for r in Trajectory.objects.filter(uid__any=Many(uids)).values_list(*TRAJ_COLS)
+        for r in compiled.read("ingest-trajectories", _trajectory_rows, uids=Many(uids))
     }
+
+
+# The builds of the batch's reads (pool/compiled.py: compiled once, each batch makes them).
+def _stored_uids(*, uids: Many):
+    return Step.objects.filter(uid__any=uids).values_list("uid", "content_hash", "trajectory_id")
+
+
+def _stored_at(*, trajectories: Many, indexes: Many):
+    return Step.objects.filter(trajectory_id__any=trajectories, step_index__any=indexes).values_list(
+        "id", "trajectory_id", "step_index", "uid", "seq_depth"
+    )
+
+
+def _trajectory_rows(*, uids: Many):
+    return Trajectory.objects.filter(uid__any=uids).values_list(*TRAJ_COLS)
 
 
 def _trajectory_row(

@@ -31,7 +31,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from .. import sql
+from .. import compiled, sql
 from ..bus import GroupsCompleted, GroupsReady, StepsWritten, emit
 from ..flags import Readiness
 from ..lookups import Many
@@ -100,15 +100,21 @@ def trajectories_refresh(
         # trajectories_complete, this refresh for a group's other rollouts) locks its
         # trajectories first, so two of them never hold each other's steps (a reward task
         # and the completion that fills the group used to deadlock on PostgreSQL).
-        locked = (
-            Trajectory.objects.select_for_update(of=("self",))
-            .filter(id__any=Many(chunk))
-            .order_by("id")
-            .values_list("group_id", "group__status")
-        )
+        locked = compiled.read("refresh-lock", _locked_with_group, ids=Many(chunk))
         complete_groups.update(g for g, status in locked if status == PromptGroup.Status.COMPLETE)
         effective_reward.steps_refresh(trajectory_ids=chunk, own=own, bits=True, mark_last=mark_last)
     return complete_groups
+
+
+def _locked_with_group(*, ids: Many):
+    """The build of the refresh's lock of its trajectories, with their groups' status
+    (pool/compiled.py)."""
+    return (
+        Trajectory.objects.select_for_update(of=("self",))
+        .filter(id__any=ids)
+        .order_by("id")
+        .values_list("group_id", "group__status")
+    )
 
 
 def rewards_settle(

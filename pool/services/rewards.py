@@ -8,7 +8,7 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from .. import sql
+from .. import compiled, sql
 from ..bus import RewardsSet, StepsWritten, emit
 from ..deadlocks import retry_on_deadlock
 from ..errors import InvalidInput, NotFound, RewardDelivered
@@ -183,26 +183,13 @@ def _outcome_rewards(written: StepsWritten) -> set[int]:
     # yet) had PostgreSQL scan every trajectory once per batch (5.8 ms of a 9.6 ms W-ingest
     # batch at 600 trajectories, growing with the pool).
     rewarded: dict[int, tuple[float, str | None, str]] = {}
-    for tid, reward, src, uid in (
-        Step.objects.filter(id__any=Many(last), reward__isnull=False)
-        .order_by("id")
-        .values_list("trajectory_id", "reward", "reward_source", "uid")
-    ):
+    for tid, reward, src, uid in compiled.read("outcome-last-steps", _rewarded_last, ids=Many(last)):
         rewarded.setdefault(tid, (reward, src, uid))  # a trajectory's first such step
     if not rewarded:
         return set()
-    unrewarded = Step.objects.filter(trajectory_id=OuterRef("id")).exclude(
-        reward_status=Step.RewardStatus.FINAL
-    )
     rows = [
         (t, *rewarded[tid], tid)
-        for tid, t in (
-            # Not for a delivered trajectory: its rewards are frozen (pool/services/delivery.py).
-            Trajectory.objects.filter(id__any=Many(rewarded), reward__isnull=True, delivered_at__isnull=True)
-            .filter(Exists(unrewarded))
-            .order_by("id")
-            .values_list("id", "uid")
-        )
+        for tid, t in compiled.read("outcome-waiting", _waiting_for_outcome, ids=Many(rewarded))
     ]
     if rows:
         rewards_apply(
@@ -219,6 +206,30 @@ def _outcome_rewards(written: StepsWritten) -> set[int]:
             sources=None,  # the write that made them was the writer's
         )
     return {row[4] for row in rows}
+
+
+# The builds of _outcome_rewards' two reads (pool/compiled.py: a batch that ends trajectories
+# begun by an earlier one makes both).
+def _rewarded_last(*, ids: Many):
+    return (
+        Step.objects.filter(id__any=ids, reward__isnull=False)
+        .order_by("id")
+        .values_list("trajectory_id", "reward", "reward_source", "uid")
+    )
+
+
+def _waiting_for_outcome(*, ids: Many):
+    """Trajectories without a reward of their own, a step of which waits for one; not a
+    delivered one: its rewards are frozen (pool/services/delivery.py)."""
+    unrewarded = Step.objects.filter(trajectory_id=OuterRef("id")).exclude(
+        reward_status=Step.RewardStatus.FINAL
+    )
+    return (
+        Trajectory.objects.filter(id__any=ids, reward__isnull=True, delivered_at__isnull=True)
+        .filter(Exists(unrewarded))
+        .order_by("id")
+        .values_list("id", "uid")
+    )
 
 
 def _effective_rewards(written: StepsWritten, *, done: set[int]) -> None:
