@@ -15,7 +15,7 @@ SQL as a parameter, untouched. What decides the statement's shape (which branch 
 takes, a slice's bounds, which the ORM writes into the text) belongs in ``shape``. A value that
 is None, a bool or an empty ``Many`` is added to the shape by ``read`` itself (the ORM writes
 ``IS NULL`` for None, no statement for an empty ``Many``; a bool is too likely to choose a
-branch). A ``Many`` of ids (an ``__any`` lookup) is one parameter like any other value. A
+branch), and so is every other value's type. A ``Many`` of ids (an ``__any`` lookup) is one parameter like any other value. A
 shape whose stand-ins do not each land as a parameter at the same places in two builds is
 never compiled: that shape is always built (the ORM's answer, never a wrong one).
 
@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import uuid
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import EmptyResultSet
+from django.core.exceptions import EmptyResultSet, ValidationError
 from django.db import connection, connections, router
 from django.db.models import QuerySet
 
@@ -51,7 +52,8 @@ class _Template:
     sql: str
     params: tuple[Any, ...]  # the constants; a value's place holds None
     # (parameter index, value name, how the ORM made it a parameter: psycopg's Int8 for a
-    # bigint column, array_param for Many (an ``__any`` lookup), or None: as it is)
+    # bigint column, int/float/str for a plain one, array_param for Many (an ``__any``
+    # lookup), or None: as it is)
     slots: tuple[tuple[int, str, Callable[[Any], Any] | None], ...]
     compiler: Any  # the build's compiler: its converters for the rows
     model: type
@@ -87,7 +89,7 @@ def read(shape: Hashable, build: Build, /, **values: Any) -> list[tuple]:
     that decide the text: ``_shaping``), then run with ``values``."""
     if connection.vendor != "postgresql":
         return [tuple(r) for r in build(**values)]
-    full = (shape, tuple(sorted((name, _shape_of(v)) for name, v in values.items() if _shaping(v))))
+    full = (shape, tuple((name, _shape_of(v)) for name, v in sorted(values.items())))
     template = _templates.get(full)
     if template is None:
         template = _templates[full] = _compile(build, values)
@@ -108,7 +110,11 @@ def _shaping(value: Any) -> bool:
 
 
 def _shape_of(value: Any) -> Any:
-    return "empty" if type(value) is Many else value
+    """What a value adds to its read's shape: itself where it decides the text, else its type
+    (the ORM prepares a str for a uuid column as a UUID, an int as an int)."""
+    if type(value) is Many:
+        return "empty Many" if not value.values else Many
+    return value if _shaping(value) else type(value)
 
 
 def _compile(build: Build, values: dict[str, Any]) -> _Template | object:
@@ -117,11 +123,17 @@ def _compile(build: Build, values: dict[str, Any]) -> _Template | object:
     found = []
     for _ in range(2):
         stands = {name: _stand(v) for name, v in values.items() if not _shaping(v)}
-        qs = build(**{name: stands.get(name, v) for name, v in values.items()})
-        compiler = qs.query.get_compiler(connection=connection)
+        if None in stands.values():
+            return _UNCOMPILABLE
         try:
+            qs = build(**{name: stands.get(name, v) for name, v in values.items()})
+            compiler = qs.query.get_compiler(connection=connection)
             sql, params = compiler.as_sql()
         except EmptyResultSet:  # no statement (an empty Many): the ORM answers it
+            return _UNCOMPILABLE
+        except (ValueError, TypeError, ValidationError):
+            # A stand-in the field refuses (a str where a uuid column wants a UUID's text):
+            # the ORM builds this shape with the real values, and refuses bad ones itself.
             return _UNCOMPILABLE
         slots = []
         for i, p in enumerate(params):
@@ -131,7 +143,12 @@ def _compile(build: Build, values: dict[str, Any]) -> _Template | object:
                         slots.append((i, name, _many_param))
                         break
                 elif isinstance(p, type(v)) and p == v:
-                    slots.append((i, name, None if type(p) is type(v) else type(p)))
+                    # As the ORM prepares it: in its own wrapper type (Int8), or as the plain
+                    # type (an IntegerChoices member is an int: psycopg writes an Enum by name).
+                    plain = type(v) in (int, float, str)
+                    slots.append(
+                        (i, name, type(p) if type(p) is not type(v) else (type(v) if plain else None))
+                    )
                     break
         if {name for _, name, _ in slots} != set(stands):
             return _UNCOMPILABLE  # a value was converted, or never reached the SQL
@@ -152,6 +169,8 @@ def _stand(value: Any) -> Any:
     n = next(_serial) % 100_000_000
     if type(value) is Many:
         return Many([2_000_000_000 + n])  # as ids: array_param writes the literal "{n}"
+    if isinstance(value, uuid.UUID):
+        return uuid.UUID(int=(1 << 127) + n)
     if isinstance(value, int):
         return 2_000_000_000 + n
     if isinstance(value, float):
@@ -160,7 +179,7 @@ def _stand(value: Any) -> Any:
         return dt.datetime(1, 1, 1, tzinfo=value.tzinfo) + dt.timedelta(microseconds=n)
     if isinstance(value, str):
         return f"\x1fcompiled-stand-{n}"
-    return value  # any other type matches nothing: never compiled
+    return None  # any other type (a date, a list...): the read is never compiled
 
 
 def _many_param(value: Many) -> Any:

@@ -35,7 +35,7 @@ from datetime import timedelta
 from typing import Annotated, Any, Literal
 
 import msgspec
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, transaction
 from django.db.models import (
     BigIntegerField,
     Count,
@@ -350,18 +350,34 @@ def _consumer(name: str, actor: Actor | None) -> Consumer:
 
 
 def _lease_locked(lease_id, consumer: str | None, actor: Actor | None) -> Lease:
-    # Without the body (the served batch, ~190 kB for 64 W-pool steps): no ack, nack or
-    # release reads it.
-    q = Lease.objects.select_for_update().filter(id=lease_id).defer("body")
+    restricted = actor is not None and not actor.admin
+    rows = compiled.read(
+        "lease-locked",
+        _lease_for_update,
+        lease_id=lease_id,
+        consumer=consumer,
+        restricted=restricted,
+        source_id=actor.source_id if restricted else None,
+    )
+    if not rows:
+        raise NotFound(f"lease {lease_id} does not exist", field="lease")
+    return Lease.from_db(DEFAULT_DB_ALIAS, _LEASE_READ, rows[0])
+
+
+# Without the body (the served batch, ~190 kB for 64 W-pool steps): no ack, nack or release
+# reads it (the instance holds it deferred).
+_LEASE_READ = tuple(f.attname for f in Lease._meta.concrete_fields if f.name != "body")
+
+
+def _lease_for_update(*, lease_id, consumer: str | None, restricted: bool, source_id: int | None):
+    """The build of a lease's locked read by its id (pool/compiled.py: every ack makes it)."""
+    q = Lease.objects.select_for_update().filter(id=lease_id)
     if consumer is not None:
         q = q.filter(consumer__name=consumer)
-    if actor is not None and not actor.admin:
+    if restricted:
         # A subquery, not a join: FOR UPDATE locks the lease row only.
-        q = q.filter(consumer_id__in=Consumer.objects.filter(source_id=actor.source_id).values("id"))
-    lease = q.first()
-    if lease is None:
-        raise NotFound(f"lease {lease_id} does not exist", field="lease")
-    return lease
+        q = q.filter(consumer_id__in=Consumer.objects.filter(source_id=source_id).values("id"))
+    return q.order_by("id").values_list(*_LEASE_READ)[:1]
 
 
 def _state(lease: Lease) -> str:

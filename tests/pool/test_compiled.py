@@ -86,6 +86,23 @@ def test_a_compiled_read_returns_what_the_orm_returns(trajectories, name, versio
         assert all(isinstance(meta, dict) for _uid, meta, _at in expected)
 
 
+def _by_status(*, status, at_least):
+    return (
+        Trajectory.objects.filter(status=status, step_count__gte=at_least).order_by("id").values_list("uid")
+    )
+
+
+def test_a_choices_member_is_read_as_its_value(trajectories):
+    # given some trajectories completed (the others running)
+    Trajectory.objects.filter(step_count__gte=6).update(status=Trajectory.Status.COMPLETED)
+    for status in (Trajectory.Status.COMPLETED, Trajectory.Status.RUNNING, Trajectory.Status.COMPLETED):
+        # when a read takes a TextChoices member as a value (psycopg would write an Enum by name)
+        got = compiled.read("test-by-status", _by_status, status=status, at_least=2)
+        # then it matches by the member's value, as the ORM does
+        assert got == [tuple(r) for r in _by_status(status=status, at_least=2)]
+        assert got, status
+
+
 def test_the_shapes_are_compiled_once_each_on_postgresql(trajectories):
     if connection.vendor != "postgresql":
         pytest.skip("compiled on PostgreSQL only; elsewhere every read is built")
@@ -127,7 +144,25 @@ def test_a_value_that_never_reaches_the_sql_is_always_built(trajectories):
     # then it is the ORM's answer, and the shape is marked never to be compiled
     assert got == [(t.uid,) for t in trajectories[2:]]
     if connection.vendor == "postgresql":
-        assert compiled._templates[("test-unused", ())] is compiled._UNCOMPILABLE
+        assert [compiled._templates[k] for k in compiled._templates if k[0] == "test-unused"] == [
+            compiled._UNCOMPILABLE
+        ]
+
+
+def _by_day(*, day):
+    return Trajectory.objects.filter(completed_at__date=day).order_by("id").values_list("uid")
+
+
+def test_a_value_of_a_type_without_stand_ins_is_always_built(trajectories):
+    compiled._templates.clear()
+    # when a read takes a date (no stand-in is made for one)
+    got = compiled.read("test-by-day", _by_day, day=T0.date())
+    # then it is the ORM's answer (the odd trajectories, completed that day), never compiled
+    assert got == [(t.uid,) for t in trajectories if t.completed_at is not None]
+    if connection.vendor == "postgresql":
+        assert [compiled._templates[k] for k in compiled._templates if k[0] == "test-by-day"] == [
+            compiled._UNCOMPILABLE
+        ]
 
 
 def test_reads_see_rows_written_after_their_template(trajectories):
