@@ -13,7 +13,6 @@ raises a ParseError.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import msgspec
@@ -28,6 +27,7 @@ from pool.ingest.contract import (
     StepBatchWire,
     StepIn,
     steps_from_wire,
+    wire_invalid,
 )
 
 # Token id arrays stay raw JSON text until contract._ids parses them into arrays.
@@ -92,18 +92,6 @@ def parse_step_batch(parsed: Any) -> list[StepIn]:
     return steps_from_wire(batch)
 
 
-_AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
-_FIELD = re.compile(r"(?:missing required field|contains unknown field) `(?P<name>[^`]+)`")
-
-
 def _invalid(exc: msgspec.ValidationError) -> InvalidInput:
-    """msgspec's message (``Expected `int`, got `str` - at `$.steps[1].step_index` ``) as an
-    InvalidInput naming ``steps[1].step_index``."""
-    m = _AT.match(str(exc))
-    message = m.group("msg") if m else str(exc)
-    path = (m.group("path") or "") if m else ""
-    path = path[1:] if path.startswith(".") else path
-    named = _FIELD.search(message)
-    if named:
-        path = f"{path}.{named.group('name')}" if path else named.group("name")
-    return InvalidInput(message, field=path or "steps")
+    """msgspec's error about the body, naming its field (contract.wire_invalid)."""
+    return wire_invalid(exc, default="steps")

@@ -8,18 +8,21 @@ values, finds where each lands among the SQL's parameters, and from then on runs
 with the real values on the database the ORM would use (the router's: the replica inside
 ``replica_reads``), the rows converted as Django converts them.
 
-    rows = compiled.read(("queue", kind, limit), build, consumer_id=who.id, after=at)
+    rows = compiled.read(_queue_read(kind, limit=16), consumer_id=who.id, after=at)
 
 ``build(**values)`` returns a queryset (``values_list`` rows); every value must reach the
-SQL as a parameter, untouched. What decides the statement's shape (which branch ``build``
-takes, a slice's bounds, which the ORM writes into the text) belongs in ``shape``. A value that
-is None, a bool or an empty ``Many`` is added to the shape by ``read`` itself (the ORM writes
-``IS NULL`` for None, no statement for an empty ``Many``; a bool is too likely to choose a
-branch), and so is every other value's type. A ``Many`` of ids (an ``__any`` lookup) is one parameter like any other value. A
+SQL as a parameter, untouched. A read's shape is its build (a module-level function), or,
+for what the ORM writes into the text (which model, a slice's bounds), the arguments of a
+``shaped`` family of builds (``_queue_read(kind, limit=16)`` above). A value that is None, a
+bool or an empty ``Many`` is added to the shape by ``read`` itself (the ORM writes ``IS NULL``
+for None, no statement for an empty ``Many``; a bool is too likely to choose a branch), and
+so is every other value's type. A ``Many`` of ids (an ``__any`` lookup) is one parameter like any other value. A
 shape whose stand-ins do not each land as a parameter at the same places in two builds is
 never compiled: that shape is always built (the ORM's answer, never a wrong one).
 
-PostgreSQL only (the scale-out database); elsewhere every read is built. With
+PostgreSQL only (the scale-out database); elsewhere every read is built. At most
+``MAX_TEMPLATES`` are kept per process (then the cache starts again: a pull's slice bound
+varies with what it still wants). With
 ``CLAW_COMPILED_CHECK`` (the test settings) each read is also built and must give the
 template's text and parameters, so every test that passes through a compiled read checks it.
 """
@@ -27,6 +30,7 @@ template's text and parameters, so every test that passes through a compiled rea
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import itertools
 import uuid
 from collections.abc import Callable, Hashable
@@ -43,6 +47,7 @@ from .lookups import Many, array_param
 Build = Callable[..., QuerySet]
 
 _UNCOMPILABLE = object()
+MAX_TEMPLATES = 2000
 _templates: dict[Hashable, Any] = {}
 _serial = itertools.count(1)
 
@@ -84,15 +89,31 @@ class _Template:
         return [tuple(r) for r in c.results_iter(results=[fetched])]
 
 
-def read(shape: Hashable, build: Build, /, **values: Any) -> list[tuple]:
-    """The rows of ``build(**values)``: its SQL compiled once per ``shape`` (and the values
-    that decide the text: ``_shaping``), then run with ``values``."""
+def shaped(make: Callable[..., Build]) -> Callable[..., Build]:
+    """A family of builds: ``make(*args, **kwargs)`` returns the build of one shape (a
+    closure over them), and that shape is ``make`` with those arguments."""
+
+    @functools.wraps(make)
+    def of(*args: Hashable, **kwargs: Hashable) -> Build:
+        build = make(*args, **kwargs)
+        build.shape = (make, args, tuple(sorted(kwargs.items())))  # type: ignore[attr-defined]
+        return build
+
+    return of
+
+
+def read(build: Build, /, **values: Any) -> list[tuple]:
+    """The rows of ``build(**values)``: its SQL compiled once per shape (the build, a
+    ``shaped`` family's arguments, and what the values decide: ``_shape_of``), then run
+    with ``values``."""
     if connection.vendor != "postgresql":
         return [tuple(r) for r in build(**values)]
-    full = (shape, tuple((name, _shape_of(v)) for name, v in sorted(values.items())))
-    template = _templates.get(full)
+    key = (getattr(build, "shape", build), tuple((name, _shape_of(v)) for name, v in sorted(values.items())))
+    template = _templates.get(key)
     if template is None:
-        template = _templates[full] = _compile(build, values)
+        if len(_templates) >= MAX_TEMPLATES:
+            _templates.clear()
+        template = _templates[key] = _compile(build, values)
     if template is _UNCOMPILABLE:
         return [tuple(r) for r in build(**values)]
     params = template.bind(values)

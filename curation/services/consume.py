@@ -258,7 +258,7 @@ def leases_expire(*, consumer_id: int | None = None, now=None) -> int:
     now = now or timezone.now()
     # Inside a pull's transaction no savepoint of its own (one statement when none expired).
     with transaction.atomic(savepoint=False):
-        ids = [i for (i,) in compiled.read("leases-expired", _expired, now=now, consumer_id=consumer_id)]
+        ids = [i for (i,) in compiled.read(_expired, now=now, consumer_id=consumer_id)]
         if not ids:
             return 0
         _give_back(Delivery.objects.filter(lease_id__in=ids))
@@ -352,7 +352,6 @@ def _consumer(name: str, actor: Actor | None) -> Consumer:
 def _lease_locked(lease_id, consumer: str | None, actor: Actor | None) -> Lease:
     restricted = actor is not None and not actor.admin
     rows = compiled.read(
-        "lease-locked",
         _lease_for_update,
         lease_id=lease_id,
         consumer=consumer,
@@ -423,7 +422,7 @@ def _claim(c: Compiled, ds: Dataset, who: Consumer, lease: Lease, pull: PullIn) 
         lone = [-k for k, _u in candidates if k < 0]
         # The candidates' steps by trajectory id (index step_curation), their trajectories
         # by primary key (not a hash of the whole table), their admission one statement.
-        members = [t for (t,) in compiled.read("pull-members", _members, groups=Many(groups))]
+        members = [t for (t,) in compiled.read(_members, groups=Many(groups))]
         admitted = units_admitted(c, members + lone)
         drops.add(
             Skip.Reason.FILTERED, [(_kind(k), abs(k), None) for k, _u in candidates if k not in admitted]
@@ -485,6 +484,10 @@ class _Drops:
         self.holds = skip_holds(current, max_staleness=self.max_staleness)
         # Where an oldest-first pull of groups reads its queues from (services.cursors).
         self.cursors: Cursors | None = None
+
+    def not_taken(self, ds: Dataset, kind: int) -> list:
+        """``_not_taken`` for this pull's consumer, dataset version, drops and order."""
+        return _not_taken(ds.id, self.who.id, self.version_id, self.holds, self.order, kind)
 
     def stale(self, version: int | None) -> bool:
         return self.oldest is not None and (version is None or version < self.oldest)
@@ -651,39 +654,39 @@ def _not_taken(
     ]
 
 
-def _queue(
-    kind: int, dataset_id: int, consumer_id: int, version_id: int, holds: Q, order: _Order
-) -> QuerySet:
-    """One queue of ready units not yet offered to this consumer: ready groups (by ready_at,
-    index group_ready) or completed trajectories without a group (by completed_at)."""
+def _queue(kind: int, not_taken: list) -> QuerySet:
+    """One queue of ready units not yet offered to this consumer (``not_taken``): ready
+    groups (by ready_at, index group_ready) or completed trajectories without a group (by
+    completed_at)."""
     if kind == Delivery.Kind.GROUP:
         qs = PromptGroup.objects.filter(ready_at__isnull=False)
     else:
         qs = Trajectory.objects.filter(group__isnull=True, status=Trajectory.Status.COMPLETED)
-    return qs.filter(*_not_taken(dataset_id, consumer_id, version_id, holds, order, kind))
+    return qs.filter(*not_taken)
 
 
-def _pending(ds: Dataset, who: Consumer, drops: _Drops):
+def _pending(ds: Dataset, drops: _Drops):
     """The two queues (``_queue``) as querysets of (ready time, id)."""
-    args = (ds.id, who.id, drops.version_id, drops.holds, drops.order)
+    group, lone = Delivery.Kind.GROUP, Delivery.Kind.TRAJECTORY
     return (
-        _queue(Delivery.Kind.GROUP, *args),
+        _queue(group, drops.not_taken(ds, group)),
         "ready_at",
-        _queue(Delivery.Kind.TRAJECTORY, *args),
+        _queue(lone, drops.not_taken(ds, lone)),
         "completed_at",
     )
 
 
-def _oldest_first(kind: int, *, limit: int, max_staleness: bool, past: bool):
+@compiled.shaped
+def _oldest_first(kind: int, *, limit: int):
     """The build of one queue's oldest-first read without reuse (pool/compiled.py: compiled
-    once per shape): its first ``limit`` untaken units as (ready time, id), past the
-    consumer's cursor position (``at``, ``key``) when ``past``."""
+    once per queue and bound): its first ``limit`` untaken units as (ready time, id), past the
+    consumer's cursor position (``at``, ``key``) when it has one."""
     field = QUEUES[kind][1]
 
-    def build(*, dataset_id, consumer_id, version_id, current, at=None, key=None) -> QuerySet:
+    def build(*, dataset_id, consumer_id, version_id, current, max_staleness, at, key) -> QuerySet:
         holds = skip_holds(current, max_staleness=max_staleness)
-        qs = _queue(kind, dataset_id, consumer_id, version_id, holds, _ONCE)
-        if past:
+        qs = _queue(kind, _not_taken(dataset_id, consumer_id, version_id, holds, _ONCE, kind))
+        if at is not None:
             qs = after_position(qs, field, at, key)
         return qs.order_by(field, "id").values_list(field, "id")[:limit]
 
@@ -706,8 +709,8 @@ def _ready_units(ds: Dataset, who: Consumer, drops: _Drops, limit: int) -> list[
             floor = cur.position(kind) if cur is not None else None
             at, key = floor if floor is not None else (None, None)
             rows = compiled.read(
-                ("pull-oldest-first", kind, limit, drops.max_staleness, floor is not None),
-                _oldest_first(kind, limit=limit, max_staleness=drops.max_staleness, past=floor is not None),
+                _oldest_first(kind, limit=limit),
+                max_staleness=drops.max_staleness,
                 dataset_id=ds.id,
                 consumer_id=who.id,
                 version_id=drops.version_id,
@@ -721,7 +724,7 @@ def _ready_units(ds: Dataset, who: Consumer, drops: _Drops, limit: int) -> list[
         g, t = found
         merged = sorted([(at, k) for at, k in g] + [(at, -k) for at, k in t])
         return [(k, 0) for _, k in merged[:limit]]
-    groups, g_at, lone, l_at = _pending(ds, who, drops)
+    groups, g_at, lone, l_at = _pending(ds, drops)
     g_base = l_base = None
     if o.order == "priority":
         groups, g_at = groups.filter(serving_score__isnull=False), "serving_score__ready_at"
@@ -742,9 +745,7 @@ def _ready_steps(c: Compiled, ds: Dataset, who: Consumer, drops: _Drops, limit: 
     """(step id, policy version, use index) of the steps this consumer may take, in the
     serving order (a step's age is its id; its spread its group's, 0 without a score)."""
     o = drops.order
-    pending = dataset_steps(c).filter(
-        *_not_taken(ds.id, who.id, drops.version_id, drops.holds, drops.order, Delivery.Kind.STEP)
-    )
+    pending = dataset_steps(c).filter(*drops.not_taken(ds, Delivery.Kind.STEP))
     if not o.reuse and o.order == "oldest_ready":  # today's statement
         return [(i, v, 0) for i, v in pending.order_by("id").values_list("id", "policy_version_id")[:limit]]
     base = None
@@ -772,15 +773,13 @@ def _drop_over_capacity(c: Compiled, ds: Dataset, who: Consumer, drops: _Drops, 
     scan backwards); only when the queue is over capacity does it read what to drop."""
     cap = c.spec.serving.capacity
     if unit == "steps":
-        pending = dataset_steps(c).filter(
-            *_not_taken(ds.id, who.id, drops.version_id, drops.holds, drops.order, Delivery.Kind.STEP)
-        )
+        pending = dataset_steps(c).filter(*drops.not_taken(ds, Delivery.Kind.STEP))
         cut = list(pending.order_by("-id").values_list("id", flat=True)[cap : cap + 1])
         if cut:
             old = pending.filter(id__lte=cut[0]).values_list("id", flat=True)
             drops.add(Skip.Reason.CAPACITY, [(Delivery.Kind.STEP, i, 1) for i in old])
         return
-    groups, g_at, lone, l_at = _pending(ds, who, drops)
+    groups, g_at, lone, l_at = _pending(ds, drops)
     newest = sorted(
         [(at, k) for at, k in groups.order_by(f"-{g_at}", "-id").values_list(g_at, "id")[: cap + 1]]
         + [(at, -k) for at, k in lone.order_by(f"-{l_at}", "-id").values_list(l_at, "id")[: cap + 1]],

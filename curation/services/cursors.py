@@ -63,7 +63,7 @@ class Cursors:
         self.epoch: dict[int, int] = {}  # kind -> the epoch read (no row: absent)
         self.floor: dict[int, tuple[dt.datetime, int]] = {}  # kind -> a valid position
         self.first: dict[int, tuple[dt.datetime, int] | None] = {}  # kind -> first untaken unit
-        rows = compiled.read("pull-cursors", _cursor_rows, consumer_id=consumer_id, dataset_id=dataset_id)
+        rows = compiled.read(_cursor_rows, consumer_id=consumer_id, dataset_id=dataset_id)
         for kind, epoch, at, key, version, policy in rows:
             self.epoch[kind] = epoch
             if at is not None and version == version_id and self._holds(policy):

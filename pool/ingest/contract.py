@@ -16,6 +16,7 @@ pins it to the struct field by field, types included (tests/pool/test_ingest_con
 
 from __future__ import annotations
 
+import re
 from array import array
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -335,9 +336,27 @@ def _json_ids(raw: bytes, where: str) -> np.ndarray:
     try:
         values = _ids_decoder.decode(raw)
     except msgspec.ValidationError as exc:
-        message, _, at = str(exc).partition(" - at `$")
-        raise InvalidInput(message, field=f"{where}{at.rstrip('`')}") from None
+        raise wire_invalid(exc, prefix=where) from None
     return np.frombuffer(array("I", values), dtype=np.int32) if values else tokens.EMPTY_IDS
+
+
+_AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+_FIELD = re.compile(r"(?:missing required field|contains unknown field) `(?P<name>[^`]+)`")
+
+
+def wire_invalid(exc: msgspec.ValidationError, *, prefix: str = "", default: str = "") -> InvalidInput:
+    """msgspec's message (``Expected `int`, got `str` - at `$.steps[1].step_index` ``) as an
+    InvalidInput naming the field (``steps[1].step_index``), its path under ``prefix`` (the
+    field a value was decoded from on its own: ``steps[1].prompt_ids`` and ``$[17]`` give
+    ``steps[1].prompt_ids[17]``); ``default`` when it names none."""
+    m = _AT.match(str(exc))
+    message = m.group("msg") if m else str(exc)
+    path = (m.group("path") or "") if m else ""
+    named = _FIELD.search(message)
+    if named:
+        path = f"{path}.{named.group('name')}"
+    path = prefix + path if prefix else path.removeprefix(".")
+    return InvalidInput(message, field=path or default)
 
 
 def _floats(values: list[float] | bytes | None, n_response: int, where: str) -> np.ndarray | None:

@@ -166,7 +166,7 @@ def _classify(
 ) -> tuple[list[str], list[tuple[StepIn, Packed]]]:
     """Idempotency: the uids stored already with the same content (duplicates) and the new
     steps; a uid of another source is taken, the same uid with other content a conflict."""
-    found = compiled.read("ingest-uids", _stored_uids, uids=Many([s.uid for s in steps]))
+    found = compiled.read(_stored_uids, uids=Many([s.uid for s in steps]))
     # The owners in a second lookup by primary key, only for uids stored already (a retry):
     # joined, PostgreSQL hashed every trajectory once per batch while its statistics lagged.
     owners = (
@@ -241,7 +241,7 @@ def _neighbours(
         neighbours = {
             (tid, idx): (sid, uid, depth)
             for sid, tid, idx, uid, depth in compiled.read(
-                "ingest-neighbours", _stored_at, trajectories=Many(old), indexes=Many(wanted)
+                _stored_at, trajectories=Many(old), indexes=Many(wanted)
             )
         }
     for s in new_steps:
@@ -790,10 +790,7 @@ def _bind_group(traj: TrajectoryRow, group_id: int, field: str) -> None:
 
 
 def _trajectories_by_uid(uids: Iterable[str]) -> dict[str, TrajectoryRow]:
-    return {
-        r[1]: TrajectoryRow(*r)
-        for r in compiled.read("ingest-trajectories", _trajectory_rows, uids=Many(uids))
-    }
+    return {r[1]: TrajectoryRow(*r) for r in compiled.read(_trajectory_rows, uids=Many(uids))}
 
 
 # The builds of the batch's reads (pool/compiled.py: compiled once, each batch makes them).

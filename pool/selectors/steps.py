@@ -115,7 +115,7 @@ def steps_read(ids: Sequence[int], *, order: Sequence[str] | None = None, texts:
     if not ids:
         return StepRows()
     order = tuple(order) if order is not None else None
-    rows = compiled.read(("steps_read", texts, order), _steps_by_id(texts, order), ids=Many(ids))
+    rows = compiled.read(_steps_by_id(texts, order), ids=Many(ids))
     if order is not None:
         read = rows
     else:
@@ -124,6 +124,7 @@ def steps_read(ids: Sequence[int], *, order: Sequence[str] | None = None, texts:
     return _rows(read, texts=texts)
 
 
+@compiled.shaped
 def _steps_by_id(texts: bool, order: tuple[str, ...] | None):
     """The build of ``steps_read``'s row query (pool/compiled.py: compiled once per shape)."""
 
@@ -265,7 +266,7 @@ def step_images(step_ids: Iterable[int]) -> dict[int, list[dict[str, Any]]]:
     out: dict[int, list[dict[str, Any]]] = {}
     if not ids:
         return out
-    rows = compiled.read("step_images", _images_of, ids=Many(ids))
+    rows = compiled.read(_images_of, ids=Many(ids))
     for step_id, kind, url, msg, part, start, end, sha, media_type, width, height, size in rows:
         out.setdefault(step_id, []).append(
             {

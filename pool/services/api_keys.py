@@ -184,7 +184,7 @@ def _verify_uncached(clear: str) -> VerifiedKey | None:
     parts = clear.split("_")
     if len(parts) < 3 or parts[0] != KEY_PREFIX:
         return None
-    rows = compiled.read("api-key", _live_key, prefix=parts[1])
+    rows = compiled.read(_live_key, prefix=parts[1])
     if not rows:
         return None
     key_id, key_hash, scopes, extra_source_ids, source_id, source_name = rows[0]

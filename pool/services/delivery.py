@@ -44,11 +44,11 @@ def trajectories_delivered_mark(*, step_ids: Iterable[int]) -> set[int]:
         # PostgreSQL may hash every trajectory to join them), locked in one primary-key order
         # across chunks (the order every trajectory writer locks in).
         for i in range(0, len(ids), CHUNK):
-            of_step.update(compiled.read("delivered-steps", _trajectories_of, ids=Many(ids[i : i + CHUNK])))
+            of_step.update(compiled.read(_trajectories_of, ids=Many(ids[i : i + CHUNK])))
         trajectories = sorted(set(of_step.values()))
         alive: set[int] = set()
         for i in range(0, len(trajectories), CHUNK):
-            locked = compiled.read("delivered-lock", _locked, ids=Many(trajectories[i : i + CHUNK]))
+            locked = compiled.read(_locked, ids=Many(trajectories[i : i + CHUNK]))
             alive.update(t for t, _at in locked)
             todo = [t for t, at in locked if at is None]
             if todo:

@@ -100,7 +100,7 @@ def trajectories_refresh(
         # trajectories_complete, this refresh for a group's other rollouts) locks its
         # trajectories first, so two of them never hold each other's steps (a reward task
         # and the completion that fills the group used to deadlock on PostgreSQL).
-        locked = compiled.read("refresh-lock", _locked_with_group, ids=Many(chunk))
+        locked = compiled.read(_locked_with_group, ids=Many(chunk))
         complete_groups.update(g for g, status in locked if status == PromptGroup.Status.COMPLETE)
         effective_reward.steps_refresh(trajectory_ids=chunk, own=own, bits=True, mark_last=mark_last)
     return complete_groups

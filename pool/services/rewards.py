@@ -183,14 +183,11 @@ def _outcome_rewards(written: StepsWritten) -> set[int]:
     # yet) had PostgreSQL scan every trajectory once per batch (5.8 ms of a 9.6 ms W-ingest
     # batch at 600 trajectories, growing with the pool).
     rewarded: dict[int, tuple[float, str | None, str]] = {}
-    for tid, reward, src, uid in compiled.read("outcome-last-steps", _rewarded_last, ids=Many(last)):
+    for tid, reward, src, uid in compiled.read(_rewarded_last, ids=Many(last)):
         rewarded.setdefault(tid, (reward, src, uid))  # a trajectory's first such step
     if not rewarded:
         return set()
-    rows = [
-        (t, *rewarded[tid], tid)
-        for tid, t in compiled.read("outcome-waiting", _waiting_for_outcome, ids=Many(rewarded))
-    ]
+    rows = [(t, *rewarded[tid], tid) for tid, t in compiled.read(_waiting_for_outcome, ids=Many(rewarded))]
     if rows:
         rewards_apply(
             rewards=[

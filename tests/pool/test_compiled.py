@@ -76,8 +76,8 @@ def test_a_compiled_read_returns_what_the_orm_returns(trajectories, name, versio
     # given the ORM's own answer
     expected = [tuple(r) for r in _by_version(**values)]
     # when the same read runs compiled, twice (the second from its template)
-    first = compiled.read("test-by-version", _by_version, **values)
-    second = compiled.read("test-by-version", _by_version, **values)
+    first = compiled.read(_by_version, **values)
+    second = compiled.read(_by_version, **values)
     # then both are the ORM's rows, value for value (the JSON column decoded, the ordering
     # column dropped)
     assert first == second == expected
@@ -97,7 +97,7 @@ def test_a_choices_member_is_read_as_its_value(trajectories):
     Trajectory.objects.filter(step_count__gte=6).update(status=Trajectory.Status.COMPLETED)
     for status in (Trajectory.Status.COMPLETED, Trajectory.Status.RUNNING, Trajectory.Status.COMPLETED):
         # when a read takes a TextChoices member as a value (psycopg would write an Enum by name)
-        got = compiled.read("test-by-status", _by_status, status=status, at_least=2)
+        got = compiled.read(_by_status, status=status, at_least=2)
         # then it matches by the member's value, as the ORM does
         assert got == [tuple(r) for r in _by_status(status=status, at_least=2)]
         assert got, status
@@ -109,10 +109,10 @@ def test_the_shapes_are_compiled_once_each_on_postgresql(trajectories):
     compiled._templates.clear()
     ids = Many([t.id for t in trajectories])
     for version in (3, 7, 3):
-        compiled.read("test-by-version", _by_version, version=version, after=T0, ids=ids)
-    compiled.read("test-by-version", _by_version, version=None, after=T0, ids=ids)
+        compiled.read(_by_version, version=version, after=T0, ids=ids)
+    compiled.read(_by_version, version=None, after=T0, ids=ids)
     # a version and no version (IS NULL) are two texts; 3 and 7 one
-    shapes = [k for k in compiled._templates if k[0] == "test-by-version"]
+    shapes = [k for k in compiled._templates if k[0] is _by_version]
     assert len(shapes) == 2
     assert all(compiled._templates[k] is not compiled._UNCOMPILABLE for k in shapes)
 
@@ -128,7 +128,7 @@ def test_a_value_that_chooses_the_text_is_caught_by_the_check(trajectories):
     compiled._templates.clear()
     # a stand-in (never <= 5) compiles the "> 5" branch; a later value of 1 would get 3 rows
     with override_settings(CLAW_COMPILED_CHECK=True), pytest.raises(AssertionError, match="differs"):
-        compiled.read("test-branching", _branching, n=1)
+        compiled.read(_branching, n=1)
 
 
 def _unused(*, n):
@@ -140,11 +140,11 @@ def test_a_value_that_never_reaches_the_sql_is_always_built(trajectories):
     compiled._templates.clear()
     # when the read runs with a value that is not a parameter of its SQL
     with override_settings(CLAW_COMPILED_CHECK=False):
-        got = compiled.read("test-unused", _unused, n=9)
+        got = compiled.read(_unused, n=9)
     # then it is the ORM's answer, and the shape is marked never to be compiled
     assert got == [(t.uid,) for t in trajectories[2:]]
     if connection.vendor == "postgresql":
-        assert [compiled._templates[k] for k in compiled._templates if k[0] == "test-unused"] == [
+        assert [compiled._templates[k] for k in compiled._templates if k[0] is _unused] == [
             compiled._UNCOMPILABLE
         ]
 
@@ -156,11 +156,11 @@ def _by_day(*, day):
 def test_a_value_of_a_type_without_stand_ins_is_always_built(trajectories):
     compiled._templates.clear()
     # when a read takes a date (no stand-in is made for one)
-    got = compiled.read("test-by-day", _by_day, day=T0.date())
+    got = compiled.read(_by_day, day=T0.date())
     # then it is the ORM's answer (the odd trajectories, completed that day), never compiled
     assert got == [(t.uid,) for t in trajectories if t.completed_at is not None]
     if connection.vendor == "postgresql":
-        assert [compiled._templates[k] for k in compiled._templates if k[0] == "test-by-day"] == [
+        assert [compiled._templates[k] for k in compiled._templates if k[0] is _by_day] == [
             compiled._UNCOMPILABLE
         ]
 
@@ -168,10 +168,46 @@ def test_a_value_of_a_type_without_stand_ins_is_always_built(trajectories):
 def test_reads_see_rows_written_after_their_template(trajectories):
     # given a compiled read run once
     ids = Many([t.id for t in trajectories])
-    before = compiled.read("test-by-version", _by_version, version=3, after=timezone.now(), ids=ids)
+    before = compiled.read(_by_version, version=3, after=timezone.now(), ids=ids)
     # when a row changes
     Trajectory.objects.filter(id=trajectories[0].id).update(metadata={"changed": True}, step_count=99)
     # then the next read returns it as the ORM does
-    after = compiled.read("test-by-version", _by_version, version=3, after=timezone.now(), ids=ids)
+    after = compiled.read(_by_version, version=3, after=timezone.now(), ids=ids)
     assert after[0] == ("ct-00", {"changed": True}, None)
     assert after != before
+
+
+def _uids(*, ids):
+    return Trajectory.objects.filter(id__any=ids).order_by("id").values_list("uid")
+
+
+def _counts(*, ids):
+    return Trajectory.objects.filter(id__any=ids).order_by("id").values_list("step_count")
+
+
+@compiled.shaped
+def _first(n: int):
+    def build(*, at_least):
+        return Trajectory.objects.filter(step_count__gte=at_least).order_by("id").values_list("uid")[:n]
+
+    return build
+
+
+def test_each_build_and_each_shape_of_a_family_reads_its_own_statement(trajectories):
+    compiled._templates.clear()
+    ids = Many([t.id for t in trajectories])
+    # two builds taking the same values never share a template
+    assert compiled.read(_uids, ids=ids) == [(t.uid,) for t in trajectories]
+    assert compiled.read(_counts, ids=ids) == [(t.step_count,) for t in trajectories]
+    # the members of a shaped family (a slice bound is text) are shapes of their own
+    for n in (1, 3, 1, 5):
+        assert compiled.read(_first(n), at_least=2) == [(t.uid,) for t in trajectories[2 : 2 + n]]
+
+
+def test_the_cache_of_templates_is_bounded(trajectories, monkeypatch):
+    monkeypatch.setattr(compiled, "MAX_TEMPLATES", 3)
+    compiled._templates.clear()
+    for n in range(1, 9):
+        # each read is still the ORM's answer while the cache starts again
+        assert compiled.read(_first(n), at_least=0) == [(t.uid,) for t in trajectories[:n]]
+        assert len(compiled._templates) <= 3
