@@ -184,11 +184,6 @@ DATABASE_ROUTERS = ["pool.replica.ReplicaRouter"]
 # reads them from the primary instead.
 CLAW_REPLICA_WAIT_SECONDS = env_float("CLAW_REPLICA_WAIT_SECONDS", 10.0)
 
-# SQLite has no covering indexes (INCLUDE): there pool.Step's step_curation index is built as the
-# plain index on trajectory that its comment promises, and models.W040 ("non-key columns will be
-# ignored") has nothing left to act on. Silenced on SQLite only; PostgreSQL builds INCLUDE.
-SILENCED_SYSTEM_CHECKS = ["models.W040"] if "sqlite" in DATABASES["default"]["ENGINE"] else []
-
 # --- Cache, tasks and channel layer -------------------------------------------------------------
 REDIS_URL = os.environ.get("REDIS_URL", "")
 

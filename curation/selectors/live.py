@@ -38,7 +38,7 @@ statement in one read transaction, without the write lock an IMMEDIATE transacti
 so no write can land between two counters. The counts are exact, as the API's are: ready
 steps, ready groups, labelled steps and drift are ranges of partial indexes; the step total,
 the token-source split and awaiting reward are one scan of the step table (on PostgreSQL an
-index-only scan of step_curation, the narrow index holding token_source and readiness);
+index-only scan of step_traj_index_uniq, the narrow covering index holding token_source and readiness);
 trajectories and running one scan of the trajectory table; the rest small tables. That is
 how SQLite counts. PostgreSQL keeps the counts themselves (pool/selectors/counters.py):
 triggers append each write's deltas in the write's own transaction, and the same one
@@ -121,7 +121,7 @@ def state_for(state: dict[str, Any], topics: list[str] | tuple[str, ...]) -> dic
 
 # --- the parts of the one statement --------------------------------------------------------------
 # Counters of one scan of the step table, per section: on PostgreSQL an index-only scan of
-# step_curation, the narrow index that holds token_source and readiness.
+# step_traj_index_uniq, the narrow covering index that holds token_source and readiness.
 _STEP_SCAN: dict[str, dict[str, Any]] = {
     "collect": {"steps": Count("id")},
     "represent": {

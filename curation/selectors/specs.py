@@ -199,7 +199,7 @@ def _per_rollout_sql(
     policy version of its steps that is at least that (null: none is).
 
     The steps are aggregated per trajectory on their own columns first (on PostgreSQL an
-    index-only scan of step_curation, in trajectory order), and the trajectory's own
+    index-only scan of step_traj_index_uniq, in trajectory order), and the trajectory's own
     conditions are joined after, on one row per trajectory instead of one per step.
     ``as_array``: ``trajectory_ids`` bound as one array (PostgreSQL), for thousands of them
     (a preview's sample)."""
@@ -687,7 +687,7 @@ def units_admitted(c: Compiled, trajectory_ids: list[int] | None = None) -> dict
     One statement: the rollouts in scope (``_per_rollout_sql``, as a CTE read twice), their
     units' admission (``_units_sql``) and the steps of the admitted units' rollouts, a
     rollout masked unless every one of its steps passes. Named trajectories are read by
-    primary key on both sides of the join (a pull's candidates: index step_curation); the
+    primary key on both sides of the join (a pull's candidates: index step_traj_index_uniq); the
     whole dataset (snapshots, pages) runs without JIT, with room to sort, on the connection
     it reads from (``_analytic``: the replica on a read path that reads it)."""
     rollouts, params = _per_rollout_sql(c, trajectory_ids)

@@ -420,7 +420,7 @@ def _claim(c: Compiled, ds: Dataset, who: Consumer, lease: Lease, pull: PullIn) 
         use_of = dict(candidates)
         groups = [k for k, _u in candidates if k > 0]
         lone = [-k for k, _u in candidates if k < 0]
-        # The candidates' steps by trajectory id (index step_curation), their trajectories
+        # The candidates' steps by trajectory id (index step_traj_index_uniq, covering), their trajectories
         # by primary key (not a hash of the whole table), their admission one statement.
         members = [t for (t,) in compiled.read(_members, groups=Many(groups))]
         admitted = units_admitted(c, members + lone)

@@ -19,6 +19,7 @@ from pool.models import (
     Step,
     Trajectory,
 )
+from pool.models.steps import CURATION_COLUMNS
 from tests.pool.factories import trajectory_with_steps
 
 pytestmark = pytest.mark.django_db
@@ -52,7 +53,8 @@ def test_step_indexes_cover_the_documented_queries():
     # policy version, created_at (prompt group goes through the trajectory's group index)
     with connection.cursor() as cur:
         cons = connection.introspection.get_constraints(cur, Step._meta.db_table)
-    by_columns = {tuple(c["columns"]) for c in cons.values() if c["index"] or c["unique"]}
+    # (an index's key columns, without the columns a covering index also carries)
+    by_columns = {tuple(_key_columns(name, c)) for name, c in cons.items() if c["index"] or c["unique"]}
     for cols in [
         ("trajectory_id", "step_index"),
         ("seq_hash",),
@@ -64,6 +66,35 @@ def test_step_indexes_cover_the_documented_queries():
     with connection.cursor() as cur:
         traj = connection.introspection.get_constraints(cur, Trajectory._meta.db_table)
     assert ("group_id", "status") in {tuple(c["columns"]) for c in traj.values() if c["index"]}
+
+
+def _key_columns(name: str, constraint: dict) -> list[str]:
+    """The key columns of an index of the step table: Django's introspection lists a
+    PostgreSQL index's INCLUDE columns after its keys."""
+    if connection.vendor != "postgresql":
+        return constraint["columns"]
+    with connection.cursor() as cur:
+        cur.execute("SELECT indnkeyatts FROM pg_index WHERE indexrelid = %s::regclass", [name])
+        (keys,) = cur.fetchone()
+    return constraint["columns"][:keys]
+
+
+def test_the_step_order_key_is_the_narrow_index_curation_reads():
+    # given the step table's indexes, as the database has them
+    with connection.cursor() as cur:
+        cons = connection.introspection.get_constraints(cur, Step._meta.db_table)
+    # then the step order is one unique key, (trajectory, step_index)
+    order = cons["step_traj_index_uniq"]
+    assert order["unique"] and _key_columns("step_traj_index_uniq", order) == ["trajectory_id", "step_index"]
+    # and on PostgreSQL it also carries every column curation reads per step (previews,
+    # admission and the overview scan it alone, never the wide rows), in one index: no
+    # second index of the trajectory's steps is written with each row
+    covered = [Step._meta.get_field(f).column for f in CURATION_COLUMNS]
+    if connection.vendor == "postgresql":
+        assert order["columns"][2:] == covered
+    else:  # SQLite: no covering indexes, the plain unique key
+        assert order["columns"] == ["trajectory_id", "step_index"]
+    assert "step_curation" not in cons
 
 
 def _violates(fn) -> bool:
