@@ -184,10 +184,13 @@ def trajectories_after_write(updates: Sequence[tuple[int, int, int, bool]]) -> N
 # change are not rewritten (a rewrite copies the whole row and its index entries).
 def trajectories_end(rows: Sequence[tuple[int, str, bool, float | None, str | None]], now: Any) -> None:
     """(trajectory id, status, ends now, reward, reward source) in one statement;
-    ``completed_at`` is ``now`` for those that end now."""
+    ``completed_at`` is ``now`` for those that end now. The ids are also given as a list, so
+    the rows are found by primary key: joined to the rows' CTE alone, PostgreSQL hashed the
+    whole trajectory table for each batch (a cost growing with the pool)."""
     if not rows:
         return
     table = connection.ops.quote_name(Trajectory._meta.db_table)
+    ids_sql, ids = _ids_in([r[0] for r in rows])
     cte, params = _rows(
         ("id", "status", "ends", "reward", "source"),
         ("bigint", "varchar", "boolean", "double precision", "varchar"),
@@ -198,11 +201,11 @@ def trajectories_end(rows: Sequence[tuple[int, str, bool, float | None, str | No
         UPDATE {table} SET
             status = v.status, reward = v.reward, reward_source = v.source, updated_at = %s,
             completed_at = CASE WHEN v.ends THEN %s ELSE {table}.completed_at END
-        FROM v WHERE {table}.id = v.id
+        FROM v WHERE {table}.id = v.id AND {table}.id {ids_sql}
     """
     now = connection.ops.adapt_datetimefield_value(now)
     with connection.cursor() as cur:  # not prepared (a plan over many ids)
-        cur.execute(sql, [*params, now, now])
+        cur.execute(sql, [*params, now, now, *ids])
 
 
 def _ids_in(ids: Sequence[int]) -> tuple[str, list[Any]]:
@@ -441,7 +444,9 @@ def groups_quality(group_ids: Sequence[int]) -> None:
     response another completed rollout of its group repeats; ZERO_VARIANCE on every step of
     a group whose completed rollouts (more than one) all have a reward, each the same (a
     rollout's reward: its trajectory's, else its last step's; no GRPO advantage). Only rows
-    whose flags change are written. The caller bounds the ids per call (readiness.CHUNK)."""
+    whose flags change are written. The caller bounds the ids per call (readiness.CHUNK).
+    ``v`` is MATERIALIZED: inlined, each rollout's reward (a subquery) was computed once for
+    each of the three aggregates that read it."""
     if not group_ids:
         return
     q = connection.ops.quote_name
@@ -454,7 +459,7 @@ def groups_quality(group_ids: Sequence[int]) -> None:
         WITH c AS (
             SELECT tr.id AS tid, tr.group_id AS gid, tr.reward AS r FROM {traj} tr
             WHERE tr.group_id {ids_sql} AND tr.status = '{completed}'),
-        v AS (
+        v AS MATERIALIZED (
             SELECT c.gid, {_rollout_reward("c.r", "c.tid", step)} AS x FROM c),
         f AS (
             SELECT gid FROM v GROUP BY gid
