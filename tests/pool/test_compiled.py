@@ -4,6 +4,7 @@ every shape of values, and a build that breaks the rules is caught rather than a
 from __future__ import annotations
 
 import datetime as dt
+import threading
 
 import pytest
 from django.db import connection
@@ -14,6 +15,7 @@ from django.utils import timezone
 from pool import compiled
 from pool.lookups import Many
 from pool.models import PolicyVersion, PromptGroup, Trajectory
+from tests.concurrency import started
 
 pytestmark = pytest.mark.django_db
 
@@ -211,3 +213,39 @@ def test_the_cache_of_templates_is_bounded(trajectories, monkeypatch):
         # each read is still the ORM's answer while the cache starts again
         assert compiled.read(_first(n), at_least=0) == [(t.uid,) for t in trajectories[:n]]
         assert len(compiled._templates) <= 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_threads_reading_through_one_cache_each_get_their_own_rows(trajectories, monkeypatch):
+    # given a cache so small that threads keep emptying it under each other's reads, and
+    # the rows each read must give (the ORM's, read before any thread starts)
+    monkeypatch.setattr(compiled, "MAX_TEMPLATES", 2)
+    compiled._templates.clear()
+    ids = [t.id for t in trajectories]
+    after = T0 + dt.timedelta(minutes=4)
+    reads = [(_first(n), {"at_least": n}) for n in range(1, 6)] + [
+        (_by_version, {"version": v, "after": after, "ids": Many(ids[:k])})
+        for v in (3, 7, None)
+        for k in (3, 12)
+    ]
+    want = [[tuple(r) for r in build(**values)] for build, values in reads]
+    assert all(want) and len({repr(w) for w in want}) > 5  # reads that tell each other apart
+    # when four threads (each its own connection) make every read, in orders of their own
+    start = threading.Barrier(4)
+    errors: list[BaseException] = []
+    got: dict[int, list] = {}
+
+    def reader(k: int) -> None:
+        start.wait(timeout=30)
+        order = [(i * (k + 1) + k) % len(reads) for i in range(len(reads) * 6)]
+        got[k] = [(i, compiled.read(reads[i][0], **reads[i][1])) for i in order]
+
+    threads = [started(lambda k=k: reader(k), errors) for k in range(4)]
+    for t in threads:
+        t.join(timeout=120)
+    # then each thread read exactly the ORM's rows for each read, whatever the others did
+    assert not errors, errors
+    assert sorted(got) == [0, 1, 2, 3]
+    for rows in got.values():
+        for i, r in rows:
+            assert r == want[i], reads[i]
