@@ -3,9 +3,10 @@
 CURATION_COLUMNS), and the covering index step_curation (trajectory) is dropped. Previews
 and admission read the same narrow entries (an index-only scan in trajectory order), and
 every step write pays one index entry fewer: an insert, and each non-HOT settle of a
-step's rewards and readiness, which rewrites an entry in every index (bench.curation's
-readiness batches: the two settles 70-84 ms against 46-55 ms per 1,000 steps, measured
-with the two DDLs on one sitting). On SQLite a plain unique constraint, as before
+step's rewards and readiness, which rewrites an entry in every index (an UPDATE of 1,000
+W-pool step rows and its commit, alternated 30 times: median 67.1 ms against 71.1 ms;
+bench.curation's readiness a tie within its noise, docs/benchmarks.md, twentieth session).
+On SQLite a plain unique constraint, as before
 (pool/models/constraints.py). PostgreSQL rebuilds the index: on a large pool the migration
 takes as long as building one index of the step table.
 """

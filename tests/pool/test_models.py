@@ -92,6 +92,16 @@ def test_the_step_order_key_is_the_narrow_index_curation_reads():
     covered = [Step._meta.get_field(f).column for f in CURATION_COLUMNS]
     if connection.vendor == "postgresql":
         assert order["columns"][2:] == covered
+        # and it is the only index of every row that leads with the trajectory (a partial
+        # one, as step_drift, holds the few rows of its condition only)
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+                "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] "
+                "WHERE i.indrelid = %s::regclass AND a.attname = 'trajectory_id' AND i.indpred IS NULL",
+                [Step._meta.db_table],
+            )
+            assert [r[0] for r in cur.fetchall()] == ["step_traj_index_uniq"]
     else:  # SQLite: no covering indexes, the plain unique key
         assert order["columns"] == ["trajectory_id", "step_index"]
     assert "step_curation" not in cons
