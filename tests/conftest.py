@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import random
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -160,3 +162,16 @@ def pytest_collection_modifyitems(items) -> None:
     # Whole files, the longest first (tests/durations.py): with `--no-loadscope-reorder`
     # (Makefile) xdist hands them out in this order, so no long file starts last.
     durations.order(items, durations.load())
+
+
+def pytest_configure(config) -> None:
+    """The run's controller (xdist's, or the one process of `-n 0`) names a folder for the
+    live servers' shared templates (tests/live.py): its workers and every process they start
+    inherit it, so the run migrates one template per backend instead of one per process."""
+    from tests.live import SHARED_ENV, drop_shared
+
+    if hasattr(config, "workerinput") or os.environ.get(SHARED_ENV):
+        return
+    folder = tempfile.mkdtemp(prefix="claw-test-templates-")
+    os.environ[SHARED_ENV] = folder
+    config.add_cleanup(lambda: drop_shared(Path(folder)))

@@ -9,6 +9,8 @@ SQLite file in a temporary folder. Keys are minted through the real management c
 from __future__ import annotations
 
 import atexit
+import fcntl
+import hashlib
 import json
 import os
 import select
@@ -23,6 +25,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse, urlunparse
 
@@ -202,9 +205,9 @@ class LiveServer:
             self._db_made = True
 
     def _copy_migrated_template(self) -> bool:
-        """Give the server a copy of this test process's migrated template database instead of
-        running ``migrate`` (3 s of the 5 s a live server took to start; the suite starts
-        dozens). The copy is the schema and data migrations' rows as ``migrate`` leaves them.
+        """Give the server a copy of the run's migrated template database (``_Template``)
+        instead of running ``migrate`` (3 s of the 5 s a live server took to start; the suite
+        starts dozens). The copy is the schema and data migrations' rows as ``migrate`` leaves them.
         False where the server's database is not the one this class made (a test that points
         DATABASE_URL elsewhere) or already exists: the caller then migrates."""
         url = self._env.get("DATABASE_URL", "")
@@ -379,23 +382,37 @@ class _Manager:
             self.proc.stdout.close()
 
 
+@dataclass
 class _Template:
-    """One migrated database per test process (per xdist worker), made on first use and
-    dropped at exit: a SQLite file, or a PostgreSQL database that copies are made from with
-    CREATE DATABASE ... TEMPLATE (a file copy on the server: 0.1 s)."""
+    """A migrated database that live servers copy instead of each running ``migrate``: a SQLite
+    file, or a PostgreSQL database that copies are made from with CREATE DATABASE ... TEMPLATE
+    (a file copy on the server: 0.1 s).
 
-    def __init__(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="claw-live-template-"))
-        self.sqlite_path = self.dir / "claw.sqlite3"
-        self.pg_name: str | None = None
+    Under `make test` one template per backend serves the whole run, every xdist worker and
+    every bench the suite starts as a process: the run's controller names a folder
+    (``SHARED_ENV``, tests/conftest.py) and drops what it holds at the end (``drop_shared``);
+    the first process to need a template makes it there under a file lock, the others wait for
+    it and copy. Elsewhere (a bench run by hand) each process makes its own and drops it at
+    exit."""
+
+    dir: Path
+    pg_name: str | None
+
+    @property
+    def sqlite_path(self) -> Path:
+        return self.dir / "claw.sqlite3"
+
+    @classmethod
+    def make(cls, folder: Path) -> _Template:
+        """Migrate a new template in ``folder`` (SQLite) or in a new database on DATABASE_URL."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
-        env.update(DJANGO_SETTINGS_MODULE="claw_site.settings.local", CLAW_VAR_DIR=str(self.dir))
+        env.update(DJANGO_SETTINGS_MODULE="claw_site.settings.local", CLAW_VAR_DIR=str(folder))
+        template = cls(folder, None)
         base = os.environ.get("DATABASE_URL")
         if base:
-            self.pg_name = f"claw_tpl_{uuid.uuid4().hex[:12]}"
-            _pg_admin(base, f'CREATE DATABASE "{self.pg_name}"')
-            env["DATABASE_URL"] = _with_db(base, self.pg_name)
-        atexit.register(self.drop)
+            template.pg_name = f"claw_tpl_{uuid.uuid4().hex[:12]}"
+            _pg_admin(base, f'CREATE DATABASE "{template.pg_name}"')
+            env["DATABASE_URL"] = _with_db(base, template.pg_name)
         out = subprocess.run(
             [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
             cwd=ROOT,
@@ -405,7 +422,9 @@ class _Template:
             timeout=300,
         )
         if out.returncode != 0:
+            template.drop()
             raise RuntimeError(f"migrating the live servers' template failed:\n{out.stdout}\n{out.stderr}")
+        return template
 
     def drop(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -413,6 +432,9 @@ class _Template:
             _pg_admin(os.environ["DATABASE_URL"], f'DROP DATABASE IF EXISTS "{self.pg_name}" WITH (FORCE)')
 
 
+# The folder of the run's shared templates (set by the run's controller, inherited by its workers
+# and their processes).
+SHARED_ENV = "CLAW_TEST_TEMPLATES"
 _template_lock = threading.Lock()
 _template_made: _Template | None = None
 
@@ -421,8 +443,46 @@ def _template() -> _Template:
     global _template_made
     with _template_lock:
         if _template_made is None:
-            _template_made = _Template()
+            shared = os.environ.get(SHARED_ENV)
+            if shared:
+                _template_made = _shared_template(Path(shared))
+            else:
+                _template_made = _Template.make(Path(tempfile.mkdtemp(prefix="claw-live-template-")))
+                atexit.register(_template_made.drop)
         return _template_made
+
+
+def _shared_template(root: Path) -> _Template:
+    """The run's template for this process's backend (its DATABASE_URL, or SQLite): made by the
+    first process that asks, under an exclusive lock the others wait on."""
+    backend = os.environ.get("DATABASE_URL") or "sqlite"
+    key = hashlib.sha256(backend.encode()).hexdigest()[:12]
+    folder, made = root / key, root / f"{key}.json"
+    with open(root / "lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if made.exists():
+            return _Template(folder, json.loads(made.read_text())["pg_name"])
+        folder.mkdir(exist_ok=True)
+        template = _Template.make(folder)
+        made.write_text(
+            json.dumps({"pg_name": template.pg_name, "database_url": backend, "pid": os.getpid()})
+        )
+        return template
+
+
+def drop_shared(root: Path) -> None:
+    """Drop the run's shared templates (the controller, at the run's end). A template on a
+    server that a test started and has stopped since went with it."""
+    import psycopg
+
+    for made in root.glob("*.json"):
+        spec = json.loads(made.read_text())
+        if spec["pg_name"]:
+            try:
+                _pg_admin(spec["database_url"], f'DROP DATABASE IF EXISTS "{spec["pg_name"]}" WITH (FORCE)')
+            except psycopg.OperationalError:
+                pass
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def _with_db(url: str, name: str) -> str:
