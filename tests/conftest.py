@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import tempfile
@@ -10,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
+import httpx._transports.default as httpx_transports
 import pytest
 from _pytest.nodeid import coerce_node_id
 from django.db import transaction
@@ -26,6 +28,27 @@ from tests import durations
 # either backend, runs them.
 ONCE_RAN = os.environ.get("CLAW_TEST_ONCE_RAN") == "1"
 T = TypeVar("T")
+
+
+def _one_ssl_context_per_setting(make):
+    """httpx builds a new SSL context for every client (certifi's CA bundle loaded: ~25 ms of
+    CPU), even for plain http:// URLs, and ``httpx.get``/``post`` build a client per call. The
+    suite calls its live servers that way hundreds of times (each server's start polls
+    /healthz): ~47 s of a pass's CPU went there (py-spy). The test process keeps one context
+    per setting, as a long-lived client would; unhashable settings build their own."""
+    cached = functools.lru_cache(maxsize=8)(make)
+
+    @functools.wraps(make)
+    def context(verify=True, cert=None, trust_env=True):
+        try:
+            return cached(verify, cert, trust_env)
+        except TypeError:
+            return make(verify, cert, trust_env)
+
+    return context
+
+
+httpx_transports.create_ssl_context = _one_ssl_context_per_setting(httpx_transports.create_ssl_context)
 
 
 @contextmanager
