@@ -35,7 +35,8 @@ def _one_ssl_context_per_setting(make):
     CPU), even for plain http:// URLs, and ``httpx.get``/``post`` build a client per call. The
     suite calls its live servers that way hundreds of times (each server's start polls
     /healthz): ~47 s of a pass's CPU went there (py-spy). The test process keeps one context
-    per setting, as a long-lived client would; unhashable settings build their own."""
+    per setting, as a long-lived client would; unhashable settings build their own. Speed
+    only: were httpx to move the function, its clients would build their own contexts again."""
     cached = functools.lru_cache(maxsize=8)(make)
 
     @functools.wraps(make)

@@ -464,9 +464,9 @@ def _shared_template(root: Path) -> _Template:
             return _Template(folder, json.loads(made.read_text())["pg_name"])
         folder.mkdir(exist_ok=True)
         template = _Template.make(folder)
-        made.write_text(
-            json.dumps({"pg_name": template.pg_name, "database_url": backend, "pid": os.getpid()})
-        )
+        # "x": a second maker (were the lock ever lost) fails here instead of replacing the first
+        with made.open("x") as f:
+            json.dump({"pg_name": template.pg_name, "database_url": backend, "pid": os.getpid()}, f)
         return template
 
 

@@ -1,7 +1,15 @@
-"""The real server process serves the API over HTTP with a minted key."""
+"""The real server process serves the API over HTTP with a minted key; the processes of one
+run share one migrated template for their servers."""
+
+import json
+import os
+import subprocess
+import sys
 
 import httpx
 import pytest
+
+from tests.live import ROOT, SHARED_ENV, drop_shared
 
 pytestmark = pytest.mark.live
 
@@ -16,7 +24,7 @@ def test_live_server_ingests_and_reads(live):
 
 
 SHARE = """
-import json, os, sys
+import json, os
 from tests.live import _template
 t = _template()
 print(json.dumps({"pid": os.getpid(), "pg_name": t.pg_name, "sqlite": str(t.sqlite_path)}))
@@ -25,14 +33,8 @@ print(json.dumps({"pid": os.getpid(), "pg_name": t.pg_name, "sqlite": str(t.sqli
 
 def test_processes_of_one_run_share_one_template_migrated_once(tmp_path):
     """Three processes asking at once for the run's template (tests/live.py): one migrates it,
-    the others wait on the lock and copy from the same database."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    from tests.live import ROOT, SHARED_ENV, drop_shared
-
+    the others wait on the lock and copy from the same database. A second maker would fail
+    writing the record the first wrote (exit status), or name another database."""
     # given a run's shared folder, empty
     env = {**os.environ, SHARED_ENV: str(tmp_path)}
     try:
