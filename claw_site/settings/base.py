@@ -233,6 +233,26 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # still running past it is redelivered too: harmless (tasks are idempotent) but wasted work,
 # so keep it above the longest task and the longest retry countdown (300 s).
 CLAW_CELERY_VISIBILITY_TIMEOUT = env_int("CLAW_CELERY_VISIBILITY_TIMEOUT", 3600)
+
+
+def redelivery_options(visibility_timeout: int) -> dict[str, int]:
+    """kombu's Redis options for redelivering a dead worker's tasks after ``visibility_timeout``.
+
+    Each worker sweeps for such tasks when it starts and then every ``unacked_restore_interval``
+    seconds (kombu's default scans on every 10th 10 s tick, i.e. every 100 s): a dead worker's
+    task is redelivered within the timeout plus one sweep (10 s at most). A sweep holds a Redis
+    lock for its few milliseconds; a worker killed while holding it leaves it until it expires,
+    and no worker sweeps meanwhile (kombu's default: 300 s, longer than a short timeout), so
+    that delay is kept within a tenth of the timeout, 5 s at least. A second sweeper is
+    harmless: each task is restored under a WATCH transaction, once."""
+    return {
+        "visibility_timeout": visibility_timeout,
+        "unacked_restore_interval": max(1, min(10, visibility_timeout // 4)),
+        "unacked_restore_throttle": 1,
+        "unacked_mutex_expire": min(300, max(5, visibility_timeout // 10)),
+    }
+
+
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "max_retries": 1,
     "interval_start": 0,
@@ -240,12 +260,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "interval_max": 0.5,
     "socket_connect_timeout": 2,
     "socket_timeout": 10,
-    "visibility_timeout": CLAW_CELERY_VISIBILITY_TIMEOUT,
-    # Each worker sweeps for such tasks when it starts and then every this many seconds
-    # (kombu's default scans on every 10th 10 s tick, i.e. every 100 s): a dead worker's task
-    # is redelivered within the timeout plus one sweep (10 s at most).
-    "unacked_restore_interval": max(1, min(10, CLAW_CELERY_VISIBILITY_TIMEOUT // 4)),
-    "unacked_restore_throttle": 1,
+    **redelivery_options(CLAW_CELERY_VISIBILITY_TIMEOUT),
 }
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get(
     "CLAW_CELERY_QUEUE", "claw"

@@ -31,6 +31,7 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 
+from claw_site.settings.base import redelivery_options
 from tests.live import (
     LiveServer,
     free_port,
@@ -51,7 +52,10 @@ pytestmark = [
 
 STEPS = 4_000  # lone one-step trajectories, ingested 1,000 per call
 CHUNK_STEPS = 20  # CLAW_SNAPSHOT_CHUNK_STEPS: 200 chunks, so the build is caught mid-way
-VISIBILITY_TIMEOUT = 3  # seconds before the dead worker's task is redelivered
+# Seconds before the dead worker's task is redelivered: longer than the build takes to write
+# its first chunk, so the task is still the dead worker's when it dies (a worker's sweep also
+# hands back its own task once it has run this long).
+VISIBILITY_TIMEOUT = 10
 
 
 @pytest.mark.parametrize("victim", ["worker", "pool child"])
@@ -100,6 +104,12 @@ def test_a_worker_killed_mid_snapshot_leaves_a_consistent_snapshot_after_redeliv
                     assert killed["status"] == "building", killed
                     assert 0 < killed["progress"]["steps_done"] < STEPS, killed
                     assert killed["formats"] == [] and killed["content_hash"] == ""
+                    # and, the worst case, it died in its restore sweep, holding the sweep's
+                    # lock as long as its settings let it (kombu's own 300 s would outlast
+                    # this test's wait, and once did, when the kill landed mid-sweep)
+                    expire = redelivery_options(VISIBILITY_TIMEOUT)["unacked_mutex_expire"]
+                    held = redis_cli(port, "SET", "unacked_mutex", "dead", "NX", "PX", expire * 1000)
+                    assert held in ("OK", ""), held  # "": it really did die holding it
                 else:
                     (child,) = psutil.Process(first.pid).children()
                     child.send_signal(signal.SIGKILL)
@@ -112,7 +122,12 @@ def test_a_worker_killed_mid_snapshot_leaves_a_consistent_snapshot_after_redeliv
                     second = start_worker(server, tmp_path / "worker-2.log")
                 builder = 2 if victim == "worker" else 1
                 # then the same task is delivered again, and the snapshot completes
-                done = wait_for(lambda: finished(api, snap_id), "the killed snapshot to finish", 180)
+                done = wait_for(
+                    lambda: finished(api, snap_id),
+                    "the killed snapshot to finish",
+                    180,
+                    lambda: diagnosis(tmp_path, port),
+                )
                 assert done["status"] == "done", (done, log(builder))
                 attempt = {snap_id: done_attempt(log, builder, snap_id)}
                 assert f"Task curation.snapshot_build[{task_id}] received" in log(builder)
@@ -244,11 +259,29 @@ def done_attempt(log: Callable[[int], str], worker: int, snap_id: str) -> str:
     return found.group(1)
 
 
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float) -> Any:
+def redis_cli(port: int, *args: Any) -> str:
+    out = subprocess.run(["redis-cli", "-p", str(port), *map(str, args)], capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def diagnosis(tmp_path: Path, port: int) -> str:
+    """What the broker and the workers say, for a timeout's message."""
+    logs = [f"--- {p.name} (tail)\n" + p.read_text()[-3000:] for p in sorted(tmp_path.glob("worker-*.log"))]
+    broker = {key: redis_cli(port, "TYPE", key) for key in redis_cli(port, "KEYS", "*").split()}
+    index = redis_cli(port, "ZRANGE", "unacked_index", 0, -1, "WITHSCORES")
+    mutex_ttl = redis_cli(port, "PTTL", "unacked_mutex")
+    return "\n".join(
+        [f"broker keys {broker}; unacked_index {index!r}; unacked_mutex pttl {mutex_ttl}", *logs]
+    )
+
+
+def wait_for(
+    predicate: Callable[[], Any], what: str, timeout: float, diagnose: Callable[[], str] | None = None
+) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}" + (f"\n{diagnose()}" if diagnose else ""))
