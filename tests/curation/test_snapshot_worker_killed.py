@@ -105,8 +105,8 @@ def test_a_worker_killed_mid_snapshot_leaves_a_consistent_snapshot_after_redeliv
                     assert 0 < killed["progress"]["steps_done"] < STEPS, killed
                     assert killed["formats"] == [] and killed["content_hash"] == ""
                     # and, the worst case, it died in its restore sweep, holding the sweep's
-                    # lock as long as its settings let it (kombu's own 300 s would outlast
-                    # this test's wait, and once did, when the kill landed mid-sweep)
+                    # lock as long as its settings let it (kombu's own 300 s outlasts this
+                    # test's wait: the likely cause of a CI run in which it timed out)
                     expire = redelivery_options(VISIBILITY_TIMEOUT)["unacked_mutex_expire"]
                     held = redis_cli(port, "SET", "unacked_mutex", "dead", "NX", "PX", expire * 1000)
                     assert held in ("OK", ""), held  # "": it really did die holding it
