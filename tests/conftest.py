@@ -36,15 +36,16 @@ def _one_ssl_context_per_setting(make):
     suite calls its live servers that way hundreds of times (each server's start polls
     /healthz): ~47 s of a pass's CPU went there (py-spy). The test process keeps one context
     per setting, as a long-lived client would; unhashable settings build their own. Speed
-    only: were httpx to move the function, its clients would build their own contexts again."""
+    only: were httpx to move the function or change its arguments, its clients would build
+    their own contexts again (the arguments pass through as they come)."""
     cached = functools.lru_cache(maxsize=8)(make)
 
     @functools.wraps(make)
-    def context(verify=True, cert=None, trust_env=True):
+    def context(*args, **kwargs):
         try:
-            return cached(verify, cert, trust_env)
-        except TypeError:
-            return make(verify, cert, trust_env)
+            return cached(*args, **kwargs)
+        except TypeError:  # an unhashable setting (an SSLContext of the caller's, say)
+            return make(*args, **kwargs)
 
     return context
 

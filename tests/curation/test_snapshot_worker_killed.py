@@ -30,6 +30,7 @@ import orjson
 import psutil
 import pyarrow.parquet as pq
 import pytest
+import redis
 
 from claw_site.settings.base import redelivery_options
 from tests.live import (
@@ -62,7 +63,8 @@ VISIBILITY_TIMEOUT = 10
 def test_a_worker_killed_mid_snapshot_leaves_a_consistent_snapshot_after_redelivery(tmp_path, victim):
     (tmp_path / "worker-tmp").mkdir()
     port = free_port()
-    redis = start_redis(port, tmp_path / "redis.log")
+    redis_server = start_redis(port, tmp_path / "redis.log")
+    broker = redis.Redis(port=port, decode_responses=True)
     env = {
         "REDIS_URL": f"redis://127.0.0.1:{port}/0",
         "CLAW_CELERY_QUEUE": f"claw-snapkill-{uuid.uuid4().hex[:8]}",
@@ -108,8 +110,8 @@ def test_a_worker_killed_mid_snapshot_leaves_a_consistent_snapshot_after_redeliv
                     # lock as long as its settings let it (kombu's own 300 s outlasts this
                     # test's wait: the likely cause of a CI run in which it timed out)
                     expire = redelivery_options(VISIBILITY_TIMEOUT)["unacked_mutex_expire"]
-                    held = redis_cli(port, "SET", "unacked_mutex", "dead", "NX", "PX", expire * 1000)
-                    assert held in ("OK", ""), held  # "": it really did die holding it
+                    broker.set("unacked_mutex", "dead", nx=True, px=expire * 1000)  # unless it did
+                    assert 0 < broker.pttl("unacked_mutex") <= expire * 1000
                 else:
                     (child,) = psutil.Process(first.pid).children()
                     child.send_signal(signal.SIGKILL)
@@ -126,7 +128,7 @@ def test_a_worker_killed_mid_snapshot_leaves_a_consistent_snapshot_after_redeliv
                     lambda: finished(api, snap_id),
                     "the killed snapshot to finish",
                     180,
-                    lambda: diagnosis(tmp_path, port),
+                    lambda: diagnosis(tmp_path, broker),
                 )
                 assert done["status"] == "done", (done, log(builder))
                 attempt = {snap_id: done_attempt(log, builder, snap_id)}
@@ -177,7 +179,8 @@ def test_a_worker_killed_mid_snapshot_leaves_a_consistent_snapshot_after_redeliv
         for worker in (first, second):
             if worker is not None:
                 stop_worker(worker)
-        stop_process(redis, kill=True)
+        broker.close()
+        stop_process(redis_server, kill=True)
 
 
 # --- helpers --------------------------------------------------------------------------------
@@ -259,20 +262,13 @@ def done_attempt(log: Callable[[int], str], worker: int, snap_id: str) -> str:
     return found.group(1)
 
 
-def redis_cli(port: int, *args: Any) -> str:
-    out = subprocess.run(["redis-cli", "-p", str(port), *map(str, args)], capture_output=True, text=True)
-    return out.stdout.strip()
-
-
-def diagnosis(tmp_path: Path, port: int) -> str:
+def diagnosis(tmp_path: Path, broker: redis.Redis) -> str:
     """What the broker and the workers say, for a timeout's message."""
     logs = [f"--- {p.name} (tail)\n" + p.read_text()[-3000:] for p in sorted(tmp_path.glob("worker-*.log"))]
-    broker = {key: redis_cli(port, "TYPE", key) for key in redis_cli(port, "KEYS", "*").split()}
-    index = redis_cli(port, "ZRANGE", "unacked_index", 0, -1, "WITHSCORES")
-    mutex_ttl = redis_cli(port, "PTTL", "unacked_mutex")
-    return "\n".join(
-        [f"broker keys {broker}; unacked_index {index!r}; unacked_mutex pttl {mutex_ttl}", *logs]
-    )
+    keys = {key: broker.type(key) for key in broker.keys("*")}
+    index = broker.zrange("unacked_index", 0, -1, withscores=True)
+    mutex_ttl = broker.pttl("unacked_mutex")
+    return "\n".join([f"broker keys {keys}; unacked_index {index}; unacked_mutex pttl {mutex_ttl}", *logs])
 
 
 def wait_for(
