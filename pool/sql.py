@@ -49,15 +49,20 @@ TRAJ_COLS = ("id", "uid", "group_id", "status", "step_count", "tail_index", "pol
 class FusedClaim:
     """The claim of a proxied call's indexes, executed together with its step insert.
 
-    ``new``: insert this trajectory row (the gateway minted its uid, so none can exist).
-    Otherwise claim ``[expected, expected + n)`` of ``uid`` only if its step_count is still
-    ``expected``, it runs, (``group_uid``) it is in that group and (``sources``, unless
-    None) it belongs to one of those sources (pool/tenancy.py); else nothing is written.
+    ``new``: insert this trajectory row, only if no row has its uid (``minted``: the gateway
+    minted the uid, so none can; inserted plainly), in the group ``group_uid`` when given:
+    the group is ``new_group``, inserted if no row has its uid, else the existing one, only
+    if it has no anchor step yet and (``sources``, unless None) it is shared or one of those
+    sources'. Otherwise claim ``[expected, expected + n)`` of ``uid`` only if its step_count
+    is still ``expected``, it runs, (``group_uid``) it is in that group and (``sources``)
+    it belongs to one of those sources (pool/tenancy.py). Else nothing is written.
     """
 
     uid: str
     expected: int
     new: Trajectory | None = None
+    new_group: PromptGroup | None = None
+    minted: bool = False
     group_uid: str | None = None
     sources: tuple[int, ...] | None = None
 
@@ -617,11 +622,20 @@ class PostgresBackend:
         call's shape, so it is prepared once per connection (pool/prepared.py; off with
         CLAW_DB_PREPARE=0): planning this CTE costs 0.3-0.5 ms per call otherwise (measured)."""
         conn = connections[DEFAULT_DB_ALIAS]  # once: each `connection.x` is a context-local lookup
+        n_sources = None if claim.sources is None else len(claim.sources)
         if claim.new is not None:
-            shape: tuple = ("new", len(rows), False)
-            params = _values(_getters(Trajectory), claim.new)
+            grouped = claim.new_group is not None
+            shape: tuple = ("new", len(rows), grouped, n_sources if grouped else None, not claim.minted)
+            if grouped:
+                params = [  # in the order of the text (_fused_sql)
+                    *_values(_getters(PromptGroup), claim.new_group),
+                    claim.group_uid,
+                    *_values(_getters(Trajectory, skip="group_id"), claim.new),
+                    *(claim.sources or ()),
+                ]
+            else:
+                params = _values(_getters(Trajectory), claim.new)
         else:
-            n_sources = None if claim.sources is None else len(claim.sources)
             shape = ("claim", len(rows), bool(claim.group_uid), n_sources)
             params = _claim_params(claim, len(rows))
         sql = _fused.get(shape)
@@ -633,7 +647,10 @@ class PostgresBackend:
         conn.ensure_connection()
         prepare = True if prepared.enabled(conn) else None
         cur = _raw_cursor(conn.connection)
-        if not alone:  # a group commit's: an error is the group's (Backend.append)
+        # A statement that may insert a group and then miss (the trajectory exists, the group
+        # has an anchor or another source's) is undone alone: nothing of a missed claim stays.
+        undo = claim.new_group is not None
+        if not alone and not undo:  # a group commit's: an error is the group's (Backend.append)
             with conn.wrap_database_errors:
                 cur.execute(sql, params, prepare=prepare)
                 got = cur.fetchall()
@@ -641,11 +658,13 @@ class PostgresBackend:
         try:
             # Alone (autocommit) the statement is its own transaction; inside a caller's
             # transaction a savepoint keeps a failure from breaking it.
-            with transaction.atomic() if conn.in_atomic_block else nullcontext():
+            with transaction.atomic() if conn.in_atomic_block or undo else nullcontext():
                 with conn.wrap_database_errors:
                     cur.execute(sql, params, prepare=prepare)
                     got = cur.fetchall()
-        except IntegrityError:
+                if undo and not got:
+                    raise _Missed
+        except (_Missed, IntegrityError):
             return None  # e.g. a white-box step already holds one of the uids: the general path says so
         return _appended(got)
 
@@ -673,12 +692,38 @@ _fused: dict[tuple, str] = {}
 
 def _fused_sql(shape: tuple) -> str:
     q = connection.ops.quote_name
+    ctes = ""
     if shape[0] == "new":
+        _, _, grouped, n_sources, if_absent = shape
         fields = [f for f, _ in _columns(Trajectory)]
-        claim = (
-            f"INSERT INTO {q(Trajectory._meta.db_table)} ({', '.join(q(str(f.column)) for f in fields)}) "
-            f"VALUES ({', '.join(_placeholder(f) for f in fields)}) RETURNING id, policy_version_id, group_id"
-        )
+        names = ", ".join(q(str(f.column)) for f in fields)
+        absent = " ON CONFLICT (uid) DO NOTHING" if if_absent else ""
+        if grouped:
+            group = q(PromptGroup._meta.db_table)
+            gfields = [f for f, _ in _columns(PromptGroup)]
+            owned = (
+                ""
+                if n_sources is None
+                else f" AND (gg.source_id IS NULL OR gg.source_id IN ({', '.join(['%s'] * n_sources)}))"
+            )
+            ctes = (
+                f"g AS (INSERT INTO {group} ({', '.join(q(str(f.column)) for f in gfields)}) "
+                f"VALUES ({', '.join(_placeholder(f) for f in gfields)}) ON CONFLICT (uid) DO NOTHING "
+                "RETURNING id, source_id, anchor_step_id), "
+                "gg AS (SELECT id, source_id, anchor_step_id FROM g UNION ALL "
+                f"SELECT id, source_id, anchor_step_id FROM {group} WHERE uid = %s AND NOT EXISTS (SELECT FROM g)), "
+            )
+            values = ", ".join("gg.id" if f.attname == "group_id" else _placeholder(f) for f in fields)
+            claim = (
+                f"INSERT INTO {q(Trajectory._meta.db_table)} ({names}) SELECT {values} FROM gg "
+                f"WHERE gg.anchor_step_id IS NULL{owned}{absent} RETURNING id, policy_version_id, group_id"
+            )
+        else:
+            claim = (
+                f"INSERT INTO {q(Trajectory._meta.db_table)} ({names}) "
+                f"VALUES ({', '.join(_placeholder(f) for f in fields)}){absent} "
+                "RETURNING id, policy_version_id, group_id"
+            )
     else:
         claim = _claim_sql(group=shape[2], sources=shape[3])
     fields = [f for f, _ in _columns(Step)]
@@ -692,7 +737,7 @@ def _fused_sql(shape: tuple) -> str:
             exprs.append(_placeholder(f))
     one = f"SELECT {', '.join(exprs)} FROM t"
     return _numbered(
-        f"WITH t AS ({claim}) INSERT INTO {q(Step._meta.db_table)} ({', '.join(q(str(f.column)) for f in fields)}) "
+        f"WITH {ctes}t AS ({claim}) INSERT INTO {q(Step._meta.db_table)} ({', '.join(q(str(f.column)) for f in fields)}) "
         f"{' UNION ALL '.join([one] * shape[1])} "
         f"RETURNING id, step_index, trajectory_id, (SELECT group_id FROM t), (SELECT policy_version_id FROM t)"
     )
@@ -725,6 +770,10 @@ class OrmBackend:
         try:
             with transaction.atomic():
                 if claim.new is not None:
+                    if claim.new_group is not None:
+                        claim.new.group_id = _group_joinable(claim)
+                    if not claim.minted and Trajectory.objects.filter(uid=claim.uid).exists():
+                        raise _Missed
                     claim.new.save(force_insert=True)
                     traj_id, version, group_id = claim.new.id, claim.new.policy_version_id, claim.new.group_id
                 else:
@@ -750,6 +799,25 @@ class OrmBackend:
 
 class _Missed(Exception):
     """The conditional claim matched no row: roll back, nothing was written."""
+
+
+def _group_joinable(claim: FusedClaim) -> int:
+    """OrmBackend: the id of the new trajectory's group, inserted when no row has its uid,
+    else the existing one if it has no anchor and the writer may join it (FusedClaim);
+    _Missed otherwise."""
+    assert claim.new_group is not None
+    got = (
+        PromptGroup.objects.filter(uid=claim.group_uid)
+        .values_list("id", "source_id", "anchor_step_id")
+        .first()
+    )
+    if got is None:
+        claim.new_group.save(force_insert=True)
+        return claim.new_group.id
+    gid, source_id, anchor = got
+    if anchor is not None or not (claim.sources is None or source_id is None or source_id in claim.sources):
+        raise _Missed
+    return gid
 
 
 _POSTGRES = PostgresBackend()

@@ -32,6 +32,10 @@ class Tail:
 
 
 EMPTY = Tail(end=0, steps=[])
+# The fast path's hint for a trajectory it takes to be new (module docstring): the statement
+# creates it. Told apart by identity: a remembered tail may end at 0 too (a registered
+# trajectory without steps), and is claimed.
+ABSENT = Tail(end=0, steps=[])
 
 
 def tail_load(trajectory_id: int, start: int, end: int) -> Tail:
@@ -81,8 +85,32 @@ class RecentAppends:
 
 
 def _tail_tokens(tail: Tail) -> int:
-    return sum(len(p.full) for p in tail.steps)
+    """A hint's size: its tokens, and at least 1 (a tail without steps is an entry too)."""
+    return max(1, sum(len(p.full) for p in tail.steps))
 
 
 # 16 M tokens = 64 MB of int32: the latest call of thousands of live trajectories.
 recent = RecentAppends(max_tokens=16_000_000)
+
+
+class AnchoredGroups:
+    """LRU of the prompt groups known to have an anchor step (module docstring). Thread-safe."""
+
+    def __init__(self, maxsize: int):
+        self._data: LRUCache[str, bool] = LRUCache(maxsize=maxsize)
+        self._lock = threading.Lock()
+
+    def __contains__(self, group_uid: str) -> bool:
+        with self._lock:
+            return self._data.get(group_uid, False)
+
+    def add(self, group_uid: str) -> None:
+        with self._lock:
+            self._data[group_uid] = True
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+
+anchored = AnchoredGroups(maxsize=100_000)

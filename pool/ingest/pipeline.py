@@ -41,7 +41,7 @@ from ..models import Channel, PolicyVersion, PromptGroup, Step, Trajectory
 from ..sql import TRAJ_COLS, FusedClaim
 from ..tenancy import OWN, Sources, allowed, owns
 from . import rules
-from .claim import EMPTY, Tail, recent, tail_load
+from .claim import ABSENT, Tail, anchored, recent, tail_load
 from .contract import StepIn, default_uid
 from .media import media_link, media_prepare
 from .plan import Candidate, Packed, Planned, Stored, build_rows, choose_parents, pack, step_row
@@ -481,9 +481,25 @@ def _fused_tail(target: AppendTarget, count: int) -> Tail | None:
         return None
     if target.policy_version is not None and target.policy_version not in _known_versions:
         return None
-    if target.new:
-        return EMPTY if target.prompt_group_uid is None else None
-    return recent.latest(target.trajectory_uid)
+    if not target.new:
+        tail = recent.latest(target.trajectory_uid)
+        if tail is not None:
+            return tail
+    # New (minted by the door), or unknown here: the statement creates the trajectory, only if
+    # no row has its uid (claim.py). Its first step is stored against its group's anchor by
+    # the general path, so a group known to have one goes there; so do uids that break a
+    # rule (the general path names them).
+    group = target.prompt_group_uid
+    if group is not None and group in anchored:
+        return None
+    try:
+        if not target.new:
+            rules.check_uid(target.trajectory_uid, "trajectory_uid")
+        if group is not None:
+            rules.check_uid(group, "prompt_group_uid")
+    except InvalidInput:
+        return None
+    return ABSENT
 
 
 @dataclass(slots=True)
@@ -539,17 +555,28 @@ def _fused_prepare(
         row = step_row(p, trajectory_id=None, parent=parent, source_id=source_id)
         row.created_at = row.updated_at = now
         rows.append(row)
-    new = None
-    if target.new:  # minted by the door: inserted by the statement itself
+    new = new_group = None
+    if tail is ABSENT:  # a new trajectory (_fused_tail): inserted by the statement itself
         spec = TrajectorySpec(
             uid=target.trajectory_uid, channel=target.channel, policy_version=target.policy_version
         )
-        new = _trajectory_row(spec, None, source_id, n=count)
+        new = _trajectory_row(spec, None, source_id, n=count)  # its group: the statement's
+        if target.prompt_group_uid is not None:  # the row groups_ensure would create
+            new_group = sql.new_instance(
+                PromptGroup,
+                dict(
+                    uid=target.prompt_group_uid,
+                    source_id=source_id if mine is not None else None,
+                    created_at=now,
+                ),
+            )
     claim = FusedClaim(
         uid=target.trajectory_uid,
         expected=tail.end,
         new=new,
-        group_uid=None if target.new else target.prompt_group_uid,
+        new_group=new_group,
+        minted=target.new,
+        group_uid=target.prompt_group_uid,
         sources=None if mine is None else tuple(sorted(mine)),
     )
     return _Fused(target, tail, steps, planned, rows, claim, source_id, any(s.images for s in steps))
@@ -565,7 +592,8 @@ def _fused_written(fused: _Fused, got: sql.Appended) -> list[StepIn]:
         row._state.adding = False
         if row.policy_version_id is None:  # stamped by the statement: the trajectory's
             row.policy_version_id = s.policy_version = got.policy_version_id
-    written = WrittenTrajectory(traj_id, target.trajectory_uid, group_id, target.new, ended=False)
+    created = fused.claim.new is not None
+    written = WrittenTrajectory(traj_id, target.trajectory_uid, group_id, created, ended=False)
     bus.apply(
         _written(
             rows,
@@ -577,6 +605,8 @@ def _fused_written(fused: _Fused, got: sql.Appended) -> list[StepIn]:
         )
     )
     _remember(target.trajectory_uid, fused.tail.end, rows, fused.planned)
+    if created and target.prompt_group_uid is not None:
+        _remember_anchor(target.prompt_group_uid)  # its step 0 anchors the group (effects.group_anchors)
     return steps
 
 
@@ -622,6 +652,8 @@ def _append_general(
         steps = _number(build(tail), n, target, start, trajectory_version=traj.policy_version_id)
         anchors: list[Stored] = []
         if start == 0 and traj.group_id is not None:
+            if target.prompt_group_uid is not None:
+                _remember_anchor(target.prompt_group_uid)  # this step or an earlier one anchors it
             anchor = groups[target.prompt_group_uid].anchor_step_id if target.prompt_group_uid else None
             if anchor is None:
                 anchor = PromptGroup.objects.filter(id=traj.group_id).values_list(
@@ -683,6 +715,11 @@ def _number(
         rules.check_token_count(len(s.prompt_ids), len(s.response_ids), s.field_prefix)
         rules.check_reward(s.reward, s.at("reward"))
     return steps
+
+
+def _remember_anchor(group_uid: str) -> None:
+    """After commit: the group has an anchor (claim.anchored)."""
+    transaction.on_commit(lambda: anchored.add(group_uid))
 
 
 def _remember(trajectory_uid: str, start: int, rows: list[Step], planned: list[Planned]) -> None:

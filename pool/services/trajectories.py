@@ -15,6 +15,7 @@ from ..bus import EndedTrajectory, StepsWritten, TrajectoriesEnded, UnitsChanged
 from ..deadlocks import retry_on_deadlock
 from ..errors import Conflict, InvalidInput, NotFound
 from ..ingest import rules
+from ..ingest.claim import Tail, recent
 from ..ingest.pipeline import TrajectorySpec, policy_versions_ensure, trajectory_ensure
 from ..lookups import Many
 from ..models import Channel, RewardEvent, Step, Trajectory
@@ -86,6 +87,9 @@ def trajectory_register(
     )
     row = trajectory_ensure(specs=[spec], source_id=source_id, sources=sources)[uid]
     traj = Trajectory.objects.select_for_update().get(id=row.id)
+    if traj.step_count == 0:
+        # Its first proxied call claims index 0 in the fast path's one statement (claim.py).
+        transaction.on_commit(lambda: recent.put(uid, Tail(end=0, steps=[])))
     if row.created:
         return traj
     if channel is not None:

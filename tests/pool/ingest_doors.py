@@ -17,10 +17,18 @@ Doors:
   calls of that trajectory in the same process, each committed (its on-commit callbacks run,
   so the process remembers the call). These take the fast path (one statement on
   PostgreSQL) except a group's first call and the first call naming an unseen policy version;
+* ``proxy_named``: the same calls for a trajectory the agent named (a ``/t/<trajectory>/``
+  URL: Identity(new=False)), recorded in one process: the first call creates the trajectory
+  (and a new group, or joins one without an anchor yet) in its one statement, the next ones
+  continue it as ``proxy_fast``'s do; a group's other rollouts, whose first steps are stored
+  against the group's anchor, take the general path;
 * ``proxy_general``: the same calls for a trajectory the gateway did not mint
   (Identity(new=False)), recorded as if each by another gateway process: the on-commit
-  callbacks are dropped, so no call finds the previous one in memory and every call takes
-  the general path (reserve, look up the previous call in the pool, steps_ingest);
+  callbacks are dropped, so no call finds the previous one in memory and every call after
+  the first takes the general path (reserve, look up the previous call in the pool,
+  steps_ingest); the first, the trajectory being new, is created as ``proxy_named``'s is
+  (a group's other rollouts: tried so, then the general path, the process not knowing the
+  group has its anchor);
 * ``proxy_group``: the ``proxy_fast`` calls as the gateway's writer records concurrent calls
   (recording.record_group, one group commit): each shares its commit with another
   trajectory's call; a call the group does not take (a group's first call) is recorded
@@ -322,6 +330,18 @@ class ProxyDoor(Door):
             assert resp.status_code == 200, resp.content
 
 
+class ProxyNamedDoor(ProxyDoor):
+    """``proxy_fast``'s calls for a trajectory the agent named (see module docstring)."""
+
+    def ident(self, r: Rollout, k: int) -> Identity:
+        return Identity(
+            trajectory_uid=self.uid(r.name),
+            prompt_group_uid=self.group_uid(r),
+            policy_version=r.turns[k].policy_version,
+            new=False,
+        )
+
+
 class ProxyGeneralDoor(ProxyDoor):
     fast = False
 
@@ -370,11 +390,12 @@ DOORS: dict[str, type[Door]] = {
     "msgpack": MsgpackDoor,
     "claw_r1": ClawR1Door,
     "proxy_fast": ProxyDoor,
+    "proxy_named": ProxyNamedDoor,
     "proxy_general": ProxyGeneralDoor,
     "proxy_group": ProxyGroupDoor,
 }
 WHITE_BOX = ("json", "msgpack", "claw_r1")
-PROXIED = ("proxy_fast", "proxy_general", "proxy_group")
+PROXIED = ("proxy_fast", "proxy_named", "proxy_general", "proxy_group")
 
 
 # --- what a door stored -----------------------------------------------------------------------

@@ -17,16 +17,18 @@ import pytest
 from django.db import DatabaseError, connection
 
 from pool import tokens
+from pool.errors import PoolError
 from pool.ingest.claim import Tail, recent
 from pool.ingest.contract import StepIn
 from pool.ingest.pipeline import (
     AppendRequest,
     AppendTarget,
     append_groupable,
+    groups_ensure,
     steps_append,
     steps_append_group,
 )
-from pool.models import Source, Step, Trajectory
+from pool.models import PromptGroup, Source, Step, Trajectory
 from tests.pool.statements import sql_statements
 
 pytestmark = pytest.mark.django_db
@@ -188,3 +190,65 @@ def test_a_taken_step_uid_rolls_the_group_back_on_postgresql_or_leaves_that_call
         assert _stored(bystander) == [(0, *_sent([7, 8], [9]))]
     assert Trajectory.objects.get(uid=victim).step_count == 1
     assert [index for index, *_ in _stored(victim)] == [0]
+
+
+# A named trajectory's first call creates its trajectory (and a new group) in its one
+# statement only when nothing stands in the way; otherwise the statement writes nothing (the
+# group it inserted is undone with it) and the general path names the error.
+# (case, what is in the way, the error)
+IN_THE_WAY = [
+    ("another source's trajectory", "trajectory", "uid_taken"),
+    ("another source's group", "group", "uid_taken"),
+    ("the trajectory in another group", "other group", "conflict"),
+]
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["alone", "group commit"])
+@pytest.mark.parametrize(("case", "in_the_way", "code"), IN_THE_WAY, ids=[c[0] for c in IN_THE_WAY])
+def test_a_named_first_call_that_cannot_be_created_writes_nothing_not_even_its_group(
+    source, case, in_the_way, code, grouped
+):
+    # given: what stands in the way of trajectory T joining a new group G
+    other = Source.objects.create(name=f"other-{uuid.uuid4().hex[:8]}")
+    uid, group = f"t-{uuid.uuid4().hex}", f"g-{uuid.uuid4().hex}"
+    if in_the_way == "trajectory":  # T is another source's
+        steps_append(
+            target=AppendTarget(trajectory_uid=uid),
+            count=1,
+            build=lambda t: [_step([1], [2])],
+            source_id=other.id,
+        )
+    elif in_the_way == "group":  # G is another source's, without an anchor yet
+        groups_ensure({group}, source_id=other.id, sources=frozenset({other.id}))
+    else:  # T is this source's, in another group
+        steps_append(
+            target=AppendTarget(trajectory_uid=uid, prompt_group_uid=f"first-{group}"),
+            count=1,
+            build=lambda t: [_step([1], [2])],
+            source_id=source.id,
+        )
+    recent.clear()  # the call comes to a process that does not know T
+    before = (
+        sorted(PromptGroup.objects.values_list("uid", "source_id")),
+        sorted(Trajectory.objects.values_list("uid", "group_id", "step_count", "source_id")),
+        Step.objects.count(),
+    )
+    target = AppendTarget(trajectory_uid=uid, prompt_group_uid=group)
+
+    # when: the call is recorded, alone or in a group commit (which leaves it to steps_append)
+    with pytest.raises(PoolError) as raised:
+        if grouped:
+            request = AppendRequest(
+                target=target, count=1, build=lambda t: [_step([5], [6])], source_id=source.id
+            )
+            assert steps_append_group([request]) == [None]
+        steps_append(target=target, count=1, build=lambda t: [_step([5], [6])], source_id=source.id)
+
+    # then: the general path's error, and the pool holds what it held: no group G, no step
+    assert raised.value.code == code, raised.value
+    after = (
+        sorted(PromptGroup.objects.values_list("uid", "source_id")),
+        sorted(Trajectory.objects.values_list("uid", "group_id", "step_count", "source_id")),
+        Step.objects.count(),
+    )
+    assert after == before

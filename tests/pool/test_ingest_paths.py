@@ -82,6 +82,7 @@ EXEMPT: dict[str, dict[tuple[str, str], str]] = {
         ("Step", "finish_reason"): "Claw-R1's StepPayload has no finish_reason",
     },
     "proxy_fast": _PROXIED_EXEMPT,
+    "proxy_named": _PROXIED_EXEMPT,
     "proxy_general": _PROXIED_EXEMPT,
     "proxy_group": _PROXIED_EXEMPT,
 }
@@ -669,6 +670,75 @@ def test_a_proxied_call_on_the_fast_path_is_one_statement_on_postgresql(door_of)
     # then: every call costs the fast path's statements
     counts = [len(statements) for statements in seen]
     assert counts == [FAST_CALL[connection.vendor]] * 3, seen
+
+
+# Statements per first call of a trajectory the agent named, in a group new to the pool
+# (observed): PostgreSQL 2 (group, trajectory and step in one CTE; its savepoint, which
+# undoes the group should the claim miss, is transaction control), then the step's anchoring
+# of the group (effects.group_anchors); SQLite 6 (group lookup and insert, trajectory lookup
+# and insert, the step INSERT, the anchor). The general path took 13 / 14.
+NAMED_FIRST_CALL = {"sqlite": 6, "postgresql": 2}
+
+
+@pytest.mark.parametrize("group", [True, False], ids=["new group", "no group"])
+def test_a_named_trajectorys_first_call_is_the_fast_paths_statement(door_of, group):
+    # given: a trajectory the agent names (a /t/<trajectory>/<group>/ URL), unknown to the pool,
+    # without a policy version (a version new to the process takes the general path once)
+    a = rollout(
+        "a", group="g" if group else None, prompt=group_prompt(), turns=3, reward=1.0, versions=None, seed=1
+    )
+    door = door_of("proxy_named")
+    live.source_name(door.source_id)  # a warm process (the live events name the source once)
+
+    # when: its first call, then two more, are recorded
+    seen = []
+    for k in range(3):
+        with sql_statements() as statements:
+            door.call(a, k)
+        seen.append(statements)
+
+    # then: the first creates the group (if any), the trajectory and the step in the fast
+    # path's one statement (and anchors the group), and the next ones are the fast path's
+    counts = [len(statements) for statements in seen]
+    first = (
+        NAMED_FIRST_CALL[connection.vendor]
+        if group
+        else FAST_CALL[connection.vendor]
+        + (
+            connection.vendor == "sqlite"  # SQLite looks the uid up before its INSERT
+        )
+    )
+    assert counts == [first] + [FAST_CALL[connection.vendor]] * 2, seen
+    # and: they are stored in the group, the first step anchoring it
+    traj = Trajectory.objects.get(uid=door.uid("a"))
+    assert traj.step_count == 3
+    if group:
+        g = PromptGroup.objects.get(uid=door.uid("g"))
+        assert (traj.group_id, g.anchor_step_id) == (g.id, Step.objects.get(trajectory=traj, step_index=0).id)
+        assert g.source_id == door.source_id  # the writer's source's, as groups_ensure makes it
+
+
+def test_a_registered_trajectorys_first_call_claims_index_0_in_the_fast_paths_statement(door_of):
+    # given: a trajectory registered through Claw-R1 (register_trajectory) in a group, no step yet
+    a = rollout("a", group="g", prompt=group_prompt(), turns=2, reward=1.0, versions=None, seed=1)
+    door = door_of("proxy_named")
+    live.source_name(door.source_id)
+    with door.capture(execute=True):
+        resp = _gateway_post(
+            f"/compat/claw-r1/{door.uid('a')}/{door.group_uid(a)}/v1/register_trajectory", door.key, {}
+        )
+    assert resp.status_code == 200, resp.content
+
+    # when: its first call is recorded
+    with sql_statements() as statements:
+        door.call(a, 0)
+
+    # then: the fast path's statement claimed index 0 (then the step anchored the group)
+    assert len(statements) == FAST_CALL[connection.vendor] + 1, statements
+    traj = Trajectory.objects.get(uid=door.uid("a"))
+    step = Step.objects.get(trajectory=traj)
+    assert (traj.step_count, step.step_index, traj.group.uid) == (1, 0, door.uid("g"))
+    assert traj.group.anchor_step_id == step.id
 
 
 # Statements per proxied call on the general path (observed, SQLite / PostgreSQL):
