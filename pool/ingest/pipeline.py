@@ -561,15 +561,8 @@ def _fused_prepare(
             uid=target.trajectory_uid, channel=target.channel, policy_version=target.policy_version
         )
         new = _trajectory_row(spec, None, source_id, n=count)  # its group: the statement's
-        if target.prompt_group_uid is not None:  # the row groups_ensure would create
-            new_group = sql.new_instance(
-                PromptGroup,
-                dict(
-                    uid=target.prompt_group_uid,
-                    source_id=source_id if mine is not None else None,
-                    created_at=now,
-                ),
-            )
+        if target.prompt_group_uid is not None:  # inserted by the statement if new
+            new_group = _group_row(target.prompt_group_uid, source_id, mine)
     claim = FusedClaim(
         uid=target.trajectory_uid,
         expected=tail.end,
@@ -883,15 +876,23 @@ def groups_ensure(
     found = {g.uid: g for g in PromptGroup.objects.filter(uid__in=uids)}
     missing = uids - found.keys()
     if missing:
-        owner = source_id if sources is not None else None
         PromptGroup.objects.bulk_create(
-            [PromptGroup(uid=u, source_id=owner) for u in sorted(missing)], ignore_conflicts=True
+            [_group_row(u, source_id, sources) for u in sorted(missing)], ignore_conflicts=True
         )
         found.update({g.uid: g for g in PromptGroup.objects.filter(uid__in=missing)})
     for uid, g in found.items():
         if g.source_id is not None and not owns(sources, g.source_id):
             raise UidTaken("prompt group", uid, field="prompt_group_uid")
     return found
+
+
+def _group_row(uid: str, source_id: int | None, sources: Sources) -> PromptGroup:
+    """A new prompt group's row: a restricted writer's is its source's, an unrestricted
+    writer's shared (groups_ensure)."""
+    return sql.new_instance(  # type: ignore[return-value]
+        PromptGroup,
+        dict(uid=uid, source_id=source_id if sources is not None else None, created_at=timezone.now()),
+    )
 
 
 def policy_versions_ensure(versions: set[int]) -> None:
