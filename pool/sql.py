@@ -50,10 +50,11 @@ class FusedClaim:
     """The claim of a proxied call's indexes, executed together with its step insert.
 
     ``new``: insert this trajectory row, only if no row has its uid (``minted``: the gateway
-    minted the uid, so none can; inserted plainly), in the group ``group_uid`` when given:
-    the group is ``new_group``, inserted if no row has its uid, else the existing one, only
-    if it has no anchor step yet and (``sources``, unless None) it is shared or one of those
-    sources'. Otherwise claim ``[expected, expected + n)`` of ``uid`` only if its step_count
+    minted the uid, so none can; inserted plainly), in the group ``group_uid`` when given,
+    only if (``sources``, unless None) the group is shared or one of those sources' and: with
+    ``group_anchor``, the group's anchor is that step (the first step was stored against
+    it); else the group has no anchor yet, or is new: ``new_group`` is inserted if no row has
+    its uid. Otherwise claim ``[expected, expected + n)`` of ``uid`` only if its step_count
     is still ``expected``, it runs, (``group_uid``) it is in that group and (``sources``)
     it belongs to one of those sources (pool/tenancy.py). Else nothing is written.
     """
@@ -62,6 +63,7 @@ class FusedClaim:
     expected: int
     new: Trajectory | None = None
     new_group: PromptGroup | None = None
+    group_anchor: int | None = None
     minted: bool = False
     group_uid: str | None = None
     sources: tuple[int, ...] | None = None
@@ -624,13 +626,20 @@ class PostgresBackend:
         conn = connections[DEFAULT_DB_ALIAS]  # once: each `connection.x` is a context-local lookup
         n_sources = None if claim.sources is None else len(claim.sources)
         if claim.new is not None:
-            grouped = claim.new_group is not None
+            grouped = "new" if claim.new_group is not None else "anchored" if claim.group_anchor else None
             shape: tuple = ("new", len(rows), grouped, n_sources if grouped else None, not claim.minted)
-            if grouped:
+            if grouped == "new":
                 params = [  # in the order of the text (_fused_sql)
                     *_values(_getters(PromptGroup), claim.new_group),
                     claim.group_uid,
                     *_values(_getters(Trajectory, skip="group_id"), claim.new),
+                    *(claim.sources or ()),
+                ]
+            elif grouped == "anchored":
+                params = [
+                    *_values(_getters(Trajectory, skip="group_id"), claim.new),
+                    claim.group_uid,
+                    claim.group_anchor,
                     *(claim.sources or ()),
                 ]
             else:
@@ -698,14 +707,21 @@ def _fused_sql(shape: tuple) -> str:
         fields = [f for f, _ in _columns(Trajectory)]
         names = ", ".join(q(str(f.column)) for f in fields)
         absent = " ON CONFLICT (uid) DO NOTHING" if if_absent else ""
-        if grouped:
-            group = q(PromptGroup._meta.db_table)
-            gfields = [f for f, _ in _columns(PromptGroup)]
-            owned = (
-                ""
-                if n_sources is None
-                else f" AND (gg.source_id IS NULL OR gg.source_id IN ({', '.join(['%s'] * n_sources)}))"
+        group = q(PromptGroup._meta.db_table)
+        owned = (
+            ""
+            if n_sources is None
+            else f" AND (gg.source_id IS NULL OR gg.source_id IN ({', '.join(['%s'] * n_sources)}))"
+        )
+        values = ", ".join("gg.id" if f.attname == "group_id" else _placeholder(f) for f in fields)
+        if grouped == "anchored":  # an existing group whose anchor the first step is stored against
+            claim = (
+                f"INSERT INTO {q(Trajectory._meta.db_table)} ({names}) SELECT {values} FROM {group} gg "
+                f"WHERE gg.uid = %s AND gg.anchor_step_id = %s{owned}{absent} "
+                "RETURNING id, policy_version_id, group_id"
             )
+        elif grouped == "new":  # a new group, or one without an anchor yet
+            gfields = [f for f, _ in _columns(PromptGroup)]
             ctes = (
                 f"g AS (INSERT INTO {group} ({', '.join(q(str(f.column)) for f in gfields)}) "
                 f"VALUES ({', '.join(_placeholder(f) for f in gfields)}) ON CONFLICT (uid) DO NOTHING "
@@ -713,7 +729,6 @@ def _fused_sql(shape: tuple) -> str:
                 "gg AS (SELECT id, source_id, anchor_step_id FROM g UNION ALL "
                 f"SELECT id, source_id, anchor_step_id FROM {group} WHERE uid = %s AND NOT EXISTS (SELECT FROM g)), "
             )
-            values = ", ".join("gg.id" if f.attname == "group_id" else _placeholder(f) for f in fields)
             claim = (
                 f"INSERT INTO {q(Trajectory._meta.db_table)} ({names}) SELECT {values} FROM gg "
                 f"WHERE gg.anchor_step_id IS NULL{owned}{absent} RETURNING id, policy_version_id, group_id"
@@ -770,7 +785,7 @@ class OrmBackend:
         try:
             with transaction.atomic():
                 if claim.new is not None:
-                    if claim.new_group is not None:
+                    if claim.new_group is not None or claim.group_anchor is not None:
                         claim.new.group_id = _group_joinable(claim)
                     if not claim.minted and Trajectory.objects.filter(uid=claim.uid).exists():
                         raise _Missed
@@ -802,20 +817,23 @@ class _Missed(Exception):
 
 
 def _group_joinable(claim: FusedClaim) -> int:
-    """OrmBackend: the id of the new trajectory's group, inserted when no row has its uid,
-    else the existing one if it has no anchor and the writer may join it (FusedClaim);
-    _Missed otherwise."""
-    assert claim.new_group is not None
+    """OrmBackend: the id of the new trajectory's group (FusedClaim): ``new_group`` inserted
+    when no row has its uid, else the existing one if its anchor is ``group_anchor`` (None:
+    none yet) and the writer may join it; _Missed otherwise."""
     got = (
         PromptGroup.objects.filter(uid=claim.group_uid)
         .values_list("id", "source_id", "anchor_step_id")
         .first()
     )
     if got is None:
+        if claim.new_group is None:
+            raise _Missed
         claim.new_group.save(force_insert=True)
         return claim.new_group.id
     gid, source_id, anchor = got
-    if anchor is not None or not (claim.sources is None or source_id is None or source_id in claim.sources):
+    if anchor != claim.group_anchor or not (
+        claim.sources is None or source_id is None or source_id in claim.sources
+    ):
         raise _Missed
     return gid
 

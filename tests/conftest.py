@@ -77,6 +77,17 @@ def rolled_back_world(django_db_blocker, build: Callable[[], T]) -> Iterator[T]:
             outer.__exit__(None, None, None)
 
 
+@pytest.fixture(autouse=True)
+def _no_hints_from_earlier_tests():
+    """The proxy's per-process hints (pool/ingest/claim.py) name rows by id, and an earlier
+    test's rows are rolled back (SQLite then hands their ids out again): every test starts
+    without them, as a new process would."""
+    from pool.ingest.claim import anchors, recent
+
+    recent.clear()
+    anchors.clear()
+
+
 @pytest.fixture
 def make_key(db):
     def _make(*scopes: str, name: str | None = None) -> str:

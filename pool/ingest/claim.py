@@ -9,6 +9,15 @@ steps' sequences), so the next call of a trajectory needs neither a lookup of th
 call nor its tokens. A hint is used only when the claim proves it current (its end index is
 still the trajectory's step_count, checked in the same statement); a stale hint, left by
 another process's write, makes the claim miss and the general path run.
+
+A trajectory ``recent`` does not know is taken to be new (``ABSENT``): the fast path creates
+it in the same statement, only if no row has its uid, and with a prompt group creates the
+group too, only if the group is new or has no anchor yet and the writer may join it. An
+existing one makes the statement write nothing and the general path run. ``anchors`` holds
+the groups this process knows to have an anchor (a first step), with the anchor's sequence
+once read: a new rollout's first step is then stored against it in the one statement, which
+checks that it is still the group's anchor; a group whose anchor was not read yet sends the
+rollout to the general path, which reads it.
 """
 
 from __future__ import annotations
@@ -93,24 +102,41 @@ def _tail_tokens(tail: Tail) -> int:
 recent = RecentAppends(max_tokens=16_000_000)
 
 
-class AnchoredGroups:
-    """LRU of the prompt groups known to have an anchor step (module docstring). Thread-safe."""
+@dataclass(slots=True)
+class GroupAnchor:
+    """A prompt group this process knows to have an anchor: its id and, once read, its
+    anchor step (the parent candidate of its rollouts' first steps), else None."""
 
-    def __init__(self, maxsize: int):
-        self._data: LRUCache[str, bool] = LRUCache(maxsize=maxsize)
+    group_id: int
+    anchor: Stored | None
+
+
+class GroupAnchors:
+    """LRU of the groups known to have an anchor (module docstring), bounded by the anchor
+    tokens held (at least 1 an entry). Thread-safe."""
+
+    def __init__(self, max_tokens: int):
+        self._data: LRUCache[str, GroupAnchor] = LRUCache(maxsize=max_tokens, getsizeof=_anchor_tokens)
         self._lock = threading.Lock()
 
-    def __contains__(self, group_uid: str) -> bool:
+    def get(self, group_uid: str) -> GroupAnchor | None:
         with self._lock:
-            return self._data.get(group_uid, False)
+            return self._data.get(group_uid)
 
-    def add(self, group_uid: str) -> None:
+    def put(self, group_uid: str, known: GroupAnchor) -> None:
         with self._lock:
-            self._data[group_uid] = True
+            self._data.pop(group_uid, None)
+            if _anchor_tokens(known) <= self._data.maxsize:
+                self._data[group_uid] = known
 
     def clear(self) -> None:
         with self._lock:
             self._data.clear()
 
 
-anchored = AnchoredGroups(maxsize=100_000)
+def _anchor_tokens(known: GroupAnchor) -> int:
+    return max(1, len(known.anchor.full) if known.anchor is not None else 0)
+
+
+# 4 M tokens = 16 MB of int32: the prompts of thousands of groups in flight.
+anchors = GroupAnchors(max_tokens=4_000_000)

@@ -41,7 +41,7 @@ from ..models import Channel, PolicyVersion, PromptGroup, Step, Trajectory
 from ..sql import TRAJ_COLS, FusedClaim
 from ..tenancy import OWN, Sources, allowed, owns
 from . import rules
-from .claim import ABSENT, Tail, anchored, recent, tail_load
+from .claim import ABSENT, GroupAnchor, Tail, anchors, recent, tail_load
 from .contract import StepIn, default_uid
 from .media import media_link, media_prepare
 from .plan import Candidate, Packed, Planned, Stored, build_rows, choose_parents, pack, step_row
@@ -486,12 +486,14 @@ def _fused_tail(target: AppendTarget, count: int) -> Tail | None:
         if tail is not None:
             return tail
     # New (minted by the door), or unknown here: the statement creates the trajectory, only if
-    # no row has its uid (claim.py). Its first step is stored against its group's anchor by
-    # the general path, so a group known to have one goes there; so do uids that break a
-    # rule (the general path names them).
+    # no row has its uid (claim.py). A group known to have an anchor not read yet goes to the
+    # general path, which stores the first step against it (and remembers it); so do uids
+    # that break a rule (the general path names them).
     group = target.prompt_group_uid
-    if group is not None and group in anchored:
-        return None
+    if group is not None:
+        known = anchors.get(group)
+        if known is not None and known.anchor is None:
+            return None
     try:
         if not target.new:
             rules.check_uid(target.trajectory_uid, "trajectory_uid")
@@ -547,7 +549,11 @@ def _fused_prepare(
 ) -> _Fused:
     """Build, number and plan the steps on ``tail``, and their rows and claim: no query."""
     steps = _number(build(tail), count, target, tail.end, trajectory_version=None)
-    planned = choose_parents(steps, [pack(s) for s in steps], _append_candidates(tail, len(steps), []))
+    # A new rollout of a group whose anchor is known: its first step is a candidate child of it.
+    known = anchors.get(target.prompt_group_uid) if tail is ABSENT and target.prompt_group_uid else None
+    anchor = known.anchor if known is not None else None
+    candidates = _append_candidates(tail, len(steps), [anchor] if anchor is not None else [])
+    planned = choose_parents(steps, [pack(s) for s in steps], candidates)
     now = timezone.now()
     rows = []
     for p in planned:
@@ -561,13 +567,14 @@ def _fused_prepare(
             uid=target.trajectory_uid, channel=target.channel, policy_version=target.policy_version
         )
         new = _trajectory_row(spec, None, source_id, n=count)  # its group: the statement's
-        if target.prompt_group_uid is not None:  # inserted by the statement if new
+        if target.prompt_group_uid is not None and anchor is None:  # inserted by the statement if new
             new_group = _group_row(target.prompt_group_uid, source_id, mine)
     claim = FusedClaim(
         uid=target.trajectory_uid,
         expected=tail.end,
         new=new,
         new_group=new_group,
+        group_anchor=anchor.id if anchor is not None else None,
         minted=target.new,
         group_uid=target.prompt_group_uid,
         sources=None if mine is None else tuple(sorted(mine)),
@@ -598,8 +605,9 @@ def _fused_written(fused: _Fused, got: sql.Appended) -> list[StepIn]:
         )
     )
     _remember(target.trajectory_uid, fused.tail.end, rows, fused.planned)
-    if created and target.prompt_group_uid is not None:
-        _remember_anchor(target.prompt_group_uid)  # its step 0 anchors the group (effects.group_anchors)
+    if created and group_id is not None and fused.claim.group_anchor is None:
+        # its step 0 anchors the group (effects.group_anchors), or another rollout's did first
+        _remember_anchor(target.prompt_group_uid, GroupAnchor(group_id, None))
     return steps
 
 
@@ -643,18 +651,20 @@ def _append_general(
         start = traj.step_count - n
         tail = recent.get(target.trajectory_uid, start) or tail_load(traj.id, traj.tail_index, start)
         steps = _number(build(tail), n, target, start, trajectory_version=traj.policy_version_id)
-        anchors: list[Stored] = []
+        group_anchors: list[Stored] = []
         if start == 0 and traj.group_id is not None:
-            if target.prompt_group_uid is not None:
-                _remember_anchor(target.prompt_group_uid)  # this step or an earlier one anchors it
             anchor = groups[target.prompt_group_uid].anchor_step_id if target.prompt_group_uid else None
             if anchor is None:
                 anchor = PromptGroup.objects.filter(id=traj.group_id).values_list(
                     "anchor_step_id", flat=True
                 )[0]
             if anchor is not None:
-                anchors = list(_load_stored({anchor}, {}).values())
-        planned = choose_parents(steps, [pack(s) for s in steps], _append_candidates(tail, n, anchors))
+                group_anchors = list(_load_stored({anchor}, {}).values())
+            if target.prompt_group_uid is not None:  # this step anchors it, or the one read does
+                _remember_anchor(
+                    target.prompt_group_uid, GroupAnchor(traj.group_id, next(iter(group_anchors), None))
+                )
+        planned = choose_parents(steps, [pack(s) for s in steps], _append_candidates(tail, n, group_anchors))
         try:
             with transaction.atomic():
                 rows = build_rows(
@@ -710,9 +720,9 @@ def _number(
     return steps
 
 
-def _remember_anchor(group_uid: str) -> None:
-    """After commit: the group has an anchor (claim.anchored)."""
-    transaction.on_commit(lambda: anchored.add(group_uid))
+def _remember_anchor(group_uid: str, known: GroupAnchor) -> None:
+    """After commit: the group has an anchor, ``known.anchor`` if read (claim.anchors)."""
+    transaction.on_commit(lambda: anchors.put(group_uid, known))
 
 
 def _remember(trajectory_uid: str, start: int, rows: list[Step], planned: list[Planned]) -> None:

@@ -22,6 +22,7 @@ import itertools
 import json
 from typing import Any
 
+import numpy as np
 import pytest
 from asgiref.sync import sync_to_async
 from django.db import connection, transaction
@@ -100,6 +101,13 @@ def scenario(name: str) -> list[Rollout]:
             rollout("a", group="g", prompt=prompt, turns=3, reward=1.0, versions=v, seed=1),
             rollout("b", group="g", prompt=prompt, turns=3, reward=0.0, versions=v, seed=2),
         ]
+    if name == "group_of_3":  # three rollouts of one prompt, no policy version: the proxy
+        # creates the group with the first rollout's call, reads the anchor with the second's and
+        # stores the third's first step against it in the fast path's statement
+        return [
+            rollout(r, group="g", prompt=prompt, turns=2, reward=float(i), versions=None, seed=10 + i)
+            for i, r in enumerate("abc")
+        ]
     if name == "solo":  # no group, no policy version: the proxy's fast path from the first call
         return [rollout("s", group=None, prompt=prompt, turns=3, reward=0.5, versions=None, seed=3)]
     if name == "choices":  # n = 2, then n = 3, each next turn continuing the first choice
@@ -115,7 +123,7 @@ def scenario(name: str) -> list[Rollout]:
     raise AssertionError(name)
 
 
-SCENARIOS = ("group", "solo", "choices", "policy_bump", "long_chain")
+SCENARIOS = ("group", "group_of_3", "solo", "choices", "policy_bump", "long_chain")
 CASES = [pytest.param(s, d, id=f"{s}-{d}") for s in SCENARIOS for d in DOORS]
 
 
@@ -716,6 +724,57 @@ def test_a_named_trajectorys_first_call_is_the_fast_paths_statement(door_of, gro
         g = PromptGroup.objects.get(uid=door.uid("g"))
         assert (traj.group_id, g.anchor_step_id) == (g.id, Step.objects.get(trajectory=traj, step_index=0).id)
         assert g.source_id == door.source_id  # the writer's source's, as groups_ensure makes it
+
+
+def test_a_groups_next_rollouts_are_stored_against_its_anchor_in_the_fast_paths_statement(door_of):
+    # given: a group of three rollouts (no policy version), the first two recorded: the first
+    # created the group, the second's first call read its anchor
+    a, b, c = scenario("group_of_3")
+    door = door_of("proxy_named")
+    live.source_name(door.source_id)
+    door.write_turns(a, [0], end=False)
+    door.write_turns(b, [0], end=False)
+
+    # when: the third rollout's first call is recorded
+    with sql_statements() as statements:
+        door.call(c, 0)
+
+    # then: one statement stored it against the anchor (then the effect that anchors a group's
+    # first step checked, writing nothing); SQLite: the group and trajectory lookups, the two
+    # INSERTs, the anchor's check
+    assert len(statements) == {"sqlite": 5, "postgresql": 2}[connection.vendor], statements
+    steps = {s.trajectory.uid: s for s in Step.objects.filter(step_index=0).select_related("trajectory")}
+    a0, c0 = steps[door.uid("a")], steps[door.uid("c")]
+    assert PromptGroup.objects.get(uid=door.uid("g")).anchor_step_id == a0.id
+    assert (c0.seq_parent_id, c0.seq_shared, c0.seq_depth) == (a0.id, len(c.turns[0].prompt), 1)
+    assert stored_ids(door, c)[0] == c.turns[0].prompt + c.turns[0].choices[0].response
+
+
+def test_a_stale_anchor_hint_is_not_trusted(door_of):
+    # given: a group whose first rollout is stored, and a process that wrongly remembers
+    # another step (of other ids) as its anchor
+    from pool.ingest.claim import GroupAnchor, anchors
+    from pool.ingest.plan import Stored
+
+    a, b, _ = scenario("group_of_3")
+    door = door_of("proxy_named")
+    door.write_turns(a, [0], end=False)
+    [decoy] = scenario("solo")
+    door.write_turns(decoy, [0], end=False)
+    group = PromptGroup.objects.get(uid=door.uid("g"))
+    wrong = Step.objects.get(trajectory__uid=door.uid("s"), step_index=0)
+    anchors.put(
+        door.uid("g"),
+        GroupAnchor(group.id, Stored(wrong.id, 0, np.asarray(decoy.turns[0].prompt, dtype=np.int32))),
+    )
+
+    # when: the next rollout's first call is recorded
+    door.call(b, 0)
+
+    # then: it is stored against the group's real anchor, and reads back exactly
+    b0 = Step.objects.get(trajectory__uid=door.uid("b"), step_index=0)
+    assert (b0.seq_parent_id, b0.seq_shared) == (group.anchor_step_id, len(b.turns[0].prompt))
+    assert stored_ids(door, b)[0] == b.turns[0].prompt + b.turns[0].choices[0].response
 
 
 def test_a_registered_trajectorys_first_call_claims_index_0_in_the_fast_paths_statement(door_of):
