@@ -1,14 +1,17 @@
 """bench.load: many black-box agents at once through the gateway, for a fixed time.
 
     python -m bench.load [--agents 64] [--seconds 60] [--latency-ms 50] [--turns 4] [--workers 1]
+        [--group-size 1]
 
-Workload (issue [8/9]): 64 concurrent black-box agents, each one the official ``openai``
-SDK (AsyncOpenAI), run multi-turn conversations (``--turns`` calls per trajectory, each call
+Workload (issue [8/9]): 64 concurrent black-box agents, each one the official ``openai`` SDK
+(AsyncOpenAI), run multi-turn conversations (``--turns`` calls per trajectory, each call
 with the whole history, every other agent streaming) through the gateway's scoped URL
-``/t/<trajectory>/<group>/v1`` against the demo upstream (claw_site/demo/upstream.py) with
-``--latency-ms`` added to every upstream request. The gateway is ``manage.py serve`` with
-``--workers`` uvicorn processes on the database named by DATABASE_URL (a fresh PostgreSQL
-database, created and migrated for the run) or SQLite.
+``/t/<trajectory>/<group>/v1`` (a group of its own per conversation; ``--group-size`` k: the
+agents of each block of k roll out one prompt into one group, as GRPO does) against the demo
+upstream (claw_site/demo/upstream.py) with ``--latency-ms`` added to every upstream request.
+The gateway is ``manage.py serve`` with ``--workers`` uvicorn processes on the database
+named by DATABASE_URL (a fresh PostgreSQL database, created and migrated for the run) or
+SQLite.
 
 It prints requests/s, latency p50/p99 (as an agent sees it: to the last byte), the number
 of 5xx answers and of other failures, and the steps stored against the successful
@@ -51,7 +54,9 @@ class Tally:
             self.first_error = f"{type(exc).__name__}: {exc}"[:300]
 
 
-async def agent(i: int, base: str, key: str, turns: int, until: float, tally: Tally, scoped: bool) -> None:
+async def agent(
+    i: int, base: str, key: str, turns: int, until: float, tally: Tally, scoped: bool, group_size: int = 1
+) -> None:
     """One black-box agent: conversations of ``turns`` calls until the deadline."""
     rng = random.Random(i)
     stream = i % 2 == 1
@@ -60,14 +65,19 @@ async def agent(i: int, base: str, key: str, turns: int, until: float, tally: Ta
     try:
         while time.monotonic() < until:
             uid = f"load-a{i}-c{n}"
+            # GRPO (``--group-size`` k): agents i // k roll out the same prompt into one group
+            block = i // group_size
+            prompt_rng = rng if group_size == 1 else random.Random(block * 1_000_003 + n)
+            group = f"g-{uid}" if group_size == 1 else f"g-load-b{block}-c{n}"
             n += 1
-            url = f"{base}/t/{uid}/g-{uid}/v1" if scoped else f"{base}/v1"
+            url = f"{base}/t/{uid}/{group}/v1" if scoped else f"{base}/v1"
             client = openai.AsyncOpenAI(base_url=url, api_key=key, http_client=http, max_retries=0)
             messages = [
                 {"role": "system", "content": "You are a careful agent. " * 20},
                 {
                     "role": "user",
-                    "content": f"task {i}-{n}: " + " ".join(str(rng.randrange(10**6)) for _ in range(40)),
+                    "content": f"task {i if group_size == 1 else block}-{n}: "
+                    + " ".join(str(prompt_rng.randrange(10**6)) for _ in range(40)),
                 },
             ]
             for _t in range(turns):
@@ -106,7 +116,9 @@ async def run(base: str, key: str, args: argparse.Namespace, scoped: bool) -> tu
     tally = Tally()
     t0 = time.monotonic()
     until = t0 + args.seconds
-    await asyncio.gather(*(agent(i, base, key, args.turns, until, tally, scoped) for i in range(args.agents)))
+    await asyncio.gather(
+        *(agent(i, base, key, args.turns, until, tally, scoped, args.group_size) for i in range(args.agents))
+    )
     return tally, time.monotonic() - t0
 
 
@@ -118,6 +130,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--baseline-seconds", type=float, default=10.0)
+    p.add_argument(
+        "--group-size",
+        type=int,
+        default=1,
+        help="GRPO: this many agents roll out each prompt into one prompt group (default 1: a group per conversation)",
+    )
     args = p.parse_args(argv)
     install_uvloop()
     upstream_url, upstream = start_upstream(args.latency_ms)
@@ -150,6 +168,7 @@ def main(argv: list[str] | None = None) -> None:
             "workload": (
                 f"{args.agents} concurrent openai-SDK agents (half streaming), {args.turns}-turn conversations "
                 f"through /t/<traj>/<group>/v1, demo upstream +{args.latency_ms:g} ms, {args.seconds:g} s"
+                + (f", {args.group_size} rollouts of each prompt in one group" if args.group_size > 1 else "")
             ),
             "db": db,
             "workers": args.workers,
