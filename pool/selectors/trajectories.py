@@ -8,6 +8,7 @@ from typing import Any
 
 from django.db.models import Q, QuerySet
 
+from .. import compiled
 from ..models import PromptGroup, Trajectory
 from ..tenancy import Sources
 from ..tenancy import q as of_sources
@@ -90,9 +91,19 @@ def write_target_owners(*, trajectory_uid: str | None, prompt_group_uid: str | N
     served by the unique indexes on ``uid``."""
     out: dict[str, int | None] = {}
     if trajectory_uid is not None:
-        for source_id in Trajectory.objects.filter(uid=trajectory_uid).values_list("source_id", flat=True):
+        for (source_id,) in compiled.read(_trajectory_owner, uid=trajectory_uid):
             out["trajectory"] = source_id
     if prompt_group_uid is not None:
-        for source_id in PromptGroup.objects.filter(uid=prompt_group_uid).values_list("source_id", flat=True):
+        for (source_id,) in compiled.read(_group_owner, uid=prompt_group_uid):
             out["prompt group"] = source_id
     return out
+
+
+# The builds of write_target_owners' reads (pool/compiled.py: the first call of every named
+# trajectory makes them, and the ORM's compile was most of their cost).
+def _trajectory_owner(*, uid: str):
+    return Trajectory.objects.filter(uid=uid).values_list("source_id")
+
+
+def _group_owner(*, uid: str):
+    return PromptGroup.objects.filter(uid=uid).values_list("source_id")
