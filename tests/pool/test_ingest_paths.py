@@ -665,19 +665,25 @@ def test_a_proxied_call_on_the_fast_path_is_one_statement_on_postgresql(door_of)
     # given: a trajectory the gateway mints (no group, no policy version)
     [s] = scenario("solo")
     door = door_of("proxy_fast")
-    # and a warm process: the live events name the source, read once per process
-    live.source_name(door.source_id)
-    seen = []
 
-    # when: its first call, then two more, are recorded
-    for k in range(3):
-        with sql_statements() as statements:
-            door.call(s, k)
-        seen.append(statements)
+    # when: its first call, then two more, are recorded (in a warm process)
+    seen = _statements_of_calls(door, s, 3)
 
     # then: every call costs the fast path's statements
     counts = [len(statements) for statements in seen]
     assert counts == [FAST_CALL[connection.vendor]] * 3, seen
+
+
+def _statements_of_calls(door: ProxyDoor, r: Rollout, n: int) -> list[list[str]]:
+    """The statements of each of the first ``n`` calls of ``r``, recorded by a warm process
+    (the live events name the source, read once per process)."""
+    live.source_name(door.source_id)
+    seen = []
+    for k in range(n):
+        with sql_statements() as statements:
+            door.call(r, k)
+        seen.append(statements)
+    return seen
 
 
 # Statements per first call of a trajectory the agent named, in a group new to the pool
@@ -696,14 +702,9 @@ def test_a_named_trajectorys_first_call_is_the_fast_paths_statement(door_of, gro
         "a", group="g" if group else None, prompt=group_prompt(), turns=3, reward=1.0, versions=None, seed=1
     )
     door = door_of("proxy_named")
-    live.source_name(door.source_id)  # a warm process (the live events name the source once)
 
     # when: its first call, then two more, are recorded
-    seen = []
-    for k in range(3):
-        with sql_statements() as statements:
-            door.call(a, k)
-        seen.append(statements)
+    seen = _statements_of_calls(door, a, 3)
 
     # then: the first creates the group (if any), the trajectory and the step in the fast
     # path's one statement (and anchors the group), and the next ones are the fast path's
