@@ -87,8 +87,10 @@ def trajectory_register(
     )
     row = trajectory_ensure(specs=[spec], source_id=source_id, sources=sources)[uid]
     traj = Trajectory.objects.select_for_update().get(id=row.id)
-    if traj.step_count == 0:
+    if traj.step_count == 0 and traj.group_id is None:
         # Its first proxied call claims index 0 in the fast path's one statement (claim.py).
+        # Not in a group: a first step is stored against the group's anchor, which another
+        # rollout may set meanwhile; the general path reads it.
         transaction.on_commit(lambda: recent.put(uid, Tail(end=0, steps=[])))
     if row.created:
         return traj

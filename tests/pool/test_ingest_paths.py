@@ -18,6 +18,7 @@ Django's query log misses what goes over the raw psycopg connection (COPY, the p
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from typing import Any
@@ -778,27 +779,35 @@ def test_a_stale_anchor_hint_is_not_trusted(door_of):
     assert stored_ids(door, b)[0] == b.turns[0].prompt + b.turns[0].choices[0].response
 
 
-def test_a_registered_trajectorys_first_call_claims_index_0_in_the_fast_paths_statement(door_of):
-    # given: a trajectory registered through Claw-R1 (register_trajectory) in a group, no step yet
-    a = rollout("a", group="g", prompt=group_prompt(), turns=2, reward=1.0, versions=None, seed=1)
+@pytest.mark.parametrize("group", [False, True], ids=["no group", "in a group"])
+def test_a_registered_trajectorys_first_call_claims_index_0_in_the_fast_paths_statement(door_of, group):
+    # given: a group with its anchor (another rollout's first step), and a trajectory
+    # registered through Claw-R1 (register_trajectory), in that group or in none, no step yet
+    a, b, _ = scenario("group_of_3")
     door = door_of("proxy_named")
-    live.source_name(door.source_id)
+    door.write_turns(a, [0], end=False)
+    r = b if group else dataclasses.replace(b, group=None)
     with door.capture(execute=True):
         resp = _gateway_post(
-            f"/compat/claw-r1/{door.uid('a')}/{door.group_uid(a)}/v1/register_trajectory", door.key, {}
+            f"/compat/claw-r1/{door.uid('b')}/{door.group_uid(r) or '-'}/v1/register_trajectory", door.key, {}
         )
     assert resp.status_code == 200, resp.content
 
     # when: its first call is recorded
-    with sql_statements() as statements:
-        door.call(a, 0)
+    [statements] = _statements_of_calls(door, r, 1)
 
-    # then: the fast path's statement claimed index 0 (then the step anchored the group)
-    assert len(statements) == FAST_CALL[connection.vendor] + 1, statements
-    traj = Trajectory.objects.get(uid=door.uid("a"))
-    step = Step.objects.get(trajectory=traj)
-    assert (traj.step_count, step.step_index, traj.group.uid) == (1, 0, door.uid("g"))
-    assert traj.group.anchor_step_id == step.id
+    # then: without a group, the fast path's statement claimed index 0; in the group, the
+    # general path stored its first step against the group's anchor, as every door does
+    b0 = Step.objects.get(trajectory__uid=door.uid("b"))
+    assert b0.step_index == 0 and b0.trajectory.step_count == 1
+    if group:
+        assert len(statements) > FAST_CALL[connection.vendor] + 1, statements
+        anchor = PromptGroup.objects.get(uid=door.uid("g")).anchor_step_id
+        assert (b0.seq_parent_id, b0.seq_shared) == (anchor, len(b.turns[0].prompt))
+    else:
+        assert len(statements) == FAST_CALL[connection.vendor], statements
+        assert b0.trajectory.group_id is None
+    assert stored_ids(door, r)[0] == b.turns[0].prompt + b.turns[0].choices[0].response
 
 
 # Statements per proxied call on the general path (observed, SQLite / PostgreSQL):
