@@ -10,11 +10,12 @@ the group commit's rows against every other door's are tests/pool/test_ingest_pa
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import numpy as np
 import pytest
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 
 from pool import tokens
 from pool.errors import PoolError
@@ -29,6 +30,7 @@ from pool.ingest.pipeline import (
     steps_append_group,
 )
 from pool.models import PromptGroup, Source, Step, Trajectory
+from tests.concurrency import lock_waiters, started, wait_for
 from tests.pool.statements import sql_statements
 
 pytestmark = pytest.mark.django_db
@@ -252,3 +254,41 @@ def test_a_named_first_call_that_cannot_be_created_writes_nothing_not_even_its_g
         Step.objects.count(),
     )
     assert after == before
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_named_first_call_into_a_group_another_writer_is_creating_joins_it_once_committed():
+    if connection.vendor != "postgresql":
+        pytest.skip("concurrent writers need PostgreSQL (SQLite serialises them)")
+    # given: a writer that has inserted group G and not committed yet
+    source = Source.objects.create(name=f"race-{uuid.uuid4().hex[:8]}")
+    uid, group = f"t-{uuid.uuid4().hex}", f"g-{uuid.uuid4().hex}"
+    inserted, errors = threading.Event(), []
+
+    def creator() -> None:
+        with transaction.atomic():
+            groups_ensure({group}, source_id=source.id, sources=frozenset({source.id}))
+            inserted.set()
+            wait_for(lambda: lock_waiters() > 0, "the call to wait on the uncommitted group")
+
+    def call() -> None:
+        assert inserted.wait(timeout=30)
+        # when: a call names G for a new trajectory (its statement's insert of G waits, then
+        # finds G taken and, G not in its snapshot, writes nothing: the general path joins G)
+        steps_append(
+            target=AppendTarget(trajectory_uid=uid, prompt_group_uid=group),
+            count=1,
+            build=lambda t: [_step([1, 2, 3], [4, 5])],
+            source_id=source.id,
+        )
+
+    for t in [started(creator, errors), started(call, errors)]:
+        t.join(timeout=60)
+
+    # then: no error, one group G (the creator's), the trajectory in it, its step as sent
+    assert errors == []
+    assert list(PromptGroup.objects.filter(uid=group).values_list("source_id", flat=True)) == [source.id]
+    traj = Trajectory.objects.select_related("group").get(uid=uid)
+    assert (traj.group.uid, traj.step_count, traj.source_id) == (group, 1, source.id)
+    assert _stored(uid) == [(0, *_sent([1, 2, 3], [4, 5]))]
+    assert traj.group.anchor_step_id == Step.objects.get(trajectory=traj).id
