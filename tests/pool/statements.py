@@ -40,10 +40,15 @@ def sql_statements() -> Iterator[list[str]]:
         import psycopg
 
         originals = {name: psycopg.Cursor.__dict__[name] for name in ("execute", "executemany", "copy")}
+        # The methods are patched on the class, for every thread: only this connection's
+        # statements are the block's (the live flusher's thread reads group uids on its own
+        # connection whenever its tick comes, which made counts depend on timing).
+        raw = connection.connection
 
         def counted(original):
             def method(self, query, *args, **kwargs):
-                record(query)
+                if self.connection is raw:
+                    record(query)
                 return original(self, query, *args, **kwargs)
 
             return method
