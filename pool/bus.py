@@ -69,6 +69,9 @@ class WrittenTrajectory(NamedTuple):
     group_id: int | None
     created: bool  # inserted by this write
     ended: bool  # not running when the write began (late steps of an ended trajectory)
+    # its group has an anchor, read or checked by this write (its first step was stored
+    # against it): the anchoring effect has nothing to do (effects.group_anchors)
+    anchored: bool = False
 
 
 @dataclass(slots=True, frozen=True)

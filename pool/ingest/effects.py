@@ -28,12 +28,13 @@ def trajectory_counters(written: StepsWritten) -> None:
 
 def group_anchors(written: StepsWritten) -> None:
     """The first step 0 of a group becomes its anchor: the parent candidate of the other
-    rollouts' first steps, which share the group prompt."""
+    rollouts' first steps, which share the group prompt. No statement for a group the write
+    found anchored (a GRPO rollout's first step stored against the anchor)."""
     first: dict[int, int] = {}
     for s in written.steps:
         if s.step_index == 0:
-            gid = written.trajectories[s.trajectory_id].group_id
-            if gid is not None:
-                first.setdefault(gid, s.id)
+            t = written.trajectories[s.trajectory_id]
+            if t.group_id is not None and not t.anchored:
+                first.setdefault(t.group_id, s.id)
     for gid, sid in first.items():
         PromptGroup.objects.filter(id=gid, anchor_step__isnull=True).update(anchor_step_id=sid)

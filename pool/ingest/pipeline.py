@@ -593,7 +593,11 @@ def _fused_written(fused: _Fused, got: sql.Appended) -> list[StepIn]:
         if row.policy_version_id is None:  # stamped by the statement: the trajectory's
             row.policy_version_id = s.policy_version = got.policy_version_id
     created = fused.claim.new is not None
-    written = WrittenTrajectory(traj_id, target.trajectory_uid, group_id, created, ended=False)
+    # the anchored statement checked the group's anchor (sql._fused_sql): nothing to anchor
+    anchored = fused.claim.group_anchor is not None
+    written = WrittenTrajectory(
+        traj_id, target.trajectory_uid, group_id, created, ended=False, anchored=anchored
+    )
     bus.apply(
         _written(
             rows,
@@ -682,7 +686,7 @@ def _append_general(
         bus.apply(
             _written(
                 rows,
-                [_trajectory_written(traj)],
+                [_trajectory_written(traj, anchored=bool(group_anchors))],
                 source_id=source_id,
                 tails={traj.id: start},
                 channel=target.channel,
@@ -955,5 +959,7 @@ def _written(
     )
 
 
-def _trajectory_written(t: TrajectoryRow) -> WrittenTrajectory:
-    return WrittenTrajectory(t.id, t.uid, t.group_id, t.created, ended=t.status != Trajectory.Status.RUNNING)
+def _trajectory_written(t: TrajectoryRow, *, anchored: bool = False) -> WrittenTrajectory:
+    return WrittenTrajectory(
+        t.id, t.uid, t.group_id, t.created, ended=t.status != Trajectory.Status.RUNNING, anchored=anchored
+    )

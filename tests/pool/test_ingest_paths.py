@@ -735,16 +735,21 @@ def test_a_groups_next_rollouts_are_stored_against_its_anchor_in_the_fast_paths_
     door = door_of("proxy_named")
     live.source_name(door.source_id)
     door.write_turns(a, [0], end=False)
-    door.write_turns(b, [0], end=False)
+    with sql_statements() as second:
+        door.write_turns(b, [0], end=False)
+    # (the second found the anchor set, so it did not try to set it)
+    assert not [q for q in second if q.lstrip().upper().startswith("UPDATE") and "anchor_step_id" in q], (
+        second
+    )
 
     # when: the third rollout's first call is recorded
     with sql_statements() as statements:
         door.call(c, 0)
 
-    # then: one statement stored it against the anchor (then the effect that anchors a group's
-    # first step checked, writing nothing); SQLite: the group and trajectory lookups, the two
-    # INSERTs, the anchor's check
-    assert len(statements) == {"sqlite": 5, "postgresql": 2}[connection.vendor], statements
+    # then: one statement stored it against the anchor, which it checked (so the effect that
+    # anchors a group's first step has nothing to do); SQLite: the group and trajectory
+    # lookups, the two INSERTs
+    assert len(statements) == {"sqlite": 4, "postgresql": 1}[connection.vendor], statements
     steps = {s.trajectory.uid: s for s in Step.objects.filter(step_index=0).select_related("trajectory")}
     a0, c0 = steps[door.uid("a")], steps[door.uid("c")]
     assert PromptGroup.objects.get(uid=door.uid("g")).anchor_step_id == a0.id
