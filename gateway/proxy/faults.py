@@ -22,6 +22,7 @@ from pool.errors import PoolError
 from pool.services.api_keys import VerifiedKey
 from pool.services.service_events import gateway_event_record
 
+from . import owners
 from .db import GroupWriter, run_db
 from .recording import Identity, Outcome, RecordJob, groupable, record_answer, record_group
 
@@ -55,21 +56,21 @@ async def record(
     committed with the calls that wait beside it (the group writer, db.py); any other, or
     one the group could not take, alone on the pool."""
     try:
+        outcome = None
         if settings.CLAW_PROXY_GROUP_COMMIT and groupable(endpoint, ident, body, answer):
             job = RecordJob(endpoint, ident, body, answer, key.source_id, key.write_sources, extra)
             outcome = await _writer.submit(job)
-            if outcome is not None:
-                return outcome
-        return await run_db(
-            record_answer,
-            endpoint=endpoint,
-            ident=ident,
-            request=body,
-            answer=answer,
-            source_id=key.source_id,
-            sources=key.write_sources,
-            extra=extra,
-        )
+        if outcome is None:
+            outcome = await run_db(
+                record_answer,
+                endpoint=endpoint,
+                ident=ident,
+                request=body,
+                answer=answer,
+                source_id=key.source_id,
+                sources=key.write_sources,
+                extra=extra,
+            )
     except PoolError as e:
         await fault_event(
             e.status_code, "record_rejected", e.message, endpoint, ident, key, event_type="record_failed"
@@ -83,6 +84,9 @@ async def record(
         raise HttpError(
             503, "the call could not be recorded (database error); retry", code="record_failed"
         ) from None
+    if outcome.steps:  # committed into its trajectory: its owner is known (owners.recorded)
+        owners.recorded(ident, key)
+    return outcome
 
 
 async def upstream_fault(

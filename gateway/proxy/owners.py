@@ -22,7 +22,9 @@ already streamed then ends with the door's ``record_failed`` error event).
 A row's owner never changes, so the owners of rows found are remembered per process
 (bounded): a call into a trajectory the process has seen costs no database round trip. A
 remembered owner only ever lets a call through; a refusal is read from the database afresh,
-and a uid not found is not remembered (another source may create it at any moment).
+and a uid not found is not remembered (another source may create it at any moment). A
+trajectory's owner is also remembered once a call has written into it (:func:`recorded`), so
+a named trajectory's first call, which found no row, is the only one that reads.
 """
 
 from __future__ import annotations
@@ -76,6 +78,20 @@ async def refuse_foreign(ident: Identity, key: VerifiedKey) -> None:
     for kind in ("trajectory", "prompt group"):
         if kind in found and not _may_write(kind, found[kind], ident, sources):
             raise UidTaken(kind, unknown[kind], field=_FIELDS[kind])
+
+
+def recorded(ident: Identity, key: VerifiedKey) -> None:
+    """After ``key``'s call committed steps into ``ident``'s trajectory: with one write source,
+    that source owns the trajectory (a restricted writer writes only into its own sources'
+    trajectories, which the statement that claimed the row checked: pool/tenancy.py), so it
+    is remembered and the trajectory's next call reads nothing. A minted trajectory is never
+    checked, and a key with several sources does not tell which one owns it."""
+    sources = key.write_sources
+    if ident.new or sources is None or len(sources) != 1:
+        return
+    (owner,) = sources
+    with _lock:
+        _known[("trajectory", ident.trajectory_uid)] = owner
 
 
 def _may_write(kind: str, owner: int | None, ident: Identity, sources: frozenset[int]) -> bool:
