@@ -77,6 +77,26 @@ def rolled_back_world(django_db_blocker, build: Callable[[], T]) -> Iterator[T]:
             outer.__exit__(None, None, None)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _test_database_released(django_db_setup, django_db_blocker):
+    """At the end of the session, before the test database is dropped (this fixture's
+    teardown runs before django_db_setup's): on PostgreSQL, the sessions this process's
+    long-lived threads still hold on it are ended. The gateway's database threads and its
+    writer (gateway/proxy/db.py) keep their connections for the life of the process, and the
+    live flusher's read returns its connection to the pool; DROP DATABASE refused while they
+    were open ("being accessed by other users") and left the database behind."""
+    yield
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return
+    with django_db_blocker.unblock(), connection.cursor() as cur:
+        cur.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+
+
 @pytest.fixture(autouse=True)
 def _no_hints_from_earlier_tests():
     """The proxy's per-process hints (pool/ingest/claim.py) name rows by id, and an earlier
