@@ -1024,9 +1024,10 @@ def _copy_insert(model: type[models.Model], rows: Sequence[models.Model]) -> Non
     except psycopg.errors.IntegrityError as exc:
         # Raw psycopg errors bypass Django's wrapper; callers (and their retries) expect this.
         raise IntegrityError(str(exc)) from exc
+    alias = connection.alias  # (a thread-local lookup: once, not per row)
     for obj in rows:
         obj._state.adding = False
-        obj._state.db = connection.alias
+        obj._state.db = alias
 
 
 @dataclass(frozen=True, slots=True)
