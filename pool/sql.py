@@ -626,7 +626,13 @@ class PostgresBackend:
         conn = connections[DEFAULT_DB_ALIAS]  # once: each `connection.x` is a context-local lookup
         n_sources = None if claim.sources is None else len(claim.sources)
         if claim.new is not None:
-            grouped = "new" if claim.new_group is not None else "anchored" if claim.group_anchor else None
+            grouped = (
+                "new"
+                if claim.new_group is not None
+                else "anchored"
+                if claim.group_anchor is not None
+                else None
+            )
             shape: tuple = ("new", len(rows), grouped, n_sources if grouped else None, not claim.minted)
             if grouped == "new":
                 params = [  # in the order of the text (_fused_sql)
