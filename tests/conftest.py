@@ -77,14 +77,15 @@ def rolled_back_world(django_db_blocker, build: Callable[[], T]) -> Iterator[T]:
             outer.__exit__(None, None, None)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _test_database_released(django_db_setup, django_db_blocker):
-    """At the end of the session, before the test database is dropped (this fixture's
-    teardown runs before django_db_setup's): on PostgreSQL, the sessions this process's
-    long-lived threads still hold on it are ended. The gateway's database threads and its
-    writer (gateway/proxy/db.py) keep their connections for the life of the process, and the
-    live flusher's read returns its connection to the pool; DROP DATABASE refused while they
-    were open ("being accessed by other users") and left the database behind."""
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """pytest-django's test database (set up only when a test needs it), and at the end of the
+    session, before it is dropped (this wrapper's teardown runs first): on PostgreSQL, the
+    sessions this process's long-lived threads still hold on it are ended. The gateway's
+    database threads and its writer (gateway/proxy/db.py) keep their connections for the
+    life of the process, and the live flusher's read returns its connection to the pool;
+    DROP DATABASE refused while they were open ("being accessed by other users") and left
+    the database behind."""
     yield
     from django.db import connection
 
