@@ -17,7 +17,11 @@ from tests.live import ROOT
 pytestmark = pytest.mark.live
 
 
-def test_a_short_load_run_has_no_5xx_and_loses_no_step():
+# group size 1: each conversation its own group; 4: GRPO's shape, the agents of each block of
+# 4 roll out one prompt into one group, so their first calls race to create the group and
+# join it, and later rollouts are stored against its anchor (in two processes on PostgreSQL)
+@pytest.mark.parametrize("group_size", ["1", "4"])
+def test_a_short_load_run_has_no_5xx_and_loses_no_step(group_size):
     workers = "2" if os.environ.get("DATABASE_URL") else "1"
     proc = subprocess.run(
         [
@@ -32,6 +36,8 @@ def test_a_short_load_run_has_no_5xx_and_loses_no_step():
             "1",
             "--workers",
             workers,
+            "--group-size",
+            group_size,
         ],
         cwd=ROOT,
         capture_output=True,
