@@ -12,7 +12,11 @@ when it is unset.
 
 Measured in one run, alternating direct and gateway blocks so drift in the machine's load
 hits both alike:
-* concurrency 1: latency p50/p99 of each, after a warm-up; added = gateway - direct;
+* concurrency 1: latency p50/p99 of each, after a warm-up; added = gateway - direct; and
+  the gateway's own account of its calls, the p50 of each metric of its answers'
+  ``Server-Timing`` (``c1_server_upstream_p50_ms``, ``c1_server_record_p50_ms``,
+  ``c1_server_total_p50_ms``, and ``c1_server_own_p50_ms``, total less upstream per call):
+  what the added latency is made of;
 * concurrency 32: throughput (requests/s) over a fixed duration;
 * the baseline: a bare relay (``relay_app`` below: raw ASGI under the same uvicorn, the
   body sent upstream as is through the gateway's transport, the answer returned as is; no
@@ -147,6 +151,7 @@ class RawClient:
         self.host, self.port = host, port
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        self.timing: bytes = b""  # the last answer's Server-Timing header (the gateway's)
 
     async def post(self, path: str, body: bytes, headers: bytes) -> tuple[int, bytes]:
         if self.writer is None:
@@ -167,10 +172,14 @@ class RawClient:
         head = await self.reader.readuntil(b"\r\n\r\n")
         status = int(head[9:12])
         length = None
+        self.timing = b""
         for line in head.split(b"\r\n")[1:]:
             name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
+            name = name.strip().lower()
+            if name == b"content-length":
                 length = int(value)
+            elif name == b"server-timing":
+                self.timing = value.strip()
         if length is None:
             raise RuntimeError(f"response without content-length: {head[:200]!r}")
         return status, await self.reader.readexactly(length)
@@ -259,7 +268,11 @@ def relay_body(chat: bytes) -> bytes:
     return orjson.dumps(body)
 
 
-async def run_c1(target: Target, bodies: list[bytes]) -> list[float]:
+async def run_c1(
+    target: Target, bodies: list[bytes], timings: dict[str, list[float]] | None = None
+) -> list[float]:
+    """Latencies in ms; with ``timings``, each answer's Server-Timing metrics appended to it
+    (the gateway's own account of the call: upstream, record, total)."""
     client = RawClient(target.host, target.port)
     lat = []
     try:
@@ -269,6 +282,14 @@ async def run_c1(target: Target, bodies: list[bytes]) -> list[float]:
             lat.append((time.perf_counter() - t0) * 1000)
             if status != 200:
                 raise RuntimeError(f"{target.name}: HTTP {status}: {data[:300]!r}")
+            if timings is not None:
+                metrics = {}
+                for metric in client.timing.decode().split(","):
+                    name, _, dur = metric.strip().partition(";dur=")
+                    metrics[name] = float(dur)
+                metrics["own"] = metrics["total"] - metrics["upstream"]  # what the gateway added
+                for name, dur in metrics.items():
+                    timings.setdefault(name, []).append(dur)
     finally:
         client.close()
     return lat
@@ -551,10 +572,11 @@ async def _measure(
     print(f"warm-up done ({WARMUP} requests each)", flush=True)
 
     lat: dict[str, list[float]] = {t.name: [] for t in c1_targets}
+    timings: dict[str, list[float]] = {}  # the main gateway's Server-Timing at c=1
     per_round = max(1, n_c1 // args.rounds)
     for r in range(args.rounds):
         for t in c1_targets:
-            lat[t.name] += await run_c1(t, take(per_round, t))
+            lat[t.name] += await run_c1(t, take(per_round, t), timings if t is gateway else None)
             print(
                 f"c=1 round {r + 1}/{args.rounds} {t.name}: p50 {statistics.median(lat[t.name]):.2f} ms",
                 flush=True,
@@ -598,6 +620,11 @@ async def _measure(
         "c1_added_p50_ms_logprobs_on": round(g50 - d50, 3),
         **{f"c1_added_p50_ms_{t.name}": round(pct(lat[t.name], 0.5) - d50, 3) for t in c1_only},
         "c1_added_p99_ms": round(g99 - d99, 3),
+        # The gateway's own account at c=1 (its Server-Timing, p50 of each): the upstream call
+        # as it saw it, the steps' record (build, write, commit), and request-in-hand to answer
+        # ready; own = total - upstream, call by call. The client's added latency less own is
+        # the HTTP transport and the upstream call's own overhead in the gateway.
+        **{f"c1_server_{name}_p50_ms": round(pct(v, 0.5), 3) for name, v in sorted(timings.items())},
         "c32_direct_rps": round(d_rps, 1),
         "c32_gateway_rps": round(g_rps, 1),
         "c32_ratio": round(g_rps / d_rps, 3),

@@ -217,6 +217,13 @@ ANSWER_HEADERS = {
         "description": "The uids of the steps recorded, comma-separated.",
         "schema": {"type": "string"},
     },
+    "Server-Timing": {
+        "description": "Where the call's time went, in ms (W3C Server Timing): `upstream` (sent to "
+        "answered in full), `record` (the steps stored and committed) and `total` (the request in "
+        "hand to the answer ready); what the gateway added is `total` - `upstream`. A streamed "
+        "answer's headers leave before either is known: it has none.",
+        "schema": {"type": "string"},
+    },
 }
 
 ERROR_STATUSES = ("400", "401", "403", "404", "405", "409", "413", "422", "429", "502", "503", "504")

@@ -59,7 +59,7 @@ def test_each_door_is_documented_as_the_post_it_serves(schema, base, concrete, s
     path_params = {p["name"] for p in op["parameters"] if p["in"] == "path"}
     assert path_params == {seg.strip("{}") for seg in base.split("/") if seg.startswith("{")}
     ok = op["responses"]["200"]
-    assert set(ok["headers"]) == {"X-Claw-Trajectory", "X-Claw-Steps"}
+    assert set(ok["headers"]) == {"X-Claw-Trajectory", "X-Claw-Steps", "Server-Timing"}
     assert {"application/json", "text/event-stream"} <= set(ok["content"])
     assert {"400", "401", "403", "502"} <= set(op["responses"])
     # and the documented path is the route that serves this door

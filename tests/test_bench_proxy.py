@@ -20,6 +20,10 @@ def test_bench_proxy_runs_every_phase_and_stores_every_call():
     # then its last line is the result, with the figures the issues quote
     for key in ("c32_gateway_cpu_ms_per_call", "gateway_over_relay_cpu", "c1_added_p50_ms"):
         assert result[key] > 0, result
+    # with the gateway's own account of its c=1 calls (Server-Timing), each call's own time
+    # (total less upstream) holding at least its record
+    server = {k: result[f"c1_server_{k}_p50_ms"] for k in ("upstream", "record", "total", "own")}
+    assert all(v > 0 for v in server.values()), result
     assert result["c32_gateway_rps_workers_1"] > 0 and result["c32_gateway_rps_workers_2"] > 0, result
     # and every call through the gateway is a stored step
     assert result["steps_recorded"] == result["gateway_requests"] > 0, result

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -85,6 +86,7 @@ class GatewayASGIHandler(ASGIHandler):
             body_file = await self.read_body(receive)
         except RequestAborted:
             return
+        received = time.perf_counter()
         set_script_prefix(get_script_prefix(scope))
         request, error_response = self.create_request(scope, body_file)
         if request is None:
@@ -101,7 +103,7 @@ class GatewayASGIHandler(ASGIHandler):
         state = _Watch()
         watcher = asyncio.ensure_future(self._watch(receive, work, state))
         try:
-            await self._respond(request, send)
+            await self._respond(request, send, received)
         except asyncio.CancelledError:
             if not state.aborted:
                 raise  # cancelled from outside (the server shutting down): not ours to swallow
@@ -136,10 +138,16 @@ class GatewayASGIHandler(ASGIHandler):
                 state.aborted = True
                 work.cancel()
 
-    async def _respond(self, request: Any, send: Any) -> None:
+    async def _respond(self, request: Any, send: Any, received: float) -> None:
         response = await self.run_get_response(request)
-        if not response.streaming and not response.has_header("Content-Length"):
-            response.headers["Content-Length"] = str(len(response.content))  # type: ignore[attr-defined] # as CommonMiddleware does
+        if not response.streaming:
+            if not response.has_header("Content-Length"):
+                response.headers["Content-Length"] = str(len(response.content))  # type: ignore[attr-defined] # as CommonMiddleware does
+            # Server-Timing: the body in hand to the answer ready, after the runner's upstream
+            # and record (runner.py), so an agent sees what the gateway added to the upstream.
+            total = f"total;dur={1000 * (time.perf_counter() - received):.3f}"
+            timing = response.headers.get("Server-Timing")
+            response.headers["Server-Timing"] = f"{timing}, {total}" if timing else total
         try:
             await self.send_response(response, send)
         except asyncio.CancelledError:

@@ -294,6 +294,7 @@ async def run(door: Door, call: Call, prepared: Prepared) -> HttpResponseBase:
         resp = await sender.send(call, prepared, headers)
     except upstream.UpstreamFault as f:
         raise await upstream_fault(f, door.protocol, ident, key) from None
+    answered = time.perf_counter()
     if resp.status_code >= 400:
         return await door.upstream_error(resp.status_code, resp.content, ident, key)
     too_large = limits.answer_problem(resp.content)  # before parsing: it could be millions of ids
@@ -306,11 +307,18 @@ async def run(door: Door, call: Call, prepared: Prepared) -> HttpResponseBase:
     problem = door.problem(prepared, answer)
     if problem is not None:
         raise await invalid_answer(problem, door.protocol, ident, key)
-    recorded, extra = _timed(sender.recorded(prepared, answer), prepared)
+    recorded, extra = _timed(sender.recorded(prepared, answer), prepared, answered)
+    recording = time.perf_counter()
     outcome = await record(sender.endpoint, ident, key, prepared.chat, recorded, extra)
+    stored = time.perf_counter()
     response = door.respond(prepared, answer, resp)
     if outcome.steps:
         response["X-Claw-Steps"] = ",".join(s.uid for s in outcome.steps)
+    # Where the call's time went (the lean handler adds the total: asgi.py); a stream's
+    # headers leave before either is known.
+    response["Server-Timing"] = (
+        f"upstream;dur={1000 * (answered - prepared.started):.3f}, record;dur={1000 * (stored - recording):.3f}"
+    )
     return response
 
 
@@ -433,9 +441,10 @@ async def _relayed(
 
 
 def _timed(
-    recorded: tuple[dict[str, Any], dict[str, Any] | None], prepared: Prepared
+    recorded: tuple[dict[str, Any], dict[str, Any] | None], prepared: Prepared, answered: float | None = None
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The call's latency (sent to answered in full, in ms) added to its steps' metadata, as
-    the trace view shows it."""
+    """The call's latency (sent to answered in full, in ms; ``answered``: when the answer was
+    in, by default now) added to its steps' metadata, as the trace view shows it."""
     answer, extra = recorded
-    return answer, {**(extra or {}), "latency_ms": round(1000 * (time.perf_counter() - prepared.started), 1)}
+    end = time.perf_counter() if answered is None else answered
+    return answer, {**(extra or {}), "latency_ms": round(1000 * (end - prepared.started), 1)}

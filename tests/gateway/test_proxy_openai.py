@@ -73,6 +73,39 @@ def test_sync_chat_records_the_upstream_ids_and_strips_vendor_fields(gw):
     assert step["drift"] is False and step["step_index"] == 0
 
 
+def server_timing(header: str) -> dict[str, float]:
+    """``upstream;dur=0.4, record;dur=0.7`` -> {"upstream": 0.4, "record": 0.7}"""
+    out = {}
+    for metric in header.split(","):
+        name, _, dur = metric.strip().partition(";dur=")
+        out[name] = float(dur)
+    return out
+
+
+def test_the_answer_says_where_its_time_went(gw):
+    # given an agent's call, and one the gateway refuses (a bad key)
+    raw = gw.client().chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "how long?"}], max_tokens=8
+    )
+    refused = httpx.post(
+        f"{gw.server.url}/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]},
+        headers=auth("claw_not_a_key"),
+        timeout=30,
+    )
+    # then the answer's Server-Timing has the upstream's time, the record's and the total
+    timing = server_timing(raw.headers["server-timing"])
+    assert list(timing) == ["upstream", "record", "total"], timing
+    assert timing["upstream"] > 0 and timing["record"] > 0
+    assert timing["total"] >= timing["upstream"] + timing["record"], timing
+    # and its upstream time is the interval stored as the step's latency (rounded to 0.1 ms)
+    [step] = steps_of(gw.server, gw.key, raw.headers["x-claw-trajectory"])
+    assert abs(step["metadata"]["latency_ms"] - timing["upstream"]) <= 0.0505, (step["metadata"], timing)
+    # and the refusal, which stored nothing and went nowhere, has only the total
+    assert refused.status_code == 401
+    assert list(server_timing(refused.headers["server-timing"])) == ["total"]
+
+
 def test_agent_that_asks_for_ids_gets_them_and_logprobs_are_recorded(gw):
     # given: an agent that asks for token ids and logprobs itself
     messages = [{"role": "user", "content": "ids please"}]
