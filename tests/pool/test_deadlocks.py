@@ -22,6 +22,7 @@ def test_a_deadlock_victim_is_run_again_and_succeeds():
         pytest.skip("deadlocks need PostgreSQL (SQLite serialises writers)")
     a, b = trajectory_create(uid="dl-a")[0], trajectory_create(uid="dl-b")[0]
     other_holds_b = threading.Event()
+    other_committed = threading.Event()
     attempts: list[int] = []
     errors: list[BaseException] = []
 
@@ -32,19 +33,27 @@ def test_a_deadlock_victim_is_run_again_and_succeeds():
         with connection.cursor() as cur:
             # detect the deadlock long before the other session does: this one is the victim
             cur.execute("SET LOCAL deadlock_timeout = '50ms'")
+        if len(attempts) > 1:
+            # The retry starts once the winner has committed. Without this, it raced the winner,
+            # which was woken by the victim's rollback, for a's row lock: when the retry took the
+            # lock first, the two deadlocked again (one CI run in many: 3 attempts).
+            other_committed.wait(timeout=30)
         Trajectory.objects.filter(id=a.id).update(channel="val")
         if len(attempts) == 1:
             other_holds_b.wait(timeout=30)
         Trajectory.objects.filter(id=b.id).update(channel="val")
 
     def other() -> None:
-        with transaction.atomic():
-            with connection.cursor() as cur:
-                cur.execute("SET LOCAL deadlock_timeout = '10s'")
-            Trajectory.objects.filter(id=b.id).update(metadata={"by": "other"})
-            other_holds_b.set()
-            wait_for(lambda: lock_waiters() > 0, "the victim to wait on trajectory b")
-            Trajectory.objects.filter(id=a.id).update(metadata={"by": "other"})
+        try:
+            with transaction.atomic():
+                with connection.cursor() as cur:
+                    cur.execute("SET LOCAL deadlock_timeout = '10s'")
+                Trajectory.objects.filter(id=b.id).update(metadata={"by": "other"})
+                other_holds_b.set()
+                wait_for(lambda: lock_waiters() > 0, "the victim to wait on trajectory b")
+                Trajectory.objects.filter(id=a.id).update(metadata={"by": "other"})
+        finally:
+            other_committed.set()
 
     # when: both lock the two trajectories in opposite orders
     threads = [started(victim, errors), started(other, errors)]
