@@ -63,6 +63,7 @@ from pathlib import Path
 import httpx
 import orjson
 
+from claw_kit.web import server_timing
 from tests.live import ROOT, LiveServer, free_port
 
 WARMUP = 100
@@ -283,10 +284,7 @@ async def run_c1(
             if status != 200:
                 raise RuntimeError(f"{target.name}: HTTP {status}: {data[:300]!r}")
             if timings is not None:
-                metrics = {}
-                for metric in client.timing.decode().split(","):
-                    name, _, dur = metric.strip().partition(";dur=")
-                    metrics[name] = float(dur)
+                metrics = server_timing.parse(client.timing.decode())
                 metrics["own"] = metrics["total"] - metrics["upstream"]  # what the gateway added
                 for name, dur in metrics.items():
                     timings.setdefault(name, []).append(dur)

@@ -29,6 +29,7 @@ from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.exception import convert_exception_to_response
 from django.urls import set_script_prefix, set_urlconf
 
+from claw_kit.web import server_timing
 from claw_kit.web.asgi_routing import by_prefix
 
 ASGIApp = Callable[
@@ -145,9 +146,7 @@ class GatewayASGIHandler(ASGIHandler):
                 response.headers["Content-Length"] = str(len(response.content))  # type: ignore[attr-defined] # as CommonMiddleware does
             # Server-Timing: the body in hand to the answer ready, after the runner's upstream
             # and record (runner.py), so an agent sees what the gateway added to the upstream.
-            total = f"total;dur={1000 * (time.perf_counter() - received):.3f}"
-            timing = response.headers.get("Server-Timing")
-            response.headers["Server-Timing"] = f"{timing}, {total}" if timing else total
+            server_timing.add(response, server_timing.metric("total", time.perf_counter() - received))
         try:
             await self.send_response(response, send)
         except asyncio.CancelledError:

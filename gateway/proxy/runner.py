@@ -32,6 +32,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from claw_kit.llm import upstream
 from claw_kit.llm.sse import StreamAccumulator, sse_data
+from claw_kit.web import server_timing
 from claw_kit.web.errors import HttpError
 from pool.errors import PoolError
 from pool.services.api_keys import VerifiedKey
@@ -316,8 +317,10 @@ async def run(door: Door, call: Call, prepared: Prepared) -> HttpResponseBase:
         response["X-Claw-Steps"] = ",".join(s.uid for s in outcome.steps)
     # Where the call's time went (the lean handler adds the total: asgi.py); a stream's
     # headers leave before either is known.
-    response["Server-Timing"] = (
-        f"upstream;dur={1000 * (answered - prepared.started):.3f}, record;dur={1000 * (stored - recording):.3f}"
+    server_timing.add(
+        response,
+        server_timing.metric("upstream", answered - prepared.started),
+        server_timing.metric("record", stored - recording),
     )
     return response
 
