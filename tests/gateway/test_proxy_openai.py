@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from claw_kit.web import server_timing
 from claw_site.demo.toy_tokenizer import BOS, ToyTokenizer
 from tests.gateway.proxy_support import auth, steps_of, upstream_ids
 from tests.live import LiveServer, live_server
@@ -73,15 +74,6 @@ def test_sync_chat_records_the_upstream_ids_and_strips_vendor_fields(gw):
     assert step["drift"] is False and step["step_index"] == 0
 
 
-def server_timing(header: str) -> dict[str, float]:
-    """``upstream;dur=0.4, record;dur=0.7`` -> {"upstream": 0.4, "record": 0.7}"""
-    out = {}
-    for metric in header.split(","):
-        name, _, dur = metric.strip().partition(";dur=")
-        out[name] = float(dur)
-    return out
-
-
 def test_the_answer_says_where_its_time_went(gw):
     # given an agent's call, and one the gateway refuses (a bad key)
     raw = gw.client().chat.completions.with_raw_response.create(
@@ -94,7 +86,7 @@ def test_the_answer_says_where_its_time_went(gw):
         timeout=30,
     )
     # then the answer's Server-Timing has the upstream's time, the record's and the total
-    timing = server_timing(raw.headers["server-timing"])
+    timing = server_timing.parse(raw.headers["server-timing"])
     assert list(timing) == ["upstream", "record", "total"], timing
     assert timing["upstream"] > 0 and timing["record"] > 0
     assert timing["total"] >= timing["upstream"] + timing["record"], timing
@@ -103,7 +95,29 @@ def test_the_answer_says_where_its_time_went(gw):
     assert abs(step["metadata"]["latency_ms"] - timing["upstream"]) <= 0.0505, (step["metadata"], timing)
     # and the refusal, which stored nothing and went nowhere, has only the total
     assert refused.status_code == 401
-    assert list(server_timing(refused.headers["server-timing"])) == ["total"]
+    assert list(server_timing.parse(refused.headers["server-timing"])) == ["total"]
+
+
+def test_a_replay_has_no_upstream_time_and_a_stream_no_timing(gw):
+    # given a call with an Idempotency-Key, sent twice
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "once"}], "max_tokens": 8}
+    headers = {**auth(gw.key), "Idempotency-Key": "timing-replay-1"}
+    first, replay = (
+        httpx.post(f"{gw.server.url}/v1/chat/completions", json=body, headers=headers, timeout=30)
+        for _ in range(2)
+    )
+    # then the replay is the first answer, without the first call's upstream or record time
+    assert first.status_code == replay.status_code == 200
+    assert replay.headers["idempotent-replayed"] == "true" and replay.content == first.content
+    assert list(server_timing.parse(first.headers["server-timing"])) == ["upstream", "record", "total"]
+    assert list(server_timing.parse(replay.headers["server-timing"])) == ["total"]
+    # and a streamed answer, whose headers leave before any of it is known, has none
+    raw = gw.client().chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "stream"}], max_tokens=8, stream=True
+    )
+    assert "server-timing" not in raw.headers
+    chunks = list(raw.parse())
+    assert chunks and raw.headers["x-claw-trajectory"]
 
 
 def test_agent_that_asks_for_ids_gets_them_and_logprobs_are_recorded(gw):
