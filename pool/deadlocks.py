@@ -3,12 +3,18 @@
 transactions as a deadlock victim (or, under a stricter isolation level, fail it for
 serialization) where their lock orders cannot be made one, e.g. a group's quality flags
 written for rollouts another writer holds. The victim's work was rolled back whole, so
-running it again is exactly what its caller would do; the caller never sees the error."""
+running it again is exactly what its caller would do; the caller never sees the error.
+
+Each retry waits first, a jittered backoff that doubles per attempt: the victim's rollback
+wakes the winner, and a retry that started at once would race it for the rows it had just
+released, and could lose the same way again."""
 
 from __future__ import annotations
 
 import functools
 import logging
+import random
+import time
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
@@ -21,11 +27,19 @@ log = logging.getLogger(__name__)
 ATTEMPTS = 3
 # SQLSTATE deadlock_detected, serialization_failure.
 _RETRYABLE = {"40P01", "40001"}
+# The least wait before the first retry (seconds); the wait doubles per attempt.
+BACKOFF_S = 0.02
+
+
+def backoff_s(attempt: int, rand: Callable[[], float] = random.random) -> float:
+    """The wait after failed attempt ``attempt`` (1-based): ``BACKOFF_S * 2**(attempt - 1)``,
+    up to twice that (jitter, so two victims do not retry in step)."""
+    return BACKOFF_S * 2 ** (attempt - 1) * (1.0 + rand())
 
 
 def retry_on_deadlock(fn: Callable[P, R]) -> Callable[P, R]:
     """Run ``fn`` (an atomic service) again when the database chose it as a deadlock or
-    serialization victim, up to ATTEMPTS times. Inside an outer transaction it runs once:
+    serialization victim, up to ATTEMPTS times, after a backoff (``backoff_s``). Inside an outer transaction it runs once:
     only the outermost transaction can be retried."""
 
     @functools.wraps(fn)
@@ -39,7 +53,16 @@ def retry_on_deadlock(fn: Callable[P, R]) -> Callable[P, R]:
                 code = getattr(exc.__cause__, "sqlstate", None)
                 if code not in _RETRYABLE or attempt == ATTEMPTS:
                     raise
-                log.warning("%s: %s (attempt %d of %d), retrying", fn.__qualname__, code, attempt, ATTEMPTS)
+                wait = backoff_s(attempt)
+                log.warning(
+                    "%s: %s (attempt %d of %d), retrying in %.0f ms",
+                    fn.__qualname__,
+                    code,
+                    attempt,
+                    ATTEMPTS,
+                    wait * 1000,
+                )
+                time.sleep(wait)
         raise AssertionError("unreachable")
 
     return wrapper

@@ -5,6 +5,7 @@ PostgreSQL between two sessions that lock two trajectories in opposite orders.""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from django.db import connection, transaction
@@ -77,4 +78,54 @@ def test_inside_an_outer_transaction_it_runs_once():
 
     with transaction.atomic():
         assert service() is True
+    assert calls == [1]
+
+
+def test_each_retry_waits_at_least_the_backoff_which_doubles():
+    # given: a service the database picks as a victim twice (the error psycopg raises for it)
+    import psycopg.errors
+    from django.db import OperationalError
+
+    from pool.deadlocks import ATTEMPTS, BACKOFF_S, backoff_s
+
+    starts: list[float] = []
+
+    @retry_on_deadlock
+    def service() -> str:
+        starts.append(time.monotonic())
+        if len(starts) < ATTEMPTS:
+            try:
+                raise psycopg.errors.DeadlockDetected("deadlock detected")
+            except psycopg.errors.DeadlockDetected as exc:
+                raise OperationalError(str(exc)) from exc
+        return "done"
+
+    # when / then: it succeeds on its last attempt, each retry after at least its backoff
+    assert service() == "done" and len(starts) == ATTEMPTS == 3
+    waits = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    assert waits[0] >= BACKOFF_S and waits[1] >= 2 * BACKOFF_S
+    # the backoff's bounds: [base, 2 * base), base doubling per attempt
+    for attempt in (1, 2, 3):
+        base = BACKOFF_S * 2 ** (attempt - 1)
+        assert backoff_s(attempt, lambda: 0.0) == base
+        assert base <= backoff_s(attempt) < 2 * base
+        assert backoff_s(attempt, lambda: 0.999) < 2 * base
+
+
+def test_an_error_that_is_not_a_deadlock_is_not_retried():
+    import psycopg.errors
+    from django.db import OperationalError
+
+    calls: list[int] = []
+
+    @retry_on_deadlock
+    def service() -> None:
+        calls.append(1)
+        try:
+            raise psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
+        except psycopg.errors.QueryCanceled as exc:
+            raise OperationalError(str(exc)) from exc
+
+    with pytest.raises(OperationalError):
+        service()
     assert calls == [1]
