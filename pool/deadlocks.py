@@ -39,8 +39,9 @@ def backoff_s(attempt: int, rand: Callable[[], float] = random.random) -> float:
 
 def retry_on_deadlock(fn: Callable[P, R]) -> Callable[P, R]:
     """Run ``fn`` (an atomic service) again when the database chose it as a deadlock or
-    serialization victim, up to ATTEMPTS times, after a backoff (``backoff_s``). Inside an outer transaction it runs once:
-    only the outermost transaction can be retried."""
+    serialization victim, up to ATTEMPTS times, each retry after ``backoff_s``. Inside an
+    outer transaction it runs once: only the outermost transaction can be retried (so the
+    write pipeline's effects never sleep here)."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:

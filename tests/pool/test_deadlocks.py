@@ -7,17 +7,26 @@ from __future__ import annotations
 import threading
 import time
 
+import psycopg.errors
 import pytest
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 
-from pool.deadlocks import retry_on_deadlock
+from pool.deadlocks import ATTEMPTS, BACKOFF_S, backoff_s, retry_on_deadlock
 from pool.models import Trajectory
 from pool.services.trajectories import trajectory_create
 from tests.concurrency import lock_waiters, started, wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+
+def _raise_as_django(error: Exception) -> None:
+    """Raise ``error`` (a psycopg error) as Django's OperationalError wrapping it, as a
+    failed statement reaches a service."""
+    try:
+        raise error
+    except psycopg.Error as exc:
+        raise OperationalError(str(exc)) from exc
 
 
+@pytest.mark.django_db(transaction=True)
 def test_a_deadlock_victim_is_run_again_and_succeeds():
     if connection.vendor != "postgresql":
         pytest.skip("deadlocks need PostgreSQL (SQLite serialises writers)")
@@ -68,6 +77,7 @@ def test_a_deadlock_victim_is_run_again_and_succeeds():
     assert all(m == {"by": "other"} for m in Trajectory.objects.values_list("metadata", flat=True))
 
 
+@pytest.mark.django_db(transaction=True)
 def test_inside_an_outer_transaction_it_runs_once():
     calls: list[int] = []
 
@@ -83,21 +93,13 @@ def test_inside_an_outer_transaction_it_runs_once():
 
 def test_each_retry_waits_at_least_the_backoff_which_doubles():
     # given: a service the database picks as a victim twice (the error psycopg raises for it)
-    import psycopg.errors
-    from django.db import OperationalError
-
-    from pool.deadlocks import ATTEMPTS, BACKOFF_S, backoff_s
-
     starts: list[float] = []
 
     @retry_on_deadlock
     def service() -> str:
         starts.append(time.monotonic())
         if len(starts) < ATTEMPTS:
-            try:
-                raise psycopg.errors.DeadlockDetected("deadlock detected")
-            except psycopg.errors.DeadlockDetected as exc:
-                raise OperationalError(str(exc)) from exc
+            _raise_as_django(psycopg.errors.DeadlockDetected("deadlock detected"))
         return "done"
 
     # when / then: it succeeds on its last attempt, each retry after at least its backoff
@@ -113,18 +115,12 @@ def test_each_retry_waits_at_least_the_backoff_which_doubles():
 
 
 def test_an_error_that_is_not_a_deadlock_is_not_retried():
-    import psycopg.errors
-    from django.db import OperationalError
-
     calls: list[int] = []
 
     @retry_on_deadlock
     def service() -> None:
         calls.append(1)
-        try:
-            raise psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
-        except psycopg.errors.QueryCanceled as exc:
-            raise OperationalError(str(exc)) from exc
+        _raise_as_django(psycopg.errors.QueryCanceled("canceling statement due to statement timeout"))
 
     with pytest.raises(OperationalError):
         service()
