@@ -23,9 +23,15 @@ def add(response: Any, *metrics: str) -> None:
 
 
 def parse(header: str) -> dict[str, float]:
-    """``upstream;dur=0.4, record;dur=0.7`` -> {"upstream": 0.4, "record": 0.7}, in order."""
+    """``upstream;dur=0.4, record;dur=0.7`` -> {"upstream": 0.4, "record": 0.7}, in order.
+    As the header's grammar allows: parameters in any order and with spaces around ``;``
+    (``cache;desc="hit";dur=2``); a metric without ``dur`` (``miss``) is left out."""
     out: dict[str, float] = {}
     for item in header.split(","):
-        name, _, dur = item.strip().partition(";dur=")
-        out[name] = float(dur)
+        name, *params = (part.strip() for part in item.split(";"))
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "dur":
+                out[name] = float(value.strip())
+                break
     return out

@@ -98,6 +98,15 @@ def test_the_answer_says_where_its_time_went(gw):
     assert list(server_timing.parse(refused.headers["server-timing"])) == ["total"]
 
 
+def test_the_header_is_read_as_its_grammar_allows():
+    # what the gateway writes reads back exactly
+    written = ", ".join([server_timing.metric("upstream", 0.0004), server_timing.metric("record", 0.0012)])
+    assert server_timing.parse(written) == {"upstream": 0.4, "record": 1.2}
+    # parameters in any order, spaces around ";", and a metric without a duration left out
+    header = 'cache;desc="hit" ; dur=2.5, miss, db; dur=0.75;desc="x"'
+    assert server_timing.parse(header) == {"cache": 2.5, "db": 0.75}
+
+
 def test_a_replay_has_no_upstream_time_and_a_stream_no_timing(gw):
     # given a call with an Idempotency-Key, sent twice
     body = {"model": MODEL, "messages": [{"role": "user", "content": "once"}], "max_tokens": 8}
