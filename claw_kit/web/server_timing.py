@@ -6,6 +6,7 @@ The gateway's answers carry ``upstream`` and ``record`` (gateway/proxy/runner.py
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 HEADER = "Server-Timing"
@@ -22,16 +23,30 @@ def add(response: Any, *metrics: str) -> None:
     response.headers[HEADER] = ", ".join([current, *metrics] if current else metrics)
 
 
+# A metric (split at ",") and a parameter (split at ";"): runs of anything but the separator and
+# quotes, or quoted strings whole (``desc="a, b"``).
+_METRICS = re.compile(r'(?:"(?:[^"\\]|\\.)*"|[^",])+')
+_PARAMS = re.compile(r'(?:"(?:[^"\\]|\\.)*"|[^";])+')
+
+
+def _parts(pattern: re.Pattern[str], text: str) -> list[str]:
+    return [part.strip() for part in pattern.findall(text) if part.strip()]
+
+
 def parse(header: str) -> dict[str, float]:
     """``upstream;dur=0.4, record;dur=0.7`` -> {"upstream": 0.4, "record": 0.7}, in order.
-    As the header's grammar allows: parameters in any order and with spaces around ``;``
-    (``cache;desc="hit";dur=2``); a metric without ``dur`` (``miss``) is left out."""
+    As the header's grammar allows: parameters in any order, with spaces around ``;`` and
+    quoted values (``cache;desc="hit, warm";dur=2``); a metric's first ``dur`` counts, and a
+    metric without one, or whose ``dur`` is not a number, is left out."""
     out: dict[str, float] = {}
-    for item in header.split(","):
-        name, *params = (part.strip() for part in item.split(";"))
+    for item in _parts(_METRICS, header):
+        name, *params = _parts(_PARAMS, item)
         for param in params:
             key, _, value = param.partition("=")
             if key.strip().lower() == "dur":
-                out[name] = float(value.strip())
+                try:
+                    out[name] = float(value.strip().strip('"'))
+                except ValueError:
+                    pass
                 break
     return out

@@ -105,6 +105,10 @@ def test_the_header_is_read_as_its_grammar_allows():
     # parameters in any order, spaces around ";", and a metric without a duration left out
     header = 'cache;desc="hit" ; dur=2.5, miss, db; dur=0.75;desc="x"'
     assert server_timing.parse(header) == {"cache": 2.5, "db": 0.75}
+    # a quoted value holding "," or ";" stays whole, a quoted dur counts, the first dur wins,
+    # and a dur that is not a number leaves its metric out
+    header = 'cdn;desc="edge, hit; warm";dur=1.5, app;dur="3";dur=9, bad;dur=soon, total;dur=4.25'
+    assert server_timing.parse(header) == {"cdn": 1.5, "app": 3.0, "total": 4.25}
 
 
 def test_a_replay_has_no_upstream_time_and_a_stream_no_timing(gw):
