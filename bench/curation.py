@@ -38,6 +38,8 @@ gives each its final reward and ``trajectories_complete`` ends the 250 trajector
 belong to. Steps that became ready (readiness == 15, counted at the end) / wall time of those
 calls. Baseline: a plain bulk UPDATE of the reward column of the same 1,000 steps (one
 statement, own transaction), run in the same batch loop, alternating which goes first.
+``readiness_app_cpu_ms_per_batch``: this process's CPU (Python and the driver; PostgreSQL's
+not counted) per timed batch, which other work on the machine disturbs less than the rate.
 
 Before each size is measured the pool is VACUUM ANALYZEd (the state autovacuum reaches after
 a bulk load), and the EXPLAIN ANALYZE of the preview and the admin page's slowest statement
@@ -335,7 +337,8 @@ def measure_readiness(gen: WPool, n_steps: int, result: dict, *, batch: int = RE
         .values_list("id", "uid", "trajectory__uid")
     )
     rng = random.Random(2)
-    service_s = plain_s = 0.0
+    service_s = plain_s = service_cpu_s = 0.0
+    timed_batches = 0
     ready_before = 0
 
     def ready_count() -> int:
@@ -372,10 +375,12 @@ def measure_readiness(gen: WPool, n_steps: int, result: dict, *, batch: int = RE
             ready_before = ready_count()
             continue
         for fn in (service, plain) if b % 2 == 0 else (plain, service):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             fn()
             if fn is service:
                 service_s += time.perf_counter() - t
+                service_cpu_s += time.process_time() - c
+                timed_batches += 1
             else:
                 plain_s += time.perf_counter() - t
     ready = ready_count()
@@ -386,6 +391,9 @@ def measure_readiness(gen: WPool, n_steps: int, result: dict, *, batch: int = RE
     result["readiness_ready"] = ready
     result["readiness_steps_per_s"] = round((ready - ready_before) / service_s)
     result["plain_update_steps_per_s"] = round(timed / plain_s)
+    # This process's CPU (the app's side: Python, the driver) per batch of ``batch`` steps,
+    # which other work on the machine disturbs less than the rate (PostgreSQL's not counted).
+    result["readiness_app_cpu_ms_per_batch"] = round(service_cpu_s * 1000 / max(timed_batches, 1), 1)
     result["readiness_vs_plain_update"] = round(
         result["readiness_steps_per_s"] / result["plain_update_steps_per_s"], 3
     )

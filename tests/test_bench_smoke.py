@@ -63,7 +63,7 @@ BENCHES = [
         "curation",
         ["--steps", "640", "--runs", "2", "--readiness-steps", "2000"],
         True,
-        ["preview_p50_ms_640", "readiness_steps_per_s"],
+        ["preview_p50_ms_640", "readiness_steps_per_s", "readiness_app_cpu_ms_per_batch"],
     ),
     (
         "curriculum",
