@@ -169,3 +169,20 @@ def test_every_bench_with_a_main_runs_in_the_suite():
     assert rows | set(OWN_TESTS) <= runnable, "a row names a bench that is gone"
     for bench, (test, call) in OWN_TESTS.items():
         assert call in (ROOT / test).read_text(), f"{test} no longer runs bench.{bench}'s main"
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("steps", ["1000", "1023"])
+def test_curation_refuses_readiness_steps_that_would_time_no_batch(steps):
+    # given --readiness-steps that fill at most the first, untimed batch (whole groups of 32)
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.curation", "--readiness-steps", steps],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    # then it stops before any work with a usage error naming the argument, not a traceback
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "--readiness-steps must hold more than one batch of 1,000 steps" in out.stderr
+    assert "Traceback" not in out.stderr
